@@ -1,0 +1,101 @@
+package outbox
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// ErrInvalidMessage is matched (errors.Is) by every *ValidationError.
+var ErrInvalidMessage = errors.New("outbox: invalid message")
+
+// ValidationError says which message and which field Write rejected, and why. Write
+// returns it before running any SQL, so nothing was written.
+type ValidationError struct {
+	Index  int    // position of the message in the Write call
+	Field  string // "Topic", "Payload", "Headers[x-trace]", ...
+	Reason string
+}
+
+func (e *ValidationError) Error() string {
+	return fmt.Sprintf("outbox: invalid message %d: %s: %s", e.Index, e.Field, e.Reason)
+}
+
+// Is makes errors.Is(err, ErrInvalidMessage) true.
+func (e *ValidationError) Is(target error) bool { return target == ErrInvalidMessage }
+
+// ErrDuplicate is matched (errors.Is) by every *DuplicateError.
+var ErrDuplicate = errors.New("outbox: duplicate dedup key")
+
+// DuplicateError reports messages that Write skipped because a message with the same
+// dedup key already exists (committed, or written earlier in the same transaction or the
+// same call). The other messages of the call were written and the transaction is still
+// usable: commit it if the duplicate means "this was already done" (an idempotent retry),
+// roll it back otherwise. A concurrent transaction holding the same dedup key makes Write
+// wait for it; if that transaction rolls back, Write inserts the message instead.
+type DuplicateError struct {
+	DedupKeys []string // the skipped messages' dedup keys, in call order
+}
+
+func (e *DuplicateError) Error() string {
+	const show = 5
+	keys := e.DedupKeys
+	more := ""
+	if len(keys) > show {
+		more = fmt.Sprintf(" and %d more", len(keys)-show)
+		keys = keys[:show]
+	}
+	return fmt.Sprintf("outbox: %d message(s) skipped, dedup key already used: %s%s",
+		len(e.DedupKeys), strings.Join(keys, ", "), more)
+}
+
+// Is makes errors.Is(err, ErrDuplicate) true.
+func (e *DuplicateError) Is(target error) bool { return target == ErrDuplicate }
+
+// ErrInvalidConfig is matched (errors.Is) by every *ConfigError.
+var ErrInvalidConfig = errors.New("outbox: invalid configuration")
+
+// ConfigError names the configuration field that is wrong.
+type ConfigError struct {
+	Field  string
+	Reason string
+}
+
+func (e *ConfigError) Error() string {
+	return fmt.Sprintf("outbox: invalid configuration: %s: %s", e.Field, e.Reason)
+}
+
+// Is makes errors.Is(err, ErrInvalidConfig) true.
+func (e *ConfigError) Is(target error) bool { return target == ErrInvalidConfig }
+
+// OutageError marks a publish failure as a connection-level outage: the broker could not
+// be reached or the connection broke, so the message was neither accepted nor rejected
+// on its merits. The relay pauses with backoff and does not count an attempt. Publishers
+// wrap such errors with Outage.
+type OutageError struct{ Err error }
+
+func (e *OutageError) Error() string { return "broker outage: " + e.Err.Error() }
+func (e *OutageError) Unwrap() error { return e.Err }
+
+// Outage wraps err as an *OutageError. It returns nil for a nil err.
+func Outage(err error) error {
+	if err == nil {
+		return nil
+	}
+	var oe *OutageError
+	if errors.As(err, &oe) {
+		return err
+	}
+	return &OutageError{Err: err}
+}
+
+// IsOutage reports whether err is, or wraps, a connection-level outage: an *OutageError
+// or any error with a method Outage() bool that returns true.
+func IsOutage(err error) bool {
+	var oe *OutageError
+	if errors.As(err, &oe) {
+		return true
+	}
+	var o interface{ Outage() bool }
+	return errors.As(err, &o) && o.Outage()
+}

@@ -1,0 +1,7 @@
+DROP TRIGGER IF EXISTS {{.Trigger}} ON {{.Outbox}};
+DROP FUNCTION IF EXISTS {{.NotifyFunc}}();
+DROP TABLE IF EXISTS {{.Relays}};
+DROP SEQUENCE IF EXISTS {{.TokenSeq}};
+DROP TABLE IF EXISTS {{.Leases}};
+DROP VIEW IF EXISTS {{.DeadView}};
+DROP TABLE IF EXISTS {{.Outbox}};

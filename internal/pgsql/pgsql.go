@@ -1,0 +1,163 @@
+// Package pgsql holds what the PostgreSQL drivers (outboxpgx, outboxsql) share: table
+// names built from validated identifiers, the embedded migrations and the SQL text.
+package pgsql
+
+import (
+	"bytes"
+	"cmp"
+	"embed"
+	"fmt"
+	"io/fs"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"text/template"
+
+	"github.com/outboxkit/outbox"
+)
+
+// Shards is the number of lease shards. Keys hash to a shard in SQL (see the migration),
+// so changing it means a migration.
+const Shards = 64
+
+// Config names where the outbox lives.
+type Config struct {
+	// Schema holds the outbox tables. Defaults to "public".
+	Schema string
+	// Prefix is put before every table name ("billing_" gives billing_outbox, ...).
+	// Defaults to none.
+	Prefix string
+}
+
+var identRE = regexp.MustCompile(`^[a-z_][a-z0-9_]*$`)
+
+// longestSuffix is the longest name built from Prefix (the other tables and the index
+// names stay below it).
+const longestSuffix = "outbox_lease_token"
+
+// Validate rejects names that are not plain lower-case SQL identifiers, rather than
+// quoting its way around them: a name like `x"; DROP TABLE y; --` is a mistake or an
+// attack, and PostgreSQL silently truncates names over 63 bytes, which can make two
+// configured names collide.
+func (c Config) Validate() error {
+	schema := cmp.Or(c.Schema, "public")
+	if !identRE.MatchString(schema) || len(schema) > 63 {
+		return &outbox.ConfigError{Field: "Schema", Reason: fmt.Sprintf("%q must match [a-z_][a-z0-9_]* and be at most 63 bytes", schema)}
+	}
+	if c.Prefix != "" && (!identRE.MatchString(c.Prefix) || len(c.Prefix)+len(longestSuffix) > 63) {
+		return &outbox.ConfigError{Field: "Prefix", Reason: fmt.Sprintf("%q must match [a-z_][a-z0-9_]* and be at most %d bytes", c.Prefix, 63-len(longestSuffix))}
+	}
+	if len(channel(schema, c.Prefix)) > 63 {
+		return &outbox.ConfigError{Field: "Schema", Reason: "schema and prefix together are too long for a NOTIFY channel name (63 bytes)"}
+	}
+	return nil
+}
+
+func channel(schema, prefix string) string { return schema + "." + prefix + "outbox" }
+
+// Names are the quoted, schema-qualified names of the outbox objects.
+type Names struct {
+	Schema, Outbox, Leases, Relays, TokenSeq, DeadView, Migrations, NotifyFunc string
+	Trigger        string // not schema-qualified
+	Channel        string // NOTIFY channel, raw text
+	ChannelLiteral string // Channel as an SQL string literal
+	ChannelIdent   string // Channel as a quoted identifier, for LISTEN
+	ShardMask      int
+	prefix         string
+}
+
+// NewNames validates c and builds its names.
+func NewNames(c Config) (*Names, error) {
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	schema := cmp.Or(c.Schema, "public")
+	q := func(name string) string { return quote(schema) + "." + quote(c.Prefix+name) }
+	ch := channel(schema, c.Prefix)
+	return &Names{
+		Schema:         quote(schema),
+		Outbox:         q("outbox"),
+		Leases:         q("outbox_leases"),
+		Relays:         q("outbox_relays"),
+		TokenSeq:       q("outbox_lease_token"),
+		DeadView:       q("outbox_dead"),
+		Migrations:     q("outbox_migrations"),
+		NotifyFunc:     q("outbox_notify"),
+		Trigger:        quote(c.Prefix + "outbox_notify"),
+		Channel:        ch,
+		ChannelLiteral: "'" + strings.ReplaceAll(ch, "'", "''") + "'",
+		ChannelIdent:   quote(ch),
+		ShardMask:      Shards - 1,
+		prefix:         c.Prefix,
+	}, nil
+}
+
+// Index returns the quoted name of one of the outbox table's indexes.
+func (n *Names) Index(name string) string { return quote(n.prefix + "outbox_" + name + "_idx") }
+
+// quote double-quotes an identifier. Validate already allows only [a-z0-9_], so this is
+// belt and braces.
+func quote(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"` }
+
+//go:embed migrations/*.sql
+var migrationFS embed.FS
+
+// Migration is one schema version.
+type Migration struct {
+	Version int
+	Name    string
+	Up      string
+	Down    string
+}
+
+// Migrations returns the migrations rendered for n, in version order.
+func (n *Names) AllMigrations() ([]Migration, error) { return n.migrations() }
+
+func (n *Names) migrations() ([]Migration, error) {
+	files, err := fs.Glob(migrationFS, "migrations/*.sql")
+	if err != nil {
+		return nil, err
+	}
+	byVersion := map[int]*Migration{}
+	for _, f := range files {
+		base := strings.TrimPrefix(f, "migrations/")
+		num, rest, ok := strings.Cut(base, "_")
+		v, err := strconv.Atoi(num)
+		if !ok || err != nil {
+			return nil, fmt.Errorf("pgsql: bad migration file name %q", base)
+		}
+		name, dir, _ := strings.Cut(rest, ".")
+		raw, err := migrationFS.ReadFile(f)
+		if err != nil {
+			return nil, err
+		}
+		tmpl, err := template.New(base).Option("missingkey=error").Parse(string(raw))
+		if err != nil {
+			return nil, fmt.Errorf("pgsql: migration %s: %w", base, err)
+		}
+		var buf bytes.Buffer
+		if err := tmpl.Execute(&buf, n); err != nil {
+			return nil, fmt.Errorf("pgsql: migration %s: %w", base, err)
+		}
+		m := byVersion[v]
+		if m == nil {
+			m = &Migration{Version: v, Name: name}
+			byVersion[v] = m
+		}
+		switch dir {
+		case "up.sql":
+			m.Up = buf.String()
+		case "down.sql":
+			m.Down = buf.String()
+		default:
+			return nil, fmt.Errorf("pgsql: bad migration file name %q", base)
+		}
+	}
+	out := make([]Migration, 0, len(byVersion))
+	for _, m := range byVersion {
+		out = append(out, *m)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Version < out[j].Version })
+	return out, nil
+}

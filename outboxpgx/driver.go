@@ -1,0 +1,324 @@
+// Package outboxpgx is the PostgreSQL driver for pgx v5: it writes messages in a pgx.Tx
+// and is the relay's store.
+//
+//	drv, err := outboxpgx.New(pool, outboxpgx.Config{})
+//	w, err := outbox.NewWriter(drv, outbox.WriterConfig{})
+//	err = w.Write(ctx, tx, outbox.Message{Topic: "orders", Key: orderID, Payload: body})
+package outboxpgx
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/pgsql"
+)
+
+// Config names where the outbox lives. The zero value uses the public schema and no
+// prefix.
+type Config struct {
+	// Schema holds the outbox tables. Defaults to "public". Must match [a-z_][a-z0-9_]*.
+	Schema string
+	// Prefix goes before every table name. Defaults to none. Must match [a-z_][a-z0-9_]*.
+	Prefix string
+}
+
+// Driver writes messages in pgx transactions and implements outbox.Store (and
+// outbox.Listener) over a pool. It is safe for concurrent use.
+type Driver struct {
+	pool  *pgxpool.Pool
+	names *pgsql.Names
+
+	insertSQL, fetchSQL, completeSQL, deleteSQL string
+}
+
+var (
+	_ outbox.WriteDriver[pgx.Tx] = (*Driver)(nil)
+	_ outbox.Store               = (*Driver)(nil)
+	_ outbox.Listener            = (*Driver)(nil)
+)
+
+// New returns a driver. pool may be nil when the driver is used only to write in the
+// caller's transactions; the relay, migrations and admin calls need it.
+func New(pool *pgxpool.Pool, config Config) (*Driver, error) {
+	names, err := pgsql.NewNames(pgsql.Config{Schema: config.Schema, Prefix: config.Prefix})
+	if err != nil {
+		return nil, err
+	}
+	return &Driver{
+		pool: pool, names: names,
+		insertSQL:   names.InsertUnnest(),
+		fetchSQL:    names.Fetch(),
+		completeSQL: names.Complete(),
+		deleteSQL:   names.DeletePublished(),
+	}, nil
+}
+
+func (d *Driver) needPool() error {
+	if d.pool == nil {
+		return errors.New("outboxpgx: this call needs a pool: pass one to outboxpgx.New")
+	}
+	return nil
+}
+
+// Insert implements outbox.WriteDriver: one statement for any number of messages.
+func (d *Driver) Insert(ctx context.Context, tx pgx.Tx, msgs []outbox.Message) ([]string, error) {
+	if tx == nil {
+		return nil, errors.New("outboxpgx: nil transaction: Write must run inside the caller's transaction")
+	}
+	n := len(msgs)
+	ids := make([][16]byte, n)
+	topics, keys, aggs, types, cts, headers, dedups := make([]string, n), make([]string, n), make([]string, n),
+		make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+	payloads := make([][]byte, n)
+	deliver := make([]pgtype.Timestamptz, n)
+	for i := range msgs {
+		m := &msgs[i]
+		ids[i] = m.ID
+		topics[i], keys[i], aggs[i], types[i], cts[i], dedups[i] = m.Topic, m.Key, m.AggregateType, m.EventType, m.ContentType, m.DedupKey
+		payloads[i] = m.Payload
+		if payloads[i] == nil {
+			payloads[i] = []byte{}
+		}
+		h, err := EncodeHeaders(m.Headers)
+		if err != nil {
+			return nil, err
+		}
+		headers[i] = h
+		if !m.DeliverAt.IsZero() {
+			deliver[i] = pgtype.Timestamptz{Time: m.DeliverAt, Valid: true}
+		}
+	}
+	rows, err := tx.Query(ctx, d.insertSQL, ids, topics, keys, aggs, types, cts, payloads, headers, dedups, deliver)
+	if err != nil {
+		return nil, fmt.Errorf("outbox insert: %w", err)
+	}
+	written, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("outbox insert: %w", err)
+	}
+	return skippedKeys(msgs, written), nil
+}
+
+// skippedKeys returns the dedup keys of msgs that are not in written, in call order. A
+// dedup key used twice in one call is written once and skipped once.
+func skippedKeys(msgs []outbox.Message, written []string) []string {
+	if len(written) == len(msgs) {
+		return nil
+	}
+	left := make(map[string]int, len(written))
+	for _, k := range written {
+		left[k]++
+	}
+	var skipped []string
+	for i := range msgs {
+		k := msgs[i].DedupKey
+		if left[k] > 0 {
+			left[k]--
+			continue
+		}
+		skipped = append(skipped, k)
+	}
+	return skipped
+}
+
+// EncodeHeaders returns headers as a JSON object ("{}" for none).
+func EncodeHeaders(h map[string]string) (string, error) {
+	if len(h) == 0 {
+		return "{}", nil
+	}
+	b, err := json.Marshal(h)
+	return string(b), err
+}
+
+// Fetch implements outbox.Store.
+func (d *Driver) Fetch(ctx context.Context, req outbox.FetchRequest) ([]*outbox.Message, error) {
+	shards := make([]int16, len(req.Leases))
+	for i, l := range req.Leases {
+		shards[i] = int16(l.Shard)
+	}
+	exclude := req.Exclude
+	if exclude == nil {
+		exclude = []int64{}
+	}
+	rows, err := d.pool.Query(ctx, d.fetchSQL, req.RelayID, shards, exclude, req.Limit)
+	if err != nil {
+		return nil, fmt.Errorf("fetch: %w", err)
+	}
+	msgs, err := pgx.CollectRows(rows, scanMessage)
+	if err != nil {
+		return nil, fmt.Errorf("fetch: %w", err)
+	}
+	return msgs, nil
+}
+
+func scanMessage(row pgx.CollectableRow) (*outbox.Message, error) {
+	m := &outbox.Message{}
+	var id [16]byte
+	var headers []byte
+	var shard int16
+	if err := row.Scan(&m.Seq, &id, &m.Topic, &m.Key, &m.AggregateType, &m.EventType, &m.ContentType, &m.Payload,
+		&headers, &m.DedupKey, &shard, &m.CreatedAt, &m.Attempts, &m.LastError); err != nil {
+		return nil, err
+	}
+	m.ID = id
+	m.Shard = int(shard)
+	if len(headers) > 2 {
+		if err := json.Unmarshal(headers, &m.Headers); err != nil {
+			return nil, fmt.Errorf("message %d: headers: %w", m.Seq, err)
+		}
+	}
+	return m, nil
+}
+
+// Complete implements outbox.Store in one statement.
+func (d *Driver) Complete(ctx context.Context, c outbox.Completion) ([]int64, error) {
+	pubSeq, pubTok := make([]int64, len(c.Published)), make([]int64, len(c.Published))
+	for i, o := range c.Published {
+		pubSeq[i], pubTok[i] = o.Seq, o.Token
+	}
+	n := len(c.Failed)
+	fSeq, fTok, fErr, fDelay, fDead := make([]int64, n), make([]int64, n), make([]string, n), make([]int64, n), make([]bool, n)
+	for i, f := range c.Failed {
+		fSeq[i], fTok[i], fErr[i], fDelay[i], fDead[i] = f.Seq, f.Token, strings.ToValidUTF8(strings.ReplaceAll(f.Error, "\x00", ""), "?"), f.Delay.Milliseconds(), f.Dead
+	}
+	rows, err := d.pool.Query(ctx, d.completeSQL, c.RelayID, pubSeq, pubTok, fSeq, fTok, fErr, fDelay, fDead)
+	if err != nil {
+		return nil, fmt.Errorf("record outcomes: %w", err)
+	}
+	applied, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		return nil, fmt.Errorf("record outcomes: %w", err)
+	}
+	if len(applied) == len(pubSeq)+len(fSeq) {
+		return nil, nil
+	}
+	ok := make(map[int64]bool, len(applied))
+	for _, s := range applied {
+		ok[s] = true
+	}
+	var refused []int64
+	for _, s := range append(pubSeq, fSeq...) {
+		if !ok[s] {
+			refused = append(refused, s)
+		}
+	}
+	return refused, nil
+}
+
+// DeletePublished implements outbox.Store.
+func (d *Driver) DeletePublished(ctx context.Context, olderThan time.Duration, limit int) (int, error) {
+	tag, err := d.pool.Exec(ctx, d.deleteSQL, olderThan.Seconds(), limit)
+	if err != nil {
+		return 0, fmt.Errorf("delete published: %w", err)
+	}
+	return int(tag.RowsAffected()), nil
+}
+
+// SyncLeases implements outbox.Store in one transaction.
+func (d *Driver) SyncLeases(ctx context.Context, req outbox.LeaseRequest) (outbox.LeaseState, error) {
+	var st outbox.LeaseState
+	err := pgx.BeginFunc(ctx, d.pool, func(tx pgx.Tx) error {
+		n := d.names
+		ttl := req.TTL.Milliseconds()
+		if len(req.Release) > 0 {
+			if _, err := tx.Exec(ctx, n.LeaseRelease(), req.RelayID, tokens(req.Release)); err != nil {
+				return err
+			}
+		}
+		if req.TTL <= 0 { // leaving
+			_, err := tx.Exec(ctx, n.LeaseForgetRelay(), req.RelayID)
+			return err
+		}
+		if _, err := tx.Exec(ctx, n.LeaseHeartbeat(), req.RelayID, req.Hostname, req.PID, ttl); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, n.LeasePruneRelays()); err != nil {
+			return err
+		}
+		if len(req.Held) > 0 {
+			if _, err := tx.Exec(ctx, n.LeaseRenew(), req.RelayID, ttl, tokens(req.Held)); err != nil {
+				return err
+			}
+		}
+		held, err := d.held(ctx, tx, req.RelayID)
+		if err != nil {
+			return err
+		}
+		if err := tx.QueryRow(ctx, n.LeaseCounts()).Scan(&st.Shards, &st.Live); err != nil {
+			return err
+		}
+		st.Target = (st.Shards + max(st.Live, 1) - 1) / max(st.Live, 1)
+		if want := st.Target - len(held); want > 0 {
+			if _, err := tx.Exec(ctx, n.LeaseAcquire(), req.RelayID, ttl, want); err != nil {
+				return err
+			}
+			if held, err = d.held(ctx, tx, req.RelayID); err != nil {
+				return err
+			}
+		}
+		st.Held = held
+		return nil
+	})
+	if err != nil {
+		return outbox.LeaseState{}, fmt.Errorf("sync leases: %w", err)
+	}
+	return st, nil
+}
+
+func (d *Driver) held(ctx context.Context, tx pgx.Tx, relayID string) ([]outbox.Lease, error) {
+	rows, err := tx.Query(ctx, d.names.LeaseHeld(), relayID)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (outbox.Lease, error) {
+		var l outbox.Lease
+		var shard int16
+		err := r.Scan(&shard, &l.Token)
+		l.Shard = int(shard)
+		return l, err
+	})
+}
+
+func tokens(ls []outbox.Lease) []int64 {
+	out := make([]int64, len(ls))
+	for i, l := range ls {
+		out[i] = l.Token
+	}
+	return out
+}
+
+// Listen implements outbox.Listener with LISTEN on a connection of its own. It does not
+// work through PgBouncer in transaction pooling mode (the session that listens is not
+// kept); the relay's polling covers that case.
+func (d *Driver) Listen(ctx context.Context, wake func()) error {
+	if err := d.needPool(); err != nil {
+		return err
+	}
+	pc, err := d.pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	conn := pc.Hijack() // a listening session must not go back to the pool
+	defer conn.Close(context.WithoutCancel(ctx))
+	if _, err := conn.Exec(ctx, "LISTEN "+d.names.ChannelIdent); err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	wake() // anything written before LISTEN took effect
+	for {
+		if _, err := conn.WaitForNotification(ctx); err != nil {
+			return err
+		}
+		wake()
+	}
+}
+
+

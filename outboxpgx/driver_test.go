@@ -1,0 +1,236 @@
+package outboxpgx_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/testdb"
+	"github.com/outboxkit/outbox/outboxpgx"
+	"github.com/outboxkit/outbox/outboxtest"
+)
+
+type testBundle struct {
+	pool   *pgxpool.Pool
+	drv    *outboxpgx.Driver
+	schema string
+	w      *outbox.Writer[pgx.Tx]
+}
+
+func setup(t *testing.T) *testBundle {
+	t.Helper()
+	pool, drv, schema := testdb.Setup(t)
+	w, err := outbox.NewWriter(drv, outbox.WriterConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &testBundle{pool: pool, drv: drv, schema: schema, w: w}
+}
+
+func quietLogger() *slog.Logger {
+	if os.Getenv("OUTBOX_TEST_LOG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return slog.New(slog.NewTextHandler(io.Discard, nil))
+}
+
+// write commits msgs in one transaction.
+func (b *testBundle) write(t *testing.T, msgs ...outbox.Message) {
+	t.Helper()
+	err := pgx.BeginFunc(context.Background(), b.pool, func(tx pgx.Tx) error {
+		return b.w.Write(context.Background(), tx, msgs...)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (b *testBundle) count(t *testing.T, where string) int {
+	t.Helper()
+	var n int
+	q := fmt.Sprintf(`SELECT count(*) FROM "%s".outbox WHERE %s`, b.schema, where)
+	if err := b.pool.QueryRow(context.Background(), q).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func startRelay(t *testing.T, b *testBundle, pub outbox.Publisher, cfg outbox.RelayConfig) *outbox.Relay {
+	t.Helper()
+	if cfg.Logger == nil {
+		cfg.Logger = quietLogger()
+	}
+	cfg.PollInterval = max(cfg.PollInterval, 0)
+	r, err := outbox.NewRelay(b.drv, pub, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		if err := r.Stop(ctx); err != nil {
+			t.Errorf("stop relay: %v", err)
+		}
+	})
+	return r
+}
+
+func waitCtx(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func TestWriteAndPublish(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.write(t,
+		outbox.Message{Topic: "orders", Key: "o-1", EventType: "order.placed", Payload: []byte(`{"n":1}`),
+			Headers: map[string]string{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}},
+		outbox.Message{Topic: "orders", Key: "o-1", EventType: "order.paid", Payload: []byte(`{"n":2}`)},
+	)
+	pub := &outboxtest.Publisher{}
+	startRelay(t, b, pub, outbox.RelayConfig{})
+	got, err := pub.WaitFor(waitCtx(t, 10*time.Second), 2)
+	if err != nil {
+		t.Fatalf("published %d of 2: %v", len(got), err)
+	}
+	if got[0].EventType != "order.placed" || got[1].EventType != "order.paid" {
+		t.Fatalf("order: got %s, %s", got[0].EventType, got[1].EventType)
+	}
+	if got[0].Headers["traceparent"] == "" || got[0].ContentType != outbox.ContentTypeJSON || got[0].DedupKey != got[0].ID.String() {
+		t.Fatalf("message not carried whole: %+v", got[0])
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for b.count(t, "published_at IS NOT NULL") != 2 {
+		if time.Now().After(deadline) {
+			t.Fatal("rows not marked published")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func TestRollbackNeverPublished(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	// A rolled-back transaction.
+	tx, err := b.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.w.Write(ctx, tx, outbox.Message{Topic: "t", Key: "k", Payload: []byte(`"rolled back"`)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// A savepoint rolled back inside a committed transaction.
+	err = pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+		if err := b.w.Write(ctx, tx, outbox.Message{Topic: "t", Key: "k", Payload: []byte(`"kept-1"`)}); err != nil {
+			return err
+		}
+		sp, err := tx.Begin(ctx)
+		if err != nil {
+			return err
+		}
+		if err := b.w.Write(ctx, sp, outbox.Message{Topic: "t", Key: "k", Payload: []byte(`"savepoint rolled back"`)}); err != nil {
+			return err
+		}
+		if err := sp.Rollback(ctx); err != nil {
+			return err
+		}
+		return b.w.Write(ctx, tx, outbox.Message{Topic: "t", Key: "k", Payload: []byte(`"kept-2"`)})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub := &outboxtest.Publisher{}
+	r := startRelay(t, b, pub, outbox.RelayConfig{PollInterval: 20 * time.Millisecond})
+	got, err := pub.WaitFor(waitCtx(t, 10*time.Second), 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Give the relay time to publish anything else it (wrongly) could.
+	time.Sleep(300 * time.Millisecond)
+	stopCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := r.Stop(stopCtx); err != nil {
+		t.Fatal(err)
+	}
+	got = pub.Messages()
+	if len(got) != 2 || string(got[0].Payload) != `"kept-1"` || string(got[1].Payload) != `"kept-2"` {
+		var ps []string
+		for _, m := range got {
+			ps = append(ps, string(m.Payload))
+		}
+		t.Fatalf("published %v, want only kept-1, kept-2", ps)
+	}
+}
+
+func TestInvalidMessageWritesNothing(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	cases := []struct {
+		name  string
+		msg   outbox.Message
+		field string
+	}{
+		{"no topic", outbox.Message{Payload: []byte(`{}`)}, "Topic"},
+		{"bad json", outbox.Message{Topic: "t", ContentType: "application/json", Payload: []byte(`{"a":`)}, "Payload"},
+		{"bad json suffix", outbox.Message{Topic: "t", ContentType: "application/cloudevents+json; charset=utf-8", Payload: []byte(`nope`)}, "Payload"},
+		{"oversized", outbox.Message{Topic: "t", Payload: make([]byte, outbox.MaxPayloadBytesDefault+1)}, "Payload"},
+		{"header CRLF", outbox.Message{Topic: "t", Headers: map[string]string{"x": "a\r\nInjected: 1"}}, `Headers["x"]`},
+		{"header name", outbox.Message{Topic: "t", Headers: map[string]string{"bad name": "v"}}, `Headers["bad name"]`},
+		{"topic space", outbox.Message{Topic: "a b"}, "Topic"},
+		{"key NUL", outbox.Message{Topic: "t", Key: "a\x00b"}, "Key"},
+		{"key invalid utf8", outbox.Message{Topic: "t", Key: "\xff"}, "Key"},
+	}
+	for _, tc := range cases {
+		err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+			good := outbox.Message{Topic: "t", Payload: []byte(`{}`)}
+			return b.w.Write(ctx, tx, good, tc.msg)
+		})
+		var ve *outbox.ValidationError
+		if !errors.As(err, &ve) || !errors.Is(err, outbox.ErrInvalidMessage) {
+			t.Fatalf("%s: got %v, want *ValidationError", tc.name, err)
+		}
+		if ve.Index != 1 || ve.Field != tc.field {
+			t.Fatalf("%s: got index %d field %q, want 1 %q (%v)", tc.name, ve.Index, ve.Field, tc.field, err)
+		}
+	}
+	if n := b.count(t, "true"); n != 0 {
+		t.Fatalf("%d rows written by rejected calls", n)
+	}
+}
+
+func TestBadIdentifiersRejected(t *testing.T) {
+	t.Parallel()
+	for _, cfg := range []outboxpgx.Config{
+		{Schema: `x"; DROP TABLE y; --`},
+		{Schema: "Upper"},
+		{Prefix: "a b"},
+		{Prefix: "p\x00"},
+		{Schema: "s" + string(make([]byte, 70))},
+		{Prefix: "a_very_long_prefix_that_would_be_truncated_by_pg_"},
+	} {
+		_, err := outboxpgx.New(nil, cfg)
+		var ce *outbox.ConfigError
+		if !errors.As(err, &ce) || !errors.Is(err, outbox.ErrInvalidConfig) {
+			t.Fatalf("%+v: got %v, want *ConfigError", cfg, err)
+		}
+	}
+}

@@ -1,0 +1,32 @@
+package outbox
+
+import "context"
+
+// Publisher sends messages to a broker. Every broker adapter (outboxnats, ...) and the
+// in-memory publisher of outboxtest implement it.
+//
+// Publish sends batch and returns when every message of it has been durably confirmed by
+// the broker or has failed. It returns nil when all were confirmed; otherwise a slice of
+// len(batch) whose i-th entry is nil exactly when batch[i] was confirmed. "Confirmed"
+// must mean durable at the broker (a JetStream PubAck, a RabbitMQ confirm for a routed
+// message, Kafka acks=all): the relay marks a message published on that word alone.
+//
+// Errors are of two kinds, and the relay treats them differently. An outage (the broker is
+// unreachable, the connection broke, a timeout with unknown outcome) must be wrapped with
+// Outage: the relay pauses, retries later and counts no attempt. Any other error is a
+// rejection of that one message: the relay counts an attempt, backs off that message's key
+// and dead-letters the message after the attempt limit.
+//
+// The messages of one batch have distinct keys, so a publisher may send them all at once
+// (pipelined) without breaking per-key order. Publish is called from several goroutines
+// at once and must be safe for that. The batch and its messages must not be retained or
+// modified after Publish returns.
+type Publisher interface {
+	Publish(ctx context.Context, batch []*Message) []error
+}
+
+// Pinger is implemented by publishers that can check the broker's reachability cheaply.
+// After an outage the relay pings before it resumes sending.
+type Pinger interface {
+	Ping(ctx context.Context) error
+}

@@ -1,0 +1,875 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"sort"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Relay publishes committed messages from a Store to a Publisher. Several relays may run
+// against one store: the store's rows are divided into shards by key, each relay leases a
+// fair share of the shards in database time, and a relay publishes only from shards it
+// holds. Within its shards a relay keeps at most one message per key in flight, so
+// messages of a key reach the broker in order across retries and relays.
+//
+// Start and Stop are safe for concurrent use; Stats may be called at any time.
+type Relay struct {
+	store Store
+	pub   Publisher
+	cfg   RelayConfig
+	log   *slog.Logger
+
+	mu      sync.Mutex
+	started bool
+	stop    chan struct{}      // closed by Stop: drain and exit
+	kill    context.CancelFunc // cancels in-flight work when Stop's ctx ends
+	stopped chan struct{}      // closed when the relay has exited
+
+	stats relayStats
+}
+
+// RelayStats counts what a relay has done since it started.
+type RelayStats struct {
+	Published    int64 // messages confirmed by the broker and marked published
+	Rejected     int64 // rejected attempts (each counted toward MaxAttempts)
+	DeadLettered int64 // messages moved to the dead-letter state
+	Outages      int64 // pauses caused by broker outages
+	Refused      int64 // outcomes the store refused because the lease had moved on (fencing)
+	Shards       int64 // shards held now
+}
+
+type relayStats struct {
+	published, rejected, dead, outages, refused, shards atomic.Int64
+}
+
+// NewRelay returns a relay that reads from store and sends to pub. It does not start it.
+func NewRelay(store Store, pub Publisher, config RelayConfig) (*Relay, error) {
+	if store == nil {
+		return nil, errors.New("outbox: missing store (wrap a pgx pool with outboxpgx.New)")
+	}
+	if pub == nil {
+		return nil, errors.New("outbox: missing publisher (see outboxnats, or outboxtest.Publisher in tests)")
+	}
+	config = config.withDefaults()
+	if err := config.validate(); err != nil {
+		return nil, err
+	}
+	stopped := make(chan struct{})
+	return &Relay{
+		store: store, pub: pub, cfg: config,
+		log:     config.Logger.With("relay_id", config.ID),
+		stopped: stopped,
+	}, nil
+}
+
+// ID returns the relay's id, as it appears in leases.
+func (r *Relay) ID() string { return r.cfg.ID }
+
+// Stats returns counters of the relay's work.
+func (r *Relay) Stats() RelayStats {
+	return RelayStats{
+		Published:    r.stats.published.Load(),
+		Rejected:     r.stats.rejected.Load(),
+		DeadLettered: r.stats.dead.Load(),
+		Outages:      r.stats.outages.Load(),
+		Refused:      r.stats.refused.Load(),
+		Shards:       r.stats.shards.Load(),
+	}
+}
+
+// Start starts the relay in the background and returns at once. Cancelling ctx stops
+// the relay hard (in-flight publishes are abandoned and will be sent again by whoever
+// holds the shard next); Stop stops it gracefully. Starting twice is an error.
+func (r *Relay) Start(ctx context.Context) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.started {
+		return errors.New("outbox: relay already started")
+	}
+	r.started = true
+	ctx, cancel := context.WithCancel(ctx)
+	r.kill = cancel
+	r.stop = make(chan struct{})
+	l := newLoop(r)
+	go func() {
+		defer close(r.stopped)
+		defer cancel()
+		l.run(ctx)
+	}()
+	return nil
+}
+
+// Stop stops fetching, waits for in-flight messages to be confirmed and recorded, gives
+// the relay's leases back so other relays take over at once, and returns. If ctx ends
+// first, in-flight work is abandoned (it will be published again by the next owner) and
+// Stop returns ctx's error. Stopping twice, or a relay never started, is safe.
+func (r *Relay) Stop(ctx context.Context) error {
+	r.mu.Lock()
+	if !r.started {
+		r.mu.Unlock()
+		return nil
+	}
+	select {
+	case <-r.stop:
+	default:
+		close(r.stop)
+	}
+	r.mu.Unlock()
+	select {
+	case <-r.stopped:
+		return nil
+	case <-ctx.Done():
+		r.kill()
+		<-r.stopped
+		return ctx.Err()
+	}
+}
+
+// Stopped returns a channel closed when the relay has exited, after Stop or because
+// Start's ctx was cancelled.
+func (r *Relay) Stopped() <-chan struct{} { return r.stopped }
+
+// Run starts the relay and blocks until ctx is cancelled, then stops it gracefully,
+// giving in-flight work up to grace to finish. It is the daemon's main loop.
+func (r *Relay) Run(ctx context.Context, grace time.Duration) error {
+	if err := r.Start(context.WithoutCancel(ctx)); err != nil {
+		return err
+	}
+	select {
+	case <-ctx.Done():
+	case <-r.stopped:
+		return errors.New("outbox: relay stopped unexpectedly")
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), grace)
+	defer cancel()
+	return r.Stop(sctx)
+}
+
+// ---- the loop ----
+//
+// One goroutine (loop.run) owns all state below. It talks to three kinds of helpers
+// through channels: publish workers (at most MaxInFlight/PublishBatchSize at once), one
+// database worker that runs Complete and then Fetch strictly one after the other, and
+// one lease worker. Because completes and fetches never overlap, a fetch always sees
+// every outcome recorded before it started, and its Exclude list covers every message the
+// relay has in hand, so the relay never publishes a message twice on its own.
+
+type item struct {
+	m     *Message
+	token int64 // lease token of m's shard when m was fetched
+}
+
+type lane struct {
+	key      string
+	shard    int
+	queue    []*item // queue[0] is the head; it is in flight when inFlight is set
+	inFlight bool
+	queued   bool // in loop.ready
+	// failed is set when the head was rejected: the rest of the queue was dropped and
+	// rows of this key that a fetch returns are ignored until the failure is recorded,
+	// after which the store blocks the key until the retry is due.
+	failed  bool
+	dropped []int64
+}
+
+type pubResult struct {
+	items []*item
+	errs  []error
+}
+
+type dbJob struct {
+	completion Completion
+	lanes      []*lane // failed lanes whose failure this job records
+	fetch      *FetchRequest
+}
+
+type dbResult struct {
+	job        *dbJob
+	refused    []int64
+	completeOK bool
+	err        error
+	fetched    []*Message
+}
+
+type leaseResult struct {
+	state   LeaseState
+	err     error
+	started time.Time
+}
+
+type loop struct {
+	r   *Relay
+	cfg RelayConfig
+	log *slog.Logger
+
+	lanes map[string]*lane
+	ready []*lane
+	known map[int64]int // seq -> shard of every message in hand (queued, in flight, awaiting record)
+	perShard map[int]int
+
+	leases     map[int]int64 // shard -> token
+	draining   map[int]bool
+	leaseUntil time.Time // local monotonic deadline to stop sending under the current leases
+
+	inFlight    int
+	freeWorkers int
+
+	published []Outcome
+	failed    []Failure
+	failLanes []*lane
+
+	dbBusy, leaseBusy bool
+	wantFetch         bool // a wake-up or poll asked for a fetch
+	moreLikely        bool // the last fetch was full
+	pausedUntil       time.Time
+	outageStreak      int
+	completeRetryAt   time.Time
+
+	pubResults   chan pubResult
+	dbResults    chan dbResult
+	leaseResults chan leaseResult
+	wake         chan struct{}
+}
+
+func newLoop(r *Relay) *loop {
+	workers := r.cfg.MaxInFlight / r.cfg.PublishBatchSize
+	return &loop{
+		r: r, cfg: r.cfg, log: r.log,
+		lanes:        map[string]*lane{},
+		known:        map[int64]int{},
+		perShard:     map[int]int{},
+		leases:       map[int]int64{},
+		draining:     map[int]bool{},
+		freeWorkers:  max(workers, 1),
+		pubResults:   make(chan pubResult, workers+1),
+		dbResults:    make(chan dbResult, 1),
+		leaseResults: make(chan leaseResult, 1),
+		wake:         make(chan struct{}, 1),
+	}
+}
+
+func (l *loop) run(ctx context.Context) {
+	l.log.Info("relay starting", "batch_size", l.cfg.BatchSize, "max_in_flight", l.cfg.MaxInFlight,
+		"lease_ttl", l.cfg.LeaseTTL, "poll_interval", l.cfg.PollInterval, "max_attempts", l.cfg.MaxAttempts)
+	var bg sync.WaitGroup
+	bgCtx, bgCancel := context.WithCancel(ctx)
+	defer func() { bgCancel(); bg.Wait() }()
+	if lis, ok := l.r.store.(Listener); ok {
+		bg.Add(1)
+		go func() { defer bg.Done(); l.listen(bgCtx, lis) }()
+	}
+	if l.cfg.Retention > 0 {
+		bg.Add(1)
+		go func() { defer bg.Done(); l.clean(bgCtx) }()
+	}
+
+	poll := time.NewTicker(l.cfg.PollInterval)
+	defer poll.Stop()
+	renew := time.NewTicker(l.cfg.LeaseTTL / 3)
+	defer renew.Stop()
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+
+	l.syncLeases(ctx, false)
+	stopping := false
+	stop := l.r.stop
+	for {
+		if stopping && l.inFlight == 0 && !l.dbBusy && len(l.published) == 0 && len(l.failed) == 0 {
+			break
+		}
+		if !stopping {
+			l.dispatch(ctx)
+		}
+		l.startDB(ctx, stopping)
+		// Wake up for a paused outage or a pending complete retry.
+		var next time.Time
+		for _, t := range []time.Time{l.pausedUntil, l.completeRetryAt} {
+			if !t.IsZero() && (next.IsZero() || t.Before(next)) {
+				next = t
+			}
+		}
+		if !next.IsZero() {
+			timer.Reset(max(time.Until(next), time.Millisecond))
+		}
+		select {
+		case <-ctx.Done():
+			l.log.Warn("relay killed before draining", "in_flight", l.inFlight)
+			return
+		case <-stop:
+			stop = nil
+			stopping = true
+			l.log.Info("relay stopping", "in_flight", l.inFlight)
+			l.dropUnsent(func(*lane) bool { return true })
+		case res := <-l.pubResults:
+			l.onPublished(res)
+		case res := <-l.dbResults:
+			l.onDB(res)
+		case res := <-l.leaseResults:
+			l.onLeases(res)
+		case <-l.wake:
+			l.wantFetch = true
+		case <-poll.C:
+			l.wantFetch = true
+		case <-renew.C:
+			if !stopping {
+				l.syncLeases(ctx, false)
+			}
+		case <-timer.C:
+			if !l.pausedUntil.IsZero() && !time.Now().Before(l.pausedUntil) {
+				l.pausedUntil = time.Time{}
+			}
+			if !l.completeRetryAt.IsZero() && !time.Now().Before(l.completeRetryAt) {
+				l.completeRetryAt = time.Time{}
+			}
+		}
+	}
+	// Drained: give the leases back so other relays take over without waiting for expiry.
+	for l.leaseBusy {
+		l.onLeases(<-l.leaseResults)
+	}
+	l.syncLeases(ctx, true)
+	for l.leaseBusy {
+		l.onLeases(<-l.leaseResults)
+	}
+	l.log.Info("relay stopped")
+}
+
+// syncLeases starts a lease round trip unless one is running. With final set, every
+// lease is released.
+func (l *loop) syncLeases(ctx context.Context, final bool) {
+	if l.leaseBusy {
+		return
+	}
+	req := LeaseRequest{RelayID: l.cfg.ID, TTL: l.cfg.LeaseTTL, PID: os.Getpid()}
+	req.Hostname, _ = os.Hostname()
+	for shard, token := range l.leases {
+		lease := Lease{Shard: shard, Token: token}
+		if final || (l.draining[shard] && l.perShard[shard] == 0) {
+			req.Release = append(req.Release, lease)
+		} else {
+			req.Held = append(req.Held, lease)
+		}
+	}
+	if final {
+		req.TTL = 0
+	}
+	l.leaseBusy = true
+	started := time.Now()
+	go func() {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.cfg.LeaseTTL/3)
+		defer cancel()
+		st, err := l.r.store.SyncLeases(sctx, req)
+		l.leaseResults <- leaseResult{state: st, err: err, started: started}
+	}()
+}
+
+func (l *loop) onLeases(res leaseResult) {
+	l.leaseBusy = false
+	if res.err != nil {
+		l.log.Error("lease renewal failed; sending stops when the leases run out", "err", res.err,
+			"seconds_left", time.Until(l.leaseUntil).Seconds())
+		return
+	}
+	next := make(map[int]int64, len(res.state.Held))
+	for _, ls := range res.state.Held {
+		next[ls.Shard] = ls.Token
+	}
+	var lost, gained []int
+	for shard, token := range l.leases {
+		if t, ok := next[shard]; !ok || t != token {
+			lost = append(lost, shard)
+		}
+	}
+	for shard, token := range next {
+		if t, ok := l.leases[shard]; !ok || t != token {
+			gained = append(gained, shard)
+		}
+	}
+	lostSet := map[int]bool{}
+	for _, s := range lost {
+		lostSet[s] = true
+		delete(l.draining, s)
+	}
+	if len(lost) > 0 {
+		l.dropUnsent(func(ln *lane) bool { return lostSet[ln.shard] })
+	}
+	l.leases = next
+	// A renewal that started at time t keeps the leases until t+TTL in database time at
+	// the earliest; stop sending a fifth of the TTL before that.
+	l.leaseUntil = res.started.Add(l.cfg.LeaseTTL - l.cfg.LeaseTTL/5)
+	l.r.stats.shards.Store(int64(len(next)))
+	// Give back shards beyond the fair share so newcomers get theirs.
+	if excess := len(next) - countTrue(l.draining) - res.state.Target; excess > 0 && res.state.Target > 0 {
+		shards := make([]int, 0, len(next))
+		for s := range next {
+			if !l.draining[s] {
+				shards = append(shards, s)
+			}
+		}
+		sort.Sort(sort.Reverse(sort.IntSlice(shards)))
+		for _, s := range shards[:excess] {
+			l.draining[s] = true
+		}
+		l.dropUnsent(func(ln *lane) bool { return l.draining[ln.shard] })
+	}
+	if len(lost) > 0 || len(gained) > 0 {
+		sort.Ints(lost)
+		sort.Ints(gained)
+		l.log.Info("leases changed", "held", len(next), "target", res.state.Target, "live_relays", res.state.Live,
+			"gained", fmt.Sprint(gained), "lost", fmt.Sprint(lost))
+	}
+	if len(gained) > 0 {
+		l.wantFetch = true
+	}
+	// Lanes skipped while the leases had lapsed locally become sendable again.
+	for _, ln := range l.lanes {
+		if !ln.inFlight && !ln.failed && len(ln.queue) > 0 && l.sendable(ln.shard) {
+			l.enqueue(ln)
+		}
+	}
+}
+
+func countTrue(m map[int]bool) int {
+	n := 0
+	for _, v := range m {
+		if v {
+			n++
+		}
+	}
+	return n
+}
+
+// sendable reports whether messages of shard may be sent now.
+func (l *loop) sendable(shard int) bool {
+	_, held := l.leases[shard]
+	return held && !l.draining[shard] && time.Now().Before(l.leaseUntil)
+}
+
+// dispatch hands ready lane heads to free publish workers.
+func (l *loop) dispatch(ctx context.Context) {
+	if !l.pausedUntil.IsZero() {
+		return
+	}
+	for l.freeWorkers > 0 && len(l.ready) > 0 && l.inFlight < l.cfg.MaxInFlight {
+		n := min(l.cfg.PublishBatchSize, l.cfg.MaxInFlight-l.inFlight)
+		batch := make([]*item, 0, min(n, len(l.ready)))
+		rest := l.ready[:0]
+		for i, ln := range l.ready {
+			if len(batch) == n {
+				rest = append(rest, l.ready[i:]...)
+				break
+			}
+			ln.queued = false
+			if ln.inFlight || ln.failed || len(ln.queue) == 0 || l.lanes[ln.key] != ln {
+				continue
+			}
+			if !l.sendable(ln.shard) {
+				continue // lease lost or draining: dropUnsent cleans up; or leases lapsed: the next renewal re-queues
+			}
+			ln.inFlight = true
+			batch = append(batch, ln.queue[0])
+		}
+		l.ready = rest
+		if len(batch) == 0 {
+			return
+		}
+		l.inFlight += len(batch)
+		l.freeWorkers--
+		go l.publish(ctx, batch)
+	}
+}
+
+func (l *loop) publish(ctx context.Context, batch []*item) {
+	msgs := make([]*Message, len(batch))
+	for i, it := range batch {
+		msgs[i] = it.m
+	}
+	pctx, cancel := context.WithTimeout(ctx, l.cfg.PublishTimeout)
+	errs := l.r.pub.Publish(pctx, msgs)
+	cancel()
+	if errs != nil && len(errs) != len(batch) {
+		err := fmt.Errorf("outbox: publisher returned %d results for %d messages", len(errs), len(batch))
+		errs = make([]error, len(batch))
+		for i := range errs {
+			errs[i] = Outage(err)
+		}
+	}
+	for i, err := range errs {
+		if err != nil && !IsOutage(err) && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)) {
+			errs[i] = Outage(err) // unknown outcome: send again, count no attempt
+		}
+	}
+	l.pubResults <- pubResult{items: batch, errs: errs}
+}
+
+func (l *loop) onPublished(res pubResult) {
+	l.freeWorkers++
+	l.inFlight -= len(res.items)
+	outage := false
+	confirmed := 0
+	for i, it := range res.items {
+		ln := l.lanes[laneKey(it.m)]
+		var err error
+		if res.errs != nil {
+			err = res.errs[i]
+		}
+		switch {
+		case err == nil:
+			confirmed++
+			l.published = append(l.published, Outcome{Seq: it.m.Seq, Token: it.token})
+			l.advance(ln)
+		case IsOutage(err):
+			outage = true
+			if !outageLogged(err) {
+				l.log.Warn("broker outage", "event_id", it.m.ID.String(), "err", err)
+			}
+			ln.inFlight = false
+			if ln.failed {
+				break // cannot happen: a failed lane has nothing in flight
+			}
+			if l.sendable(ln.shard) {
+				l.enqueue(ln)
+			} else {
+				l.dropLane(ln)
+			}
+		default:
+			l.reject(ln, it, err)
+		}
+	}
+	if confirmed > 0 {
+		l.outageStreak = 0
+	}
+	if outage && l.pausedUntil.IsZero() {
+		l.outageStreak++
+		l.r.stats.outages.Add(1)
+		d := backoff(l.outageStreak, l.cfg.OutageMinDelay, l.cfg.OutageMaxDelay)
+		l.pausedUntil = time.Now().Add(d)
+		l.log.Warn("pausing after broker outage", "pause", d.Round(time.Millisecond), "consecutive", l.outageStreak)
+	}
+}
+
+var lastOutageLog atomic.Int64
+
+// outageLogged rate-limits per-message outage logs to one a second.
+func outageLogged(error) bool {
+	now := time.Now().Unix()
+	if lastOutageLog.Swap(now) == now {
+		return true
+	}
+	return false
+}
+
+// advance pops the confirmed head of ln and queues the next message, if any.
+func (l *loop) advance(ln *lane) {
+	ln.inFlight = false
+	ln.queue = ln.queue[1:]
+	if len(ln.queue) == 0 {
+		delete(l.lanes, ln.key)
+		return
+	}
+	if l.sendable(ln.shard) {
+		l.enqueue(ln)
+	} else {
+		l.dropLane(ln)
+	}
+}
+
+// reject records a rejected attempt of ln's head and holds the key back.
+func (l *loop) reject(ln *lane, it *item, err error) {
+	ln.inFlight = false
+	attempt := it.m.Attempts + 1
+	f := Failure{Outcome: Outcome{Seq: it.m.Seq, Token: it.token}, Error: truncate(err.Error(), 2000)}
+	if attempt >= l.cfg.MaxAttempts {
+		f.Dead = true
+		l.log.Error("message dead-lettered", "event_id", it.m.ID.String(), "dedup_key", it.m.DedupKey,
+			"aggregate_id", it.m.Key, "event_type", it.m.EventType, "topic", it.m.Topic, "attempt", attempt, "err", err)
+	} else {
+		f.Delay = backoff(attempt, l.cfg.RetryMinDelay, l.cfg.RetryMaxDelay)
+		l.log.Warn("publish rejected; will retry", "event_id", it.m.ID.String(), "dedup_key", it.m.DedupKey,
+			"aggregate_id", it.m.Key, "event_type", it.m.EventType, "topic", it.m.Topic, "attempt", attempt,
+			"retry_in", f.Delay.Round(time.Millisecond), "err", err)
+	}
+	l.failed = append(l.failed, f)
+	// The head stays in hand until the failure is recorded; later messages of the key are
+	// dropped now and fetched again once the store knows the key is blocked.
+	ln.failed = true
+	for _, rest := range ln.queue[1:] {
+		ln.dropped = append(ln.dropped, rest.m.Seq)
+	}
+	ln.queue = ln.queue[:1]
+	l.failLanes = append(l.failLanes, ln)
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "..."
+}
+
+func (l *loop) enqueue(ln *lane) {
+	if !ln.queued {
+		ln.queued = true
+		l.ready = append(l.ready, ln)
+	}
+}
+
+// dropLane forgets ln's unsent messages; its in-flight head, if any, stays.
+func (l *loop) dropLane(ln *lane) {
+	if ln.failed {
+		return // settles when its failure is recorded
+	}
+	keep := 0
+	if ln.inFlight {
+		keep = 1
+	}
+	for _, it := range ln.queue[keep:] {
+		l.forget(it.m.Seq)
+	}
+	ln.queue = ln.queue[:keep]
+	if keep == 0 {
+		delete(l.lanes, ln.key)
+	}
+}
+
+// dropUnsent drops the unsent messages of every lane that match.
+func (l *loop) dropUnsent(match func(*lane) bool) {
+	for _, ln := range l.lanes {
+		if match(ln) {
+			l.dropLane(ln)
+		}
+	}
+}
+
+func (l *loop) forget(seq int64) {
+	if shard, ok := l.known[seq]; ok {
+		delete(l.known, seq)
+		if l.perShard[shard]--; l.perShard[shard] <= 0 {
+			delete(l.perShard, shard)
+		}
+	}
+}
+
+// startDB starts the next database job: record outcomes, then fetch if there is room.
+func (l *loop) startDB(ctx context.Context, stopping bool) {
+	if l.dbBusy {
+		return
+	}
+	job := &dbJob{}
+	if !l.completeRetryAt.IsZero() {
+		// The last complete failed; wait before trying again.
+	} else if len(l.published) > 0 || len(l.failed) > 0 {
+		job.completion = Completion{RelayID: l.cfg.ID, Published: l.published, Failed: l.failed}
+		job.lanes = l.failLanes
+		l.published, l.failed, l.failLanes = nil, nil, nil
+	}
+	inHand := len(l.known)
+	room := l.cfg.BatchSize + l.cfg.MaxInFlight - inHand
+	if !stopping && (l.wantFetch || l.moreLikely) && room >= l.cfg.BatchSize/2 && time.Now().Before(l.leaseUntil) {
+		req := &FetchRequest{RelayID: l.cfg.ID, Limit: min(room, l.cfg.BatchSize)}
+		for shard, token := range l.leases {
+			if !l.draining[shard] {
+				req.Leases = append(req.Leases, Lease{Shard: shard, Token: token})
+			}
+		}
+		if len(req.Leases) > 0 {
+			req.Exclude = make([]int64, 0, len(l.known))
+			for seq := range l.known {
+				req.Exclude = append(req.Exclude, seq)
+			}
+			job.fetch = req
+			l.wantFetch = false
+		}
+	}
+	if job.fetch == nil && len(job.completion.Published) == 0 && len(job.completion.Failed) == 0 {
+		return
+	}
+	l.dbBusy = true
+	go func() {
+		res := dbResult{job: job}
+		dctx := context.WithoutCancel(ctx) // a graceful stop still records outcomes
+		if c := job.completion; len(c.Published) > 0 || len(c.Failed) > 0 {
+			cctx, cancel := context.WithTimeout(dctx, 30*time.Second)
+			res.refused, res.err = l.r.store.Complete(cctx, c)
+			cancel()
+			res.completeOK = res.err == nil
+		}
+		if job.fetch != nil && res.err == nil && ctx.Err() == nil {
+			fctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			res.fetched, res.err = l.r.store.Fetch(fctx, *job.fetch)
+			cancel()
+		}
+		l.dbResults <- res
+	}()
+}
+
+func (l *loop) onDB(res dbResult) {
+	l.dbBusy = false
+	job := res.job
+	c := job.completion
+	if len(c.Published)+len(c.Failed) > 0 {
+		if !res.completeOK {
+			// Keep the outcomes and try again shortly; the messages stay in hand.
+			l.log.Error("recording outcomes failed; retrying", "err", res.err, "published", len(c.Published), "failed", len(c.Failed))
+			l.published = append(c.Published, l.published...)
+			l.failed = append(c.Failed, l.failed...)
+			l.failLanes = append(job.lanes, l.failLanes...)
+			l.completeRetryAt = time.Now().Add(time.Second)
+			return
+		}
+		refused := make(map[int64]bool, len(res.refused))
+		for _, s := range res.refused {
+			refused[s] = true
+		}
+		if len(res.refused) > 0 {
+			l.r.stats.refused.Add(int64(len(res.refused)))
+			l.log.Warn("outcomes refused: the lease moved to another relay, which will publish these messages again",
+				"refused", len(res.refused))
+		}
+		for _, o := range c.Published {
+			l.forget(o.Seq)
+			if !refused[o.Seq] {
+				l.r.stats.published.Add(1)
+			}
+		}
+		for _, f := range c.Failed {
+			l.forget(f.Seq)
+			if !refused[f.Seq] {
+				if f.Dead {
+					l.r.stats.dead.Add(1)
+				} else {
+					l.r.stats.rejected.Add(1)
+				}
+			}
+		}
+		for _, ln := range job.lanes {
+			for _, seq := range ln.dropped {
+				l.forget(seq)
+			}
+			ln.dropped = nil
+			ln.failed = false
+			if l.lanes[ln.key] == ln {
+				delete(l.lanes, ln.key)
+			}
+		}
+		// Draining shards may now be empty: release them soon.
+		for s := range l.draining {
+			if l.perShard[s] == 0 {
+				l.wantLeaseSoon()
+				break
+			}
+		}
+	}
+	if job.fetch == nil {
+		return
+	}
+	if res.err != nil {
+		l.log.Error("fetch failed", "err", res.err)
+		l.moreLikely = false
+		return
+	}
+	l.moreLikely = len(res.fetched) == job.fetch.Limit
+	tokens := make(map[int]int64, len(job.fetch.Leases))
+	for _, ls := range job.fetch.Leases {
+		tokens[ls.Shard] = ls.Token
+	}
+	for _, m := range res.fetched {
+		if _, dup := l.known[m.Seq]; dup {
+			continue
+		}
+		token, ok := tokens[m.Shard]
+		if !ok || l.leases[m.Shard] != token || l.draining[m.Shard] {
+			continue // lease changed while fetching
+		}
+		key := laneKey(m)
+		ln := l.lanes[key]
+		if ln != nil && ln.failed {
+			continue // fetched before the key's failure was recorded
+		}
+		if ln == nil {
+			ln = &lane{key: key, shard: m.Shard}
+			l.lanes[key] = ln
+		}
+		ln.queue = append(ln.queue, &item{m: m, token: token})
+		l.known[m.Seq] = m.Shard
+		l.perShard[m.Shard]++
+		if !ln.inFlight {
+			l.enqueue(ln)
+		}
+	}
+}
+
+// wantLeaseSoon shortens the wait for the next lease round trip after a drain.
+func (l *loop) wantLeaseSoon() {
+	if !l.leaseBusy {
+		l.syncLeases(context.Background(), false)
+	}
+}
+
+func laneKey(m *Message) string {
+	if m.Key == "" {
+		return "\x00" + strconv.FormatInt(m.Seq, 10)
+	}
+	return m.Key
+}
+
+func (l *loop) listen(ctx context.Context, lis Listener) {
+	wake := func() {
+		select {
+		case l.wake <- struct{}{}:
+		default:
+		}
+	}
+	for fails := 1; ctx.Err() == nil; fails++ {
+		err := lis.Listen(ctx, wake)
+		if ctx.Err() != nil {
+			return
+		}
+		d := backoff(min(fails, 8), time.Second, 30*time.Second)
+		l.log.Warn("LISTEN connection lost; polling meanwhile", "err", err, "retry_in", d.Round(time.Millisecond))
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(d):
+		}
+	}
+}
+
+func (l *loop) clean(ctx context.Context) {
+	t := time.NewTicker(l.cfg.CleanupInterval)
+	defer t.Stop()
+	for {
+		for {
+			n, err := l.r.store.DeletePublished(ctx, l.cfg.Retention, l.cfg.CleanupBatch)
+			if err != nil {
+				if ctx.Err() == nil {
+					l.log.Error("retention cleanup failed", "err", err)
+				}
+				break
+			}
+			if n > 0 {
+				l.log.Debug("retention cleanup", "deleted", n)
+			}
+			if n < l.cfg.CleanupBatch {
+				break
+			}
+			select { // leave the database room between batches
+			case <-ctx.Done():
+				return
+			case <-time.After(10 * time.Millisecond):
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}

@@ -1,0 +1,98 @@
+package outbox
+
+import (
+	"context"
+	"time"
+)
+
+// Store is what a Relay needs from a database: shard leases, reading due messages, and
+// recording outcomes. outboxpgx implements it for PostgreSQL.
+//
+// Every time that decides correctness (lease expiry, when a retry is due) is the
+// database's clock, never the relay's, so relays with skewed clocks cannot overlap.
+//
+// The seam may grow: implement it inside this module, not outside.
+type Store interface {
+	// SyncLeases heartbeats the relay, renews the leases it holds, releases the ones
+	// listed in req.Release and takes free or expired shards up to its fair share
+	// (ceil(shards / live relays)). All in database time.
+	SyncLeases(ctx context.Context, req LeaseRequest) (LeaseState, error)
+
+	// Fetch returns up to req.Limit due messages of the shards whose leases req lists
+	// (and that the relay still holds in the database), in Seq order, skipping
+	// req.Exclude and any message whose key has an earlier message that is pending but
+	// not yet due (a retry backing off, or a delayed message).
+	Fetch(ctx context.Context, req FetchRequest) ([]*Message, error)
+
+	// Complete records publish outcomes in one transaction, fenced: an outcome is
+	// applied only if the lease token it carries is still the relay's unexpired lease on
+	// the message's shard. It returns the seqs whose outcome was refused.
+	Complete(ctx context.Context, req Completion) (refused []int64, err error)
+
+	// DeletePublished deletes up to limit messages published before the database time
+	// now() - olderThan, and returns how many it deleted.
+	DeletePublished(ctx context.Context, olderThan time.Duration, limit int) (int, error)
+}
+
+// Listener is implemented by stores that can wake the relay when messages are written
+// (PostgreSQL LISTEN/NOTIFY). Listen calls wake after each notification and returns when
+// ctx is done or the listening connection fails; the relay polls meanwhile and calls
+// Listen again.
+type Listener interface {
+	Listen(ctx context.Context, wake func()) error
+}
+
+// Lease is a relay's ownership of one shard. Token grows with every change of owner; the
+// store refuses outcomes carrying a token that is no longer current (fencing).
+type Lease struct {
+	Shard int
+	Token int64
+}
+
+// LeaseRequest is the input of Store.SyncLeases.
+type LeaseRequest struct {
+	RelayID  string
+	Hostname string
+	PID      int
+	TTL      time.Duration
+	Held     []Lease // leases to renew
+	Release  []Lease // leases to give up
+}
+
+// LeaseState is the result of Store.SyncLeases.
+type LeaseState struct {
+	Held   []Lease // every lease the relay holds now, renewed for TTL
+	Shards int     // total number of shards
+	Live   int     // relays with an unexpired heartbeat, this one included
+	Target int     // this relay's fair share of shards
+}
+
+// FetchRequest is the input of Store.Fetch.
+type FetchRequest struct {
+	RelayID string
+	Leases  []Lease
+	Exclude []int64 // seqs the relay already has in hand
+	Limit   int
+}
+
+// Completion is the input of Store.Complete.
+type Completion struct {
+	RelayID   string
+	Published []Outcome
+	Failed    []Failure
+}
+
+// Outcome identifies a message and the lease under which it was published.
+type Outcome struct {
+	Seq   int64
+	Token int64
+}
+
+// Failure records a rejected attempt: the attempt counter grows by one and the message is
+// due again after Delay, or, when Dead, moves to the dead-letter state.
+type Failure struct {
+	Outcome
+	Error string
+	Delay time.Duration
+	Dead  bool
+}

@@ -1,0 +1,179 @@
+package outbox
+
+import (
+	"cmp"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"unicode/utf8"
+)
+
+// Limits bound what Write accepts. Brokers reject oversized messages (NATS allows 1 MiB by
+// default, Kafka about 1 MB), and a message the broker can never accept would only be
+// retried until it is dead-lettered, so Write refuses it up front instead.
+type Limits struct {
+	// MaxPayloadBytes caps Payload. Defaults to 1 MiB.
+	MaxPayloadBytes int
+	// MaxHeaders caps the number of headers of one message. Defaults to 64.
+	MaxHeaders int
+	// MaxHeaderBytes caps the summed length of one message's header names and values.
+	// Defaults to 16 KiB.
+	MaxHeaderBytes int
+}
+
+// Defaults for Limits.
+const (
+	MaxPayloadBytesDefault = 1 << 20
+	MaxHeadersDefault      = 64
+	MaxHeaderBytesDefault  = 16 << 10
+	// maxNameBytes bounds topics, keys, types, dedup keys and header names: AMQP short
+	// strings and most broker names stop at 255 bytes.
+	maxNameBytes = 255
+)
+
+func (l Limits) withDefaults() Limits {
+	l.MaxPayloadBytes = cmp.Or(l.MaxPayloadBytes, MaxPayloadBytesDefault)
+	l.MaxHeaders = cmp.Or(l.MaxHeaders, MaxHeadersDefault)
+	l.MaxHeaderBytes = cmp.Or(l.MaxHeaderBytes, MaxHeaderBytesDefault)
+	return l
+}
+
+func (l Limits) validate() error {
+	switch {
+	case l.MaxPayloadBytes < 0:
+		return &ConfigError{Field: "Limits.MaxPayloadBytes", Reason: "must not be negative"}
+	case l.MaxHeaders < 0:
+		return &ConfigError{Field: "Limits.MaxHeaders", Reason: "must not be negative"}
+	case l.MaxHeaderBytes < 0:
+		return &ConfigError{Field: "Limits.MaxHeaderBytes", Reason: "must not be negative"}
+	}
+	return nil
+}
+
+// Prepare validates msgs and fills their defaults (ID, DedupKey, ContentType) in place. It
+// is what Write does before any SQL runs; drivers and tests call it directly. On error
+// nothing must be written.
+func (l Limits) Prepare(msgs []Message) error {
+	l = l.withDefaults()
+	for i := range msgs {
+		if err := l.prepare(i, &msgs[i]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (l Limits) prepare(i int, m *Message) error {
+	bad := func(field, format string, args ...any) error {
+		return &ValidationError{Index: i, Field: field, Reason: fmt.Sprintf(format, args...)}
+	}
+	if m.Topic == "" {
+		return bad("Topic", "required")
+	}
+	if err := checkName(m.Topic, false); err != "" {
+		return bad("Topic", "%s", err)
+	}
+	if err := checkName(m.Key, true); err != "" {
+		return bad("Key", "%s", err)
+	}
+	if err := checkName(m.AggregateType, false); err != "" {
+		return bad("AggregateType", "%s", err)
+	}
+	if err := checkName(m.EventType, false); err != "" {
+		return bad("EventType", "%s", err)
+	}
+	if len(m.Payload) > l.MaxPayloadBytes {
+		return bad("Payload", "%d bytes is over the limit of %d (Limits.MaxPayloadBytes)", len(m.Payload), l.MaxPayloadBytes)
+	}
+	if m.ContentType == "" {
+		if json.Valid(m.Payload) {
+			m.ContentType = ContentTypeJSON
+		} else {
+			m.ContentType = ContentTypeBinary
+		}
+	} else {
+		if len(m.ContentType) > maxNameBytes || strings.ContainsAny(m.ContentType, "\r\n\x00") || !utf8.ValidString(m.ContentType) {
+			return bad("ContentType", "must be a media type of at most %d bytes", maxNameBytes)
+		}
+		if IsJSONContentType(m.ContentType) && !json.Valid(m.Payload) {
+			return bad("Payload", "content type %q says JSON but the payload is not valid JSON", m.ContentType)
+		}
+	}
+	if len(m.Headers) > l.MaxHeaders {
+		return bad("Headers", "%d headers is over the limit of %d (Limits.MaxHeaders)", len(m.Headers), l.MaxHeaders)
+	}
+	size := 0
+	for k, v := range m.Headers {
+		if err := checkHeaderName(k); err != "" {
+			return bad(fmt.Sprintf("Headers[%q]", k), "%s", err)
+		}
+		if err := checkHeaderValue(v); err != "" {
+			return bad(fmt.Sprintf("Headers[%q]", k), "%s", err)
+		}
+		size += len(k) + len(v)
+	}
+	if size > l.MaxHeaderBytes {
+		return bad("Headers", "%d bytes is over the limit of %d (Limits.MaxHeaderBytes)", size, l.MaxHeaderBytes)
+	}
+	if m.ID.IsZero() {
+		m.ID = NewID()
+	}
+	if m.DedupKey == "" {
+		m.DedupKey = m.ID.String()
+	} else if err := checkName(m.DedupKey, true); err != "" {
+		return bad("DedupKey", "%s", err)
+	}
+	return nil
+}
+
+// checkName accepts up to 255 bytes of UTF-8 text without control characters. Keys may
+// contain spaces; topics and types may not, because they end up in broker names.
+func checkName(s string, spaces bool) string {
+	if len(s) > maxNameBytes {
+		return fmt.Sprintf("%d bytes is over the limit of %d", len(s), maxNameBytes)
+	}
+	if !utf8.ValidString(s) {
+		return "not valid UTF-8"
+	}
+	for _, r := range s {
+		if r < 0x20 || r == 0x7f || (!spaces && r == ' ') {
+			return fmt.Sprintf("contains the character %q, which is not allowed", r)
+		}
+	}
+	return ""
+}
+
+// checkHeaderName accepts an HTTP token (RFC 9110 tchar), which every broker can carry as
+// a header or property name.
+func checkHeaderName(s string) string {
+	if s == "" {
+		return "header name is empty"
+	}
+	if len(s) > maxNameBytes {
+		return fmt.Sprintf("header name of %d bytes is over the limit of %d", len(s), maxNameBytes)
+	}
+	for i := 0; i < len(s); i++ {
+		if !isTokenChar(s[i]) {
+			return fmt.Sprintf("header name contains %q; use letters, digits and !#$%%&'*+-.^_`|~", s[i])
+		}
+	}
+	return ""
+}
+
+func isTokenChar(c byte) bool {
+	switch {
+	case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
+		return true
+	}
+	return strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0
+}
+
+func checkHeaderValue(s string) string {
+	if !utf8.ValidString(s) {
+		return "header value is not valid UTF-8"
+	}
+	if i := strings.IndexAny(s, "\r\n\x00"); i >= 0 {
+		return fmt.Sprintf("header value contains %q, which would let it forge other headers", s[i])
+	}
+	return ""
+}

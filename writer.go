@@ -1,0 +1,73 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+)
+
+// WriteDriver inserts messages in the caller's transaction. TTx is the transaction type
+// of the database library (pgx.Tx, *sql.Tx). Drivers live in their own packages
+// (outboxpgx, outboxsql); this interface is the seam between them and Writer.
+//
+// The seam may grow: implement it inside this module, not outside.
+type WriteDriver[TTx any] interface {
+	// Insert writes msgs, already validated and with defaults filled, in tx. It returns
+	// the dedup keys of the messages it skipped because the dedup key was taken, in call
+	// order, and no error for them.
+	Insert(ctx context.Context, tx TTx, msgs []Message) (skipped []string, err error)
+}
+
+// WriterConfig configures a Writer.
+type WriterConfig struct {
+	// Limits bound message sizes. See Limits for the defaults.
+	Limits Limits
+}
+
+// Writer writes messages in the caller's transaction: the messages exist if and only if
+// that transaction commits. It is safe for concurrent use; the transactions passed to it
+// follow their own library's rules (a pgx.Tx must not be used by two goroutines at once).
+type Writer[TTx any] struct {
+	driver WriteDriver[TTx]
+	limits Limits
+}
+
+// NewWriter returns a Writer that inserts through driver.
+func NewWriter[TTx any](driver WriteDriver[TTx], config WriterConfig) (*Writer[TTx], error) {
+	if any(driver) == nil {
+		return nil, errors.New("outbox: missing driver (wrap a pgx pool with outboxpgx.New or a *sql.DB with outboxsql.New)")
+	}
+	if err := config.Limits.validate(); err != nil {
+		return nil, err
+	}
+	return &Writer[TTx]{driver: driver, limits: config.Limits.withDefaults()}, nil
+}
+
+// Write validates msgs and inserts them in tx with one statement, however many there are.
+//
+// Invalid messages make Write return a *ValidationError (errors.Is ErrInvalidMessage)
+// before any SQL runs, so the transaction is untouched. Messages whose dedup key is
+// already taken are skipped and reported with a *DuplicateError (errors.Is ErrDuplicate);
+// the rest are written. Any other error comes from the database and, as with any failed
+// statement, leaves the transaction aborted.
+//
+// Because the rows are ordinary rows of the transaction, a rollback (or a rollback to a
+// savepoint taken before Write) removes them, and no relay can see them before commit.
+func (w *Writer[TTx]) Write(ctx context.Context, tx TTx, msgs ...Message) error {
+	if len(msgs) == 0 {
+		return nil
+	}
+	// Work on a copy: defaults are filled in place and the caller's slice stays theirs.
+	own := make([]Message, len(msgs))
+	copy(own, msgs)
+	if err := w.limits.Prepare(own); err != nil {
+		return err
+	}
+	skipped, err := w.driver.Insert(ctx, tx, own)
+	if err != nil {
+		return err
+	}
+	if len(skipped) > 0 {
+		return &DuplicateError{DedupKeys: skipped}
+	}
+	return nil
+}
