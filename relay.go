@@ -209,9 +209,9 @@ type loop struct {
 	cfg RelayConfig
 	log *slog.Logger
 
-	lanes map[string]*lane
-	ready []*lane
-	known map[int64]int // seq -> shard of every message in hand (queued, in flight, awaiting record)
+	lanes    map[string]*lane
+	ready    []*lane
+	known    map[int64]int // seq -> shard of every message in hand (queued, in flight, awaiting record)
 	perShard map[int]int
 
 	leases     map[int]int64 // shard -> token

@@ -320,5 +320,3 @@ func (d *Driver) Listen(ctx context.Context, wake func()) error {
 		wake()
 	}
 }
-
-

@@ -72,7 +72,6 @@ func (n *Names) Status(ctx context.Context, inTx InTx) ([]MigrationStatus, error
 	return out, err
 }
 
-
 // Up applies every migration up to target (0 means all) in one transaction, under an
 // advisory lock so concurrent migrators do not race. It returns the versions applied.
 func (n *Names) Up(ctx context.Context, inTx InTx, target int) ([]int, error) {

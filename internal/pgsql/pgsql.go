@@ -59,12 +59,12 @@ func channel(schema, prefix string) string { return schema + "." + prefix + "out
 // Names are the quoted, schema-qualified names of the outbox objects.
 type Names struct {
 	Schema, Outbox, Leases, Relays, TokenSeq, DeadView, Migrations, NotifyFunc string
-	Trigger        string // not schema-qualified
-	Channel        string // NOTIFY channel, raw text
-	ChannelLiteral string // Channel as an SQL string literal
-	ChannelIdent   string // Channel as a quoted identifier, for LISTEN
-	ShardMask      int
-	prefix         string
+	Trigger                                                                    string // not schema-qualified
+	Channel                                                                    string // NOTIFY channel, raw text
+	ChannelLiteral                                                             string // Channel as an SQL string literal
+	ChannelIdent                                                               string // Channel as a quoted identifier, for LISTEN
+	ShardMask                                                                  int
+	prefix                                                                     string
 }
 
 // NewNames validates c and builds its names.
