@@ -1,0 +1,381 @@
+package outboxpgx_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/outboxpgx"
+	"github.com/outboxkit/outbox/outboxtest"
+)
+
+// exec runs a statement in the test's schema; %[1]s in q is the quoted schema.
+func (b *testBundle) exec(t *testing.T, q string, args ...any) {
+	t.Helper()
+	if _, err := b.pool.Exec(context.Background(), fmt.Sprintf(q, `"`+b.schema+`"`), args...); err != nil {
+		t.Fatalf("%s: %v", q, err)
+	}
+}
+
+// kill dead-letters the message with id as the relay would: dead_at, attempts and the
+// last error set, deadAgo before the database's now().
+func (b *testBundle) kill(t *testing.T, id outbox.ID, lastError string, deadAgo time.Duration) {
+	t.Helper()
+	b.exec(t, `UPDATE %[1]s.outbox SET dead_at = now() - $2 * interval '1 second', attempts = 3, last_error = $3 WHERE id = $1`,
+		id.String(), deadAgo.Seconds(), lastError)
+}
+
+func msg(topic, key string) outbox.Message {
+	return outbox.Message{ID: outbox.NewID(), Topic: topic, Key: key, Payload: []byte(`{}`)}
+}
+
+func ids(dls []outbox.DeadLetter) []outbox.ID {
+	out := make([]outbox.ID, len(dls))
+	for i, dl := range dls {
+		out[i] = dl.ID
+	}
+	return out
+}
+
+func TestStatusCountsEveryState(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+
+	due1, due2 := msg("orders", "o-1"), msg("orders", "o-2")
+	delayed := msg("orders", "o-3")
+	delayed.DeliverAt = time.Now().Add(time.Hour)
+	retryDue, retryLater := msg("billing", "b-1"), msg("billing", "b-2")
+	dead1, dead2 := msg("billing", "b-3"), msg("shipping", "s-1")
+	pub1, pub2, pub3 := msg("orders", "o-4"), msg("orders", "o-5"), msg("shipping", "s-2")
+	b.write(t, due1, due2, delayed, retryDue, retryLater, dead1, dead2, pub1, pub2, pub3)
+
+	b.exec(t, `UPDATE %[1]s.outbox SET created_at = now() - interval '1 hour' WHERE id = $1`, due1.ID.String())
+	b.exec(t, `UPDATE %[1]s.outbox SET attempts = 1, last_error = 'nack' WHERE id = $1`, retryDue.ID.String())
+	b.exec(t, `UPDATE %[1]s.outbox SET attempts = 2, last_error = 'nack', next_attempt_at = now() + interval '10 minutes' WHERE id = $1`, retryLater.ID.String())
+	b.kill(t, dead1.ID, "nack", time.Minute)
+	b.kill(t, dead2.ID, "nack", time.Minute)
+	b.exec(t, `UPDATE %[1]s.outbox SET published_at = now() WHERE id = ANY($1::uuid[])`,
+		[]string{pub1.ID.String(), pub2.ID.String(), pub3.ID.String()})
+
+	// Two relays: r1 live with ten unexpired leases, r2 expired holding three expired ones.
+	b.exec(t, `INSERT INTO %[1]s.outbox_relays (id, hostname, pid, expires_at) VALUES
+		('r1', 'host-a', 11, now() + interval '1 minute'), ('r2', 'host-b', 22, now() - interval '1 minute')`)
+	b.exec(t, `UPDATE %[1]s.outbox_leases SET owner = 'r1', token = shard + 1, expires_at = now() + interval '1 minute' WHERE shard < 10`)
+	b.exec(t, `UPDATE %[1]s.outbox_leases SET owner = 'r2', token = shard + 1, expires_at = now() - interval '1 minute' WHERE shard BETWEEN 10 AND 12`)
+
+	st, err := b.drv.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// pending: due1, due2, delayed, retryDue, retryLater.
+	want := struct{ pending, due, retrying, delayed, dead, published int64 }{5, 3, 2, 2, 2, 3}
+	got := struct{ pending, due, retrying, delayed, dead, published int64 }{st.Pending, st.Due, st.Retrying, st.Delayed, st.Dead, st.Published}
+	if got != want {
+		t.Fatalf("counts: got %+v, want %+v", got, want)
+	}
+	if st.OldestPendingAge < time.Hour || st.OldestPendingAge > time.Hour+time.Minute {
+		t.Fatalf("oldest pending age %v, want about 1h", st.OldestPendingAge)
+	}
+
+	wantTopics := []outbox.TopicStatus{
+		{Topic: "billing", Pending: 2, Due: 1, Retrying: 2, Dead: 1},
+		{Topic: "orders", Pending: 3, Due: 2, Retrying: 0, Dead: 0},
+		{Topic: "shipping", Pending: 0, Due: 0, Retrying: 0, Dead: 1},
+	}
+	if len(st.Topics) != len(wantTopics) {
+		t.Fatalf("topics: got %+v", st.Topics)
+	}
+	for i, w := range wantTopics {
+		g := st.Topics[i]
+		age := g.OldestPendingAge
+		g.OldestPendingAge = 0
+		if g != w {
+			t.Fatalf("topic %d: got %+v, want %+v", i, g, w)
+		}
+		if (w.Pending == 0) != (age == 0) {
+			t.Fatalf("topic %s: oldest pending age %v with %d pending", w.Topic, age, w.Pending)
+		}
+	}
+	if st.Topics[1].OldestPendingAge < time.Hour {
+		t.Fatalf("orders: oldest pending age %v, want at least 1h", st.Topics[1].OldestPendingAge)
+	}
+
+	if st.Shards != 64 || st.ShardsLeased != 10 {
+		t.Fatalf("shards: got %d total, %d leased; want 64, 10", st.Shards, st.ShardsLeased)
+	}
+	if len(st.Relays) != 2 {
+		t.Fatalf("relays: got %+v", st.Relays)
+	}
+	r1, r2 := st.Relays[0], st.Relays[1]
+	if r1.ID != "r1" || !r1.Live || r1.Shards != 10 || r1.Hostname != "host-a" || r1.PID != 11 || r1.StartedAt.IsZero() || r1.HeartbeatAt.IsZero() {
+		t.Fatalf("relay r1: %+v", r1)
+	}
+	if r2.ID != "r2" || r2.Live || r2.Shards != 0 {
+		t.Fatalf("relay r2: %+v", r2)
+	}
+}
+
+func TestStatusEmptyOutbox(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	st, err := b.drv.Status(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Pending != 0 || st.Dead != 0 || st.Published != 0 || st.OldestPendingAge != 0 || st.Shards != 64 {
+		t.Fatalf("empty outbox: %+v", st)
+	}
+	// Empty, not nil, so that JSON shows [] rather than null.
+	if st.Topics == nil || st.Relays == nil {
+		t.Fatalf("nil slices in %+v", st)
+	}
+}
+
+// deadFixture writes three dead letters and one pending message that has failed with
+// an error that the filters would match, so that a filter leaking into live rows shows.
+// The errors are chosen so that an unescaped % or _ in a LIKE pattern matches more.
+type deadFixture struct {
+	b                *testBundle
+	old, mid, recent outbox.Message
+	pending          outbox.Message
+}
+
+func newDeadFixture(t *testing.T) *deadFixture {
+	t.Helper()
+	f := &deadFixture{b: setup(t)}
+	f.old, f.mid, f.recent = msg("orders", "k1"), msg("orders", "k2"), msg("billing", "k1")
+	f.old.Headers = map[string]string{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
+	f.pending = msg("orders", "k3")
+	f.b.write(t, f.old, f.mid, f.recent, f.pending)
+	f.b.kill(t, f.old.ID, "disk 100% full_disk", 3*time.Hour)
+	f.b.kill(t, f.mid.ID, "publish timeout after 10s for ack", time.Hour)
+	f.b.kill(t, f.recent.ID, "Schema mismatch: field x in all/data", 10*time.Minute)
+	f.b.exec(t, `UPDATE %[1]s.outbox SET attempts = 2, last_error = 'publish timeout 100% full_disk Schema' WHERE id = $1`, f.pending.ID.String())
+	return f
+}
+
+func TestDeadListFilters(t *testing.T) {
+	t.Parallel()
+	f := newDeadFixture(t)
+	ctx := context.Background()
+	now := time.Now()
+	cases := []struct {
+		name   string
+		filter outbox.DeadFilter
+		want   []outbox.ID
+	}{
+		{"all, newest first", outbox.DeadFilter{}, []outbox.ID{f.recent.ID, f.mid.ID, f.old.ID}},
+		{"topic", outbox.DeadFilter{Topic: "orders"}, []outbox.ID{f.mid.ID, f.old.ID}},
+		{"key", outbox.DeadFilter{Key: "k1"}, []outbox.ID{f.recent.ID, f.old.ID}},
+		{"topic and key", outbox.DeadFilter{Topic: "orders", Key: "k1"}, []outbox.ID{f.old.ID}},
+		{"ids", outbox.DeadFilter{IDs: []outbox.ID{f.mid.ID, f.pending.ID}}, []outbox.ID{f.mid.ID}},
+		{"error, any case", outbox.DeadFilter{ErrorContains: "SCHEMA MISMATCH"}, []outbox.ID{f.recent.ID}},
+		{"error with % is literal", outbox.DeadFilter{ErrorContains: "0% f"}, []outbox.ID{f.old.ID}},
+		{"error with _ is literal", outbox.DeadFilter{ErrorContains: "l_d"}, []outbox.ID{f.old.ID}},
+		{"error % alone", outbox.DeadFilter{ErrorContains: "%"}, []outbox.ID{f.old.ID}},
+		{"error ! escape char", outbox.DeadFilter{ErrorContains: "!"}, nil},
+		{"since", outbox.DeadFilter{Since: now.Add(-2 * time.Hour)}, []outbox.ID{f.recent.ID, f.mid.ID}},
+		{"until", outbox.DeadFilter{Until: now.Add(-2 * time.Hour)}, []outbox.ID{f.old.ID}},
+		{"since and until", outbox.DeadFilter{Since: now.Add(-2 * time.Hour), Until: now.Add(-30 * time.Minute)}, []outbox.ID{f.mid.ID}},
+		{"limit takes the newest", outbox.DeadFilter{Limit: 2}, []outbox.ID{f.recent.ID, f.mid.ID}},
+		{"nothing matches", outbox.DeadFilter{Topic: "nope"}, nil},
+	}
+	for _, tc := range cases {
+		got, err := f.b.drv.DeadList(ctx, tc.filter)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if !slices.Equal(ids(got), tc.want) {
+			t.Errorf("%s: got %v, want %v", tc.name, ids(got), tc.want)
+		}
+		n, err := f.b.drv.DeadCount(ctx, tc.filter)
+		if err != nil || n != len(tc.want) {
+			t.Errorf("%s: DeadCount = %d, %v; want %d", tc.name, n, err, len(tc.want))
+		}
+	}
+
+	// A dead letter comes back whole.
+	got, err := f.b.drv.DeadList(ctx, outbox.DeadFilter{IDs: []outbox.ID{f.old.ID}})
+	if err != nil || len(got) != 1 {
+		t.Fatalf("got %v, %v", got, err)
+	}
+	dl := got[0]
+	if dl.Topic != "orders" || dl.Key != "k1" || dl.DedupKey != f.old.ID.String() || dl.Attempts != 3 ||
+		dl.LastError != "disk 100% full_disk" || string(dl.Payload) != `{}` || dl.Headers["traceparent"] == "" ||
+		dl.ContentType != outbox.ContentTypeJSON || dl.Seq == 0 || dl.CreatedAt.IsZero() {
+		t.Fatalf("dead letter not read back whole: %+v", dl)
+	}
+	if age := time.Since(dl.DeadAt); age < 2*time.Hour || age > 4*time.Hour {
+		t.Fatalf("dead_at %v is %v ago, want about 3h", dl.DeadAt, age)
+	}
+
+	if _, err := f.b.drv.DeadList(ctx, outbox.DeadFilter{Limit: -1}); !errors.Is(err, outbox.ErrInvalidConfig) {
+		t.Fatalf("negative limit: got %v, want ErrInvalidConfig", err)
+	}
+}
+
+func TestDeadReplayPublishesWithSameIdentity(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+
+	// A broker that rejects everything while broken: with MaxAttempts 1 each message is
+	// dead-lettered by the relay itself on its first rejection.
+	var broken atomic.Bool
+	broken.Store(true)
+	pub := &outboxtest.Publisher{Fail: func(m *outbox.Message) error {
+		if broken.Load() {
+			return errors.New("rejected: schema registry says no")
+		}
+		return nil
+	}}
+	a1, a2, other := msg("orders", "a"), msg("orders", "a"), msg("billing", "b")
+	a1.DedupKey = "order-a-placed"
+	b.write(t, a1, a2, other)
+	startRelay(t, b, pub, outbox.RelayConfig{PollInterval: 50 * time.Millisecond, MaxAttempts: 1})
+
+	waitFor(t, 10*time.Second, "3 dead letters", func() bool {
+		n, err := b.drv.DeadCount(ctx, outbox.DeadFilter{})
+		return err == nil && n == 3
+	})
+	broken.Store(false)
+
+	// Replay only the orders: billing stays dead.
+	n, err := b.drv.DeadReplay(ctx, outbox.DeadFilter{Topic: "orders"})
+	if err != nil || n != 2 {
+		t.Fatalf("replay: %d, %v; want 2", n, err)
+	}
+	got, err := pub.WaitFor(waitCtx(t, 10*time.Second), 2)
+	if err != nil {
+		t.Fatalf("published %d of 2 after replay: %v", len(got), err)
+	}
+	if got[0].ID != a1.ID || got[1].ID != a2.ID {
+		t.Fatalf("replayed %v, %v; want %v, %v in write order", got[0].ID, got[1].ID, a1.ID, a2.ID)
+	}
+	if got[0].DedupKey != "order-a-placed" || got[1].DedupKey != a2.ID.String() {
+		t.Fatalf("dedup keys changed: %q, %q", got[0].DedupKey, got[1].DedupKey)
+	}
+	if got[0].Attempts != 0 {
+		t.Fatalf("attempts not reset: %d", got[0].Attempts)
+	}
+	waitFor(t, 10*time.Second, "replayed rows marked published", func() bool {
+		return b.count(t, "published_at IS NOT NULL") == 2
+	})
+	left, err := b.drv.DeadList(ctx, outbox.DeadFilter{})
+	if err != nil || len(left) != 1 || left[0].ID != other.ID {
+		t.Fatalf("dead letters left: %v, %v; want only %v", ids(left), err, other.ID)
+	}
+	if n := b.count(t, "true"); n != 3 {
+		t.Fatalf("%d rows, want 3: replay must move rows, not copy them", n)
+	}
+
+	// Replaying what no longer matches does nothing.
+	if n, err := b.drv.DeadReplay(ctx, outbox.DeadFilter{Topic: "orders"}); err != nil || n != 0 {
+		t.Fatalf("second replay: %d, %v; want 0", n, err)
+	}
+}
+
+func TestDeadReplayLimitAndState(t *testing.T) {
+	t.Parallel()
+	f := newDeadFixture(t)
+	ctx := context.Background()
+	// Limit 1 replays the newest match, the one DeadList shows first.
+	n, err := f.b.drv.DeadReplay(ctx, outbox.DeadFilter{Topic: "orders", Limit: 1})
+	if err != nil || n != 1 {
+		t.Fatalf("replay: %d, %v; want 1", n, err)
+	}
+	where := fmt.Sprintf("id = '%s' AND dead_at IS NULL AND published_at IS NULL AND attempts = 0 AND next_attempt_at <= now()", f.mid.ID)
+	if f.b.count(t, where) != 1 {
+		t.Fatal("replayed row is not pending and due with attempts reset")
+	}
+	if f.b.count(t, fmt.Sprintf("id = '%s' AND dead_at IS NOT NULL", f.old.ID)) != 1 {
+		t.Fatal("the older match was replayed too")
+	}
+	st, err := f.b.drv.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Dead != 2 || st.Pending != 2 || st.Retrying != 1 {
+		t.Fatalf("after replay: dead %d pending %d retrying %d; want 2, 2, 1", st.Dead, st.Pending, st.Retrying)
+	}
+}
+
+func TestDeadPurgeDeletesOnlyMatches(t *testing.T) {
+	t.Parallel()
+	f := newDeadFixture(t)
+	ctx := context.Background()
+
+	for _, empty := range []outbox.DeadFilter{{}, {Limit: 5}} {
+		if _, err := f.b.drv.DeadPurge(ctx, empty); !errors.Is(err, outboxpgx.ErrEmptyDeadFilter) {
+			t.Fatalf("purge with %+v: got %v, want ErrEmptyDeadFilter", empty, err)
+		}
+	}
+	if n := f.b.count(t, "dead_at IS NOT NULL"); n != 3 {
+		t.Fatalf("refused purge deleted rows: %d dead left", n)
+	}
+
+	n, err := f.b.drv.DeadPurge(ctx, outbox.DeadFilter{ErrorContains: "timeout"})
+	if err != nil || n != 1 {
+		t.Fatalf("purge by error: %d, %v; want 1", n, err)
+	}
+	if f.b.count(t, fmt.Sprintf("id = '%s'", f.mid.ID)) != 0 {
+		t.Fatal("matching dead letter still there")
+	}
+	if f.b.count(t, fmt.Sprintf("id = '%s'", f.pending.ID)) != 1 {
+		t.Fatal("a pending message with a matching error was deleted")
+	}
+
+	n, err = f.b.drv.DeadPurge(ctx, outbox.DeadFilter{Key: "k1", Limit: 1})
+	if err != nil || n != 1 {
+		t.Fatalf("purge with limit: %d, %v; want 1", n, err)
+	}
+	if f.b.count(t, fmt.Sprintf("id = '%s'", f.old.ID)) != 1 {
+		t.Fatal("limit 1 purged the older match, want the newest")
+	}
+
+	n, err = f.b.drv.DeadPurgeAll(ctx)
+	if err != nil || n != 1 {
+		t.Fatalf("purge all: %d, %v; want 1", n, err)
+	}
+	if f.b.count(t, "true") != 1 || f.b.count(t, "dead_at IS NULL") != 1 {
+		t.Fatal("purge all touched a pending message")
+	}
+}
+
+func TestAdminNeedsPool(t *testing.T) {
+	t.Parallel()
+	drv, err := outboxpgx.New(nil, outboxpgx.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := drv.Status(ctx); err == nil {
+		t.Fatal("Status without a pool: no error")
+	}
+	if _, err := drv.DeadList(ctx, outbox.DeadFilter{}); err == nil {
+		t.Fatal("DeadList without a pool: no error")
+	}
+	if _, err := drv.DeadReplay(ctx, outbox.DeadFilter{}); err == nil {
+		t.Fatal("DeadReplay without a pool: no error")
+	}
+	if _, err := drv.DeadPurgeAll(ctx); err == nil {
+		t.Fatal("DeadPurgeAll without a pool: no error")
+	}
+}
+
+func waitFor(t *testing.T, d time.Duration, what string, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
