@@ -1,0 +1,166 @@
+package outboxsql
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/pgsql"
+)
+
+// Config names where the outbox lives. The zero value uses the public schema and no
+// prefix. It must name the same tables as the outboxpgx.Config of the relay that
+// publishes them.
+type Config struct {
+	// Schema holds the outbox tables. Defaults to "public". Must match [a-z_][a-z0-9_]*.
+	Schema string
+	// Prefix goes before every table name. Defaults to none. Must match [a-z_][a-z0-9_]*.
+	Prefix string
+}
+
+// maxParams bounds the parameters of one INSERT statement. The wire protocol counts
+// them in 16 bits (65,535 at most); staying well below leaves room for drivers that add
+// their own.
+const maxParams = 60_000
+
+// maxRows is how many messages one INSERT statement carries; longer calls are split
+// into several statements, run in call order.
+const maxRows = maxParams / pgsql.InsertValuesColumns
+
+// cachedRows is the largest statement kept ready besides the full one: Write calls are
+// mostly small, and caching every size up to maxRows would hold gigabytes of SQL text.
+const cachedRows = 64
+
+// Driver writes messages in database/sql transactions on PostgreSQL, whatever the
+// driver behind the *sql.DB (pgx's stdlib, lib/pq, ...). It is safe for concurrent use.
+//
+// It is a write driver only: run the relay with outboxpgx on the same tables.
+type Driver struct {
+	db    *sql.DB
+	names *pgsql.Names
+
+	// insertCache holds INSERT texts by row count, built on first use, for 1..cachedRows
+	// and maxRows rows.
+	insertCache sync.Map // int -> string
+}
+
+var _ outbox.WriteDriver[*sql.Tx] = (*Driver)(nil)
+
+// New returns a driver. db may be nil when the driver is used only to write in the
+// caller's transactions; the migration calls need it.
+func New(db *sql.DB, config Config) (*Driver, error) {
+	names, err := pgsql.NewNames(pgsql.Config{Schema: config.Schema, Prefix: config.Prefix})
+	if err != nil {
+		return nil, err
+	}
+	return &Driver{db: db, names: names}, nil
+}
+
+// insertSQL returns the INSERT text for rows messages.
+func (d *Driver) insertSQL(rows int) string {
+	if rows > cachedRows && rows != maxRows {
+		return d.names.InsertValues(rows)
+	}
+	if q, ok := d.insertCache.Load(rows); ok {
+		return q.(string)
+	}
+	q := d.names.InsertValues(rows)
+	d.insertCache.Store(rows, q)
+	return q
+}
+
+// Insert implements outbox.WriteDriver. Messages go in multi-row INSERT statements of at
+// most 6,000 rows each, run one after the other, so their seq order is the call order.
+// Every parameter is a string, []byte, time.Time or nil, which any database/sql driver
+// for PostgreSQL can bind.
+func (d *Driver) Insert(ctx context.Context, tx *sql.Tx, msgs []outbox.Message) ([]string, error) {
+	if tx == nil {
+		return nil, errors.New("outboxsql: nil transaction: Write must run inside the caller's transaction (db.BeginTx)")
+	}
+	var written []string
+	args := make([]any, 0, min(len(msgs), maxRows)*pgsql.InsertValuesColumns)
+	for start := 0; start < len(msgs); start += maxRows {
+		chunk := msgs[start:min(start+maxRows, len(msgs))]
+		args = args[:0]
+		for i := range chunk {
+			m := &chunk[i]
+			payload := m.Payload
+			if payload == nil {
+				payload = []byte{} // payload is NOT NULL; some drivers send a nil slice as NULL
+			}
+			headers, err := encodeHeaders(m.Headers)
+			if err != nil {
+				return nil, fmt.Errorf("outbox insert: message %d: headers: %w", start+i, err)
+			}
+			var deliverAt any
+			if !m.DeliverAt.IsZero() {
+				deliverAt = m.DeliverAt
+			}
+			// Column order of pgsql.InsertValues.
+			args = append(args, m.ID.String(), m.Topic, m.Key, m.AggregateType, m.EventType, m.ContentType,
+				payload, headers, m.DedupKey, deliverAt)
+		}
+		var err error
+		if written, err = d.insertChunk(ctx, tx, d.insertSQL(len(chunk)), args, written); err != nil {
+			return nil, fmt.Errorf("outbox insert: %w", err)
+		}
+	}
+	return skippedKeys(msgs, written), nil
+}
+
+// insertChunk runs one INSERT and appends the dedup keys it wrote to written.
+func (d *Driver) insertChunk(ctx context.Context, tx *sql.Tx, query string, args []any, written []string) ([]string, error) {
+	rows, err := tx.QueryContext(ctx, query, args...)
+	if err != nil {
+		return written, err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var k string
+		if err := rows.Scan(&k); err != nil {
+			return written, err
+		}
+		written = append(written, k)
+	}
+	if err := rows.Err(); err != nil {
+		return written, err
+	}
+	return written, rows.Close()
+}
+
+// skippedKeys returns the dedup keys of msgs that are not in written, in call order. A
+// dedup key used twice in one call is written once and skipped once.
+func skippedKeys(msgs []outbox.Message, written []string) []string {
+	if len(written) == len(msgs) {
+		return nil
+	}
+	left := make(map[string]int, len(written))
+	for _, k := range written {
+		left[k]++
+	}
+	var skipped []string
+	for i := range msgs {
+		k := msgs[i].DedupKey
+		if left[k] > 0 {
+			left[k]--
+			continue
+		}
+		skipped = append(skipped, k)
+	}
+	return skipped
+}
+
+// encodeHeaders returns headers as a JSON object ("{}" for none), the same text as
+// outboxpgx.EncodeHeaders; it is repeated here so that this package does not pull pgx
+// into the build of a lib/pq user.
+func encodeHeaders(h map[string]string) (string, error) {
+	if len(h) == 0 {
+		return "{}", nil
+	}
+	b, err := json.Marshal(h)
+	return string(b), err
+}

@@ -1,0 +1,83 @@
+package outboxsql
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+
+	"github.com/outboxkit/outbox/internal/pgsql"
+)
+
+// MigrationStatus is one schema migration and whether it is applied.
+type MigrationStatus = pgsql.MigrationStatus
+
+type sqlQuerier struct{ tx *sql.Tx }
+
+func (q sqlQuerier) Exec(ctx context.Context, query string, args ...any) error {
+	_, err := q.tx.ExecContext(ctx, query, args...)
+	return err
+}
+
+func (q sqlQuerier) QueryInts(ctx context.Context, query string, args ...any) ([]int, error) {
+	rows, err := q.tx.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []int
+	for rows.Next() {
+		var v int
+		if err := rows.Scan(&v); err != nil {
+			return nil, err
+		}
+		out = append(out, v)
+	}
+	return out, rows.Err()
+}
+
+// inTx runs fn in one transaction of d.db, committing when fn returns nil.
+func (d *Driver) inTx(ctx context.Context, fn func(pgsql.Querier) error) (err error) {
+	if d.db == nil {
+		return errors.New("outboxsql: migrations need a database: pass a *sql.DB to outboxsql.New")
+	}
+	tx, err := d.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("begin: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			_ = tx.Rollback()
+		}
+	}()
+	if err := fn(sqlQuerier{tx}); err != nil {
+		return err
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("commit: %w", err)
+	}
+	return nil
+}
+
+// MigrateUp applies the schema migrations up to version target (0 for all) and returns
+// the versions it applied. It is safe to run from several processes at once, and with
+// outboxpgx's MigrateUp: both apply the same migrations and record them in the same
+// table.
+func (d *Driver) MigrateUp(ctx context.Context, target int) ([]int, error) {
+	return d.names.Up(ctx, d.inTx, target)
+}
+
+// MigrateDown reverts migrations above version target (0 reverts all, dropping the
+// outbox and everything in it) and returns the versions it reverted.
+func (d *Driver) MigrateDown(ctx context.Context, target int) ([]int, error) {
+	return d.names.Down(ctx, d.inTx, target)
+}
+
+// MigrationStatus lists the migrations and whether each is applied.
+func (d *Driver) MigrationStatus(ctx context.Context) ([]MigrationStatus, error) {
+	return d.names.Status(ctx, d.inTx)
+}
+
+// MigrationSQL returns the whole schema as one SQL script, for teams that run
+// migrations with their own tool. It needs no database.
+func (d *Driver) MigrationSQL() (string, error) { return d.names.SQL() }
