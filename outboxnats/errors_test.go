@@ -1,0 +1,124 @@
+package outboxnats
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/outboxkit/outbox"
+)
+
+// TestClassify pins the error table of the package documentation for errors that the
+// tests against a real server cannot provoke cheaply.
+func TestClassify(t *testing.T) {
+	t.Parallel()
+	api := func(code int, errCode jetstream.ErrorCode) error {
+		return fmt.Errorf("nats: %w", &jetstream.APIError{Code: code, ErrorCode: errCode, Description: "x"})
+	}
+	for _, tc := range []struct {
+		name   string
+		err    error
+		outage bool
+	}{
+		{"closed", nats.ErrConnectionClosed, true},
+		{"jetstream closed", jetstream.ErrConnectionClosed, true},
+		{"draining", nats.ErrConnectionDraining, true},
+		{"reconnecting", nats.ErrConnectionReconnecting, true},
+		{"disconnected", nats.ErrDisconnected, true},
+		{"reconnect buffer", nats.ErrReconnectBufExceeded, true},
+		{"timeout", nats.ErrTimeout, true},
+		{"ack timeout", jetstream.ErrAsyncPublishTimeout, true},
+		{"stalled", jetstream.ErrTooManyStalledMsgs, true},
+		{"deadline", context.DeadlineExceeded, true},
+		{"no responders", nats.ErrNoResponders, true},
+		{"no stream response", jetstream.ErrNoStreamResponse, true},
+		{"invalid ack", jetstream.ErrInvalidJSAck, true},
+		{"unknown", errors.New("something new"), true},
+		{"insufficient resources", api(503, 10023), true},
+		{"storage exceeded", api(500, 10047), true},
+		{"store failed", api(503, 10077), true},
+		{"account resources", api(400, 10002), true},
+		{"sealed", api(400, 10109), true},
+		{"duplicate in process", api(409, 10158), true},
+		{"too many requests", api(429, 10167), true},
+		{"stream offline", api(500, 10118), true},
+		{"not enabled", api(503, 10076), true},
+		{"max payload", nats.ErrMaxPayload, false},
+		{"bad subject", nats.ErrBadSubject, false},
+		{"bad header", nats.ErrBadHeaderMsg, false},
+		{"max msg size", api(400, 10054), false},
+		{"header too large", api(400, 10097), false},
+		{"wrong last sequence", api(400, 10071), false},
+		{"wrong last sequence constant", api(400, 10164), false},
+		{"wrong last msg id", api(400, 10070), false},
+		{"expected stream", api(400, 10060), false},
+		{"invalid ttl", api(400, 10165), false},
+	} {
+		got := classify(tc.err, "s.x")
+		if outbox.IsOutage(got) != tc.outage {
+			t.Errorf("%s: IsOutage(%v) = %v, want %v", tc.name, got, !tc.outage, tc.outage)
+		}
+		if !errors.Is(got, tc.err) {
+			t.Errorf("%s: %v does not wrap %v", tc.name, got, tc.err)
+		}
+	}
+}
+
+func TestCheckSubject(t *testing.T) {
+	t.Parallel()
+	for s, valid := range map[string]bool{
+		"a": true, "a.b.c": true, "a*b.c>": true, "a-b_c.D9": true,
+		"": false, ".a": false, "a.": false, "a..b": false, "*": false, "a.*": false,
+		"a.>": false, ">": false, "a b": false, "a\tb": false, "a\x00b": false, "a\x7fb": false,
+	} {
+		if got := checkSubject(s) == ""; got != valid {
+			t.Errorf("checkSubject(%q) valid = %v, want %v", s, got, valid)
+		}
+	}
+}
+
+func TestCovers(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		filter, sub string
+		want        bool
+	}{
+		{"a.>", "a.b", true},
+		{"a.>", "a.b.c", true},
+		{"a.>", "a.>", true},
+		{"a.>", "a.*", true},
+		{"a.>", "a", false},
+		{">", "a", true},
+		{"a.*", "a.b", true},
+		{"a.*", "a.*", true},
+		{"a.*", "a.>", false},
+		{"a.*", "a.b.c", false},
+		{"a.b", "a.b", true},
+		{"a.b", "a.*", false},
+		{"a.b", "a.c", false},
+		{"a.*.c", "a.b.c", true},
+		{"a.b.c", "a.b", false},
+	} {
+		if got := covers(tc.filter, tc.sub); got != tc.want {
+			t.Errorf("covers(%q, %q) = %v, want %v", tc.filter, tc.sub, got, tc.want)
+		}
+	}
+}
+
+func TestRedactURL(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]string{
+		"nats://127.0.0.1:4222":                 "nats://127.0.0.1:4222",
+		"nats://u:p@h:4222":                     "nats://REDACTED@h:4222",
+		"nats://tok@h:4222, nats://u:p@h2:4222": "nats://REDACTED@h:4222,nats://REDACTED@h2:4222",
+		"nats://u:p%zz@h:4222":                  "nats://REDACTED@h:4222",
+	} {
+		if got := redactURL(in); got != want {
+			t.Errorf("redactURL(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
