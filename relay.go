@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"sort"
 	"strconv"
 	"sync"
@@ -220,6 +221,11 @@ type loop struct {
 
 	inFlight    int
 	freeWorkers int
+	// unrecorded counts outcomes the broker gave but the store has not yet recorded.
+	// They count against MaxInFlight with the messages in flight, so that if recording
+	// stalls (the database hangs, the process is paused) the relay stops sending, and the
+	// duplicates a takeover can cause stay bounded by MaxInFlight.
+	unrecorded int
 
 	published []Outcome
 	failed    []Failure
@@ -457,8 +463,8 @@ func (l *loop) dispatch(ctx context.Context) {
 	if !l.pausedUntil.IsZero() {
 		return
 	}
-	for l.freeWorkers > 0 && len(l.ready) > 0 && l.inFlight < l.cfg.MaxInFlight {
-		n := min(l.cfg.PublishBatchSize, l.cfg.MaxInFlight-l.inFlight)
+	for l.freeWorkers > 0 && len(l.ready) > 0 && l.inFlight+l.unrecorded < l.cfg.MaxInFlight {
+		n := min(l.cfg.PublishBatchSize, l.cfg.MaxInFlight-l.inFlight-l.unrecorded)
 		batch := make([]*item, 0, min(n, len(l.ready)))
 		rest := l.ready[:0]
 		for i, ln := range l.ready {
@@ -523,6 +529,7 @@ func (l *loop) onPublished(res pubResult) {
 		switch {
 		case err == nil:
 			confirmed++
+			l.unrecorded++
 			l.published = append(l.published, Outcome{Seq: it.m.Seq, Token: it.token})
 			l.advance(ln)
 		case IsOutage(err):
@@ -597,6 +604,7 @@ func (l *loop) reject(ln *lane, it *item, err error) {
 			"retry_in", f.Delay.Round(time.Millisecond), "err", err)
 	}
 	l.failed = append(l.failed, f)
+	l.unrecorded++
 	// The head stays in hand until the failure is recorded; later messages of the key are
 	// dropped now and fetched again once the store knows the key is blocked.
 	ln.failed = true
@@ -657,6 +665,28 @@ func (l *loop) forget(seq int64) {
 	}
 }
 
+// dropStaleOutcomes refuses, without asking the store, outcomes fetched under a lease
+// token the relay no longer holds for the message's shard: the shard moved on (perhaps
+// back to this relay under a new token), and its current owner publishes the message.
+func (l *loop) dropStaleOutcomes() {
+	stale := func(o Outcome) bool {
+		shard, ok := l.known[o.Seq]
+		if ok && l.leases[shard] == o.Token {
+			return false
+		}
+		l.forget(o.Seq)
+		l.unrecorded--
+		l.r.stats.refused.Add(1)
+		return true
+	}
+	n := len(l.published) + len(l.failed)
+	l.published = slices.DeleteFunc(l.published, stale)
+	l.failed = slices.DeleteFunc(l.failed, func(f Failure) bool { return stale(f.Outcome) })
+	if dropped := n - len(l.published) - len(l.failed); dropped > 0 {
+		l.log.Warn("outcomes dropped: the lease moved on, its owner publishes these messages again", "refused", dropped)
+	}
+}
+
 // startDB starts the next database job: record outcomes, then fetch if there is room.
 func (l *loop) startDB(ctx context.Context, stopping bool) {
 	if l.dbBusy {
@@ -666,6 +696,7 @@ func (l *loop) startDB(ctx context.Context, stopping bool) {
 	if !l.completeRetryAt.IsZero() {
 		// The last complete failed; wait before trying again.
 	} else if len(l.published) > 0 || len(l.failed) > 0 {
+		l.dropStaleOutcomes()
 		job.completion = Completion{RelayID: l.cfg.ID, Published: l.published, Failed: l.failed}
 		job.lanes = l.failLanes
 		l.published, l.failed, l.failLanes = nil, nil, nil
@@ -688,13 +719,14 @@ func (l *loop) startDB(ctx context.Context, stopping bool) {
 			l.wantFetch = false
 		}
 	}
-	if job.fetch == nil && len(job.completion.Published) == 0 && len(job.completion.Failed) == 0 {
+	if job.fetch == nil && len(job.completion.Published) == 0 && len(job.completion.Failed) == 0 && len(job.lanes) == 0 {
 		return
 	}
 	l.dbBusy = true
 	go func() {
 		res := dbResult{job: job}
 		dctx := context.WithoutCancel(ctx) // a graceful stop still records outcomes
+		res.completeOK = true
 		if c := job.completion; len(c.Published) > 0 || len(c.Failed) > 0 {
 			cctx, cancel := context.WithTimeout(dctx, 30*time.Second)
 			res.refused, res.err = l.r.store.Complete(cctx, c)
@@ -714,7 +746,7 @@ func (l *loop) onDB(res dbResult) {
 	l.dbBusy = false
 	job := res.job
 	c := job.completion
-	if len(c.Published)+len(c.Failed) > 0 {
+	if len(c.Published)+len(c.Failed) > 0 || len(job.lanes) > 0 {
 		if !res.completeOK {
 			// Keep the outcomes and try again shortly; the messages stay in hand.
 			l.log.Error("recording outcomes failed; retrying", "err", res.err, "published", len(c.Published), "failed", len(c.Failed))
@@ -724,6 +756,7 @@ func (l *loop) onDB(res dbResult) {
 			l.completeRetryAt = time.Now().Add(time.Second)
 			return
 		}
+		l.unrecorded -= len(c.Published) + len(c.Failed)
 		refused := make(map[int64]bool, len(res.refused))
 		for _, s := range res.refused {
 			refused[s] = true

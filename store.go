@@ -26,6 +26,7 @@ type Store interface {
 
 	// Complete records publish outcomes in one transaction, fenced: an outcome is
 	// applied only if the lease token it carries is still the relay's unexpired lease on
+	// the message's shard. The relay passes only outcomes whose token it still holds for
 	// the message's shard. It returns the seqs whose outcome was refused.
 	Complete(ctx context.Context, req Completion) (refused []int64, err error)
 

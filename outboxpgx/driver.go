@@ -149,15 +149,33 @@ func (d *Driver) Fetch(ctx context.Context, req outbox.FetchRequest) ([]*outbox.
 	if exclude == nil {
 		exclude = []int64{}
 	}
-	rows, err := d.pool.Query(ctx, d.fetchSQL, req.RelayID, shards, exclude, req.Limit)
-	if err != nil {
-		return nil, fmt.Errorf("fetch: %w", err)
-	}
-	msgs, err := pgx.CollectRows(rows, scanMessage)
+	msgs, err := queryNoJIT(ctx, d.pool, scanMessage, d.fetchSQL, req.RelayID, shards, exclude, req.Limit)
 	if err != nil {
 		return nil, fmt.Errorf("fetch: %w", err)
 	}
 	return msgs, nil
+}
+
+// queryNoJIT runs one relay query with JIT compilation off, in a single round trip.
+//
+// The planner cannot know that a fetch stops after Limit rows of a short pending index,
+// so on a large backlog, or before the table has statistics, its cost estimate crosses
+// jit_above_cost and compiling takes hundreds of milliseconds for a query that runs in a
+// few. The setting is local to the batch's implicit transaction: the pool's connections
+// are left as they were.
+func queryNoJIT[T any](ctx context.Context, pool *pgxpool.Pool, scan pgx.RowToFunc[T], sql string, args ...any) ([]T, error) {
+	var out []T
+	b := &pgx.Batch{}
+	b.Queue("SELECT set_config('jit', 'off', true)")
+	b.Queue(sql, args...).Query(func(rows pgx.Rows) error {
+		var err error
+		out, err = pgx.CollectRows(rows, scan)
+		return err
+	})
+	if err := pool.SendBatch(ctx, b).Close(); err != nil {
+		return nil, err
+	}
+	return out, nil
 }
 
 func scanMessage(row pgx.CollectableRow) (*outbox.Message, error) {
@@ -181,20 +199,23 @@ func scanMessage(row pgx.CollectableRow) (*outbox.Message, error) {
 
 // Complete implements outbox.Store in one statement.
 func (d *Driver) Complete(ctx context.Context, c outbox.Completion) ([]int64, error) {
-	pubSeq, pubTok := make([]int64, len(c.Published)), make([]int64, len(c.Published))
+	tokenSet := map[int64]bool{}
+	pubSeq := make([]int64, len(c.Published))
 	for i, o := range c.Published {
-		pubSeq[i], pubTok[i] = o.Seq, o.Token
+		pubSeq[i] = o.Seq
+		tokenSet[o.Token] = true
 	}
 	n := len(c.Failed)
-	fSeq, fTok, fErr, fDelay, fDead := make([]int64, n), make([]int64, n), make([]string, n), make([]int64, n), make([]bool, n)
+	fSeq, fErr, fDelay, fDead := make([]int64, n), make([]string, n), make([]int64, n), make([]bool, n)
 	for i, f := range c.Failed {
-		fSeq[i], fTok[i], fErr[i], fDelay[i], fDead[i] = f.Seq, f.Token, strings.ToValidUTF8(strings.ReplaceAll(f.Error, "\x00", ""), "?"), f.Delay.Milliseconds(), f.Dead
+		fSeq[i], fErr[i], fDelay[i], fDead[i] = f.Seq, strings.ToValidUTF8(strings.ReplaceAll(f.Error, "\x00", ""), "?"), f.Delay.Milliseconds(), f.Dead
+		tokenSet[f.Token] = true
 	}
-	rows, err := d.pool.Query(ctx, d.completeSQL, c.RelayID, pubSeq, pubTok, fSeq, fTok, fErr, fDelay, fDead)
-	if err != nil {
-		return nil, fmt.Errorf("record outcomes: %w", err)
+	toks := make([]int64, 0, len(tokenSet))
+	for t := range tokenSet {
+		toks = append(toks, t)
 	}
-	applied, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	applied, err := queryNoJIT(ctx, d.pool, pgx.RowTo[int64], d.completeSQL, c.RelayID, toks, pubSeq, fSeq, fErr, fDelay, fDead)
 	if err != nil {
 		return nil, fmt.Errorf("record outcomes: %w", err)
 	}

@@ -86,7 +86,7 @@ func (n *Names) Fetch() string {
 FROM {{outbox}} o
 WHERE o.published_at IS NULL AND o.dead_at IS NULL
   AND o.next_attempt_at <= now()
-  AND o.shard IN (SELECT l.shard FROM {{leases}} l WHERE l.owner = $1 AND l.expires_at > now() AND l.shard = ANY($2::smallint[]))
+  AND o.shard = ANY(ARRAY(SELECT l.shard FROM {{leases}} l WHERE l.owner = $1 AND l.expires_at > now() AND l.shard = ANY($2::smallint[])))
   AND o.seq NOT IN (SELECT unnest($3::bigint[]))
   AND (o.key = '' OR NOT EXISTS (
         SELECT 1 FROM {{outbox}} w
@@ -97,26 +97,30 @@ ORDER BY o.seq
 LIMIT $4`)
 }
 
-// Complete records outcomes in one statement, fenced by the relay's unexpired leases,
-// which it locks FOR SHARE so a takeover waits for it. $1 relay id, $2/$3 published
-// seqs/tokens, $4..$8 failed seqs/tokens/errors/delay ms/dead. Returns the applied seqs.
+// Complete records outcomes in one statement, fenced: a row is updated only if its
+// shard's lease is still the relay's, unexpired, under one of the tokens the relay
+// claims ($2). Tokens are unique per shard ownership, so that is the token under which
+// the relay fetched the row (the relay drops outcomes whose token it no longer holds
+// before it calls this). The lease rows are locked FOR SHARE, so a takeover waits for
+// this statement. Rows are found by "seq = ANY", a primary-key lookup that stays cheap
+// however the planner's statistics look. $1 relay id, $2 tokens, $3 published seqs,
+// $4..$7 failed seqs/errors/delay ms/dead. Returns the applied seqs.
 func (n *Names) Complete() string {
 	return n.r(`WITH valid AS (
-    SELECT token FROM {{leases}}
-    WHERE owner = $1 AND expires_at > now() AND (token = ANY($3::bigint[]) OR token = ANY($5::bigint[]))
+    SELECT shard FROM {{leases}}
+    WHERE owner = $1 AND expires_at > now() AND token = ANY($2::bigint[])
     FOR SHARE
 ), pub AS (
     UPDATE {{outbox}} o SET published_at = now()
-    FROM unnest($2::bigint[], $3::bigint[]) AS p(seq, token)
-    WHERE o.seq = p.seq AND p.token IN (SELECT token FROM valid)
+    WHERE o.seq = ANY($3::bigint[]) AND o.shard IN (SELECT shard FROM valid)
       AND o.published_at IS NULL AND o.dead_at IS NULL
     RETURNING o.seq
 ), fail AS (
     UPDATE {{outbox}} o SET attempts = o.attempts + 1, last_error = f.err,
         next_attempt_at = CASE WHEN f.dead THEN o.next_attempt_at ELSE now() + f.delay_ms * interval '1 millisecond' END,
         dead_at = CASE WHEN f.dead THEN now() END
-    FROM unnest($4::bigint[], $5::bigint[], $6::text[], $7::bigint[], $8::bool[]) AS f(seq, token, err, delay_ms, dead)
-    WHERE o.seq = f.seq AND f.token IN (SELECT token FROM valid)
+    FROM unnest($4::bigint[], $5::text[], $6::bigint[], $7::bool[]) AS f(seq, err, delay_ms, dead)
+    WHERE o.seq = ANY($4::bigint[]) AND o.seq = f.seq AND o.shard IN (SELECT shard FROM valid)
       AND o.published_at IS NULL AND o.dead_at IS NULL
     RETURNING o.seq
 )
