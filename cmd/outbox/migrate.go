@@ -1,0 +1,198 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"text/tabwriter"
+
+	"github.com/outboxkit/outbox/outboxpgx"
+)
+
+var migrateCommand = &command{
+	name:    "migrate",
+	summary: "Create, upgrade, inspect or drop the outbox schema",
+	help: `Manages the outbox tables in --schema (with --prefix). Migrations run in one
+transaction under an advisory lock, so several processes may run 'migrate up' at once.`,
+	subs: []*command{migrateUpCommand, migrateDownCommand, migrateStatusCommand, migrateSQLCommand},
+}
+
+var migrateUpCommand = &command{
+	name:    "up",
+	summary: "Apply the migrations not yet applied",
+	help:    `Applies every migration not yet applied, or those up to --to.`,
+	setup: func(fs *flag.FlagSet) runFunc {
+		db := addDBFlags(fs, true)
+		to := &optionalInt{}
+		fs.Var(to, "to", "apply migrations up to this `version` only (default: all)")
+		return func(ctx context.Context, inv *invocation, args []string) error {
+			if err := noArgs(args); err != nil {
+				return err
+			}
+			if to.set && to.n < 1 {
+				return usageErrorf("--to: want a version of 1 or more")
+			}
+			pool, drv, err := db.open(ctx, "outbox migrate")
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			applied, err := drv.MigrateUp(ctx, to.n)
+			if err != nil {
+				return fmt.Errorf("migrate up: %w", err)
+			}
+			if len(applied) == 0 {
+				fmt.Fprintf(inv.stdout, "schema %q is up to date\n", db.schema)
+				return nil
+			}
+			names := migrationNames(ctx, drv)
+			for _, v := range applied {
+				fmt.Fprintf(inv.stdout, "applied %03d_%s\n", v, names[v])
+			}
+			return nil
+		}
+	},
+}
+
+var migrateDownCommand = &command{
+	name:    "down",
+	summary: "Revert migrations (down to version 0 drops the outbox and its messages)",
+	help: `Reverts the latest applied migration, or every migration above --to. Reverting to
+version 0 drops the outbox tables with every message in them, pending ones included,
+and needs --yes.`,
+	setup: func(fs *flag.FlagSet) runFunc {
+		db := addDBFlags(fs, true)
+		to := &optionalInt{}
+		fs.Var(to, "to", "revert down to this `version`; 0 drops everything (default: one version back)")
+		yes := fs.Bool("yes", false, "confirm reverting to version 0, which deletes every message")
+		return func(ctx context.Context, inv *invocation, args []string) error {
+			if err := noArgs(args); err != nil {
+				return err
+			}
+			if to.set && to.n < 0 {
+				return usageErrorf("--to: want a version of 0 or more")
+			}
+			pool, drv, err := db.open(ctx, "outbox migrate")
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			status, err := drv.MigrationStatus(ctx)
+			if err != nil {
+				return fmt.Errorf("migrate down: %w", err)
+			}
+			var applied []int
+			for _, m := range status {
+				if m.Applied {
+					applied = append(applied, m.Version)
+				}
+			}
+			if len(applied) == 0 {
+				fmt.Fprintf(inv.stdout, "schema %q has no outbox migrations applied: nothing to revert\n", db.schema)
+				return nil
+			}
+			target := to.n
+			if !to.set { // one step back
+				target = 0
+				if len(applied) > 1 {
+					target = applied[len(applied)-2]
+				}
+			}
+			if target == 0 && !*yes {
+				return usageErrorf("migrate down to version 0 drops the outbox tables in schema %q (prefix %q) with every message in them: add --yes to do it",
+					db.schema, db.prefix)
+			}
+			reverted, err := drv.MigrateDown(ctx, target)
+			if err != nil {
+				return fmt.Errorf("migrate down: %w", err)
+			}
+			if len(reverted) == 0 {
+				fmt.Fprintf(inv.stdout, "schema %q is already at version %d or below\n", db.schema, target)
+			}
+			names := migrationNames(ctx, drv)
+			for _, v := range reverted {
+				fmt.Fprintf(inv.stdout, "reverted %03d_%s\n", v, names[v])
+			}
+			return nil
+		}
+	},
+}
+
+var migrateStatusCommand = &command{
+	name:    "status",
+	summary: "List the migrations and whether each is applied",
+	setup: func(fs *flag.FlagSet) runFunc {
+		db := addDBFlags(fs, true)
+		return func(ctx context.Context, inv *invocation, args []string) error {
+			if err := noArgs(args); err != nil {
+				return err
+			}
+			pool, drv, err := db.open(ctx, "outbox migrate")
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			status, err := drv.MigrationStatus(ctx)
+			if err != nil {
+				return fmt.Errorf("migrate status: %w", err)
+			}
+			tw := tabwriter.NewWriter(inv.stdout, 0, 0, 2, ' ', 0)
+			fmt.Fprintln(tw, "VERSION\tNAME\tAPPLIED")
+			for _, m := range status {
+				fmt.Fprintf(tw, "%03d\t%s\t%s\n", m.Version, m.Name, yesNo(m.Applied))
+			}
+			return tw.Flush()
+		}
+	},
+}
+
+var migrateSQLCommand = &command{
+	name:    "sql",
+	summary: "Print the schema as SQL, for teams with their own migration tool",
+	help: `Prints every migration as one SQL script for --schema and --prefix, with the rows that
+record them as applied, so that 'outbox migrate status' and the relay agree afterwards.
+It needs no database connection.`,
+	setup: func(fs *flag.FlagSet) runFunc {
+		db := addDBFlags(fs, false)
+		return func(ctx context.Context, inv *invocation, args []string) error {
+			if err := noArgs(args); err != nil {
+				return err
+			}
+			drv, err := db.driver()
+			if err != nil {
+				return err
+			}
+			sql, err := drv.MigrationSQL()
+			if err != nil {
+				return err
+			}
+			_, err = fmt.Fprint(inv.stdout, sql)
+			return err
+		}
+	},
+}
+
+// migrationNames maps versions to names, for messages.
+func migrationNames(ctx context.Context, drv *outboxpgx.Driver) map[int]string {
+	names := map[int]string{}
+	if st, err := drv.MigrationStatus(ctx); err == nil {
+		for _, m := range st {
+			names[m.Version] = m.Name
+		}
+	}
+	return names
+}
+
+func noArgs(args []string) error {
+	if len(args) > 0 {
+		return usageErrorf("unexpected argument %q", args[0])
+	}
+	return nil
+}
+
+func yesNo(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "no"
+}

@@ -1,0 +1,243 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/testnats"
+)
+
+// natsStream returns a fresh stream name and subject prefix, and deletes the stream
+// (which the relay under test creates) when the test ends.
+func natsStream(t *testing.T, js jetstream.JetStream) (name, prefix string) {
+	t.Helper()
+	unique := testnats.Unique()
+	name, prefix = "CLI_"+strings.ToUpper(unique), unique+"."
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := js.DeleteStream(ctx, name); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+			t.Logf("delete stream %s: %v", name, err)
+		}
+	})
+	return name, prefix
+}
+
+// streamMessages waits until stream holds n messages and returns them in order.
+func streamMessages(t *testing.T, js jetstream.JetStream, stream string, n int) []*jetstream.RawStreamMsg {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for {
+		s, err := js.Stream(ctx, stream)
+		if err == nil {
+			info, err := s.Info(ctx)
+			if err == nil && info.State.Msgs >= uint64(n) {
+				var out []*jetstream.RawStreamMsg
+				for seq := info.State.FirstSeq; len(out) < int(info.State.Msgs); seq++ {
+					m, err := s.GetMsg(ctx, seq)
+					if err != nil {
+						t.Fatalf("get message %d: %v", seq, err)
+					}
+					out = append(out, m)
+				}
+				return out
+			}
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("stream %s did not get %d messages: %v", stream, n, err)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+func waitFor(t *testing.T, d time.Duration, what string, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func statusJSON(t *testing.T, b *testBundle) outbox.Status {
+	t.Helper()
+	r := must(t, 0, b.env, "status", "--json")
+	var st outbox.Status
+	if err := json.Unmarshal([]byte(r.stdout), &st); err != nil {
+		t.Fatalf("status --json does not parse: %v\n%s", err, r)
+	}
+	return st
+}
+
+func TestRelayEndToEnd(t *testing.T) {
+	t.Parallel()
+	b := migrated(t)
+	js := testnats.JetStream(t, "")
+	stream, prefix := natsStream(t, js)
+
+	msgs := []outbox.Message{
+		{ID: outbox.NewID(), Topic: "orders", Key: "o-1", EventType: "order.placed", Payload: []byte(`{"n":1}`), DedupKey: "order-1-placed"},
+		{ID: outbox.NewID(), Topic: "orders", Key: "o-1", EventType: "order.paid", Payload: []byte(`{"n":2}`)},
+		{ID: outbox.NewID(), Topic: "billing", Key: "b-1", Payload: []byte(`{"n":3}`), Headers: map[string]string{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}},
+	}
+	b.write(t, msgs[:2]...) // before the relay starts
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var stdout, stderr syncBuffer
+	done := make(chan int, 1)
+	env := with(b.env, "OUTBOX_POLL_INTERVAL", "50ms")
+	go func() {
+		done <- run(ctx, []string{"relay", "--broker", testnats.URL(), "--subject-prefix", prefix,
+			"--nats-create-stream", stream, "--log-format", "json", "--relay-id", "cli-e2e"},
+			func(k string) string { return env[k] }, &stdout, &stderr)
+	}()
+
+	got := streamMessages(t, js, stream, 2)
+	b.write(t, msgs[2]) // while it runs
+	got = streamMessages(t, js, stream, 3)
+	if len(got) != 3 {
+		t.Fatalf("stream holds %d messages, want 3", len(got))
+	}
+	for i, m := range msgs {
+		g := got[i]
+		wantDedup := m.DedupKey
+		if wantDedup == "" {
+			wantDedup = m.ID.String()
+		}
+		if g.Subject != prefix+m.Topic || string(g.Data) != string(m.Payload) || g.Header.Get("Nats-Msg-Id") != wantDedup ||
+			g.Header.Get(outbox.HeaderID) != m.ID.String() {
+			t.Errorf("message %d: subject %q, data %q, headers %v; want %q, %q, dedup %q, id %s",
+				i, g.Subject, g.Data, g.Header, prefix+m.Topic, m.Payload, wantDedup, m.ID)
+		}
+	}
+	if got[2].Header.Get("traceparent") == "" {
+		t.Errorf("headers not carried: %v", got[2].Header)
+	}
+
+	// While it runs, status shows the relay holding every shard, and the messages published.
+	waitFor(t, 10*time.Second, "status to show 3 published", func() bool {
+		st := statusJSON(t, b)
+		return st.Published == 3 && st.Pending == 0 && len(st.Relays) == 1 && st.Relays[0].ID == "cli-e2e" &&
+			st.Relays[0].Live && st.Relays[0].Shards == 64 && st.ShardsLeased == 64
+	})
+
+	cancel()
+	select {
+	case code := <-done:
+		if code != 0 {
+			t.Fatalf("relay exited %d after a graceful stop\nstderr:\n%s", code, stderr.String())
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("relay did not stop within 30s of its context ending")
+	}
+	// Its leases were given back.
+	if st := statusJSON(t, b); st.ShardsLeased != 0 {
+		t.Errorf("%d shards still leased after the relay stopped", st.ShardsLeased)
+	}
+
+	// Every log line is JSON, says where it connected (redacted), and nothing failed.
+	logs := stderr.String()
+	for _, line := range strings.Split(strings.TrimSpace(logs), "\n") {
+		var rec map[string]any
+		if err := json.Unmarshal([]byte(line), &rec); err != nil {
+			t.Errorf("log line is not JSON: %q", line)
+			continue
+		}
+		if rec["level"] == "ERROR" {
+			t.Errorf("error logged: %s", line)
+		}
+	}
+	for _, want := range []string{`"msg":"connecting to PostgreSQL"`, `"msg":"connecting to NATS"`, `"msg":"JetStream stream ready"`, `"msg":"relay exited cleanly"`} {
+		if !strings.Contains(logs, want) {
+			t.Errorf("log lacks %s:\n%s", want, logs)
+		}
+	}
+	if stdout.String() != "" {
+		t.Errorf("the relay wrote to stdout: %q", stdout.String())
+	}
+}
+
+// TestRelayWarnsAboutUncapturedTopics: pending messages whose subject no stream captures
+// are named in a warning at start.
+func TestRelayWarnsAboutUncapturedTopics(t *testing.T) {
+	t.Parallel()
+	b := migrated(t)
+	prefix := testnats.Unique() + "." // no stream captures it
+	b.write(t, outbox.Message{Topic: "orphans", Payload: []byte(`{}`)})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var stderr syncBuffer
+	done := make(chan int, 1)
+	go func() {
+		done <- run(ctx, []string{"relay", "--broker", testnats.URL(), "--subject-prefix", prefix},
+			func(k string) string { return b.env[k] }, &syncBuffer{}, &stderr)
+	}()
+	waitFor(t, 10*time.Second, "a warning about the uncaptured subject", func() bool {
+		return strings.Contains(stderr.String(), "subject="+prefix+"orphans")
+	})
+	cancel()
+	if code := <-done; code != 0 {
+		t.Fatalf("relay exited %d\n%s", code, stderr.String())
+	}
+}
+
+// TestBinary builds the real binary and checks what only a process shows: SIGTERM stops
+// the relay gracefully with status 0, exit statuses reach the shell, and -ldflags sets
+// the version.
+func TestBinary(t *testing.T) {
+	t.Parallel()
+	bin := filepath.Join(t.TempDir(), "outbox")
+	build := exec.Command("go", "build", "-ldflags", "-X main.version=v9.9.9-test", "-o", bin, ".")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+
+	out, err := exec.Command(bin, "version").Output()
+	if err != nil || !strings.Contains(string(out), "outbox v9.9.9-test") {
+		t.Fatalf("version: %v\n%s", err, out)
+	}
+	err = exec.Command(bin, "status", "--bogus").Run()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 2 {
+		t.Fatalf("unknown flag: want exit status 2, got %v", err)
+	}
+
+	b := migrated(t)
+	js := testnats.JetStream(t, "")
+	stream, prefix := natsStream(t, js)
+	b.write(t, outbox.Message{Topic: "orders", Payload: []byte(`{}`)})
+	cmd := exec.Command(bin, "relay", "--broker", testnats.URL(), "--subject-prefix", prefix, "--nats-create-stream", stream)
+	cmd.Env = append(os.Environ(), "OUTBOX_DATABASE_URL="+b.env["OUTBOX_DATABASE_URL"], "OUTBOX_SCHEMA="+b.schema, "OUTBOX_POLL_INTERVAL=50ms")
+	var stderr syncBuffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+	streamMessages(t, js, stream, 1)
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("relay after SIGTERM: %v\n%s", err, stderr.String())
+	}
+	if !strings.Contains(stderr.String(), "relay exited cleanly") {
+		t.Fatalf("no clean exit logged:\n%s", stderr.String())
+	}
+}

@@ -1,0 +1,127 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"strconv"
+	"text/tabwriter"
+	"time"
+
+	"github.com/outboxkit/outbox"
+)
+
+var statusCommand = &command{
+	name:    "status",
+	summary: "Show the backlog, dead letters, relays and shard leases",
+	help: `Shows how many messages are pending (due now, or delayed by a retry backoff or
+DeliverAt), retrying after a rejection, dead-lettered and published (kept until
+retention deletes them; estimated on large tables), the age of the oldest pending
+message, the same per topic, and the relays with the shards they lease.
+
+--json prints the same as one JSON object (durations in nanoseconds).`,
+	setup: func(fs *flag.FlagSet) runFunc {
+		db := addDBFlags(fs, true)
+		asJSON := fs.Bool("json", false, "print JSON instead of text")
+		return func(ctx context.Context, inv *invocation, args []string) error {
+			if err := noArgs(args); err != nil {
+				return err
+			}
+			pool, drv, err := db.open(ctx, "outbox status")
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			if err := db.checkMigrated(ctx, drv); err != nil {
+				return err
+			}
+			st, err := drv.Status(ctx)
+			if err != nil {
+				return err
+			}
+			if *asJSON {
+				return writeJSON(inv.stdout, st)
+			}
+			return printStatus(inv.stdout, st, time.Now())
+		}
+	},
+}
+
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func printStatus(w io.Writer, st outbox.Status, now time.Time) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(tw, "pending\t%d\n", st.Pending)
+	fmt.Fprintf(tw, "  due\t%d\n", st.Due)
+	fmt.Fprintf(tw, "  delayed\t%d\t(retry backoff or DeliverAt)\n", st.Delayed)
+	fmt.Fprintf(tw, "  retrying\t%d\t(rejected at least once)\n", st.Retrying)
+	fmt.Fprintf(tw, "dead\t%d\n", st.Dead)
+	fmt.Fprintf(tw, "published\t%d\t(kept for retention; estimated on large tables)\n", st.Published)
+	fmt.Fprintf(tw, "oldest pending\t%s\n", age(st.OldestPendingAge, st.Pending))
+	fmt.Fprintf(tw, "shards leased\t%d of %d\n", st.ShardsLeased, st.Shards)
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+
+	if len(st.Topics) > 0 {
+		fmt.Fprintln(w)
+		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "TOPIC\tPENDING\tDUE\tRETRYING\tDEAD\tOLDEST PENDING")
+		for _, t := range st.Topics {
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%s\n", t.Topic, t.Pending, t.Due, t.Retrying, t.Dead, age(t.OldestPendingAge, t.Pending))
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+	}
+
+	fmt.Fprintln(w)
+	if len(st.Relays) == 0 {
+		fmt.Fprintln(w, "no relays have run in the last hour")
+		return nil
+	}
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "RELAY\tHOST\tPID\tLIVE\tSHARDS\tSTARTED\tLAST HEARTBEAT")
+	for _, r := range st.Relays {
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%d\t%s\t%s ago\n", r.ID, r.Hostname, r.PID, yesNo(r.Live), r.Shards,
+			r.StartedAt.Local().Format(time.DateTime), roundAge(now.Sub(r.HeartbeatAt)))
+	}
+	return tw.Flush()
+}
+
+func age(d time.Duration, pending int64) string {
+	if pending == 0 {
+		return "-"
+	}
+	return roundAge(d)
+}
+
+// roundAge keeps ages readable: 1h2m3s, 4.2s, 15ms.
+func roundAge(d time.Duration) string {
+	switch {
+	case d < 0:
+		return "0s"
+	case d < time.Second:
+		return d.Round(time.Millisecond).String()
+	case d < time.Minute:
+		return d.Round(100 * time.Millisecond).String()
+	default:
+		return d.Round(time.Second).String()
+	}
+}
+
+// quoteIfNeeded quotes s when it has characters that would break a column.
+func quoteIfNeeded(s string) string {
+	for _, r := range s {
+		if r < ' ' || r == '\t' || r == 0x7f {
+			return strconv.Quote(s)
+		}
+	}
+	return s
+}
