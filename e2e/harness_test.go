@@ -1,0 +1,423 @@
+// Package e2e holds the end-to-end fault tests: relays run as real child processes
+// (this test binary, re-executed), publish to a real NATS JetStream, and are killed,
+// paused and cut off from the broker while a writer commits and rolls back events.
+// After every run the broker is read back completely and checked against the database.
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"os/signal"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/testdb"
+	"github.com/outboxkit/outbox/outboxnats"
+	"github.com/outboxkit/outbox/outboxpgx"
+)
+
+// Child relay configuration travels in the environment.
+const (
+	envChild   = "OUTBOX_E2E_RELAY"
+	envSchema  = "OUTBOX_E2E_SCHEMA"
+	envNATS    = "OUTBOX_E2E_NATS"
+	envPrefix  = "OUTBOX_E2E_SUBJECT_PREFIX"
+	envTTL     = "OUTBOX_E2E_LEASE_TTL"
+	envID      = "OUTBOX_E2E_ID"
+	envInFight = "OUTBOX_E2E_MAX_IN_FLIGHT"
+)
+
+func TestMain(m *testing.M) {
+	if os.Getenv(envChild) == "1" {
+		os.Exit(childRelay())
+	}
+	os.Exit(m.Run())
+}
+
+// childRelay runs a relay until SIGTERM, logging JSON to stderr.
+func childRelay() int {
+	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	pool, err := pgxpool.New(ctx, testdb.URL())
+	if err != nil {
+		log.Error("pool", "err", err)
+		return 1
+	}
+	defer pool.Close()
+	drv, err := outboxpgx.New(pool, outboxpgx.Config{Schema: os.Getenv(envSchema)})
+	if err != nil {
+		log.Error("driver", "err", err)
+		return 1
+	}
+	pub, err := outboxnats.Dial(ctx, os.Getenv(envNATS), outboxnats.Config{SubjectPrefix: os.Getenv(envPrefix)})
+	if err != nil {
+		log.Error("nats", "err", err)
+		return 1
+	}
+	defer pub.Close()
+	ttl, _ := time.ParseDuration(os.Getenv(envTTL))
+	inFlight, _ := strconv.Atoi(os.Getenv(envInFight))
+	r, err := outbox.NewRelay(drv, pub, outbox.RelayConfig{
+		ID: os.Getenv(envID), LeaseTTL: ttl, MaxInFlight: inFlight, PublishBatchSize: min(250, max(inFlight, 1)),
+		PollInterval: 100 * time.Millisecond, OutageMinDelay: 50 * time.Millisecond, OutageMaxDelay: time.Second,
+		Logger: log,
+	})
+	if err != nil {
+		log.Error("relay", "err", err)
+		return 1
+	}
+	if err := r.Run(ctx, 10*time.Second); err != nil {
+		log.Error("run", "err", err)
+		return 1
+	}
+	return 0
+}
+
+// env is one test's world: a schema, a stream, and the child relays.
+type env struct {
+	t        *testing.T
+	pool     *pgxpool.Pool
+	drv      *outboxpgx.Driver
+	schema   string
+	natsURL  string
+	js       jetstream.JetStream
+	stream   string
+	prefix   string
+	ttl      time.Duration
+	inFlight int
+	w        *outbox.Writer[pgx.Tx]
+}
+
+func newEnv(t *testing.T, natsURL string, js jetstream.JetStream, stream, prefix string) *env {
+	pool, drv, schema := testdb.Setup(t)
+	w, err := outbox.NewWriter(drv, outbox.WriterConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &env{t: t, pool: pool, drv: drv, schema: schema, natsURL: natsURL, js: js, stream: stream, prefix: prefix,
+		ttl: 3 * time.Second, inFlight: 500, w: w}
+}
+
+// child is a relay process.
+type child struct {
+	id     string
+	cmd    *exec.Cmd
+	stderr *syncBuffer
+	done   chan struct{}
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func (e *env) startRelay(id string) *child {
+	e.t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), envChild+"=1", envSchema+"="+e.schema, envNATS+"="+e.natsURL,
+		envPrefix+"="+e.prefix, envTTL+"="+e.ttl.String(), envID+"="+id, envInFight+"="+strconv.Itoa(e.inFlight))
+	c := &child{id: id, cmd: cmd, stderr: &syncBuffer{}, done: make(chan struct{})}
+	cmd.Stderr = c.stderr
+	if err := cmd.Start(); err != nil {
+		e.t.Fatal(err)
+	}
+	go func() { _ = cmd.Wait(); close(c.done) }()
+	e.t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGCONT)
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-c.done:
+		case <-time.After(15 * time.Second):
+			_ = cmd.Process.Kill()
+			<-c.done
+		}
+		if e.t.Failed() {
+			e.t.Logf("relay %s log:\n%s", id, tail(c.stderr.String(), 40))
+		}
+	})
+	return c
+}
+
+func (c *child) signal(t *testing.T, sig syscall.Signal) {
+	t.Helper()
+	if err := c.cmd.Process.Signal(sig); err != nil {
+		t.Fatalf("signal %v to relay %s: %v", sig, c.id, err)
+	}
+}
+
+func tail(s string, lines int) string {
+	sc := bufio.NewScanner(bytes.NewBufferString(s))
+	var out []string
+	for sc.Scan() {
+		out = append(out, sc.Text())
+	}
+	if len(out) > lines {
+		out = out[len(out)-lines:]
+	}
+	var b bytes.Buffer
+	for _, l := range out {
+		b.WriteString(l + "\n")
+	}
+	return b.String()
+}
+
+// load commits (and sometimes rolls back) events over keys until stopped. Each key is
+// owned by one goroutine, so its writes are serialized as an application holding the
+// aggregate's lock would serialize them.
+type load struct {
+	e          *env
+	committed  atomic.Int64
+	rolledBack sync.Map // event id -> true
+	stop       chan struct{}
+	done       sync.WaitGroup
+}
+
+func (e *env) startLoad(writers, keysPerWriter int, rate time.Duration, maxEvents int64) *load {
+	l := &load{e: e, stop: make(chan struct{})}
+	for w := 0; w < writers; w++ {
+		l.done.Add(1)
+		go func() {
+			defer l.done.Done()
+			rnd := rand.New(rand.NewPCG(uint64(w), 42))
+			ctx := context.Background()
+			for i := 0; ; i++ {
+				select {
+				case <-l.stop:
+					return
+				default:
+				}
+				if maxEvents > 0 && l.committed.Load() >= maxEvents {
+					return
+				}
+				n := 1 + rnd.IntN(5)
+				msgs := make([]outbox.Message, n)
+				for j := range msgs {
+					key := fmt.Sprintf("w%d-k%d", w, rnd.IntN(keysPerWriter))
+					msgs[j] = outbox.Message{Topic: "orders", Key: key, EventType: "e", Payload: []byte(fmt.Sprintf(`{"w":%d,"i":%d}`, w, i))}
+					msgs[j].ID = outbox.NewID()
+				}
+				rollback := rnd.IntN(10) == 0
+				err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+					if err := e.w.Write(ctx, tx, msgs...); err != nil {
+						return err
+					}
+					if rollback {
+						return errRollback
+					}
+					return nil
+				})
+				switch {
+				case errors.Is(err, errRollback):
+					for _, m := range msgs {
+						l.rolledBack.Store(m.ID, true)
+					}
+				case err != nil:
+					e.t.Errorf("writer %d: %v", w, err)
+					return
+				default:
+					l.committed.Add(int64(n))
+				}
+				if rate > 0 {
+					time.Sleep(rate)
+				}
+			}
+		}()
+	}
+	return l
+}
+
+var errRollback = errors.New("rolled back on purpose")
+
+func (l *load) finish() {
+	close(l.stop)
+	l.done.Wait()
+}
+
+// waitDrained waits until nothing is pending.
+func (e *env) waitDrained(d time.Duration) time.Duration {
+	e.t.Helper()
+	start := time.Now()
+	for {
+		var pending int
+		q := fmt.Sprintf(`SELECT count(*) FROM "%s".outbox WHERE published_at IS NULL AND dead_at IS NULL`, e.schema)
+		if err := e.pool.QueryRow(context.Background(), q).Scan(&pending); err != nil {
+			e.t.Fatal(err)
+		}
+		if pending == 0 {
+			return time.Since(start)
+		}
+		if time.Since(start) > d {
+			e.t.Fatalf("%d events still pending after %s", pending, d)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// report is the checker's verdict on one run.
+type report struct {
+	committed, delivered, lost, phantom, order, dup, dead int
+}
+
+func (r report) String() string {
+	return fmt.Sprintf("committed=%d delivered=%d lost=%d phantom=%d order=%d dup=%d dead=%d",
+		r.committed, r.delivered, r.lost, r.phantom, r.order, r.dup, r.dead)
+}
+
+// check reads the stream back completely and compares it with the database: every
+// committed event delivered (lost), nothing else delivered (phantom), per key the first
+// deliveries in write order (order), and duplicates counted.
+func (e *env) check(l *load) report {
+	e.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	type row struct {
+		seq int64
+		key string
+	}
+	truth := map[outbox.ID]row{}
+	var dead int
+	rows, err := e.pool.Query(ctx, fmt.Sprintf(`SELECT id, seq, key, dead_at IS NOT NULL FROM "%s".outbox`, e.schema))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	for rows.Next() {
+		var id [16]byte
+		var r row
+		var isDead bool
+		if err := rows.Scan(&id, &r.seq, &r.key, &isDead); err != nil {
+			e.t.Fatal(err)
+		}
+		if isDead {
+			dead++
+			continue
+		}
+		truth[outbox.ID(id)] = r
+	}
+	if err := rows.Err(); err != nil {
+		e.t.Fatal(err)
+	}
+
+	// Full read: an ordered consumer from the first message to the last one stored.
+	st, err := e.js.Stream(ctx, e.stream)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	total := info.State.Msgs
+	cons, err := st.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	rep := report{committed: len(truth), dead: dead}
+	seen := map[outbox.ID]int{}
+	last := map[string]int64{}
+	for read := uint64(0); read < total; {
+		batch, err := cons.Fetch(int(min(total-read, 1000)), jetstream.FetchMaxWait(5*time.Second))
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		got := 0
+		for msg := range batch.Messages() {
+			got++
+			read++
+			id, err := outbox.ParseID(msg.Headers().Get(outbox.HeaderID))
+			if err != nil {
+				e.t.Fatalf("message without a valid %s header: %v", outbox.HeaderID, err)
+			}
+			rep.delivered++
+			seen[id]++
+			if seen[id] > 1 {
+				rep.dup++
+				continue
+			}
+			r, ok := truth[id]
+			if !ok {
+				if _, rb := l.rolledBack.Load(id); rb {
+					e.t.Errorf("phantom: event %s of a rolled-back transaction was published", id)
+				}
+				rep.phantom++
+				continue
+			}
+			if r.seq < last[r.key] {
+				rep.order++
+			}
+			last[r.key] = r.seq
+		}
+		if err := batch.Error(); err != nil {
+			e.t.Fatal(err)
+		}
+		if got == 0 {
+			e.t.Fatalf("invalid run: could not read the stream back completely (%d of %d)", read, total)
+		}
+	}
+	for id := range truth {
+		if seen[id] == 0 {
+			rep.lost++
+		}
+	}
+	return rep
+}
+
+// leaseOwners returns how many unexpired shard leases each relay holds.
+func (e *env) leaseOwners() map[string]int {
+	e.t.Helper()
+	out := map[string]int{}
+	rows, err := e.pool.Query(context.Background(),
+		fmt.Sprintf(`SELECT owner, count(*) FROM "%s".outbox_leases WHERE owner IS NOT NULL AND expires_at > now() GROUP BY owner`, e.schema))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	for rows.Next() {
+		var owner string
+		var n int
+		if err := rows.Scan(&owner, &n); err != nil {
+			e.t.Fatal(err)
+		}
+		out[owner] = n
+	}
+	return out
+}
+
+func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) time.Duration {
+	t.Helper()
+	start := time.Now()
+	for !cond() {
+		if time.Since(start) > d {
+			t.Fatalf("timed out after %s waiting for %s", d, what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return time.Since(start)
+}

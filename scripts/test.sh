@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# The project's test command. On a fresh Debian machine it installs and starts what the
+# tests need (PostgreSQL, NATS with JetStream), then runs the suite. Safe to run again:
+# it only acts on what is missing.
+#
+#   scripts/test.sh            # everything (race detector on the fast packages)
+#   scripts/test.sh -short     # skip the slow end-to-end fault tests
+#
+# Environment: OUTBOX_TEST_DATABASE_URL (default postgres://postgres@127.0.0.1:5432/test),
+# OUTBOX_TEST_NATS_URL (default nats://127.0.0.1:4222).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+log() { printf 'test.sh: %s\n' "$*" >&2; }
+
+as_root() {
+  if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi
+}
+
+apt_updated=
+need_pkg() { # need_pkg command package
+  command -v "$1" >/dev/null 2>&1 && return 0
+  [ -x "/usr/sbin/$1" ] && return 0
+  log "installing $2"
+  if [ -z "$apt_updated" ]; then as_root apt-get update -qq; apt_updated=1; fi
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$2" >/dev/null
+}
+
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+wait_port() { # wait_port port name
+  for _ in $(seq 1 60); do port_open "$1" && return 0; sleep 0.5; done
+  log "$2 did not come up on port $1"; return 1
+}
+
+ensure_postgres() {
+  if [ -n "${OUTBOX_TEST_DATABASE_URL:-}" ]; then return 0; fi
+  need_pkg psql postgresql
+  if ! port_open 5432; then
+    log "starting PostgreSQL"
+    local v; v=$(ls /etc/postgresql | sort -V | tail -1)
+    as_root pg_ctlcluster --skip-systemctl-redirect "$v" main start
+    wait_port 5432 PostgreSQL
+  fi
+  # Trust auth on loopback is how this machine is set up; create the test database.
+  if ! psql -h 127.0.0.1 -U postgres -d postgres -Atc 'select 1' >/dev/null 2>&1; then
+    log "cannot connect as postgres on 127.0.0.1: set OUTBOX_TEST_DATABASE_URL"; return 1
+  fi
+  if [ "$(psql -h 127.0.0.1 -U postgres -d postgres -Atc "select 1 from pg_database where datname='test'")" != 1 ]; then
+    log "creating database test"
+    psql -h 127.0.0.1 -U postgres -d postgres -qc 'CREATE DATABASE test' >/dev/null
+  fi
+}
+
+ensure_nats() {
+  need_pkg nats-server nats-server
+  if [ -n "${OUTBOX_TEST_NATS_URL:-}" ]; then return 0; fi
+  if ! port_open 4222; then
+    log "starting nats-server with JetStream"
+    mkdir -p /var/lib/nats-server
+    as_root start-stop-daemon --start --oknodo --background --exec "$(command -v nats-server || echo /usr/sbin/nats-server)" -- \
+      -a 127.0.0.1 -p 4222 -js -sd /var/lib/nats-server -l /var/log/nats-server.log
+    wait_port 4222 nats-server
+  fi
+}
+
+ensure_postgres
+ensure_nats
+
+short=
+for a in "$@"; do [ "$a" = -short ] && short=-short; done
+
+# Fast packages under the race detector; the end-to-end fault tests (child processes,
+# broker restarts) run without it, since race mode slows them 5-10x and they test
+# processes, not memory.
+fast=$(go list ./... | grep -v -e '/e2e$')
+log "go vet"
+go vet ./...
+log "unit and integration tests (-race)"
+go test -race -count=1 -timeout 15m $short $fast
+if go list ./e2e >/dev/null 2>&1; then
+  log "end-to-end fault tests"
+  go test -count=1 -timeout 20m $short ./e2e
+fi
