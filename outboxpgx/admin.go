@@ -50,6 +50,11 @@ func (d *Driver) Status(ctx context.Context) (outbox.Status, error) {
 	st := outbox.Status{Topics: []outbox.TopicStatus{}, Relays: []outbox.RelayInfo{}}
 	opts := pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}
 	err := pgx.BeginTxFunc(ctx, d.pool, opts, func(tx pgx.Tx) error {
+		// On a large table the planner's estimates cross jit_above_cost, and compiling
+		// costs more than these index scans; dashboards poll this.
+		if _, err := tx.Exec(ctx, `SET LOCAL jit = off`); err != nil {
+			return err
+		}
 		if err := d.topicStatus(ctx, tx, &st); err != nil {
 			return fmt.Errorf("count pending and dead: %w", err)
 		}

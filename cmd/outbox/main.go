@@ -128,9 +128,7 @@ func dispatch(ctx context.Context, inv *invocation, cmd *command, args []string)
 		return dispatch(ctx, inv, sub, args[1:])
 	}
 
-	fs := newFlagSet(inv.path)
-	configPath := fs.String("config", "", "read flag values from this YAML `file` (keys are flag names)")
-	runFn := cmd.setup(fs)
+	fs, runFn, configPath := leafFlags(inv.path, cmd)
 	positional, err := parseArgs(fs, args)
 	if errors.Is(err, flag.ErrHelp) {
 		printLeafHelp(inv.stdout, inv.path, cmd, fs)
@@ -140,7 +138,7 @@ func dispatch(ctx context.Context, inv *invocation, cmd *command, args []string)
 		return &usageError{msg: err.Error()}
 	}
 	path := *configPath
-	if path == "" {
+	if path == "" && fs.Lookup("config") != nil {
 		path = inv.env(envName("config"))
 	}
 	cf, err := loadConfig(path, knownFlags())
@@ -158,6 +156,20 @@ func dispatch(ctx context.Context, inv *invocation, cmd *command, args []string)
 		inv.secrets.add(brokerSecrets(f.Value.String())...)
 	}
 	return runFn(ctx, inv, positional)
+}
+
+// leafFlags defines cmd's flags, plus --config when it has any, and returns them with
+// its run function.
+func leafFlags(path string, cmd *command) (*flag.FlagSet, runFunc, *string) {
+	fs := newFlagSet(path)
+	runFn := cmd.setup(fs)
+	configPath := new(string)
+	hasFlags := false
+	fs.VisitAll(func(*flag.Flag) { hasFlags = true })
+	if hasFlags {
+		fs.StringVar(configPath, "config", "", "read flag values from this YAML `file` (keys are flag names)")
+	}
+	return fs, runFn, configPath
 }
 
 func newFlagSet(name string) *flag.FlagSet {
@@ -219,9 +231,7 @@ func helpCommand(inv *invocation, args []string) error {
 		printGroupHelp(inv.stdout, path, cmd)
 		return nil
 	}
-	fs := newFlagSet(path)
-	fs.String("config", "", "read flag values from this YAML `file` (keys are flag names)")
-	cmd.setup(fs)
+	fs, _, _ := leafFlags(path, cmd)
 	printLeafHelp(inv.stdout, path, cmd, fs)
 	return nil
 }
