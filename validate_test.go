@@ -1,0 +1,134 @@
+package outbox
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestPrepareDefaults(t *testing.T) {
+	t.Parallel()
+	msgs := []Message{
+		{Topic: "t", Payload: []byte(`{"a":1}`)},
+		{Topic: "t", Payload: []byte{0xff, 0x00}},
+		{Topic: "t", Payload: []byte(`{}`), ID: NewID(), DedupKey: "custom"},
+	}
+	if err := (Limits{}).Prepare(msgs); err != nil {
+		t.Fatal(err)
+	}
+	if msgs[0].ID.IsZero() || msgs[0].DedupKey != msgs[0].ID.String() || msgs[0].ContentType != ContentTypeJSON {
+		t.Fatalf("defaults not filled: %+v", msgs[0])
+	}
+	if msgs[1].ContentType != ContentTypeBinary {
+		t.Fatalf("binary payload got content type %q", msgs[1].ContentType)
+	}
+	if msgs[2].DedupKey != "custom" {
+		t.Fatalf("explicit dedup key replaced: %q", msgs[2].DedupKey)
+	}
+}
+
+func TestPrepareRejects(t *testing.T) {
+	t.Parallel()
+	long := strings.Repeat("x", 256)
+	cases := []struct {
+		msg   Message
+		field string
+	}{
+		{Message{}, "Topic"},
+		{Message{Topic: long}, "Topic"},
+		{Message{Topic: "a\tb"}, "Topic"},
+		{Message{Topic: "t", Key: long}, "Key"},
+		{Message{Topic: "t", EventType: "a b"}, "EventType"},
+		{Message{Topic: "t", AggregateType: "\x01"}, "AggregateType"},
+		{Message{Topic: "t", ContentType: "application/json", Payload: []byte("{")}, "Payload"},
+		{Message{Topic: "t", ContentType: "text/plain\r\nX: y"}, "ContentType"},
+		{Message{Topic: "t", Payload: make([]byte, 11)}, "Payload"},
+		{Message{Topic: "t", Headers: map[string]string{"": "v"}}, `Headers[""]`},
+		{Message{Topic: "t", Headers: map[string]string{"a:b": "v"}}, `Headers["a:b"]`},
+		{Message{Topic: "t", Headers: map[string]string{"a": "x\ny"}}, `Headers["a"]`},
+		{Message{Topic: "t", Headers: map[string]string{"a": "\xff"}}, `Headers["a"]`},
+		{Message{Topic: "t", Headers: map[string]string{"a": "1", "b": "2", "c": "3"}}, "Headers"},
+		{Message{Topic: "t", Headers: map[string]string{"a": strings.Repeat("v", 100)}}, "Headers"},
+		{Message{Topic: "t", DedupKey: "a\x00"}, "DedupKey"},
+	}
+	lim := Limits{MaxPayloadBytes: 10, MaxHeaders: 2, MaxHeaderBytes: 50}
+	for _, tc := range cases {
+		err := lim.Prepare([]Message{{Topic: "ok"}, tc.msg})
+		var ve *ValidationError
+		if !errors.As(err, &ve) || !errors.Is(err, ErrInvalidMessage) || ve.Index != 1 || ve.Field != tc.field {
+			t.Errorf("%+v: got %v, want a ValidationError on message 1 field %s", tc.msg, err, tc.field)
+		}
+	}
+	if err := (Limits{MaxPayloadBytes: -1}).validate(); !errors.Is(err, ErrInvalidConfig) {
+		t.Fatalf("negative limit accepted: %v", err)
+	}
+}
+
+func TestIsJSONContentType(t *testing.T) {
+	t.Parallel()
+	for ct, want := range map[string]bool{
+		"application/json": true, "Application/JSON; charset=utf-8": true, "application/cloudevents+json": true,
+		"text/plain": false, "application/jsonx": false, "": false,
+	} {
+		if IsJSONContentType(ct) != want {
+			t.Errorf("IsJSONContentType(%q) != %v", ct, want)
+		}
+	}
+}
+
+func FuzzPrepareHeaders(f *testing.F) {
+	f.Add("traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
+	f.Add("x", "a\r\nb")
+	f.Fuzz(func(t *testing.T, name, value string) {
+		msgs := []Message{{Topic: "t", Headers: map[string]string{name: value}}}
+		if err := (Limits{}).Prepare(msgs); err != nil {
+			return
+		}
+		// Whatever passes must be safe on every wire: no CR, LF or NUL, valid UTF-8, a
+		// token for a name.
+		if strings.ContainsAny(value, "\r\n\x00") || strings.ContainsAny(name, " :\r\n\x00") || name == "" {
+			t.Fatalf("accepted header %q: %q", name, value)
+		}
+	})
+}
+
+func TestBackoffBounds(t *testing.T) {
+	t.Parallel()
+	min, max := 100*time.Millisecond, 2*time.Second
+	for n := 1; n < 70; n++ {
+		ceiling := max
+		if n < 10 {
+			ceiling = min << (n - 1)
+			if ceiling > max {
+				ceiling = max
+			}
+		}
+		for i := 0; i < 200; i++ {
+			d := backoff(n, min, max)
+			if d < min || d >= min+ceiling {
+				t.Fatalf("backoff(%d) = %s, want in [%s, %s)", n, d, min, min+ceiling)
+			}
+		}
+	}
+}
+
+func TestRelayConfigValidation(t *testing.T) {
+	t.Parallel()
+	for _, c := range []RelayConfig{
+		{BatchSize: -1}, {LeaseTTL: 500 * time.Millisecond}, {PublishBatchSize: 10, MaxInFlight: 5},
+		{RetryMinDelay: time.Minute, RetryMaxDelay: time.Second}, {Retention: -2},
+	} {
+		err := c.withDefaults().validate()
+		var ce *ConfigError
+		if !errors.As(err, &ce) {
+			t.Errorf("%+v accepted: %v", c, err)
+		}
+	}
+	if err := (RelayConfig{}).withDefaults().validate(); err != nil {
+		t.Fatalf("defaults invalid: %v", err)
+	}
+	if err := (RelayConfig{Retention: -1}).withDefaults().validate(); err != nil {
+		t.Fatalf("Retention -1 rejected: %v", err)
+	}
+}
