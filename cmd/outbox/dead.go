@@ -162,10 +162,11 @@ var deadListCommand = &command{
 				return err
 			}
 			if *asJSON {
-				if dls == nil {
-					dls = []outbox.DeadLetter{}
+				out := make([]deadLetterJSON, len(dls))
+				for i, dl := range dls {
+					out[i] = toJSON(dl)
 				}
-				return writeJSON(inv.stdout, dls)
+				return writeJSON(inv.stdout, out)
 			}
 			if len(dls) == 0 {
 				fmt.Fprintln(inv.stdout, describeNone(f))
@@ -180,6 +181,38 @@ var deadListCommand = &command{
 			return nil
 		}
 	},
+}
+
+// deadLetterJSON is a dead letter in the output of --json: snake_case keys like
+// outbox.Status, the payload in base64.
+type deadLetterJSON struct {
+	ID            outbox.ID         `json:"id"`
+	DedupKey      string            `json:"dedup_key"`
+	Topic         string            `json:"topic"`
+	Key           string            `json:"key"`
+	AggregateType string            `json:"aggregate_type"`
+	EventType     string            `json:"event_type"`
+	ContentType   string            `json:"content_type"`
+	Headers       map[string]string `json:"headers"`
+	Payload       []byte            `json:"payload"`
+	Seq           int64             `json:"seq"`
+	Shard         int               `json:"shard"`
+	CreatedAt     time.Time         `json:"created_at"`
+	DeadAt        time.Time         `json:"dead_at"`
+	Attempts      int               `json:"attempts"`
+	LastError     string            `json:"last_error"`
+}
+
+func toJSON(dl outbox.DeadLetter) deadLetterJSON {
+	h := dl.Headers
+	if h == nil {
+		h = map[string]string{}
+	}
+	return deadLetterJSON{
+		ID: dl.ID, DedupKey: dl.DedupKey, Topic: dl.Topic, Key: dl.Key, AggregateType: dl.AggregateType,
+		EventType: dl.EventType, ContentType: dl.ContentType, Headers: h, Payload: dl.Payload, Seq: dl.Seq,
+		Shard: dl.Shard, CreatedAt: dl.CreatedAt, DeadAt: dl.DeadAt, Attempts: dl.Attempts, LastError: dl.LastError,
+	}
 }
 
 func printDeadTable(w io.Writer, dls []outbox.DeadLetter) error {
@@ -237,7 +270,7 @@ text when it is valid UTF-8, in base64 otherwise).`,
 				return fmt.Errorf("no dead letter has id %s (it may have been replayed or purged; pending and published messages are not dead letters)", id)
 			}
 			if *asJSON {
-				return writeJSON(inv.stdout, dls[0])
+				return writeJSON(inv.stdout, toJSON(dls[0]))
 			}
 			return printDeadLetter(inv.stdout, dls[0])
 		}

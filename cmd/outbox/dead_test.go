@@ -42,7 +42,7 @@ func newDeadBundle(t *testing.T) *deadBundle {
 
 func listedIDs(t *testing.T, r result) []outbox.ID {
 	t.Helper()
-	var dls []outbox.DeadLetter
+	var dls []deadLetterJSON
 	if err := json.Unmarshal([]byte(r.stdout), &dls); err != nil {
 		t.Fatalf("dead list --json: %v\n%s", err, r)
 	}
@@ -126,9 +126,15 @@ func TestDeadShow(t *testing.T) {
 		t.Errorf("binary payload:\n%s", r.stdout)
 	}
 	r = must(t, 0, b.env, "dead", "show", "--json", b.mid.ID.String())
-	var dl outbox.DeadLetter
-	if err := json.Unmarshal([]byte(r.stdout), &dl); err != nil || dl.ID != b.mid.ID || dl.LastError != "publish timeout" || dl.DeadAt.IsZero() {
+	var dl deadLetterJSON
+	if err := json.Unmarshal([]byte(r.stdout), &dl); err != nil || dl.ID != b.mid.ID || dl.LastError != "publish timeout" ||
+		dl.DeadAt.IsZero() || string(dl.Payload) != `{"n":1}` || dl.Topic != "orders" || dl.Attempts != 10 {
 		t.Errorf("dead show --json: %+v, %v", dl, err)
+	}
+	for _, key := range []string{`"id":`, `"dedup_key":`, `"dead_at":`, `"last_error":`, `"headers": {}`} {
+		if !strings.Contains(r.stdout, key) {
+			t.Errorf("dead show --json lacks %s:\n%s", key, r.stdout)
+		}
 	}
 	// A pending message is not a dead letter.
 	r = must(t, 1, b.env, "dead", "show", b.pending.ID.String())
