@@ -32,6 +32,7 @@ var commands = []*command{
 	migrateCommand,
 	statusCommand,
 	deadCommand,
+	benchCommand,
 	versionCommand,
 }
 

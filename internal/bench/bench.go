@@ -1,0 +1,488 @@
+// Package bench measures the relay end to end, PostgreSQL to NATS JetStream, against a
+// reference measured in the same run: the raw JetStream async publish rate of the same
+// client library with the same payloads and no database. `outbox bench` runs it.
+package bench
+
+import (
+	"cmp"
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/outboxnats"
+	"github.com/outboxkit/outbox/outboxpgx"
+)
+
+// Config sizes a run. Zero values take the defaults.
+type Config struct {
+	DatabaseURL  string        // Defaults to postgres://postgres@127.0.0.1:5432/test.
+	NATSURL      string        // Defaults to nats://127.0.0.1:4222.
+	Events       int           // Backlog drained by the relays. Defaults to 200,000.
+	Keys         int           // Distinct ordering keys. Defaults to 1,000.
+	PayloadBytes int           // Defaults to 130.
+	Relays       int           // Relays draining the backlog. Defaults to 1.
+	Rate         int           // Events per second in the latency phase. Defaults to 1,000.
+	Duration     time.Duration // Length of the latency phase. Defaults to 10s; -1 skips it.
+	Relay        outbox.RelayConfig
+	Progress     io.Writer // Progress lines; nil for none.
+}
+
+// Result is what a run measured.
+type Result struct {
+	Events, Relays int
+	EPS, RawEPS    float64
+	DrainSeconds   float64
+	P50, P95, P99  time.Duration
+	LatencyEvents  int
+	Rate           int
+	RSSMiB         float64
+}
+
+// String is the one-line summary, `bench: key=value ...`.
+func (r Result) String() string {
+	ratio := 0.0
+	if r.RawEPS > 0 {
+		ratio = r.EPS / r.RawEPS
+	}
+	ms := func(d time.Duration) string { return strconv.FormatFloat(float64(d)/float64(time.Millisecond), 'f', 2, 64) }
+	return fmt.Sprintf("bench: events=%d relays=%d eps=%.0f raw_eps=%.0f ratio=%.2f drain_s=%.2f rate=%d latency_events=%d p50_ms=%s p95_ms=%s p99_ms=%s rss_mib=%.0f",
+		r.Events, r.Relays, r.EPS, r.RawEPS, ratio, r.DrainSeconds, r.Rate, r.LatencyEvents, ms(r.P50), ms(r.P95), ms(r.P99), r.RSSMiB)
+}
+
+func (c Config) withDefaults() Config {
+	c.DatabaseURL = cmp.Or(c.DatabaseURL, "postgres://postgres@127.0.0.1:5432/test?sslmode=disable")
+	c.NATSURL = cmp.Or(c.NATSURL, "nats://127.0.0.1:4222")
+	c.Events = cmp.Or(c.Events, 200_000)
+	c.Keys = cmp.Or(c.Keys, 1_000)
+	c.PayloadBytes = cmp.Or(c.PayloadBytes, 130)
+	c.Relays = cmp.Or(c.Relays, 1)
+	c.Rate = cmp.Or(c.Rate, 1_000)
+	c.Duration = cmp.Or(c.Duration, 10*time.Second)
+	if c.Progress == nil {
+		c.Progress = io.Discard
+	}
+	if c.Relay.Logger == nil {
+		c.Relay.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	return c
+}
+
+// Run performs the three phases: raw reference, backlog drain, steady-rate latency.
+func Run(ctx context.Context, cfg Config) (Result, error) {
+	cfg = cfg.withDefaults()
+	if cfg.Events < 1 || cfg.Keys < 1 || cfg.PayloadBytes < 1 || cfg.Relays < 1 || cfg.Rate < 1 {
+		return Result{}, errors.New("bench: events, keys, payload bytes, relays and rate must be positive")
+	}
+	res := Result{Events: cfg.Events, Relays: cfg.Relays, Rate: cfg.Rate}
+	tag := randomTag()
+	say := func(format string, args ...any) { fmt.Fprintf(cfg.Progress, "bench: "+format+"\n", args...) }
+
+	nc, err := nats.Connect(cfg.NATSURL, nats.Name("outbox-bench"))
+	if err != nil {
+		return res, fmt.Errorf("connect to NATS: %w", err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return res, err
+	}
+	payload := make([]byte, cfg.PayloadBytes)
+	for i := range payload {
+		payload[i] = 'a' + byte(i%26)
+	}
+
+	// Phase 1: the reference. Same client, same payload size, same stream settings, no
+	// database.
+	rawStream, rawSubject := "BENCH_RAW_"+strings.ToUpper(tag), "bench_raw_"+tag
+	if err := createStream(ctx, js, rawStream, rawSubject+".>"); err != nil {
+		return res, err
+	}
+	defer deleteStream(js, rawStream)
+	say("raw JetStream async publish of %d messages", cfg.Events)
+	res.RawEPS, err = rawPublish(ctx, js, rawSubject, payload, cfg.Events, cfg.Keys)
+	if err != nil {
+		return res, fmt.Errorf("raw publish: %w", err)
+	}
+	say("raw: %.0f msgs/s", res.RawEPS)
+
+	// Phase 2: drain a backlog with the relays.
+	pool, err := pgxpool.New(ctx, cfg.DatabaseURL)
+	if err != nil {
+		return res, fmt.Errorf("connect to PostgreSQL: %w", err)
+	}
+	defer pool.Close()
+	schema := "outbox_bench_" + tag
+	defer func() { _, _ = pool.Exec(context.WithoutCancel(ctx), `DROP SCHEMA IF EXISTS "`+schema+`" CASCADE`) }()
+	drv, err := outboxpgx.New(pool, outboxpgx.Config{Schema: schema})
+	if err != nil {
+		return res, err
+	}
+	if _, err := drv.MigrateUp(ctx, 0); err != nil {
+		return res, fmt.Errorf("migrate: %w", err)
+	}
+	w, err := outbox.NewWriter(drv, outbox.WriterConfig{})
+	if err != nil {
+		return res, err
+	}
+	say("writing a backlog of %d events over %d keys", cfg.Events, cfg.Keys)
+	if err := writeBacklog(ctx, pool, w, cfg, payload, say); err != nil {
+		return res, err
+	}
+	if _, err := pool.Exec(ctx, `ANALYZE "`+schema+`".outbox`); err != nil {
+		return res, err
+	}
+	stream, subject := "BENCH_"+strings.ToUpper(tag), "bench_"+tag
+	if err := createStream(ctx, js, stream, subject+".>"); err != nil {
+		return res, err
+	}
+	defer deleteStream(js, stream)
+
+	confirmed := &confirmLog{}
+	relays := make([]*outbox.Relay, cfg.Relays)
+	var pubs []*outboxnats.Publisher
+	defer func() {
+		for _, p := range pubs {
+			p.Close()
+		}
+	}()
+	rss := &rssSampler{}
+	rss.start()
+	defer rss.stop()
+	start := time.Now()
+	for i := range relays {
+		pub, err := outboxnats.Dial(ctx, cfg.NATSURL, outboxnats.Config{SubjectPrefix: subject + "."})
+		if err != nil {
+			return res, err
+		}
+		pubs = append(pubs, pub)
+		rc := cfg.Relay
+		rc.ID = fmt.Sprintf("bench-%s-%d", tag, i)
+		relays[i], err = outbox.NewRelay(drv, &timedPublisher{Publisher: pub, log: confirmed}, rc)
+		if err != nil {
+			return res, err
+		}
+		if err := relays[i].Start(ctx); err != nil {
+			return res, err
+		}
+	}
+	stopAll := func() {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
+		for _, r := range relays {
+			if r != nil {
+				_ = r.Stop(sctx)
+			}
+		}
+	}
+	defer stopAll()
+	lastReport := time.Now()
+	for {
+		var published int64
+		for _, r := range relays {
+			published += r.Stats().Published
+		}
+		if published >= int64(cfg.Events) {
+			break
+		}
+		if err := ctx.Err(); err != nil {
+			return res, err
+		}
+		if time.Since(lastReport) >= 2*time.Second {
+			say("drained %d/%d (%.0f/s), rss %.0f MiB", published, cfg.Events, float64(published)/time.Since(start).Seconds(), rss.peakMiB())
+			lastReport = time.Now()
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	drain := time.Since(start)
+	res.DrainSeconds = drain.Seconds()
+	res.EPS = float64(cfg.Events) / drain.Seconds()
+	res.RSSMiB = rss.peakMiB()
+	say("drain: %.0f events/s (%.2f of raw), peak rss %.0f MiB", res.EPS, res.EPS/res.RawEPS, res.RSSMiB)
+
+	// Phase 3: commit-to-confirm latency at a fixed rate, woken by LISTEN/NOTIFY.
+	if cfg.Duration > 0 {
+		say("latency: %d events/s for %s", cfg.Rate, cfg.Duration)
+		lat, err := steadyLatency(ctx, pool, w, cfg, payload, confirmed)
+		if err != nil {
+			return res, err
+		}
+		res.LatencyEvents = len(lat)
+		if len(lat) > 0 {
+			slices.Sort(lat)
+			res.P50 = lat[len(lat)*50/100]
+			res.P95 = lat[len(lat)*95/100]
+			res.P99 = lat[len(lat)*99/100]
+		}
+	}
+	return res, nil
+}
+
+func randomTag() string {
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+func createStream(ctx context.Context, js jetstream.JetStream, name, subjects string) error {
+	_, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{subjects}})
+	if err != nil {
+		return fmt.Errorf("create stream %s: %w", name, err)
+	}
+	return nil
+}
+
+func deleteStream(js jetstream.JetStream, name string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_ = js.DeleteStream(ctx, name)
+}
+
+// rawPublish publishes n messages asynchronously with message ids, like the relay does,
+// keeping up to 4,000 unacknowledged (the publisher's default window), and returns the
+// rate of confirmed messages.
+func rawPublish(ctx context.Context, js jetstream.JetStream, subject string, payload []byte, n, keys int) (float64, error) {
+	const window = outboxnats.MaxPendingDefault
+	futures := make(chan jetstream.PubAckFuture, window)
+	errc := make(chan error, 1)
+	start := time.Now()
+	go func() {
+		defer close(errc)
+		for f := range futures {
+			select {
+			case <-f.Ok():
+			case err := <-f.Err():
+				errc <- err
+				for range futures {
+				}
+				return
+			case <-ctx.Done():
+				errc <- ctx.Err()
+				for range futures {
+				}
+				return
+			}
+		}
+	}()
+	for i := 0; i < n; i++ {
+		msg := nats.NewMsg(subject + ".orders")
+		msg.Data = payload
+		msg.Header.Set(outbox.HeaderKey, "k"+strconv.Itoa(i%keys))
+		f, err := js.PublishMsgAsync(msg, jetstream.WithMsgID(outbox.NewID().String()))
+		if err != nil {
+			close(futures)
+			return 0, err
+		}
+		futures <- f
+	}
+	close(futures)
+	if err := <-errc; err != nil {
+		return 0, err
+	}
+	return float64(n) / time.Since(start).Seconds(), nil
+}
+
+// writeBacklog commits cfg.Events events in transactions of 5,000, two writers at once.
+func writeBacklog(ctx context.Context, pool *pgxpool.Pool, w *outbox.Writer[pgx.Tx], cfg Config, payload []byte, say func(string, ...any)) error {
+	const per = 5_000
+	var next, done atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, 2)
+	start := time.Now()
+	for g := 0; g < 2; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				from := int(next.Add(per)) - per
+				if from >= cfg.Events {
+					return
+				}
+				to := min(from+per, cfg.Events)
+				msgs := make([]outbox.Message, 0, to-from)
+				for i := from; i < to; i++ {
+					msgs = append(msgs, outbox.Message{Topic: "orders", Key: "k" + strconv.Itoa(i%cfg.Keys), EventType: "order.placed",
+						Payload: payload, ContentType: "application/octet-stream"})
+				}
+				err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return w.Write(ctx, tx, msgs...) })
+				if err != nil {
+					errs <- err
+					return
+				}
+				if d := done.Add(int64(to - from)); d%100_000 < per {
+					say("written %d/%d (%.0f/s)", d, cfg.Events, float64(d)/time.Since(start).Seconds())
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	return <-errs
+}
+
+// confirmLog records when each message was confirmed by the broker.
+type confirmLog struct {
+	mu sync.Mutex
+	at map[outbox.ID]time.Time
+}
+
+func (c *confirmLog) record(msgs []*outbox.Message, errs []error, t time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.at == nil {
+		return // only recorded during the latency phase
+	}
+	for i, m := range msgs {
+		if errs == nil || errs[i] == nil {
+			c.at[m.ID] = t
+		}
+	}
+}
+
+func (c *confirmLog) begin() {
+	c.mu.Lock()
+	c.at = map[outbox.ID]time.Time{}
+	c.mu.Unlock()
+}
+
+func (c *confirmLog) get(id outbox.ID) (time.Time, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	t, ok := c.at[id]
+	return t, ok
+}
+
+type timedPublisher struct {
+	*outboxnats.Publisher
+	log *confirmLog
+}
+
+func (p *timedPublisher) Publish(ctx context.Context, batch []*outbox.Message) []error {
+	errs := p.Publisher.Publish(ctx, batch)
+	p.log.record(batch, errs, time.Now())
+	return errs
+}
+
+// steadyLatency commits one event at a time at cfg.Rate and returns, for each, the time
+// from the moment its COMMIT returned to the moment the broker confirmed it.
+func steadyLatency(ctx context.Context, pool *pgxpool.Pool, w *outbox.Writer[pgx.Tx], cfg Config, payload []byte, confirmed *confirmLog) ([]time.Duration, error) {
+	confirmed.begin()
+	n := int(cfg.Duration.Seconds() * float64(cfg.Rate))
+	committedAt := make(map[outbox.ID]time.Time, n)
+	var mu sync.Mutex
+	interval := time.Second / time.Duration(cfg.Rate)
+	// Several writers, as an application has: one commit takes longer than the interval.
+	const writers = 8
+	jobs := make(chan outbox.Message, writers)
+	var wg sync.WaitGroup
+	var werr atomic.Value
+	for g := 0; g < writers; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for m := range jobs {
+				err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return w.Write(ctx, tx, m) })
+				if err != nil {
+					werr.Store(err)
+					continue
+				}
+				t := time.Now()
+				mu.Lock()
+				committedAt[m.ID] = t
+				mu.Unlock()
+			}
+		}()
+	}
+	tick := time.NewTicker(interval)
+	for i := 0; i < n; i++ {
+		<-tick.C
+		var key [8]byte
+		binary.BigEndian.PutUint64(key[:], uint64(i%cfg.Keys))
+		jobs <- outbox.Message{ID: outbox.NewID(), Topic: "orders", Key: "latency-" + strconv.Itoa(i%cfg.Keys), Payload: payload, ContentType: "application/octet-stream"}
+	}
+	tick.Stop()
+	close(jobs)
+	wg.Wait()
+	if err, ok := werr.Load().(error); ok {
+		return nil, err
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	var lat []time.Duration
+	for id, c := range committedAt {
+		for {
+			if t, ok := confirmed.get(id); ok {
+				lat = append(lat, max(t.Sub(c), 0))
+				break
+			}
+			if time.Now().After(deadline) {
+				return nil, fmt.Errorf("event %s committed but not confirmed within 30s", id)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	return lat, nil
+}
+
+// rssSampler tracks the process's peak resident memory while it runs.
+type rssSampler struct {
+	peak atomic.Int64
+	done chan struct{}
+}
+
+func (s *rssSampler) start() {
+	s.done = make(chan struct{})
+	go func() {
+		t := time.NewTicker(50 * time.Millisecond)
+		defer t.Stop()
+		for {
+			if kb := readRSSKiB(); kb > s.peak.Load() {
+				s.peak.Store(kb)
+			}
+			select {
+			case <-s.done:
+				return
+			case <-t.C:
+			}
+		}
+	}()
+}
+
+func (s *rssSampler) stop() {
+	if s.done != nil {
+		close(s.done)
+		s.done = nil
+	}
+}
+
+func (s *rssSampler) peakMiB() float64 { return float64(s.peak.Load()) / 1024 }
+
+func readRSSKiB() int64 {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kb, _ := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			return kb
+		}
+	}
+	return 0
+}
