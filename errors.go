@@ -29,7 +29,8 @@ var ErrDuplicate = errors.New("outbox: duplicate dedup key")
 
 // DuplicateError reports messages that Write skipped because a message with the same
 // dedup key already exists (committed, or written earlier in the same transaction or the
-// same call). The other messages of the call were written and the transaction is still
+// same call). A dedup key stays taken while its message is pending or dead-lettered, and
+// for the relay's Retention after the message was written. The other messages of the call were written and the transaction is still
 // usable: commit it if the duplicate means "this was already done" (an idempotent retry),
 // roll it back otherwise. A concurrent transaction holding the same dedup key makes Write
 // wait for it; if that transaction rolls back, Write inserts the message instead.

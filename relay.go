@@ -155,12 +155,19 @@ func (r *Relay) Run(ctx context.Context, grace time.Duration) error {
 
 // ---- the loop ----
 //
-// One goroutine (loop.run) owns all state below. It talks to three kinds of helpers
-// through channels: publish workers (at most MaxInFlight/PublishBatchSize at once), one
-// database worker that runs Complete and then Fetch strictly one after the other, and
-// one lease worker. Because completes and fetches never overlap, a fetch always sees
-// every outcome recorded before it started, and its Exclude list covers every message the
-// relay has in hand, so the relay never publishes a message twice on its own.
+// One goroutine (loop.run) owns all state below. It talks to helpers through channels:
+// publish workers (at most MaxInFlight/PublishBatchSize at once), at most one Complete
+// and one Fetch running at a time (they overlap each other), and one lease worker.
+//
+// Why a fetch never hands back a message the relay must not send:
+//   - every message in hand (queued, in flight, or whose outcome is being recorded) is in
+//     known, and a fetch excludes everything in known when it starts; a message leaves
+//     known only after its outcome is recorded, so a fetch that could still see it as
+//     pending also excludes it;
+//   - a rejected message's key is held back in the store only once the failure is
+//     recorded. Rows of that key a fetch returns are ignored until then (lane.failed),
+//     and a fetch already running when the failure is recorded may predate it: its rows
+//     of that key are ignored too (taint).
 
 type item struct {
 	m     *Message
@@ -185,18 +192,17 @@ type pubResult struct {
 	errs  []error
 }
 
-type dbJob struct {
-	completion Completion
-	lanes      []*lane // failed lanes whose failure this job records
-	fetch      *FetchRequest
+type completeResult struct {
+	c       Completion
+	lanes   []*lane // failed lanes whose failure this completion records
+	refused []int64
+	err     error
 }
 
-type dbResult struct {
-	job        *dbJob
-	refused    []int64
-	completeOK bool
-	err        error
-	fetched    []*Message
+type fetchResult struct {
+	req     *FetchRequest
+	fetched []*Message
+	err     error
 }
 
 type leaseResult struct {
@@ -231,15 +237,17 @@ type loop struct {
 	failed    []Failure
 	failLanes []*lane
 
-	dbBusy, leaseBusy bool
-	wantFetch         bool // a wake-up or poll asked for a fetch
-	moreLikely        bool // the last fetch was full
-	pausedUntil       time.Time
-	outageStreak      int
-	completeRetryAt   time.Time
+	completing, fetching, leaseBusy bool
+	taint                           map[string]bool // keys released while a fetch ran
+	wantFetch                       bool            // a wake-up or poll asked for a fetch
+	moreLikely                      bool            // the last fetch was full
+	pausedUntil                     time.Time
+	outageStreak                    int
+	completeRetryAt                 time.Time
 
 	pubResults   chan pubResult
-	dbResults    chan dbResult
+	completes    chan completeResult
+	fetches      chan fetchResult
 	leaseResults chan leaseResult
 	wake         chan struct{}
 }
@@ -255,7 +263,9 @@ func newLoop(r *Relay) *loop {
 		draining:     map[int]bool{},
 		freeWorkers:  max(workers, 1),
 		pubResults:   make(chan pubResult, workers+1),
-		dbResults:    make(chan dbResult, 1),
+		completes:    make(chan completeResult, 1),
+		fetches:      make(chan fetchResult, 1),
+		taint:        map[string]bool{},
 		leaseResults: make(chan leaseResult, 1),
 		wake:         make(chan struct{}, 1),
 	}
@@ -287,13 +297,14 @@ func (l *loop) run(ctx context.Context) {
 	stopping := false
 	stop := l.r.stop
 	for {
-		if stopping && l.inFlight == 0 && !l.dbBusy && len(l.published) == 0 && len(l.failed) == 0 {
+		if stopping && l.inFlight == 0 && !l.completing && !l.fetching && len(l.published) == 0 && len(l.failed) == 0 {
 			break
 		}
 		if !stopping {
 			l.dispatch(ctx)
+			l.startFetch(ctx)
 		}
-		l.startDB(ctx, stopping)
+		l.startComplete(ctx)
 		// Wake up for a paused outage or a pending complete retry.
 		var next time.Time
 		for _, t := range []time.Time{l.pausedUntil, l.completeRetryAt} {
@@ -315,8 +326,10 @@ func (l *loop) run(ctx context.Context) {
 			l.dropUnsent(func(*lane) bool { return true })
 		case res := <-l.pubResults:
 			l.onPublished(res)
-		case res := <-l.dbResults:
-			l.onDB(res)
+		case res := <-l.completes:
+			l.onComplete(res)
+		case res := <-l.fetches:
+			l.onFetch(res)
 		case res := <-l.leaseResults:
 			l.onLeases(res)
 		case <-l.wake:
@@ -687,130 +700,132 @@ func (l *loop) dropStaleOutcomes() {
 	}
 }
 
-// startDB starts the next database job: record outcomes, then fetch if there is room.
-func (l *loop) startDB(ctx context.Context, stopping bool) {
-	if l.dbBusy {
+// startComplete records the outcomes gathered so far, unless a complete is running or
+// the last one failed moments ago.
+func (l *loop) startComplete(ctx context.Context) {
+	if l.completing || !l.completeRetryAt.IsZero() || (len(l.published) == 0 && len(l.failed) == 0 && len(l.failLanes) == 0) {
 		return
 	}
-	job := &dbJob{}
-	if !l.completeRetryAt.IsZero() {
-		// The last complete failed; wait before trying again.
-	} else if len(l.published) > 0 || len(l.failed) > 0 {
-		l.dropStaleOutcomes()
-		job.completion = Completion{RelayID: l.cfg.ID, Published: l.published, Failed: l.failed}
-		job.lanes = l.failLanes
-		l.published, l.failed, l.failLanes = nil, nil, nil
-	}
-	inHand := len(l.known)
-	room := l.cfg.BatchSize + l.cfg.MaxInFlight - inHand
-	if !stopping && (l.wantFetch || l.moreLikely) && room >= l.cfg.BatchSize/2 && time.Now().Before(l.leaseUntil) {
-		req := &FetchRequest{RelayID: l.cfg.ID, Limit: min(room, l.cfg.BatchSize)}
-		for shard, token := range l.leases {
-			if !l.draining[shard] {
-				req.Leases = append(req.Leases, Lease{Shard: shard, Token: token})
-			}
-		}
-		if len(req.Leases) > 0 {
-			req.Exclude = make([]int64, 0, len(l.known))
-			for seq := range l.known {
-				req.Exclude = append(req.Exclude, seq)
-			}
-			job.fetch = req
-			l.wantFetch = false
-		}
-	}
-	if job.fetch == nil && len(job.completion.Published) == 0 && len(job.completion.Failed) == 0 && len(job.lanes) == 0 {
-		return
-	}
-	l.dbBusy = true
+	l.dropStaleOutcomes()
+	c := Completion{RelayID: l.cfg.ID, Published: l.published, Failed: l.failed}
+	lanes := l.failLanes
+	l.published, l.failed, l.failLanes = nil, nil, nil
+	l.completing = true
 	go func() {
-		res := dbResult{job: job}
-		dctx := context.WithoutCancel(ctx) // a graceful stop still records outcomes
-		res.completeOK = true
-		if c := job.completion; len(c.Published) > 0 || len(c.Failed) > 0 {
-			cctx, cancel := context.WithTimeout(dctx, 30*time.Second)
+		res := completeResult{c: c, lanes: lanes}
+		if len(c.Published) > 0 || len(c.Failed) > 0 {
+			// A graceful stop still records outcomes; only a hard kill abandons them.
+			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 			res.refused, res.err = l.r.store.Complete(cctx, c)
 			cancel()
-			res.completeOK = res.err == nil
 		}
-		if job.fetch != nil && res.err == nil && ctx.Err() == nil {
-			fctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-			res.fetched, res.err = l.r.store.Fetch(fctx, *job.fetch)
-			cancel()
-		}
-		l.dbResults <- res
+		l.completes <- res
 	}()
 }
 
-func (l *loop) onDB(res dbResult) {
-	l.dbBusy = false
-	job := res.job
-	c := job.completion
-	if len(c.Published)+len(c.Failed) > 0 || len(job.lanes) > 0 {
-		if !res.completeOK {
-			// Keep the outcomes and try again shortly; the messages stay in hand.
-			l.log.Error("recording outcomes failed; retrying", "err", res.err, "published", len(c.Published), "failed", len(c.Failed))
-			l.published = append(c.Published, l.published...)
-			l.failed = append(c.Failed, l.failed...)
-			l.failLanes = append(job.lanes, l.failLanes...)
-			l.completeRetryAt = time.Now().Add(time.Second)
-			return
+func (l *loop) onComplete(res completeResult) {
+	l.completing = false
+	c := res.c
+	if res.err != nil {
+		// Keep the outcomes and try again shortly; the messages stay in hand.
+		l.log.Error("recording outcomes failed; retrying", "err", res.err, "published", len(c.Published), "failed", len(c.Failed))
+		l.published = append(c.Published, l.published...)
+		l.failed = append(c.Failed, l.failed...)
+		l.failLanes = append(res.lanes, l.failLanes...)
+		l.completeRetryAt = time.Now().Add(time.Second)
+		return
+	}
+	l.unrecorded -= len(c.Published) + len(c.Failed)
+	refused := make(map[int64]bool, len(res.refused))
+	for _, s := range res.refused {
+		refused[s] = true
+	}
+	if len(res.refused) > 0 {
+		l.r.stats.refused.Add(int64(len(res.refused)))
+		l.log.Warn("outcomes refused: the lease moved to another relay, which will publish these messages again",
+			"refused", len(res.refused))
+	}
+	for _, o := range c.Published {
+		l.forget(o.Seq)
+		if !refused[o.Seq] {
+			l.r.stats.published.Add(1)
 		}
-		l.unrecorded -= len(c.Published) + len(c.Failed)
-		refused := make(map[int64]bool, len(res.refused))
-		for _, s := range res.refused {
-			refused[s] = true
-		}
-		if len(res.refused) > 0 {
-			l.r.stats.refused.Add(int64(len(res.refused)))
-			l.log.Warn("outcomes refused: the lease moved to another relay, which will publish these messages again",
-				"refused", len(res.refused))
-		}
-		for _, o := range c.Published {
-			l.forget(o.Seq)
-			if !refused[o.Seq] {
-				l.r.stats.published.Add(1)
-			}
-		}
-		for _, f := range c.Failed {
-			l.forget(f.Seq)
-			if !refused[f.Seq] {
-				if f.Dead {
-					l.r.stats.dead.Add(1)
-				} else {
-					l.r.stats.rejected.Add(1)
-				}
-			}
-		}
-		for _, ln := range job.lanes {
-			for _, seq := range ln.dropped {
-				l.forget(seq)
-			}
-			ln.dropped = nil
-			ln.failed = false
-			if l.lanes[ln.key] == ln {
-				delete(l.lanes, ln.key)
-			}
-		}
-		// Draining shards may now be empty: release them soon.
-		for s := range l.draining {
-			if l.perShard[s] == 0 {
-				l.wantLeaseSoon()
-				break
+	}
+	for _, f := range c.Failed {
+		l.forget(f.Seq)
+		if !refused[f.Seq] {
+			if f.Dead {
+				l.r.stats.dead.Add(1)
+			} else {
+				l.r.stats.rejected.Add(1)
 			}
 		}
 	}
-	if job.fetch == nil {
+	for _, ln := range res.lanes {
+		for _, seq := range ln.dropped {
+			l.forget(seq)
+		}
+		ln.dropped = nil
+		ln.failed = false
+		if l.lanes[ln.key] == ln {
+			delete(l.lanes, ln.key)
+		}
+		if l.fetching {
+			l.taint[ln.key] = true
+		}
+	}
+	// Draining shards may now be empty: release them soon.
+	for s := range l.draining {
+		if l.perShard[s] == 0 {
+			l.wantLeaseSoon()
+			break
+		}
+	}
+}
+
+// startFetch reads more due messages when there is room for them.
+func (l *loop) startFetch(ctx context.Context) {
+	room := l.cfg.BatchSize + l.cfg.MaxInFlight - len(l.known)
+	if l.fetching || !(l.wantFetch || l.moreLikely) || room < l.cfg.BatchSize/2 || !time.Now().Before(l.leaseUntil) {
 		return
+	}
+	req := &FetchRequest{RelayID: l.cfg.ID, Limit: min(room, l.cfg.BatchSize)}
+	for shard, token := range l.leases {
+		if !l.draining[shard] {
+			req.Leases = append(req.Leases, Lease{Shard: shard, Token: token})
+		}
+	}
+	if len(req.Leases) == 0 {
+		return
+	}
+	req.Exclude = make([]int64, 0, len(l.known))
+	for seq := range l.known {
+		req.Exclude = append(req.Exclude, seq)
+	}
+	l.wantFetch = false
+	l.fetching = true
+	go func() {
+		fctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		msgs, err := l.r.store.Fetch(fctx, *req)
+		cancel()
+		l.fetches <- fetchResult{req: req, fetched: msgs, err: err}
+	}()
+}
+
+func (l *loop) onFetch(res fetchResult) {
+	l.fetching = false
+	taint := l.taint
+	if len(taint) > 0 {
+		l.taint = map[string]bool{}
 	}
 	if res.err != nil {
 		l.log.Error("fetch failed", "err", res.err)
 		l.moreLikely = false
 		return
 	}
-	l.moreLikely = len(res.fetched) == job.fetch.Limit
-	tokens := make(map[int]int64, len(job.fetch.Leases))
-	for _, ls := range job.fetch.Leases {
+	l.moreLikely = len(res.fetched) == res.req.Limit
+	tokens := make(map[int]int64, len(res.req.Leases))
+	for _, ls := range res.req.Leases {
 		tokens[ls.Shard] = ls.Token
 	}
 	for _, m := range res.fetched {
@@ -823,8 +838,8 @@ func (l *loop) onDB(res dbResult) {
 		}
 		key := laneKey(m)
 		ln := l.lanes[key]
-		if ln != nil && ln.failed {
-			continue // fetched before the key's failure was recorded
+		if (ln != nil && ln.failed) || taint[key] {
+			continue // the key's failure was not yet recorded when this fetch began
 		}
 		if ln == nil {
 			ln = &lane{key: key, shard: m.Shard}

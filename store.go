@@ -31,7 +31,9 @@ type Store interface {
 	Complete(ctx context.Context, req Completion) (refused []int64, err error)
 
 	// DeletePublished deletes up to limit messages published before the database time
-	// now() - olderThan, and returns how many it deleted.
+	// now() - olderThan, with whatever bookkeeping of that age the store keeps (expired
+	// dedup keys), and returns how many rows it deleted; fewer than limit means it is
+	// done for now.
 	DeletePublished(ctx context.Context, olderThan time.Duration, limit int) (int, error)
 }
 

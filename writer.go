@@ -42,7 +42,8 @@ func NewWriter[TTx any](driver WriteDriver[TTx], config WriterConfig) (*Writer[T
 	return &Writer[TTx]{driver: driver, limits: config.Limits.withDefaults()}, nil
 }
 
-// Write validates msgs and inserts them in tx with one statement, however many there are.
+// Write validates msgs and inserts them in tx, in one statement where the driver can
+// (outboxpgx always; outboxsql per 6,000 messages).
 //
 // Invalid messages make Write return a *ValidationError (errors.Is ErrInvalidMessage)
 // before any SQL runs, so the transaction is untouched. Messages whose dedup key is

@@ -25,21 +25,22 @@ import (
 // forgetting to fill in a field.
 var ErrEmptyDeadFilter = errors.New("outboxpgx: DeadPurge needs a filter (IDs, Topic, Key, ErrorContains, Since or Until); use DeadPurgeAll to delete every dead letter")
 
-// PublishedExactBelow is the table size, as estimated by PostgreSQL's statistics, under
-// which Status counts published rows exactly. Above it the count is an estimate (see
-// Status), because counting published rows means reading the whole table.
+// PublishedExactBelow is the size of the published table, as estimated by PostgreSQL's
+// statistics, under which Status counts published rows exactly. Above it the count is an
+// estimate (see Status), because counting them exactly means reading the whole table.
 const PublishedExactBelow = 100_000
 
 // Status returns a snapshot of the outbox, read in one repeatable-read transaction so
 // that its figures agree with each other and share one database clock.
 //
-// The pending and dead figures are exact and cheap: they read only the rows that the
-// partial "pending" and "dead" indexes cover, so their cost follows the backlog and the
-// dead-letter store, not the table's history. Published is exact while PostgreSQL
-// estimates the table below PublishedExactBelow rows; above that it is an estimate (the
-// table's live-row statistics minus the exact pending and dead counts), because only a
-// full scan could count it exactly. OldestPendingAge is measured from when the message
-// was written, so a message delayed with DeliverAt counts from its write too.
+// The pending and dead figures are exact and cheap: the pending table holds only the
+// backlog and the dead table only the dead letters (published messages live in a table of
+// their own), so their cost follows the backlog and the dead-letter store, not the
+// history kept. Published is exact while PostgreSQL estimates the published table below
+// PublishedExactBelow rows; above that it is PostgreSQL's row-count estimate for that
+// table (pg_class.reltuples), because only a full scan could count it exactly.
+// OldestPendingAge is measured from when the message was written, so a message delayed
+// with DeliverAt counts from its write too.
 //
 // Relays lists the relays in the relays table (expired ones are kept about an hour and
 // shown with Live false) with the number of shards each holds an unexpired lease on.
@@ -73,22 +74,22 @@ func (d *Driver) Status(ctx context.Context) (outbox.Status, error) {
 }
 
 // topicStatus fills the per-topic rows and the totals from one pass over the pending
-// and dead rows. The UNION ALL keeps each arm on its own partial index.
+// table (every row of it is pending) and one over the dead table, joined by topic.
 func (d *Driver) topicStatus(ctx context.Context, tx pgx.Tx, st *outbox.Status) error {
 	q := `SELECT topic,
-       count(*) FILTER (WHERE NOT dead),
-       count(*) FILTER (WHERE NOT dead AND next_attempt_at <= now()),
-       count(*) FILTER (WHERE NOT dead AND attempts > 0),
-       count(*) FILTER (WHERE dead),
-       coalesce((extract(epoch FROM greatest(now() - min(created_at) FILTER (WHERE NOT dead), interval '0')) * 1000000)::bigint, 0)
+       coalesce(p.pending, 0), coalesce(p.due, 0), coalesce(p.retrying, 0), coalesce(x.dead, 0),
+       coalesce((extract(epoch FROM greatest(now() - p.oldest, interval '0')) * 1000000)::bigint, 0)
 FROM (
-    SELECT topic, next_attempt_at, attempts, created_at, false AS dead
-    FROM ` + d.names.Outbox + ` WHERE published_at IS NULL AND dead_at IS NULL
-    UNION ALL
-    SELECT topic, NULL::timestamptz, 0, NULL::timestamptz, true
-    FROM ` + d.names.Outbox + ` WHERE dead_at IS NOT NULL
-) s
-GROUP BY topic
+    SELECT topic, count(*) AS pending,
+           count(*) FILTER (WHERE next_attempt_at <= now()) AS due,
+           count(*) FILTER (WHERE attempts > 0) AS retrying,
+           min(created_at) AS oldest
+    FROM ` + d.names.Outbox + `
+    GROUP BY topic
+) p
+FULL JOIN (
+    SELECT topic, count(*) AS dead FROM ` + d.names.Dead + ` GROUP BY topic
+) x USING (topic)
 ORDER BY topic`
 	rows, err := tx.Query(ctx, q)
 	if err != nil {
@@ -116,25 +117,27 @@ ORDER BY topic`
 	return nil
 }
 
-// publishedCount counts published rows exactly on small tables and estimates them on
-// large ones (see Status).
+// publishedCount counts the published table exactly while it is small and estimates it
+// when it is large (see Status).
 func (d *Driver) publishedCount(ctx context.Context, tx pgx.Tx, st *outbox.Status) error {
 	var relTuples, liveTuples int64
 	err := tx.QueryRow(ctx, `SELECT greatest(c.reltuples, 0)::bigint, coalesce(s.n_live_tup, 0)
 FROM pg_catalog.pg_class c LEFT JOIN pg_catalog.pg_stat_user_tables s ON s.relid = c.oid
-WHERE c.oid = to_regclass($1)`, d.names.Outbox).Scan(&relTuples, &liveTuples)
+WHERE c.oid = to_regclass($1)`, d.names.Published).Scan(&relTuples, &liveTuples)
 	if err != nil {
 		return err
 	}
 	if max(relTuples, liveTuples) < PublishedExactBelow {
-		return tx.QueryRow(ctx, `SELECT count(*) FROM `+d.names.Outbox+` WHERE published_at IS NOT NULL`).Scan(&st.Published)
+		return tx.QueryRow(ctx, `SELECT count(*) FROM `+d.names.Published).Scan(&st.Published)
 	}
-	// n_live_tup follows every commit; reltuples only VACUUM and ANALYZE.
-	total := liveTuples
-	if total == 0 {
-		total = relTuples
+	// reltuples is kept by VACUUM and ANALYZE, which autovacuum runs as the table grows.
+	// n_live_tup follows commits but is lost on a statistics reset and can count a batch
+	// twice when an ANALYZE overtakes the report of the inserting session, so it only
+	// stands in while the table has never been vacuumed or analysed.
+	st.Published = relTuples
+	if st.Published == 0 {
+		st.Published = liveTuples
 	}
-	st.Published = max(total-st.Pending-st.Dead, 0)
 	return nil
 }
 
@@ -162,7 +165,7 @@ FROM `+d.names.Leases).Scan(&st.Shards, &st.ShardsLeased)
 }
 
 // deadQuery is a dead-letter selection rendered as SQL: where is a condition on the
-// outbox table (unaliased) and args its parameters, numbered from $1.
+// dead table (unaliased) and args its parameters, numbered from $1.
 type deadQuery struct {
 	where string
 	args  []any
@@ -174,14 +177,14 @@ func (q *deadQuery) arg(v any) string {
 	return "$" + strconv.Itoa(len(q.args))
 }
 
-// deadWhere renders f. Every condition includes dead_at IS NOT NULL, so the "dead"
-// partial index serves it and no pending or published row can ever match.
+// deadWhere renders f. It is a condition on the dead table, which holds nothing but dead
+// letters, so no pending or published message can ever match.
 func deadWhere(f outbox.DeadFilter) (*deadQuery, error) {
 	if f.Limit < 0 {
 		return nil, &outbox.ConfigError{Field: "DeadFilter.Limit", Reason: "must not be negative (0 means no limit)"}
 	}
 	q := &deadQuery{}
-	conds := []string{"dead_at IS NOT NULL"}
+	var conds []string
 	if len(f.IDs) > 0 {
 		ids := make([][16]byte, len(f.IDs))
 		for i, id := range f.IDs {
@@ -204,7 +207,10 @@ func deadWhere(f outbox.DeadFilter) (*deadQuery, error) {
 	if !f.Until.IsZero() {
 		conds = append(conds, "dead_at < "+q.arg(f.Until))
 	}
-	q.where = strings.Join(conds, " AND ")
+	q.where = "true"
+	if len(conds) > 0 {
+		q.where = strings.Join(conds, " AND ")
+	}
 	if f.Limit > 0 {
 		q.limit = " LIMIT " + q.arg(f.Limit)
 	}
@@ -234,7 +240,7 @@ func (d *Driver) DeadList(ctx context.Context, f outbox.DeadFilter) ([]outbox.De
 	if err != nil {
 		return nil, err
 	}
-	sql := `SELECT ` + pgsql.ReadColumns("") + `, dead_at FROM ` + d.names.Outbox + ` WHERE ` + q.where + deadOrder + q.limit
+	sql := `SELECT ` + pgsql.ReadColumns("") + `, dead_at FROM ` + d.names.Dead + ` WHERE ` + q.where + deadOrder + q.limit
 	rows, err := d.pool.Query(ctx, sql, q.args...)
 	if err != nil {
 		return nil, fmt.Errorf("list dead letters: %w", err)
@@ -277,7 +283,7 @@ func (d *Driver) DeadCount(ctx context.Context, f outbox.DeadFilter) (int, error
 		return 0, err
 	}
 	var n int
-	sql := `SELECT count(*)::int FROM (SELECT 1 FROM ` + d.names.Outbox + ` WHERE ` + q.where + q.limit + `) s`
+	sql := `SELECT count(*)::int FROM (SELECT 1 FROM ` + d.names.Dead + ` WHERE ` + q.where + q.limit + `) s`
 	if err := d.pool.QueryRow(ctx, sql, q.args...).Scan(&n); err != nil {
 		return 0, fmt.Errorf("count dead letters: %w", err)
 	}
@@ -296,7 +302,8 @@ func (d *Driver) DeadCount(ctx context.Context, f outbox.DeadFilter) (int, error
 // after its successors. The last error is kept until the next attempt overwrites it, for
 // whoever investigates a message that fails again.
 //
-// Relays listening for notifications are woken in the same transaction.
+// The matching dead letters are locked and moved from the dead table to the pending one
+// in one transaction, and relays listening for notifications are woken in it.
 func (d *Driver) DeadReplay(ctx context.Context, f outbox.DeadFilter) (int, error) {
 	if err := d.needPool(); err != nil {
 		return 0, err
@@ -305,12 +312,18 @@ func (d *Driver) DeadReplay(ctx context.Context, f outbox.DeadFilter) (int, erro
 	if err != nil {
 		return 0, err
 	}
-	sql := `WITH m AS (SELECT seq FROM ` + d.names.Outbox + ` WHERE ` + q.where + deadOrder + q.limit + ` FOR UPDATE)
-UPDATE ` + d.names.Outbox + ` o SET dead_at = NULL, attempts = 0, next_attempt_at = now()
-FROM m WHERE o.seq = m.seq AND o.dead_at IS NOT NULL`
+	pick := `SELECT seq FROM ` + d.names.Dead + ` WHERE ` + q.where + deadOrder + q.limit + ` FOR UPDATE`
 	var n int
 	err = pgx.BeginFunc(ctx, d.pool, func(tx pgx.Tx) error {
-		tag, err := tx.Exec(ctx, sql, q.args...)
+		rows, err := tx.Query(ctx, pick, q.args...)
+		if err != nil {
+			return err
+		}
+		seqs, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+		if err != nil || len(seqs) == 0 {
+			return err
+		}
+		tag, err := tx.Exec(ctx, d.names.Replay(), seqs)
 		if err != nil {
 			return err
 		}
@@ -329,6 +342,10 @@ FROM m WHERE o.seq = m.seq AND o.dead_at IS NOT NULL`
 // DeadPurge deletes the dead letters that match f and returns how many it deleted. With
 // f.Limit set it takes the ones DeadList would show first.
 //
+// A purged message's dedup key is not released at once: the relay's retention cleanup
+// releases it later, once it is older than the retention time. Until then a message
+// written with the same dedup key is still skipped as a duplicate.
+//
 // A filter that selects nothing in particular is refused with ErrEmptyDeadFilter:
 // deleting everything is DeadPurgeAll.
 func (d *Driver) DeadPurge(ctx context.Context, f outbox.DeadFilter) (int, error) {
@@ -339,7 +356,7 @@ func (d *Driver) DeadPurge(ctx context.Context, f outbox.DeadFilter) (int, error
 }
 
 // DeadPurgeAll deletes every dead letter and returns how many it deleted. Pending and
-// published messages are not touched.
+// published messages are not touched. Dedup keys are released later, as for DeadPurge.
 func (d *Driver) DeadPurgeAll(ctx context.Context) (int, error) {
 	return d.deadPurge(ctx, outbox.DeadFilter{})
 }
@@ -352,8 +369,8 @@ func (d *Driver) deadPurge(ctx context.Context, f outbox.DeadFilter) (int, error
 	if err != nil {
 		return 0, err
 	}
-	sql := `WITH m AS (SELECT seq FROM ` + d.names.Outbox + ` WHERE ` + q.where + deadOrder + q.limit + ` FOR UPDATE)
-DELETE FROM ` + d.names.Outbox + ` o USING m WHERE o.seq = m.seq AND o.dead_at IS NOT NULL`
+	sql := `WITH m AS (SELECT seq FROM ` + d.names.Dead + ` WHERE ` + q.where + deadOrder + q.limit + ` FOR UPDATE)
+DELETE FROM ` + d.names.Dead + ` x USING m WHERE x.seq = m.seq`
 	tag, err := d.pool.Exec(ctx, sql, q.args...)
 	if err != nil {
 		return 0, fmt.Errorf("purge dead letters: %w", err)

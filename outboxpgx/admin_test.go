@@ -22,12 +22,55 @@ func (b *testBundle) exec(t *testing.T, q string, args ...any) {
 	}
 }
 
-// kill dead-letters the message with id as the relay would: dead_at, attempts and the
-// last error set, deadAgo before the database's now().
+// move runs q, which moves the message with id ($1) out of the pending table, and fails
+// the test unless it moved exactly that one row.
+func (b *testBundle) move(t *testing.T, q string, id outbox.ID, args ...any) {
+	t.Helper()
+	tag, err := b.pool.Exec(context.Background(), fmt.Sprintf(q, `"`+b.schema+`"`), append([]any{id.String()}, args...)...)
+	if err != nil {
+		t.Fatalf("%s: %v", q, err)
+	}
+	if tag.RowsAffected() != 1 {
+		t.Fatalf("moved %d rows for message %s, want 1", tag.RowsAffected(), id)
+	}
+}
+
+// kill dead-letters the pending message with id as the relay would: moved to the dead
+// table with its seq, attempts 3 and the last error, deadAgo before the database's now().
 func (b *testBundle) kill(t *testing.T, id outbox.ID, lastError string, deadAgo time.Duration) {
 	t.Helper()
-	b.exec(t, `UPDATE %[1]s.outbox SET dead_at = now() - $2 * interval '1 second', attempts = 3, last_error = $3 WHERE id = $1`,
-		id.String(), deadAgo.Seconds(), lastError)
+	b.move(t, `WITH d AS (DELETE FROM %[1]s.outbox WHERE id = $1 RETURNING *)
+INSERT INTO %[1]s.outbox_dead (seq, id, topic, key, aggregate_type, event_type, content_type, payload, headers, dedup_key, shard, created_at, attempts, last_error, dead_at)
+SELECT seq, id, topic, key, aggregate_type, event_type, content_type, payload, headers, dedup_key, shard, created_at, 3, $3, now() - $2 * interval '1 second' FROM d`,
+		id, deadAgo.Seconds(), lastError)
+}
+
+// markPublished moves the pending message with id to the published table, as the relay
+// does once the broker confirmed it.
+func (b *testBundle) markPublished(t *testing.T, id outbox.ID) {
+	t.Helper()
+	b.move(t, `WITH d AS (DELETE FROM %[1]s.outbox WHERE id = $1 RETURNING *)
+INSERT INTO %[1]s.outbox_published (seq, id, topic, key, aggregate_type, event_type, content_type, payload, headers, dedup_key, shard, created_at, attempts)
+SELECT seq, id, topic, key, aggregate_type, event_type, content_type, payload, headers, dedup_key, shard, created_at, attempts FROM d`, id)
+}
+
+// countIn counts the rows of one of the test schema's tables (e.g. "outbox_dead") that
+// match where.
+func (b *testBundle) countIn(t *testing.T, table, where string) int {
+	t.Helper()
+	var n int
+	q := fmt.Sprintf(`SELECT count(*) FROM "%s".%s WHERE %s`, b.schema, table, where)
+	if err := b.pool.QueryRow(context.Background(), q).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// countAll counts the messages that match where in all three message tables: pending,
+// published and dead.
+func (b *testBundle) countAll(t *testing.T, where string) int {
+	t.Helper()
+	return b.countIn(t, "outbox", where) + b.countIn(t, "outbox_published", where) + b.countIn(t, "outbox_dead", where)
 }
 
 func msg(topic, key string) outbox.Message {
@@ -60,8 +103,9 @@ func TestStatusCountsEveryState(t *testing.T) {
 	b.exec(t, `UPDATE %[1]s.outbox SET attempts = 2, last_error = 'nack', next_attempt_at = now() + interval '10 minutes' WHERE id = $1`, retryLater.ID.String())
 	b.kill(t, dead1.ID, "nack", time.Minute)
 	b.kill(t, dead2.ID, "nack", time.Minute)
-	b.exec(t, `UPDATE %[1]s.outbox SET published_at = now() WHERE id = ANY($1::uuid[])`,
-		[]string{pub1.ID.String(), pub2.ID.String(), pub3.ID.String()})
+	for _, m := range []outbox.Message{pub1, pub2, pub3} {
+		b.markPublished(t, m.ID)
+	}
 
 	// Two relays: r1 live with ten unexpired leases, r2 expired holding three expired ones.
 	b.exec(t, `INSERT INTO %[1]s.outbox_relays (id, hostname, pid, expires_at) VALUES
@@ -118,6 +162,29 @@ func TestStatusCountsEveryState(t *testing.T) {
 	}
 	if r2.ID != "r2" || r2.Live || r2.Shards != 0 {
 		t.Fatalf("relay r2: %+v", r2)
+	}
+}
+
+func TestStatusEstimatesLargePublishedTable(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const rows = outboxpgx.PublishedExactBelow + 20_000
+	b.exec(t, `INSERT INTO %[1]s.outbox_published (seq, id, topic, key, aggregate_type, event_type, content_type, payload, headers, dedup_key, shard, created_at, attempts)
+SELECT i, gen_random_uuid(), 'orders', '', '', '', 'application/json', '\x7b7d', '{}', i::text, 0, now(), 0
+FROM generate_series(1, $1::int) i`, rows)
+	b.exec(t, `ANALYZE %[1]s.outbox_published`)
+	pending := msg("orders", "p")
+	b.write(t, pending)
+
+	st, err := b.drv.Status(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Published < rows*9/10 || st.Published > rows*11/10 {
+		t.Fatalf("published estimate %d, want about %d", st.Published, rows)
+	}
+	if st.Pending != 1 || st.Dead != 0 {
+		t.Fatalf("pending %d dead %d next to a large published table; want 1, 0", st.Pending, st.Dead)
 	}
 }
 
@@ -245,6 +312,20 @@ func TestDeadReplayPublishesWithSameIdentity(t *testing.T) {
 		return err == nil && n == 3
 	})
 	broken.Store(false)
+	if n := b.countIn(t, "outbox", "true"); n != 0 {
+		t.Fatalf("%d rows left pending after dead-lettering, want 0: dead letters must move", n)
+	}
+	before, err := b.drv.DeadList(ctx, outbox.DeadFilter{Topic: "orders"})
+	if err != nil || len(before) != 2 {
+		t.Fatalf("dead orders: %v, %v", ids(before), err)
+	}
+	seqOf := map[outbox.ID]int64{}
+	for _, dl := range before {
+		if dl.Attempts != 1 || dl.LastError != "rejected: schema registry says no" || dl.DeadAt.IsZero() {
+			t.Fatalf("dead letter as the relay wrote it: %+v", dl)
+		}
+		seqOf[dl.ID] = dl.Seq
+	}
 
 	// Replay only the orders: billing stays dead.
 	n, err := b.drv.DeadReplay(ctx, outbox.DeadFilter{Topic: "orders"})
@@ -264,15 +345,21 @@ func TestDeadReplayPublishesWithSameIdentity(t *testing.T) {
 	if got[0].Attempts != 0 {
 		t.Fatalf("attempts not reset: %d", got[0].Attempts)
 	}
-	waitFor(t, 10*time.Second, "replayed rows marked published", func() bool {
-		return b.count(t, "published_at IS NOT NULL") == 2
+	if got[0].Seq != seqOf[a1.ID] || got[1].Seq != seqOf[a2.ID] {
+		t.Fatalf("seqs changed: replayed %d, %d; were %d, %d", got[0].Seq, got[1].Seq, seqOf[a1.ID], seqOf[a2.ID])
+	}
+	waitFor(t, 10*time.Second, "replayed rows moved to published", func() bool {
+		return b.countIn(t, "outbox_published", "true") == 2
 	})
 	left, err := b.drv.DeadList(ctx, outbox.DeadFilter{})
 	if err != nil || len(left) != 1 || left[0].ID != other.ID {
 		t.Fatalf("dead letters left: %v, %v; want only %v", ids(left), err, other.ID)
 	}
-	if n := b.count(t, "true"); n != 3 {
+	if n := b.countAll(t, "true"); n != 3 {
 		t.Fatalf("%d rows, want 3: replay must move rows, not copy them", n)
+	}
+	if n := b.countIn(t, "outbox_dedup", "dedup_key = 'order-a-placed'"); n != 1 {
+		t.Fatalf("%d dedup rows for the replayed key, want 1", n)
 	}
 
 	// Replaying what no longer matches does nothing.
@@ -285,16 +372,21 @@ func TestDeadReplayLimitAndState(t *testing.T) {
 	t.Parallel()
 	f := newDeadFixture(t)
 	ctx := context.Background()
+	mid, err := f.b.drv.DeadList(ctx, outbox.DeadFilter{IDs: []outbox.ID{f.mid.ID}})
+	if err != nil || len(mid) != 1 {
+		t.Fatalf("dead letter %s: %v, %v", f.mid.ID, ids(mid), err)
+	}
 	// Limit 1 replays the newest match, the one DeadList shows first.
 	n, err := f.b.drv.DeadReplay(ctx, outbox.DeadFilter{Topic: "orders", Limit: 1})
 	if err != nil || n != 1 {
 		t.Fatalf("replay: %d, %v; want 1", n, err)
 	}
-	where := fmt.Sprintf("id = '%s' AND dead_at IS NULL AND published_at IS NULL AND attempts = 0 AND next_attempt_at <= now()", f.mid.ID)
-	if f.b.count(t, where) != 1 {
-		t.Fatal("replayed row is not pending and due with attempts reset")
+	where := fmt.Sprintf("id = '%s' AND seq = %d AND dedup_key = '%s' AND attempts = 0 AND next_attempt_at <= now() AND last_error = 'publish timeout after 10s for ack'",
+		f.mid.ID, mid[0].Seq, f.mid.ID)
+	if f.b.countIn(t, "outbox", where) != 1 || f.b.countAll(t, fmt.Sprintf("id = '%s'", f.mid.ID)) != 1 {
+		t.Fatal("replayed row is not moved to pending, due, with its seq, dedup key and last error and attempts reset")
 	}
-	if f.b.count(t, fmt.Sprintf("id = '%s' AND dead_at IS NOT NULL", f.old.ID)) != 1 {
+	if f.b.countIn(t, "outbox_dead", fmt.Sprintf("id = '%s'", f.old.ID)) != 1 {
 		t.Fatal("the older match was replayed too")
 	}
 	st, err := f.b.drv.Status(ctx)
@@ -316,7 +408,7 @@ func TestDeadPurgeDeletesOnlyMatches(t *testing.T) {
 			t.Fatalf("purge with %+v: got %v, want ErrEmptyDeadFilter", empty, err)
 		}
 	}
-	if n := f.b.count(t, "dead_at IS NOT NULL"); n != 3 {
+	if n := f.b.countIn(t, "outbox_dead", "true"); n != 3 {
 		t.Fatalf("refused purge deleted rows: %d dead left", n)
 	}
 
@@ -324,27 +416,34 @@ func TestDeadPurgeDeletesOnlyMatches(t *testing.T) {
 	if err != nil || n != 1 {
 		t.Fatalf("purge by error: %d, %v; want 1", n, err)
 	}
-	if f.b.count(t, fmt.Sprintf("id = '%s'", f.mid.ID)) != 0 {
+	if f.b.countAll(t, fmt.Sprintf("id = '%s'", f.mid.ID)) != 0 {
 		t.Fatal("matching dead letter still there")
 	}
-	if f.b.count(t, fmt.Sprintf("id = '%s'", f.pending.ID)) != 1 {
+	if f.b.countIn(t, "outbox", fmt.Sprintf("id = '%s'", f.pending.ID)) != 1 {
 		t.Fatal("a pending message with a matching error was deleted")
+	}
+	// The dedup key stays taken: the retention cleanup releases it later.
+	if f.b.countIn(t, "outbox_dedup", fmt.Sprintf("dedup_key = '%s'", f.mid.ID)) != 1 {
+		t.Fatal("purge released the dedup key at once")
 	}
 
 	n, err = f.b.drv.DeadPurge(ctx, outbox.DeadFilter{Key: "k1", Limit: 1})
 	if err != nil || n != 1 {
 		t.Fatalf("purge with limit: %d, %v; want 1", n, err)
 	}
-	if f.b.count(t, fmt.Sprintf("id = '%s'", f.old.ID)) != 1 {
+	if f.b.countIn(t, "outbox_dead", fmt.Sprintf("id = '%s'", f.old.ID)) != 1 {
 		t.Fatal("limit 1 purged the older match, want the newest")
 	}
 
+	published := msg("orders", "k1")
+	f.b.write(t, published)
+	f.b.markPublished(t, published.ID)
 	n, err = f.b.drv.DeadPurgeAll(ctx)
 	if err != nil || n != 1 {
 		t.Fatalf("purge all: %d, %v; want 1", n, err)
 	}
-	if f.b.count(t, "true") != 1 || f.b.count(t, "dead_at IS NULL") != 1 {
-		t.Fatal("purge all touched a pending message")
+	if f.b.countAll(t, "true") != 2 || f.b.countIn(t, "outbox", "true") != 1 || f.b.countIn(t, "outbox_published", "true") != 1 {
+		t.Fatal("purge all touched a pending or published message")
 	}
 }
 

@@ -37,7 +37,7 @@ type Driver struct {
 	pool  *pgxpool.Pool
 	names *pgsql.Names
 
-	insertSQL, fetchSQL, completeSQL, deleteSQL string
+	insertSQL, fetchSQL, completeSQL, deleteSQL, deleteDedupSQL string
 }
 
 var (
@@ -55,10 +55,11 @@ func New(pool *pgxpool.Pool, config Config) (*Driver, error) {
 	}
 	return &Driver{
 		pool: pool, names: names,
-		insertSQL:   names.InsertUnnest(),
-		fetchSQL:    names.Fetch(),
-		completeSQL: names.Complete(),
-		deleteSQL:   names.DeletePublished(),
+		insertSQL:      names.InsertUnnest(),
+		fetchSQL:       names.Fetch(),
+		completeSQL:    names.Complete(),
+		deleteSQL:      names.DeletePublished(),
+		deleteDedupSQL: names.DeleteDedup(),
 	}, nil
 }
 
@@ -205,21 +206,27 @@ func (d *Driver) Complete(ctx context.Context, c outbox.Completion) ([]int64, er
 		pubSeq[i] = o.Seq
 		tokenSet[o.Token] = true
 	}
-	n := len(c.Failed)
-	fSeq, fErr, fDelay, fDead := make([]int64, n), make([]string, n), make([]int64, n), make([]bool, n)
-	for i, f := range c.Failed {
-		fSeq[i], fErr[i], fDelay[i], fDead[i] = f.Seq, strings.ToValidUTF8(strings.ReplaceAll(f.Error, "\x00", ""), "?"), f.Delay.Milliseconds(), f.Dead
+	var retrySeq, retryDelay, deadSeq []int64
+	var retryErr, deadErr []string
+	for _, f := range c.Failed {
 		tokenSet[f.Token] = true
+		msg := strings.ToValidUTF8(strings.ReplaceAll(f.Error, "\x00", ""), "?")
+		if f.Dead {
+			deadSeq, deadErr = append(deadSeq, f.Seq), append(deadErr, msg)
+		} else {
+			retrySeq, retryErr, retryDelay = append(retrySeq, f.Seq), append(retryErr, msg), append(retryDelay, f.Delay.Milliseconds())
+		}
 	}
 	toks := make([]int64, 0, len(tokenSet))
 	for t := range tokenSet {
 		toks = append(toks, t)
 	}
-	applied, err := queryNoJIT(ctx, d.pool, pgx.RowTo[int64], d.completeSQL, c.RelayID, toks, pubSeq, fSeq, fErr, fDelay, fDead)
+	applied, err := queryNoJIT(ctx, d.pool, pgx.RowTo[int64], d.completeSQL, c.RelayID, toks, pubSeq,
+		nonNil(retrySeq), nonNil(retryErr), nonNil(retryDelay), nonNil(deadSeq), nonNil(deadErr))
 	if err != nil {
 		return nil, fmt.Errorf("record outcomes: %w", err)
 	}
-	if len(applied) == len(pubSeq)+len(fSeq) {
+	if len(applied) == len(c.Published)+len(c.Failed) {
 		return nil, nil
 	}
 	ok := make(map[int64]bool, len(applied))
@@ -227,21 +234,41 @@ func (d *Driver) Complete(ctx context.Context, c outbox.Completion) ([]int64, er
 		ok[s] = true
 	}
 	var refused []int64
-	for _, s := range append(pubSeq, fSeq...) {
-		if !ok[s] {
-			refused = append(refused, s)
+	for _, o := range c.Published {
+		if !ok[o.Seq] {
+			refused = append(refused, o.Seq)
+		}
+	}
+	for _, f := range c.Failed {
+		if !ok[f.Seq] {
+			refused = append(refused, f.Seq)
 		}
 	}
 	return refused, nil
 }
 
-// DeletePublished implements outbox.Store.
+// nonNil makes a nil slice an empty one: pgx sends nil as SQL NULL, not an empty array.
+func nonNil[T any](s []T) []T {
+	if s == nil {
+		return []T{}
+	}
+	return s
+}
+
+// DeletePublished implements outbox.Store: it deletes up to limit published messages
+// older than olderThan, and up to limit dedup keys of that age whose message is neither
+// pending nor dead, and returns how many rows it deleted.
 func (d *Driver) DeletePublished(ctx context.Context, olderThan time.Duration, limit int) (int, error) {
 	tag, err := d.pool.Exec(ctx, d.deleteSQL, olderThan.Seconds(), limit)
 	if err != nil {
 		return 0, fmt.Errorf("delete published: %w", err)
 	}
-	return int(tag.RowsAffected()), nil
+	n := int(tag.RowsAffected())
+	tag, err = d.pool.Exec(ctx, d.deleteDedupSQL, olderThan.Seconds(), limit)
+	if err != nil {
+		return n, fmt.Errorf("delete expired dedup keys: %w", err)
+	}
+	return n + int(tag.RowsAffected()), nil
 }
 
 // SyncLeases implements outbox.Store in one transaction.

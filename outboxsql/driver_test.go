@@ -116,7 +116,7 @@ type row struct {
 func (b *testBundle) rows(t *testing.T) []row {
 	t.Helper()
 	rs, err := b.pool.Query(ctx(t), fmt.Sprintf(`SELECT seq, id::text, topic, key, aggregate_type, event_type, content_type,
-       payload, headers::text, dedup_key, created_at, next_attempt_at, attempts, published_at IS NOT NULL, dead_at IS NOT NULL
+       payload, headers::text, dedup_key, created_at, next_attempt_at, attempts, false, false
 FROM %q.outbox ORDER BY seq`, b.schema))
 	if err != nil {
 		t.Fatal(err)

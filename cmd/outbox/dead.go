@@ -20,8 +20,8 @@ import (
 var deadCommand = &command{
 	name:    "dead",
 	summary: "List, show, replay or purge dead letters",
-	help: `A message is dead-lettered after the broker rejected it --max-attempts times. It stays
-in the outbox table, marked dead, until it is replayed (published again with its
+	help: `A message is dead-lettered after the broker rejected it --max-attempts times. It moves
+to the outbox_dead table and stays there until it is replayed (published again with its
 original id and dedup key) or purged.
 
 Filters (all must match): --id (repeatable), --topic, --key, --error (substring of the
@@ -415,7 +415,8 @@ var deadPurgeCommand = &command{
 	name:    "purge",
 	summary: "Delete dead letters for good",
 	help: `Deletes the matching dead letters. It needs a filter, or --all to delete every dead
-letter. Pending and published messages are never touched.
+letter. Pending and published messages are never touched. The dedup keys of purged
+messages stay taken until the relay's retention cleanup releases them.
 
 Without --yes it only says how many it would delete; --dry-run lists them.`,
 	setup: func(fs *flag.FlagSet) runFunc {

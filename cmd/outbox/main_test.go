@@ -128,14 +128,61 @@ func (b *testBundle) exec(t *testing.T, q string, args ...any) {
 	}
 }
 
+// count counts the pending messages (the outbox table) that match where.
 func (b *testBundle) count(t *testing.T, where string) int {
 	t.Helper()
+	return b.countIn(t, "outbox", where)
+}
+
+// countIn counts the rows of one of the schema's tables (e.g. "outbox_dead") that match
+// where.
+func (b *testBundle) countIn(t *testing.T, table, where string) int {
+	t.Helper()
 	var n int
-	q := fmt.Sprintf(`SELECT count(*) FROM "%s".outbox WHERE %s`, b.schema, where)
+	q := fmt.Sprintf(`SELECT count(*) FROM "%s".%s WHERE %s`, b.schema, table, where)
 	if err := b.pool.QueryRow(context.Background(), q).Scan(&n); err != nil {
 		t.Fatal(err)
 	}
 	return n
+}
+
+// countAll counts the messages that match where in all three message tables: pending,
+// published and dead.
+func (b *testBundle) countAll(t *testing.T, where string) int {
+	t.Helper()
+	return b.countIn(t, "outbox", where) + b.countIn(t, "outbox_published", where) + b.countIn(t, "outbox_dead", where)
+}
+
+// kill dead-letters the pending message with id as the relay would: moved to the dead
+// table with its seq, the attempts and the last error, deadAgo before the database's now().
+func (b *testBundle) kill(t *testing.T, id outbox.ID, attempts int, lastError string, deadAgo time.Duration) {
+	t.Helper()
+	b.move(t, `WITH d AS (DELETE FROM %[1]s.outbox WHERE id = $1 RETURNING *)
+INSERT INTO %[1]s.outbox_dead (seq, id, topic, key, aggregate_type, event_type, content_type, payload, headers, dedup_key, shard, created_at, attempts, last_error, dead_at)
+SELECT seq, id, topic, key, aggregate_type, event_type, content_type, payload, headers, dedup_key, shard, created_at, $2, $3, now() - $4 * interval '1 second' FROM d`,
+		id, attempts, lastError, deadAgo.Seconds())
+}
+
+// markPublished moves the pending message with id to the published table, as the relay
+// does once the broker confirmed it.
+func (b *testBundle) markPublished(t *testing.T, id outbox.ID) {
+	t.Helper()
+	b.move(t, `WITH d AS (DELETE FROM %[1]s.outbox WHERE id = $1 RETURNING *)
+INSERT INTO %[1]s.outbox_published (seq, id, topic, key, aggregate_type, event_type, content_type, payload, headers, dedup_key, shard, created_at, attempts)
+SELECT seq, id, topic, key, aggregate_type, event_type, content_type, payload, headers, dedup_key, shard, created_at, attempts FROM d`, id)
+}
+
+// move runs q, which moves the message with id ($1) out of the pending table, and fails
+// the test unless it moved exactly that one row.
+func (b *testBundle) move(t *testing.T, q string, id outbox.ID, args ...any) {
+	t.Helper()
+	tag, err := b.pool.Exec(context.Background(), fmt.Sprintf(q, `"`+b.schema+`"`), append([]any{id.String()}, args...)...)
+	if err != nil {
+		t.Fatalf("%s: %v", q, err)
+	}
+	if tag.RowsAffected() != 1 {
+		t.Fatalf("moved %d rows for message %s, want 1", tag.RowsAffected(), id)
+	}
 }
 
 func with(env map[string]string, kv ...string) map[string]string {

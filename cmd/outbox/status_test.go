@@ -20,8 +20,8 @@ func TestStatus(t *testing.T) {
 	b.write(t, due, delayed, retrying, dead, published)
 	b.exec(t, `UPDATE %[1]s.outbox SET created_at = now() - interval '2 hours' WHERE id = $1`, due.ID.String())
 	b.exec(t, `UPDATE %[1]s.outbox SET attempts = 1, last_error = 'nack', next_attempt_at = now() + interval '1 minute' WHERE id = $1`, retrying.ID.String())
-	b.exec(t, `UPDATE %[1]s.outbox SET attempts = 10, last_error = 'nack', dead_at = now() WHERE id = $1`, dead.ID.String())
-	b.exec(t, `UPDATE %[1]s.outbox SET published_at = now() WHERE id = $1`, published.ID.String())
+	b.kill(t, dead.ID, 10, "nack", 0)
+	b.markPublished(t, published.ID)
 	b.exec(t, `INSERT INTO %[1]s.outbox_relays (id, hostname, pid, expires_at) VALUES ('relay-a', 'host-a', 4242, now() + interval '1 minute')`)
 	b.exec(t, `UPDATE %[1]s.outbox_leases SET owner = 'relay-a', token = shard + 1, expires_at = now() + interval '1 minute' WHERE shard < 32`)
 

@@ -14,6 +14,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -62,7 +63,9 @@ func (r Result) String() string {
 	if r.RawEPS > 0 {
 		ratio = r.EPS / r.RawEPS
 	}
-	ms := func(d time.Duration) string { return strconv.FormatFloat(float64(d)/float64(time.Millisecond), 'f', 2, 64) }
+	ms := func(d time.Duration) string {
+		return strconv.FormatFloat(float64(d)/float64(time.Millisecond), 'f', 2, 64)
+	}
 	return fmt.Sprintf("bench: events=%d relays=%d eps=%.0f raw_eps=%.0f ratio=%.2f drain_s=%.2f rate=%d latency_events=%d p50_ms=%s p95_ms=%s p99_ms=%s rss_mib=%.0f",
 		r.Events, r.Relays, r.EPS, r.RawEPS, ratio, r.DrainSeconds, r.Rate, r.LatencyEvents, ms(r.P50), ms(r.P95), ms(r.P99), r.RSSMiB)
 }
@@ -165,6 +168,16 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	}()
 	rss := &rssSampler{}
 	rss.start()
+	if path := os.Getenv("OUTBOX_BENCH_CPUPROFILE"); path != "" {
+		f, err := os.Create(path)
+		if err != nil {
+			return res, err
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return res, err
+		}
+		defer func() { pprof.StopCPUProfile(); f.Close() }()
+	}
 	defer rss.stop()
 	start := time.Now()
 	for i := range relays {

@@ -34,7 +34,7 @@ var identRE = regexp.MustCompile(`^[a-z_][a-z0-9_]*$`)
 
 // longestSuffix is the longest name built from Prefix (the other tables and the index
 // names stay below it).
-const longestSuffix = "outbox_lease_token"
+const longestSuffix = "outbox_dedup_created_idx"
 
 // Validate rejects names that are not plain lower-case SQL identifiers, rather than
 // quoting its way around them: a name like `x"; DROP TABLE y; --` is a mistake or an
@@ -58,13 +58,13 @@ func channel(schema, prefix string) string { return schema + "." + prefix + "out
 
 // Names are the quoted, schema-qualified names of the outbox objects.
 type Names struct {
-	Schema, Outbox, Leases, Relays, TokenSeq, DeadView, Migrations, NotifyFunc string
-	Trigger                                                                    string // not schema-qualified
-	Channel                                                                    string // NOTIFY channel, raw text
-	ChannelLiteral                                                             string // Channel as an SQL string literal
-	ChannelIdent                                                               string // Channel as a quoted identifier, for LISTEN
-	ShardMask                                                                  int
-	prefix                                                                     string
+	Schema, Outbox, Published, Dead, Dedup, Leases, Relays, TokenSeq, Migrations, NotifyFunc string
+	Trigger                                                                                  string // not schema-qualified
+	Channel                                                                                  string // NOTIFY channel, raw text
+	ChannelLiteral                                                                           string // Channel as an SQL string literal
+	ChannelIdent                                                                             string // Channel as a quoted identifier, for LISTEN
+	ShardMask                                                                                int
+	prefix                                                                                   string
 }
 
 // NewNames validates c and builds its names.
@@ -81,7 +81,9 @@ func NewNames(c Config) (*Names, error) {
 		Leases:         q("outbox_leases"),
 		Relays:         q("outbox_relays"),
 		TokenSeq:       q("outbox_lease_token"),
-		DeadView:       q("outbox_dead"),
+		Published:      q("outbox_published"),
+		Dead:           q("outbox_dead"),
+		Dedup:          q("outbox_dedup"),
 		Migrations:     q("outbox_migrations"),
 		NotifyFunc:     q("outbox_notify"),
 		Trigger:        quote(c.Prefix + "outbox_notify"),
@@ -111,7 +113,7 @@ type Migration struct {
 	Down    string
 }
 
-// Migrations returns the migrations rendered for n, in version order.
+// AllMigrations returns the migrations rendered for n, in version order.
 func (n *Names) AllMigrations() ([]Migration, error) { return n.migrations() }
 
 func (n *Names) migrations() ([]Migration, error) {

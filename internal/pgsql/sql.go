@@ -1,9 +1,12 @@
 package pgsql
 
-import "strings"
+import (
+	"strconv"
+	"strings"
+)
 
-// ReadColumns lists the columns read back for a message, in scan order, each prefixed
-// by alias (e.g. "o.").
+// ReadColumns lists the columns read back for a pending message, in scan order, each
+// prefixed by alias (e.g. "o.").
 func ReadColumns(alias string) string {
 	a := alias
 	return a + "seq, " + a + "id, " + a + "topic, " + a + "key, " + a + "aggregate_type, " + a + "event_type, " +
@@ -11,35 +14,58 @@ func ReadColumns(alias string) string {
 		a + "created_at, " + a + "attempts, coalesce(" + a + "last_error, '')"
 }
 
+// messageColumns are the columns every table of the three (pending, published, dead)
+// shares, for moving rows between them.
+const messageColumns = "seq, id, topic, key, aggregate_type, event_type, content_type, payload, headers, dedup_key, shard, created_at, attempts"
+
 // r replaces {{name}} placeholders in a statement with n's names.
 func (n *Names) r(s string) string {
 	return strings.NewReplacer(
-		"{{outbox}}", n.Outbox, "{{leases}}", n.Leases, "{{relays}}", n.Relays,
+		"{{outbox}}", n.Outbox, "{{published}}", n.Published, "{{dead}}", n.Dead, "{{dedup}}", n.Dedup,
+		"{{leases}}", n.Leases, "{{relays}}", n.Relays,
 		"{{token_seq}}", n.TokenSeq, "{{migrations}}", n.Migrations, "{{schema}}", n.Schema,
+		"{{columns}}", messageColumns,
 	).Replace(s)
 }
 
-// InsertUnnest inserts messages passed as parallel arrays, in array order, skipping dedup
-// conflicts and returning the dedup keys written.
-func (n *Names) InsertUnnest() string {
-	return n.r(`INSERT INTO {{outbox}} (id, topic, key, aggregate_type, event_type, content_type, payload, headers, dedup_key, next_attempt_at)
+// insertFrom inserts the messages of the relation m (columns id, topic, key,
+// aggregate_type, event_type, content_type, payload, headers (text), dedup_key,
+// deliver_at, ord) in ord order. A dedup key is claimed in the dedup table first; a
+// message whose key is taken, by an earlier message of the same call or by any message
+// still kept, is skipped. ON CONFLICT DO NOTHING waits for a concurrent transaction that
+// holds the same key and inserts if that one rolls back. Returns the dedup keys written.
+func (n *Names) insertFrom(m string) string {
+	return n.r(`WITH m AS (` + m + `),
+firsts AS (
+    SELECT DISTINCT ON (dedup_key) dedup_key, ord FROM m ORDER BY dedup_key, ord
+), claimed AS (
+    INSERT INTO {{dedup}} (dedup_key) SELECT dedup_key FROM firsts ORDER BY ord
+    ON CONFLICT (dedup_key) DO NOTHING
+    RETURNING dedup_key
+)
+INSERT INTO {{outbox}} (id, topic, key, aggregate_type, event_type, content_type, payload, headers, dedup_key, next_attempt_at)
 SELECT m.id, m.topic, m.key, m.aggregate_type, m.event_type, m.content_type, m.payload, m.headers::jsonb, m.dedup_key,
        CASE WHEN m.deliver_at IS NULL THEN now() ELSE greatest(now(), m.deliver_at) END
-FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::bytea[], $8::text[], $9::text[], $10::timestamptz[])
-     WITH ORDINALITY AS m(id, topic, key, aggregate_type, event_type, content_type, payload, headers, dedup_key, deliver_at, ord)
+FROM m JOIN firsts f ON f.ord = m.ord
+WHERE m.dedup_key IN (SELECT dedup_key FROM claimed)
 ORDER BY m.ord
-ON CONFLICT (dedup_key) DO NOTHING
 RETURNING dedup_key`)
+}
+
+// InsertUnnest inserts messages passed as parallel arrays ($1..$10), in array order.
+func (n *Names) InsertUnnest() string {
+	return n.insertFrom(`SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::bytea[], $8::text[], $9::text[], $10::timestamptz[])
+     WITH ORDINALITY AS u(id, topic, key, aggregate_type, event_type, content_type, payload, headers, dedup_key, deliver_at, ord)`)
 }
 
 // InsertValuesColumns is the number of parameters per row of InsertValues.
 const InsertValuesColumns = 10
 
-// InsertValues inserts rows rows with plain placeholders, for database/sql drivers that
-// cannot bind arrays.
+// InsertValues inserts rows messages with plain placeholders, for database/sql drivers
+// that cannot bind arrays.
 func (n *Names) InsertValues(rows int) string {
 	var b strings.Builder
-	b.WriteString(n.r(`INSERT INTO {{outbox}} (id, topic, key, aggregate_type, event_type, content_type, payload, headers, dedup_key, next_attempt_at) VALUES `))
+	b.WriteString(`SELECT * FROM (VALUES `)
 	p := 1
 	for i := 0; i < rows; i++ {
 		if i > 0 {
@@ -47,92 +73,121 @@ func (n *Names) InsertValues(rows int) string {
 		}
 		b.WriteString("(")
 		for c := 0; c < InsertValuesColumns; c++ {
-			if c > 0 {
-				b.WriteString(", ")
-			}
-			ph := "$" + itoa(p)
+			ph := "$" + strconv.Itoa(p)
 			switch c {
 			case 0:
-				b.WriteString(ph + "::uuid")
-			case 7:
-				b.WriteString(ph + "::jsonb")
+				ph += "::uuid"
+			case 6:
+				ph += "::bytea"
 			case 9:
-				b.WriteString("CASE WHEN " + ph + "::timestamptz IS NULL THEN now() ELSE greatest(now(), " + ph + "::timestamptz) END")
+				ph += "::timestamptz"
 			default:
-				b.WriteString(ph)
+				ph += "::text"
 			}
+			b.WriteString(ph + ", ")
 			p++
 		}
-		b.WriteString(")")
+		b.WriteString(strconv.Itoa(i+1) + ")")
 	}
-	b.WriteString(" ON CONFLICT (dedup_key) DO NOTHING RETURNING dedup_key")
-	return b.String()
+	b.WriteString(`) AS v(id, topic, key, aggregate_type, event_type, content_type, payload, headers, dedup_key, deliver_at, ord)`)
+	return n.insertFrom(b.String())
 }
 
-func itoa(i int) string {
-	if i < 10 {
-		return string(rune('0' + i))
-	}
-	return itoa(i/10) + string(rune('0'+i%10))
-}
-
-// Fetch returns due messages of the relay's unexpired shards in seq order. $1 relay id,
-// $2 shards, $3 seqs to exclude, $4 limit.
+// Fetch returns due pending messages of the relay's unexpired shards in seq order. $1
+// relay id, $2 shards, $3 seqs to exclude, $4 limit.
 //
 // A key is held back while an earlier message of it waits (retry or delay); the "waiting"
 // index holds only such rows, so the check is cheap when nothing is failing.
 func (n *Names) Fetch() string {
 	return n.r(`SELECT ` + ReadColumns("o.") + `
 FROM {{outbox}} o
-WHERE o.published_at IS NULL AND o.dead_at IS NULL
-  AND o.next_attempt_at <= now()
+WHERE o.next_attempt_at <= now()
   AND o.shard = ANY(ARRAY(SELECT l.shard FROM {{leases}} l WHERE l.owner = $1 AND l.expires_at > now() AND l.shard = ANY($2::smallint[])))
   AND o.seq NOT IN (SELECT unnest($3::bigint[]))
   AND (o.key = '' OR NOT EXISTS (
         SELECT 1 FROM {{outbox}} w
         WHERE w.key = o.key AND w.seq < o.seq
-          AND w.published_at IS NULL AND w.dead_at IS NULL
           AND w.next_attempt_at > w.created_at AND w.next_attempt_at > now()))
 ORDER BY o.seq
 LIMIT $4`)
 }
 
-// Complete records outcomes in one statement, fenced: a row is updated only if its
+// Complete records outcomes in one statement, fenced: a row is touched only if its
 // shard's lease is still the relay's, unexpired, under one of the tokens the relay
 // claims ($2). Tokens are unique per shard ownership, so that is the token under which
 // the relay fetched the row (the relay drops outcomes whose token it no longer holds
 // before it calls this). The lease rows are locked FOR SHARE, so a takeover waits for
 // this statement. Rows are found by "seq = ANY", a primary-key lookup that stays cheap
-// however the planner's statistics look. $1 relay id, $2 tokens, $3 published seqs,
-// $4..$7 failed seqs/errors/delay ms/dead. Returns the applied seqs.
+// however the planner's statistics look.
+//
+// Published rows move to the published table, dead ones to the dead table, retried ones
+// get their attempt counted and their next attempt time set. $1 relay id, $2 tokens, $3
+// published seqs, $4..$6 retried seqs/errors/delay ms, $7..$8 dead seqs/errors. Returns
+// the seqs it applied.
 func (n *Names) Complete() string {
 	return n.r(`WITH valid AS (
     SELECT shard FROM {{leases}}
     WHERE owner = $1 AND expires_at > now() AND token = ANY($2::bigint[])
     FOR SHARE
 ), pub AS (
-    UPDATE {{outbox}} o SET published_at = now()
-    WHERE o.seq = ANY($3::bigint[]) AND o.shard IN (SELECT shard FROM valid)
-      AND o.published_at IS NULL AND o.dead_at IS NULL
-    RETURNING o.seq
-), fail AS (
+    DELETE FROM {{outbox}} o
+    WHERE o.seq = ANY($3::bigint[]) AND o.shard = ANY(ARRAY(SELECT shard FROM valid))
+    RETURNING {{columns}}
+), pub_moved AS (
+    INSERT INTO {{published}} ({{columns}}) SELECT {{columns}} FROM pub
+    RETURNING seq
+), retry AS (
     UPDATE {{outbox}} o SET attempts = o.attempts + 1, last_error = f.err,
-        next_attempt_at = CASE WHEN f.dead THEN o.next_attempt_at ELSE now() + f.delay_ms * interval '1 millisecond' END,
-        dead_at = CASE WHEN f.dead THEN now() END
-    FROM unnest($4::bigint[], $5::text[], $6::bigint[], $7::bool[]) AS f(seq, err, delay_ms, dead)
-    WHERE o.seq = ANY($4::bigint[]) AND o.seq = f.seq AND o.shard IN (SELECT shard FROM valid)
-      AND o.published_at IS NULL AND o.dead_at IS NULL
+        next_attempt_at = now() + f.delay_ms * interval '1 millisecond'
+    FROM unnest($4::bigint[], $5::text[], $6::bigint[]) AS f(seq, err, delay_ms)
+    WHERE o.seq = ANY($4::bigint[]) AND o.seq = f.seq AND o.shard = ANY(ARRAY(SELECT shard FROM valid))
     RETURNING o.seq
+), died AS (
+    DELETE FROM {{outbox}} o
+    WHERE o.seq = ANY($7::bigint[]) AND o.shard = ANY(ARRAY(SELECT shard FROM valid))
+    RETURNING {{columns}}
+), dead_moved AS (
+    INSERT INTO {{dead}} ({{columns}}, last_error)
+    SELECT d.seq, d.id, d.topic, d.key, d.aggregate_type, d.event_type, d.content_type, d.payload, d.headers,
+           d.dedup_key, d.shard, d.created_at, d.attempts + 1, e.err
+    FROM died d JOIN unnest($7::bigint[], $8::text[]) AS e(seq, err) ON e.seq = d.seq
+    RETURNING seq
 )
-SELECT seq FROM pub UNION ALL SELECT seq FROM fail`)
+SELECT seq FROM pub_moved UNION ALL SELECT seq FROM retry UNION ALL SELECT seq FROM dead_moved`)
 }
 
-// DeletePublished deletes up to $2 rows published before now() - $1 (seconds).
+// DeletePublished deletes up to $2 published rows older than $1 seconds.
 func (n *Names) DeletePublished() string {
-	return n.r(`DELETE FROM {{outbox}} WHERE seq IN (
-    SELECT seq FROM {{outbox}}
-    WHERE created_at < now() - $1 * interval '1 second' AND published_at < now() - $1 * interval '1 second'
+	return n.r(`DELETE FROM {{published}} WHERE ctid IN (
+    SELECT ctid FROM {{published}} WHERE published_at < now() - $1 * interval '1 second' LIMIT $2)`)
+}
+
+// DeleteDedup deletes up to $2 dedup keys written more than $1 seconds ago whose message
+// is neither pending nor dead: past the retention time a published message's key may be
+// used again. The pending table is the backlog, small enough to hash; dead letters are
+// looked up by index.
+func (n *Names) DeleteDedup() string {
+	return n.r(`DELETE FROM {{dedup}} WHERE dedup_key IN (
+    SELECT k.dedup_key FROM {{dedup}} k
+    WHERE k.created_at < now() - $1 * interval '1 second'
+      AND k.dedup_key NOT IN (SELECT dedup_key FROM {{outbox}})
+      AND NOT EXISTS (SELECT 1 FROM {{dead}} d WHERE d.dedup_key = k.dedup_key)
     LIMIT $2 FOR UPDATE SKIP LOCKED)`)
+}
+
+// Replay moves dead letters back to pending with their original seq, id and dedup key
+// (so consumers deduplicate, and the message keeps its place among its key's), attempts
+// reset, due at once (next_attempt_at = created_at keeps it out of the waiting index).
+// $1 seqs. Returns the seqs moved.
+func (n *Names) Replay() string {
+	return n.r(`WITH back AS (
+    DELETE FROM {{dead}} WHERE seq = ANY($1::bigint[])
+    RETURNING seq, id, topic, key, aggregate_type, event_type, content_type, payload, headers, dedup_key, created_at, last_error
+)
+INSERT INTO {{outbox}} (seq, id, topic, key, aggregate_type, event_type, content_type, payload, headers, dedup_key, created_at, next_attempt_at, attempts, last_error)
+OVERRIDING SYSTEM VALUE
+SELECT seq, id, topic, key, aggregate_type, event_type, content_type, payload, headers, dedup_key, created_at, created_at, 0, last_error FROM back
+RETURNING seq`)
 }
 
 // Lease statements, run in one transaction by SyncLeases.

@@ -1,10 +1,13 @@
 -- outbox schema, version 1.
+--
+-- A message lives in exactly one of three tables: {{.Outbox}} while it is pending,
+-- {{.Published}} once the broker confirmed it (kept for the retention time), or
+-- {{.Dead}} once it was dead-lettered. Moving a row is a DELETE plus an INSERT into an
+-- append-only table, which costs PostgreSQL about a third of an UPDATE that must add
+-- entries to every index; and the pending table stays as small as the backlog, however
+-- much history is kept.
 CREATE SCHEMA IF NOT EXISTS {{.Schema}};
 
--- One row per message. State is derived from the timestamps:
---   pending: published_at IS NULL AND dead_at IS NULL (due when next_attempt_at <= now())
---   published: published_at IS NOT NULL
---   dead: dead_at IS NOT NULL (see the {{.DeadView}} view)
 CREATE TABLE {{.Outbox}} (
     seq             bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     id              uuid        NOT NULL,
@@ -24,34 +27,60 @@ CREATE TABLE {{.Outbox}} (
     created_at      timestamptz NOT NULL DEFAULT now(),
     next_attempt_at timestamptz NOT NULL DEFAULT now(),
     attempts        integer     NOT NULL DEFAULT 0,
-    last_error      text,
-    published_at    timestamptz,
-    dead_at         timestamptz
+    last_error      text
 );
-
--- Dedup keys are unique for as long as rows are kept (the retention window).
-CREATE UNIQUE INDEX {{.Index "dedup"}} ON {{.Outbox}} (dedup_key);
-
--- The pending scan walks this index in seq order. It holds pending rows only, so its size
--- follows the backlog, not the history.
-CREATE INDEX {{.Index "pending"}} ON {{.Outbox}} (seq) WHERE published_at IS NULL AND dead_at IS NULL;
 
 -- Pending rows that wait (a retry backing off, a delayed message): they hold back later
 -- rows of their key. Fresh rows have next_attempt_at = created_at and never enter it.
-CREATE INDEX {{.Index "waiting"}} ON {{.Outbox}} (key, seq)
-    WHERE published_at IS NULL AND dead_at IS NULL AND next_attempt_at > created_at;
+CREATE INDEX {{.Index "waiting"}} ON {{.Outbox}} (key, seq) WHERE next_attempt_at > created_at;
 
--- Dead letters, newest first for `outbox dead list`.
-CREATE INDEX {{.Index "dead"}} ON {{.Outbox}} (dead_at) WHERE dead_at IS NOT NULL;
+CREATE TABLE {{.Published}} (
+    seq             bigint      NOT NULL,
+    id              uuid        NOT NULL,
+    topic           text        NOT NULL,
+    key             text        NOT NULL,
+    aggregate_type  text        NOT NULL,
+    event_type      text        NOT NULL,
+    content_type    text        NOT NULL,
+    payload         bytea       NOT NULL,
+    headers         jsonb       NOT NULL,
+    dedup_key       text        NOT NULL,
+    shard           smallint    NOT NULL,
+    created_at      timestamptz NOT NULL,
+    attempts        integer     NOT NULL,
+    published_at    timestamptz NOT NULL DEFAULT now()
+);
+-- Retention deletes by publication time; BRIN costs almost nothing on an append-only table.
+CREATE INDEX {{.Index "published_at"}} ON {{.Published}} USING brin (published_at);
 
--- Retention cleanup finds old rows by creation time; BRIN costs almost nothing to keep
--- for an append-mostly table.
-CREATE INDEX {{.Index "created"}} ON {{.Outbox}} USING brin (created_at);
+CREATE TABLE {{.Dead}} (
+    seq             bigint      PRIMARY KEY,
+    id              uuid        NOT NULL,
+    topic           text        NOT NULL,
+    key             text        NOT NULL,
+    aggregate_type  text        NOT NULL,
+    event_type      text        NOT NULL,
+    content_type    text        NOT NULL,
+    payload         bytea       NOT NULL,
+    headers         jsonb       NOT NULL,
+    dedup_key       text        NOT NULL,
+    shard           smallint    NOT NULL,
+    created_at      timestamptz NOT NULL,
+    attempts        integer     NOT NULL,
+    last_error      text        NOT NULL,
+    dead_at         timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX {{.Index "dead_id"}} ON {{.Dead}} (id);
+CREATE INDEX {{.Index "dead_at"}} ON {{.Dead}} (dead_at);
+CREATE INDEX {{.Index "dead_dedup"}} ON {{.Dead}} (dedup_key);
 
-CREATE VIEW {{.DeadView}} AS
-    SELECT id, seq, topic, key, aggregate_type, event_type, content_type, payload, headers,
-           dedup_key, created_at, attempts, last_error, dead_at
-    FROM {{.Outbox}} WHERE dead_at IS NOT NULL;
+-- Dedup keys are unique while their message is pending or dead, and for the retention
+-- time after it was written.
+CREATE TABLE {{.Dedup}} (
+    dedup_key  text PRIMARY KEY,
+    created_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX {{.Index "dedup_created"}} ON {{.Dedup}} USING brin (created_at);
 
 -- Shard leases. owner/token/expires_at change together; token comes from the sequence,
 -- so it is never reused and fences outcomes of an earlier ownership.
