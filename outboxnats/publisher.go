@@ -297,7 +297,7 @@ func (p *Publisher) Publish(ctx context.Context, batch []*outbox.Message) []erro
 	}
 
 	for i, m := range batch {
-		msg, err := p.message(m)
+		msg, err := p.Msg(m)
 		if err != nil {
 			fail(i, err)
 			continue
@@ -394,8 +394,11 @@ func dedupKey(m *outbox.Message) string {
 	return m.ID.String()
 }
 
-// message builds the NATS message for m, or returns the rejection of m.
-func (p *Publisher) message(m *outbox.Message) (*nats.Msg, error) {
+// Msg builds the NATS message Publish sends for m: subject, headers (the message's own and
+// the outbox metadata headers) and payload; Nats-Msg-Id is added at publish time. It
+// returns the rejection of m when m can never be published (invalid subject, too large).
+// Tests and benchmarks use it to publish exactly what the relay would.
+func (p *Publisher) Msg(m *outbox.Message) (*nats.Msg, error) {
 	subject := p.cfg.SubjectPrefix + m.Topic
 	if p.cfg.Subject != nil {
 		subject = p.cfg.Subject(m)

@@ -6,11 +6,12 @@ import (
 )
 
 // ReadColumns lists the columns read back for a pending message, in scan order, each
-// prefixed by alias (e.g. "o.").
+// prefixed by alias (e.g. "o."). Headers come as text: pgx decodes jsonb through
+// encoding/json, which costs the relay more than parsing the few headers itself.
 func ReadColumns(alias string) string {
 	a := alias
 	return a + "seq, " + a + "id, " + a + "topic, " + a + "key, " + a + "aggregate_type, " + a + "event_type, " +
-		a + "content_type, " + a + "payload, " + a + "headers, " + a + "dedup_key, " + a + "shard, " +
+		a + "content_type, " + a + "payload, " + a + "headers::text, " + a + "dedup_key, " + a + "shard, " +
 		a + "created_at, " + a + "attempts, coalesce(" + a + "last_error, '')"
 }
 
