@@ -242,9 +242,11 @@ type loop struct {
 	wantFetch                       bool            // a wake-up or poll asked for a fetch
 	moreLikely                      bool            // the last fetch was full
 	pausedUntil                     time.Time
+	pinging                         bool // checking the broker before resuming after an outage
 	outageStreak                    int
 	completeRetryAt                 time.Time
 
+	pings        chan error
 	pubResults   chan pubResult
 	completes    chan completeResult
 	fetches      chan fetchResult
@@ -263,6 +265,7 @@ func newLoop(r *Relay) *loop {
 		draining:     map[int]bool{},
 		freeWorkers:  max(workers, 1),
 		pubResults:   make(chan pubResult, workers+1),
+		pings:        make(chan error, 1),
 		completes:    make(chan completeResult, 1),
 		fetches:      make(chan fetchResult, 1),
 		taint:        map[string]bool{},
@@ -307,7 +310,11 @@ func (l *loop) run(ctx context.Context) {
 		l.startComplete(ctx)
 		// Wake up for a paused outage or a pending complete retry.
 		var next time.Time
-		for _, t := range []time.Time{l.pausedUntil, l.completeRetryAt} {
+		paused := l.pausedUntil
+		if l.pinging {
+			paused = time.Time{} // the ping's answer ends the wait
+		}
+		for _, t := range []time.Time{paused, l.completeRetryAt} {
 			if !t.IsZero() && (next.IsZero() || t.Before(next)) {
 				next = t
 			}
@@ -340,9 +347,16 @@ func (l *loop) run(ctx context.Context) {
 			if !stopping {
 				l.syncLeases(ctx, false)
 			}
-		case <-timer.C:
-			if !l.pausedUntil.IsZero() && !time.Now().Before(l.pausedUntil) {
+		case err := <-l.pings:
+			l.pinging = false
+			if err != nil {
+				l.pause(fmt.Errorf("broker ping: %w", err))
+			} else {
 				l.pausedUntil = time.Time{}
+			}
+		case <-timer.C:
+			if !l.pausedUntil.IsZero() && !time.Now().Before(l.pausedUntil) && !l.pinging {
+				l.resume(ctx)
 			}
 			if !l.completeRetryAt.IsZero() && !time.Now().Before(l.completeRetryAt) {
 				l.completeRetryAt = time.Time{}
@@ -567,12 +581,37 @@ func (l *loop) onPublished(res pubResult) {
 		l.outageStreak = 0
 	}
 	if outage && l.pausedUntil.IsZero() {
-		l.outageStreak++
-		l.r.stats.outages.Add(1)
-		d := backoff(l.outageStreak, l.cfg.OutageMinDelay, l.cfg.OutageMaxDelay)
-		l.pausedUntil = time.Now().Add(d)
+		l.pause(nil)
+	}
+}
+
+// pause stops sending for a backoff that grows with each consecutive outage.
+func (l *loop) pause(cause error) {
+	l.outageStreak++
+	l.r.stats.outages.Add(1)
+	d := backoff(l.outageStreak, l.cfg.OutageMinDelay, l.cfg.OutageMaxDelay)
+	l.pausedUntil = time.Now().Add(d)
+	if cause != nil {
+		l.log.Warn("broker still unreachable; pausing", "pause", d.Round(time.Millisecond), "consecutive", l.outageStreak, "err", cause)
+	} else {
 		l.log.Warn("pausing after broker outage", "pause", d.Round(time.Millisecond), "consecutive", l.outageStreak)
 	}
+}
+
+// resume ends a pause: at once, or, when the publisher can tell, once the broker answers
+// a ping, so that a broker still down costs a ping rather than a batch of timeouts.
+func (l *loop) resume(ctx context.Context) {
+	pinger, ok := l.r.pub.(Pinger)
+	if !ok {
+		l.pausedUntil = time.Time{}
+		return
+	}
+	l.pinging = true
+	go func() {
+		pctx, cancel := context.WithTimeout(ctx, min(l.cfg.PublishTimeout, 10*time.Second))
+		defer cancel()
+		l.pings <- pinger.Ping(pctx)
+	}()
 }
 
 var lastOutageLog atomic.Int64

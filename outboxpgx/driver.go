@@ -142,6 +142,9 @@ func EncodeHeaders(h map[string]string) (string, error) {
 
 // Fetch implements outbox.Store.
 func (d *Driver) Fetch(ctx context.Context, req outbox.FetchRequest) ([]*outbox.Message, error) {
+	if err := d.needPool(); err != nil {
+		return nil, err
+	}
 	shards := make([]int16, len(req.Leases))
 	for i, l := range req.Leases {
 		shards[i] = int16(l.Shard)
@@ -200,6 +203,9 @@ func scanMessage(row pgx.CollectableRow) (*outbox.Message, error) {
 
 // Complete implements outbox.Store in one statement.
 func (d *Driver) Complete(ctx context.Context, c outbox.Completion) ([]int64, error) {
+	if err := d.needPool(); err != nil {
+		return nil, err
+	}
 	tokenSet := map[int64]bool{}
 	pubSeq := make([]int64, len(c.Published))
 	for i, o := range c.Published {
@@ -259,6 +265,9 @@ func nonNil[T any](s []T) []T {
 // older than olderThan, and up to limit dedup keys of that age whose message is neither
 // pending nor dead, and returns how many rows it deleted.
 func (d *Driver) DeletePublished(ctx context.Context, olderThan time.Duration, limit int) (int, error) {
+	if err := d.needPool(); err != nil {
+		return 0, err
+	}
 	tag, err := d.pool.Exec(ctx, d.deleteSQL, olderThan.Seconds(), limit)
 	if err != nil {
 		return 0, fmt.Errorf("delete published: %w", err)
@@ -273,6 +282,9 @@ func (d *Driver) DeletePublished(ctx context.Context, olderThan time.Duration, l
 
 // SyncLeases implements outbox.Store in one transaction.
 func (d *Driver) SyncLeases(ctx context.Context, req outbox.LeaseRequest) (outbox.LeaseState, error) {
+	if err := d.needPool(); err != nil {
+		return outbox.LeaseState{}, err
+	}
 	var st outbox.LeaseState
 	err := pgx.BeginFunc(ctx, d.pool, func(tx pgx.Tx) error {
 		n := d.names

@@ -160,7 +160,7 @@ SELECT seq FROM pub_moved UNION ALL SELECT seq FROM retry UNION ALL SELECT seq F
 // DeletePublished deletes up to $2 published rows older than $1 seconds.
 func (n *Names) DeletePublished() string {
 	return n.r(`DELETE FROM {{published}} WHERE ctid IN (
-    SELECT ctid FROM {{published}} WHERE published_at < now() - $1 * interval '1 second' LIMIT $2)`)
+    SELECT ctid FROM {{published}} WHERE published_at < now() - $1 * interval '1 second' LIMIT $2 FOR UPDATE SKIP LOCKED)`)
 }
 
 // DeleteDedup deletes up to $2 dedup keys written more than $1 seconds ago whose message
