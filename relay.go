@@ -239,7 +239,9 @@ type loop struct {
 
 	completing, fetching, leaseBusy bool
 	taint                           map[string]bool // keys released while a fetch ran
-	wantFetch                       bool            // a wake-up or poll asked for a fetch
+	wantFetch                       bool            // a wake-up or poll asked for a full fetch
+	maxSeq                          int64           // highest seq any fetch returned: continuations start above it
+	lastFull                        time.Time       // when the last full fetch started
 	moreLikely                      bool            // the last fetch was full
 	pausedUntil                     time.Time
 	pinging                         bool // checking the broker before resuming after an outage
@@ -822,12 +824,24 @@ func (l *loop) onComplete(res completeResult) {
 	}
 }
 
+// fullFetchEvery spaces full fetches while a backlog is drained by continuations.
+const fullFetchEvery = 100 * time.Millisecond
+
 // startFetch reads more due messages when there is room for them.
+//
+// A full fetch scans the pending messages from the oldest, excluding those in hand; it
+// finds everything: late commits, retries come due, messages of shards just gained. While
+// the last fetch came back full (a backlog), the next one continues above the highest seq
+// seen, a range scan that does not re-read what is in hand; wake-ups and polls still get
+// a full fetch at least every fullFetchEvery. Continuations keep per-key order because a
+// key's later message is written only after its earlier one committed (the writer holds
+// the aggregate), so the earlier one is never below a later one the relay has seen.
 func (l *loop) startFetch(ctx context.Context) {
 	room := l.cfg.BatchSize + l.cfg.MaxInFlight - len(l.known)
 	if l.fetching || !(l.wantFetch || l.moreLikely) || room < l.cfg.BatchSize/2 || !time.Now().Before(l.leaseUntil) {
 		return
 	}
+	full := l.maxSeq == 0 || !l.moreLikely || (l.wantFetch && time.Since(l.lastFull) >= fullFetchEvery)
 	req := &FetchRequest{RelayID: l.cfg.ID, Limit: min(room, l.cfg.BatchSize)}
 	for shard, token := range l.leases {
 		if !l.draining[shard] {
@@ -837,11 +851,16 @@ func (l *loop) startFetch(ctx context.Context) {
 	if len(req.Leases) == 0 {
 		return
 	}
-	req.Exclude = make([]int64, 0, len(l.known))
-	for seq := range l.known {
-		req.Exclude = append(req.Exclude, seq)
+	if full {
+		req.Exclude = make([]int64, 0, len(l.known))
+		for seq := range l.known {
+			req.Exclude = append(req.Exclude, seq)
+		}
+		l.wantFetch = false
+		l.lastFull = time.Now()
+	} else {
+		req.After = l.maxSeq
 	}
-	l.wantFetch = false
 	l.fetching = true
 	go func() {
 		fctx, cancel := context.WithTimeout(ctx, 30*time.Second)
@@ -868,6 +887,7 @@ func (l *loop) onFetch(res fetchResult) {
 		tokens[ls.Shard] = ls.Token
 	}
 	for _, m := range res.fetched {
+		l.maxSeq = max(l.maxSeq, m.Seq)
 		if _, dup := l.known[m.Seq]; dup {
 			continue
 		}

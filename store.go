@@ -75,7 +75,10 @@ type FetchRequest struct {
 	RelayID string
 	Leases  []Lease
 	Exclude []int64 // seqs the relay already has in hand
-	Limit   int
+	// After, when not zero, asks only for messages with Seq > After: a continuation of
+	// earlier fetches, which the store can answer with a range scan. Exclude is then empty.
+	After int64
+	Limit int
 }
 
 // Completion is the input of Store.Complete.

@@ -37,7 +37,7 @@ type Driver struct {
 	pool  *pgxpool.Pool
 	names *pgsql.Names
 
-	insertSQL, fetchSQL, completeSQL, deleteSQL, deleteDedupSQL string
+	insertSQL, fetchSQL, fetchAfterSQL, completeSQL, deleteSQL, deleteDedupSQL string
 }
 
 var (
@@ -57,6 +57,7 @@ func New(pool *pgxpool.Pool, config Config) (*Driver, error) {
 		pool: pool, names: names,
 		insertSQL:      names.InsertUnnest(),
 		fetchSQL:       names.Fetch(),
+		fetchAfterSQL:  names.FetchAfter(),
 		completeSQL:    names.Complete(),
 		deleteSQL:      names.DeletePublished(),
 		deleteDedupSQL: names.DeleteDedup(),
@@ -153,7 +154,13 @@ func (d *Driver) Fetch(ctx context.Context, req outbox.FetchRequest) ([]*outbox.
 	if exclude == nil {
 		exclude = []int64{}
 	}
-	msgs, err := queryNoJIT(ctx, d.pool, scanMessage, d.fetchSQL, req.RelayID, shards, exclude, req.Limit)
+	var msgs []*outbox.Message
+	var err error
+	if req.After > 0 {
+		msgs, err = queryNoJIT(ctx, d.pool, scanMessage, d.fetchAfterSQL, req.RelayID, shards, req.After, req.Limit)
+	} else {
+		msgs, err = queryNoJIT(ctx, d.pool, scanMessage, d.fetchSQL, req.RelayID, shards, exclude, req.Limit)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("fetch: %w", err)
 	}

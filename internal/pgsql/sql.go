@@ -100,11 +100,18 @@ func (n *Names) InsertValues(rows int) string {
 // A key is held back while an earlier message of it waits (retry or delay); the "waiting"
 // index holds only such rows, so the check is cheap when nothing is failing.
 func (n *Names) Fetch() string {
+	return n.fetch(`o.seq NOT IN (SELECT unnest($3::bigint[]))`)
+}
+
+// FetchAfter is Fetch for a continuation: only seqs above $3, no exclusion list.
+func (n *Names) FetchAfter() string { return n.fetch(`o.seq > $3`) }
+
+func (n *Names) fetch(cond string) string {
 	return n.r(`SELECT ` + ReadColumns("o.") + `
 FROM {{outbox}} o
 WHERE o.next_attempt_at <= now()
   AND o.shard = ANY(ARRAY(SELECT l.shard FROM {{leases}} l WHERE l.owner = $1 AND l.expires_at > now() AND l.shard = ANY($2::smallint[])))
-  AND o.seq NOT IN (SELECT unnest($3::bigint[]))
+  AND ` + cond + `
   AND (o.key = '' OR NOT EXISTS (
         SELECT 1 FROM {{outbox}} w
         WHERE w.key = o.key AND w.seq < o.seq
