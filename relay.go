@@ -240,7 +240,8 @@ type loop struct {
 	completing, fetching, leaseBusy bool
 	taint                           map[string]bool // keys released while a fetch ran
 	wantFetch                       bool            // a wake-up or poll asked for a full fetch
-	maxSeq                          int64           // highest seq any fetch returned: continuations start above it
+	maxSeq                          int64           // highest seq any fetch returned
+	cursor                          int64           // every due message at or below it is in hand or held back: continuations start above it
 	lastFull                        time.Time       // when the last full fetch started
 	moreLikely                      bool            // the last fetch was full
 	pausedUntil                     time.Time
@@ -462,6 +463,7 @@ func (l *loop) onLeases(res leaseResult) {
 	}
 	if len(gained) > 0 {
 		l.wantFetch = true
+		l.cursor = 0 // the new shards' messages below the cursor were never seen: start over
 	}
 	// Lanes skipped while the leases had lapsed locally become sendable again.
 	for _, ln := range l.lanes {
@@ -833,15 +835,18 @@ const fullFetchEvery = 100 * time.Millisecond
 // finds everything: late commits, retries come due, messages of shards just gained. While
 // the last fetch came back full (a backlog), the next one continues above the highest seq
 // seen, a range scan that does not re-read what is in hand; wake-ups and polls still get
-// a full fetch at least every fullFetchEvery. Continuations keep per-key order because a
-// key's later message is written only after its earlier one committed (the writer holds
-// the aggregate), so the earlier one is never below a later one the relay has seen.
+// a full fetch at least every fullFetchEvery. A continuation must not let a key's newer
+// message overtake an older one the relay does not hold, so it starts at the cursor, below
+// which every due message of a key the relay holds is in hand, and takes a message only if
+// its key has no older pending message at or below the cursor or the relay holds the
+// key's lane. Messages skipped (a key released after a rejection, a shard just gained)
+// come with the next full fetch.
 func (l *loop) startFetch(ctx context.Context) {
 	room := l.cfg.BatchSize + l.cfg.MaxInFlight - len(l.known)
 	if l.fetching || !(l.wantFetch || l.moreLikely) || room < l.cfg.BatchSize/2 || !time.Now().Before(l.leaseUntil) {
 		return
 	}
-	full := l.maxSeq == 0 || !l.moreLikely || (l.wantFetch && time.Since(l.lastFull) >= fullFetchEvery)
+	full := l.cursor == 0 || !l.moreLikely || (l.wantFetch && time.Since(l.lastFull) >= fullFetchEvery)
 	req := &FetchRequest{RelayID: l.cfg.ID, Limit: min(room, l.cfg.BatchSize)}
 	for shard, token := range l.leases {
 		if !l.draining[shard] {
@@ -859,7 +864,13 @@ func (l *loop) startFetch(ctx context.Context) {
 		l.wantFetch = false
 		l.lastFull = time.Now()
 	} else {
-		req.After = l.maxSeq
+		req.After = l.cursor
+		req.Keys = make([]string, 0, len(l.lanes))
+		for key, ln := range l.lanes {
+			if !ln.failed && key[0] != 0 {
+				req.Keys = append(req.Keys, key)
+			}
+		}
 	}
 	l.fetching = true
 	go func() {
@@ -882,12 +893,27 @@ func (l *loop) onFetch(res fetchResult) {
 		return
 	}
 	l.moreLikely = len(res.fetched) == res.req.Limit
+	// Advance the cursor. A full fetch covers every due message up to the highest seq it
+	// returned, or, when it came back short, everything: the cursor can then start above
+	// any message seen. A continuation extends the coverage it started from.
+	var top int64
+	for _, m := range res.fetched {
+		top = max(top, m.Seq)
+	}
+	l.maxSeq = max(l.maxSeq, top)
+	switch {
+	case res.req.After > 0:
+		l.cursor = max(l.cursor, top)
+	case l.moreLikely:
+		l.cursor = top
+	default:
+		l.cursor = l.maxSeq
+	}
 	tokens := make(map[int]int64, len(res.req.Leases))
 	for _, ls := range res.req.Leases {
 		tokens[ls.Shard] = ls.Token
 	}
 	for _, m := range res.fetched {
-		l.maxSeq = max(l.maxSeq, m.Seq)
 		if _, dup := l.known[m.Seq]; dup {
 			continue
 		}

@@ -444,3 +444,56 @@ func TestDedupConflictConcurrent(t *testing.T) {
 		t.Fatalf("%d rows with the dedup key", n)
 	}
 }
+
+// TestRelayHardKillTakeover: relay A is killed (its context cancelled: in-flight work
+// abandoned, leases left to expire) while writers keep committing; B takes A's shards
+// over. Everything is published, per-key order holds.
+func TestRelayHardKillTakeover(t *testing.T) {
+	t.Parallel()
+	b := setupRelay(t)
+	pub := &outboxtest.Publisher{}
+	ttl := 2 * time.Second
+	ctxA, killA := context.WithCancel(context.Background())
+	a, err := outbox.NewRelay(b.drv, pub, outbox.RelayConfig{ID: "a", LeaseTTL: ttl, PollInterval: 50 * time.Millisecond, Logger: testLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Start(ctxA); err != nil {
+		t.Fatal(err)
+	}
+	bRelay := b.relay(t, nil, pub, outbox.RelayConfig{ID: "b", LeaseTTL: ttl})
+	waitUntil(t, 10*time.Second, "both hold shards", func() bool { return a.Stats().Shards > 0 && bRelay.Stats().Shards > 0 })
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for w := 0; w < 4; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				msgs := make([]outbox.Message, 3)
+				for j := range msgs {
+					msgs[j] = outbox.Message{Topic: "t", Key: fmt.Sprintf("w%d-k%d", w, (i*3+j)%50), Payload: []byte("x")}
+				}
+				b.writeTx(t, msgs...)
+			}
+		}()
+	}
+	time.Sleep(time.Second)
+	killA()
+	<-a.Stopped()
+	time.Sleep(ttl + time.Second)
+	close(stop)
+	wg.Wait()
+	waitUntil(t, 30*time.Second, "everything published", func() bool { return b.scalar(t, `SELECT count(*) FROM %s`) == 0 })
+	got := pub.Messages()
+	_, violations := orderCheck(got)
+	t.Logf("delivered=%d order=%d A=%+v B=%+v", len(got), violations, a.Stats(), bRelay.Stats())
+	if violations != 0 {
+		t.Fatalf("%d per-key order violations after a takeover", violations)
+	}
+}

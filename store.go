@@ -76,8 +76,11 @@ type FetchRequest struct {
 	Leases  []Lease
 	Exclude []int64 // seqs the relay already has in hand
 	// After, when not zero, asks only for messages with Seq > After: a continuation of
-	// earlier fetches, which the store can answer with a range scan. Exclude is then empty.
+	// earlier fetches, which the store can answer with a range scan. Exclude is then
+	// empty, and a message whose key has an older pending message at or below After is
+	// returned only if its key is in Keys (the keys whose older messages the relay holds).
 	After int64
+	Keys  []string
 	Limit int
 }
 

@@ -34,6 +34,7 @@ func TestRelaySIGKILL(t *testing.T) {
 	waitFor(t, 30*time.Second, "publishing under way", func() bool { return l.committed.Load() > 5_000 })
 	r1.signal(t, syscall.SIGKILL)
 	killed := time.Now()
+	t.Logf("killed r1 at %s", killed.UTC().Format("15:04:05.000"))
 	takeover := waitFor(t, 3*e.ttl, "r2 holds every shard", func() bool { return e.leaseOwners()["r2"] == 64 })
 	l.finish()
 	e.waitDrained(60 * time.Second)

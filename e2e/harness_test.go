@@ -406,6 +406,11 @@ UNION ALL SELECT id, seq, key, true FROM "%[1]s".outbox_dead`, e.schema))
 			}
 			if r.seq < last[r.key] {
 				rep.order++
+				if rep.order <= 5 {
+					var a, b time.Time
+					_ = e.pool.QueryRow(ctx, fmt.Sprintf(`SELECT (SELECT published_at FROM "%[1]s".outbox_published WHERE seq = $1), (SELECT published_at FROM "%[1]s".outbox_published WHERE seq = $2)`, e.schema), r.seq, last[r.key]).Scan(&a, &b)
+					e.t.Logf("order violation: key %s: seq %d delivered after seq %d (stream seq %d); recorded at %s and %s", r.key, r.seq, last[r.key], meta(msg), a.Format("15:04:05.000"), b.Format("15:04:05.000"))
+				}
 			}
 			last[r.key] = r.seq
 		}
@@ -422,6 +427,14 @@ UNION ALL SELECT id, seq, key, true FROM "%[1]s".outbox_dead`, e.schema))
 		}
 	}
 	return rep
+}
+
+func meta(msg jetstream.Msg) uint64 {
+	md, err := msg.Metadata()
+	if err != nil {
+		return 0
+	}
+	return md.Sequence.Stream
 }
 
 // leaseOwners returns how many unexpired shard leases each relay holds.

@@ -157,7 +157,7 @@ func (d *Driver) Fetch(ctx context.Context, req outbox.FetchRequest) ([]*outbox.
 	var msgs []*outbox.Message
 	var err error
 	if req.After > 0 {
-		msgs, err = queryNoJIT(ctx, d.pool, scanMessage, d.fetchAfterSQL, req.RelayID, shards, req.After, req.Limit)
+		msgs, err = queryNoJIT(ctx, d.pool, scanMessage, d.fetchAfterSQL, req.RelayID, shards, req.After, req.Limit, nonNil(req.Keys))
 	} else {
 		msgs, err = queryNoJIT(ctx, d.pool, scanMessage, d.fetchSQL, req.RelayID, shards, exclude, req.Limit)
 	}

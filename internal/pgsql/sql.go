@@ -103,8 +103,15 @@ func (n *Names) Fetch() string {
 	return n.fetch(`o.seq NOT IN (SELECT unnest($3::bigint[]))`)
 }
 
-// FetchAfter is Fetch for a continuation: only seqs above $3, no exclusion list.
-func (n *Names) FetchAfter() string { return n.fetch(`o.seq > $3`) }
+// FetchAfter is Fetch for a continuation: only seqs above $3, no exclusion list, and no
+// row whose key has an older pending row at or below $3 unless the key is in $5 (the
+// relay holds that older row). Without that check a key's older row that the relay let
+// go of (a retry, a shard it just gained) would be overtaken by a newer one.
+func (n *Names) FetchAfter() string {
+	return n.fetch(`o.seq > $3
+  AND (o.key = '' OR o.key IN (SELECT unnest($5::text[]))
+       OR NOT EXISTS (SELECT 1 FROM {{outbox}} e WHERE e.key = o.key AND e.seq <= $3))`)
+}
 
 func (n *Names) fetch(cond string) string {
 	return n.r(`SELECT ` + ReadColumns("o.") + `

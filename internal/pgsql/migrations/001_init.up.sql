@@ -34,6 +34,10 @@ CREATE TABLE {{.Outbox}} (
 -- rows of their key. Fresh rows have next_attempt_at = created_at and never enter it.
 CREATE INDEX {{.Index "waiting"}} ON {{.Outbox}} (key, seq) WHERE next_attempt_at > created_at;
 
+-- A key's oldest pending row: a relay continuing a scan above the highest seq it has seen
+-- must not take a row whose key still has an older pending row it does not hold.
+CREATE INDEX {{.Index "key"}} ON {{.Outbox}} (key, seq);
+
 CREATE TABLE {{.Published}} (
     seq             bigint      NOT NULL,
     id              uuid        NOT NULL,

@@ -1,0 +1,43 @@
+package outboxpgx_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/outboxkit/outbox"
+)
+
+// TestFetchContinuationKeepsKeyOrder: a continuation (After > 0) must not return a
+// key's newer message while an older pending one lies at or below After, unless the
+// relay says it holds that key.
+func TestFetchContinuationKeepsKeyOrder(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	b.write(t, outbox.Message{Topic: "t", Key: "k", Payload: []byte(`1`)}, outbox.Message{Topic: "t", Key: "other", Payload: []byte(`2`)})
+	b.write(t, outbox.Message{Topic: "t", Key: "k", Payload: []byte(`3`)}, outbox.Message{Topic: "t", Key: "fresh", Payload: []byte(`4`)})
+	st, err := b.drv.SyncLeases(ctx, outbox.LeaseRequest{RelayID: "r", TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := b.drv.Fetch(ctx, outbox.FetchRequest{RelayID: "r", Leases: st.Held, After: 2, Limit: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var keys []string
+	for _, m := range got {
+		keys = append(keys, fmt.Sprintf("%s@%d", m.Key, m.Seq))
+	}
+	if len(got) != 1 || got[0].Key != "fresh" {
+		t.Fatalf("continuation returned %v, want only fresh@4 (k@3 must wait behind k@1)", keys)
+	}
+	got, err = b.drv.Fetch(ctx, outbox.FetchRequest{RelayID: "r", Leases: st.Held, After: 2, Keys: []string{"k"}, Limit: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 {
+		t.Fatalf("with k held, continuation returned %d messages, want k@3 and fresh@4", len(got))
+	}
+}
