@@ -294,7 +294,7 @@ func (l *loop) run(ctx context.Context) {
 
 	poll := time.NewTicker(l.cfg.PollInterval)
 	defer poll.Stop()
-	renew := time.NewTicker(l.cfg.LeaseTTL / 3)
+	renew := time.NewTicker(renewEvery(l.cfg.LeaseTTL))
 	defer renew.Stop()
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
@@ -377,6 +377,11 @@ func (l *loop) run(ctx context.Context) {
 	l.log.Info("relay stopped")
 }
 
+// renewEvery is how often a relay renews its leases and looks for shards to take: a third
+// of the TTL, and at least every second, so that shards a relay gives back (or a dead
+// relay leaves) find a new owner quickly.
+func renewEvery(ttl time.Duration) time.Duration { return min(ttl/3, time.Second) }
+
 // syncLeases starts a lease round trip unless one is running. With final set, every
 // lease is released.
 func (l *loop) syncLeases(ctx context.Context, final bool) {
@@ -400,6 +405,8 @@ func (l *loop) syncLeases(ctx context.Context, final bool) {
 	started := time.Now()
 	go func() {
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.cfg.LeaseTTL/3)
+		// (A renewal may take up to TTL/3: with the TTL/5 local margin, the leases are
+		// still ours when it gives up.)
 		defer cancel()
 		st, err := l.r.store.SyncLeases(sctx, req)
 		l.leaseResults <- leaseResult{state: st, err: err, started: started}

@@ -32,9 +32,10 @@ type RelayConfig struct {
 	// delayed messages are noticed. Defaults to 500ms.
 	PollInterval time.Duration
 
-	// LeaseTTL is how long a shard lease lasts without renewal, in database time. A dead
-	// relay's shards are taken over within LeaseTTL plus one renewal interval
-	// (LeaseTTL/3). Defaults to 15s.
+	// LeaseTTL is how long a shard lease lasts without renewal, in database time. Leases
+	// are renewed every LeaseTTL/3 or every second, whichever is shorter, and a dead
+	// relay's shards are taken over within LeaseTTL plus one renewal interval. Defaults
+	// to 15s.
 	LeaseTTL time.Duration
 
 	// MaxAttempts is how many rejected attempts a message gets before it is

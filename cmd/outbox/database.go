@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -63,6 +64,12 @@ func (o *dbFlags) poolConfig(appName string) (*pgxpool.Config, error) {
 	}
 	if cfg.ConnConfig.ConnectTimeout == 0 {
 		cfg.ConnConfig.ConnectTimeout = 10 * time.Second
+	}
+	// A relay runs a fetch, an outcome write, a lease renewal and the cleaner at once, and
+	// its LISTEN connection leaves the pool: pgxpool's default (4 on a 2-core host) would
+	// make them queue for each other.
+	if !strings.Contains(o.url, "pool_max_conns") {
+		cfg.MaxConns = max(cfg.MaxConns, 8)
 	}
 	return cfg, nil
 }

@@ -186,9 +186,19 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 			return res, err
 		}
 		pubs = append(pubs, pub)
+		// Each relay gets a pool of its own, as separate processes would.
+		rpool, err := relayPool(ctx, cfg.DatabaseURL)
+		if err != nil {
+			return res, err
+		}
+		defer rpool.Close()
+		rdrv, err := outboxpgx.New(rpool, outboxpgx.Config{Schema: schema})
+		if err != nil {
+			return res, err
+		}
 		rc := cfg.Relay
 		rc.ID = fmt.Sprintf("bench-%s-%d", tag, i)
-		relays[i], err = outbox.NewRelay(drv, &timedPublisher{Publisher: pub, log: confirmed}, rc)
+		relays[i], err = outbox.NewRelay(rdrv, &timedPublisher{Publisher: pub, log: confirmed}, rc)
 		if err != nil {
 			return res, err
 		}
@@ -246,6 +256,15 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		}
 	}
 	return res, nil
+}
+
+func relayPool(ctx context.Context, url string) (*pgxpool.Pool, error) {
+	pc, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, err
+	}
+	pc.MaxConns = 8
+	return pgxpool.NewWithConfig(ctx, pc)
 }
 
 func randomTag() string {
