@@ -85,7 +85,7 @@ The outbox schema must be migrated first (outbox migrate up).`,
 		c.PollInterval = outbox.PollIntervalDefault
 		fs.Var(durationValue{d: &c.PollInterval}, "poll-interval", "look for due messages every `duration` when no notification comes")
 		c.LeaseTTL = outbox.LeaseTTLDefault
-		fs.Var(durationValue{d: &c.LeaseTTL}, "lease-ttl", "shard lease lifetime (`duration`): a dead relay's shards are taken over within this plus a third of it")
+		fs.Var(durationValue{d: &c.LeaseTTL}, "lease-ttl", "shard lease lifetime (`duration`): a dead relay's shards are taken over within this plus one renewal (min(this/3, 1s))")
 		fs.IntVar(&c.MaxAttempts, "max-attempts", outbox.MaxAttemptsDefault, "dead-letter a message after `n` rejections; broker outages do not count")
 		c.RetryMinDelay = outbox.RetryMinDelayDefault
 		fs.Var(durationValue{d: &c.RetryMinDelay}, "retry-min-delay", "shortest backoff (`duration`) after a rejection")
