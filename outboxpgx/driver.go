@@ -90,7 +90,7 @@ func (d *Driver) Insert(ctx context.Context, tx pgx.Tx, msgs []outbox.Message) (
 		if payloads[i] == nil {
 			payloads[i] = []byte{}
 		}
-		h, err := EncodeHeaders(m.Headers)
+		h, err := pgsql.EncodeHeaders(m.Headers)
 		if err != nil {
 			return nil, err
 		}
@@ -107,38 +107,7 @@ func (d *Driver) Insert(ctx context.Context, tx pgx.Tx, msgs []outbox.Message) (
 	if err != nil {
 		return nil, fmt.Errorf("outbox insert: %w", err)
 	}
-	return skippedKeys(msgs, written), nil
-}
-
-// skippedKeys returns the dedup keys of msgs that are not in written, in call order. A
-// dedup key used twice in one call is written once and skipped once.
-func skippedKeys(msgs []outbox.Message, written []string) []string {
-	if len(written) == len(msgs) {
-		return nil
-	}
-	left := make(map[string]int, len(written))
-	for _, k := range written {
-		left[k]++
-	}
-	var skipped []string
-	for i := range msgs {
-		k := msgs[i].DedupKey
-		if left[k] > 0 {
-			left[k]--
-			continue
-		}
-		skipped = append(skipped, k)
-	}
-	return skipped
-}
-
-// EncodeHeaders returns headers as a JSON object ("{}" for none).
-func EncodeHeaders(h map[string]string) (string, error) {
-	if len(h) == 0 {
-		return "{}", nil
-	}
-	b, err := json.Marshal(h)
-	return string(b), err
+	return pgsql.SkippedKeys(msgs, written), nil
 }
 
 // Fetch implements outbox.Store.

@@ -3,7 +3,6 @@ package outboxsql
 import (
 	"context"
 	"database/sql"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
@@ -92,7 +91,7 @@ func (d *Driver) Insert(ctx context.Context, tx *sql.Tx, msgs []outbox.Message) 
 			if payload == nil {
 				payload = []byte{} // payload is NOT NULL; some drivers send a nil slice as NULL
 			}
-			headers, err := encodeHeaders(m.Headers)
+			headers, err := pgsql.EncodeHeaders(m.Headers)
 			if err != nil {
 				return nil, fmt.Errorf("outbox insert: message %d: headers: %w", start+i, err)
 			}
@@ -109,7 +108,7 @@ func (d *Driver) Insert(ctx context.Context, tx *sql.Tx, msgs []outbox.Message) 
 			return nil, fmt.Errorf("outbox insert: %w", err)
 		}
 	}
-	return skippedKeys(msgs, written), nil
+	return pgsql.SkippedKeys(msgs, written), nil
 }
 
 // insertChunk runs one INSERT and appends the dedup keys it wrote to written.
@@ -132,35 +131,3 @@ func (d *Driver) insertChunk(ctx context.Context, tx *sql.Tx, query string, args
 	return written, rows.Close()
 }
 
-// skippedKeys returns the dedup keys of msgs that are not in written, in call order. A
-// dedup key used twice in one call is written once and skipped once.
-func skippedKeys(msgs []outbox.Message, written []string) []string {
-	if len(written) == len(msgs) {
-		return nil
-	}
-	left := make(map[string]int, len(written))
-	for _, k := range written {
-		left[k]++
-	}
-	var skipped []string
-	for i := range msgs {
-		k := msgs[i].DedupKey
-		if left[k] > 0 {
-			left[k]--
-			continue
-		}
-		skipped = append(skipped, k)
-	}
-	return skipped
-}
-
-// encodeHeaders returns headers as a JSON object ("{}" for none), the same text as
-// outboxpgx.EncodeHeaders; it is repeated here so that this package does not pull pgx
-// into the build of a lib/pq user.
-func encodeHeaders(h map[string]string) (string, error) {
-	if len(h) == 0 {
-		return "{}", nil
-	}
-	b, err := json.Marshal(h)
-	return string(b), err
-}

@@ -110,6 +110,20 @@ func (o *dbFlags) connect(ctx context.Context, cfg *pgxpool.Config) (*pgxpool.Po
 	return pool, drv, nil
 }
 
+// openMigrated is open for the commands that need the outbox schema in place: it fails
+// with advice when the schema is missing or behind.
+func (o *dbFlags) openMigrated(ctx context.Context, appName string) (*pgxpool.Pool, *outboxpgx.Driver, error) {
+	pool, drv, err := o.open(ctx, appName)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := o.checkMigrated(ctx, drv); err != nil {
+		pool.Close()
+		return nil, nil, err
+	}
+	return pool, drv, nil
+}
+
 // checkMigrated fails with advice when the outbox schema is missing or behind.
 func (o *dbFlags) checkMigrated(ctx context.Context, drv *outboxpgx.Driver) error {
 	st, err := drv.MigrationStatus(ctx)

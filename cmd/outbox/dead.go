@@ -149,14 +149,11 @@ var deadListCommand = &command{
 			if err != nil {
 				return err
 			}
-			pool, drv, err := db.open(ctx, "outbox dead")
+			pool, drv, err := db.openMigrated(ctx, "outbox dead")
 			if err != nil {
 				return err
 			}
 			defer pool.Close()
-			if err := db.checkMigrated(ctx, drv); err != nil {
-				return err
-			}
 			dls, err := drv.DeadList(ctx, f)
 			if err != nil {
 				return err
@@ -254,14 +251,11 @@ text when it is valid UTF-8, in base64 otherwise).`,
 			if err != nil {
 				return &usageError{msg: err.Error()}
 			}
-			pool, drv, err := db.open(ctx, "outbox dead")
+			pool, drv, err := db.openMigrated(ctx, "outbox dead")
 			if err != nil {
 				return err
 			}
 			defer pool.Close()
-			if err := db.checkMigrated(ctx, drv); err != nil {
-				return err
-			}
 			dls, err := drv.DeadList(ctx, outbox.DeadFilter{IDs: []outbox.ID{id}})
 			if err != nil {
 				return err
@@ -396,14 +390,11 @@ Without --yes it only says how many it would replay; --dry-run lists them.`,
 			if err != nil {
 				return err
 			}
-			pool, drv, err := db.open(ctx, "outbox dead")
+			pool, drv, err := db.openMigrated(ctx, "outbox dead")
 			if err != nil {
 				return err
 			}
 			defer pool.Close()
-			if err := db.checkMigrated(ctx, drv); err != nil {
-				return err
-			}
 			return changeDead(ctx, inv, drv, f, c, "replay", "replayed",
 				func() (int, error) { return drv.DeadReplay(ctx, f) },
 				"; relays publish them again with their original ids")
@@ -438,14 +429,11 @@ Without --yes it only says how many it would delete; --dry-run lists them.`,
 			case !*all && isEmptyFilter(f):
 				return usageErrorf("purge needs a filter (--id, --topic, --key, --error, --since, --until), or --all to delete every dead letter")
 			}
-			pool, drv, err := db.open(ctx, "outbox dead")
+			pool, drv, err := db.openMigrated(ctx, "outbox dead")
 			if err != nil {
 				return err
 			}
 			defer pool.Close()
-			if err := db.checkMigrated(ctx, drv); err != nil {
-				return err
-			}
 			return changeDead(ctx, inv, drv, f, c, "purge", "purged", func() (int, error) {
 				if *all {
 					return drv.DeadPurgeAll(ctx)

@@ -29,14 +29,11 @@ message, the same per topic, and the relays with the shards they lease.
 			if err := noArgs(args); err != nil {
 				return err
 			}
-			pool, drv, err := db.open(ctx, "outbox status")
+			pool, drv, err := db.openMigrated(ctx, "outbox status")
 			if err != nil {
 				return err
 			}
 			defer pool.Close()
-			if err := db.checkMigrated(ctx, drv); err != nil {
-				return err
-			}
 			st, err := drv.Status(ctx)
 			if err != nil {
 				return err
