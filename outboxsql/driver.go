@@ -130,4 +130,3 @@ func (d *Driver) insertChunk(ctx context.Context, tx *sql.Tx, query string, args
 	}
 	return written, rows.Close()
 }
-
