@@ -12,7 +12,8 @@ import (
 // default, Kafka about 1 MB), and a message the broker can never accept would only be
 // retried until it is dead-lettered, so Write refuses it up front instead.
 type Limits struct {
-	// MaxPayloadBytes caps Payload. Defaults to 1 MiB.
+	// MaxPayloadBytes caps Payload. Defaults to 1 MiB less 32 KiB, so that payload and
+	// headers fit the 1 MiB message limit NATS and Kafka have by default.
 	MaxPayloadBytes int
 	// MaxHeaders caps the number of headers of one message. Defaults to 64.
 	MaxHeaders int
@@ -23,7 +24,7 @@ type Limits struct {
 
 // Defaults for Limits.
 const (
-	MaxPayloadBytesDefault = 1 << 20
+	MaxPayloadBytesDefault = 1<<20 - 32<<10
 	MaxHeadersDefault      = 64
 	MaxHeaderBytesDefault  = 16 << 10
 	// maxNameBytes bounds topics, keys, types, dedup keys and header names: AMQP short
