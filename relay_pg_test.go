@@ -4,9 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"log/slog"
-	"os"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -14,7 +11,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/testdb"
@@ -23,44 +19,26 @@ import (
 )
 
 type relayBundle struct {
-	pool   *pgxpool.Pool
-	drv    *outboxpgx.Driver
-	schema string
-	w      *outbox.Writer[pgx.Tx]
+	*testdb.DB
+	drv *outboxpgx.Driver
+	w   *outbox.Writer[pgx.Tx]
 }
 
 func setupRelay(t *testing.T) *relayBundle {
 	t.Helper()
-	pool, drv, schema := testdb.Setup(t)
+	db, drv := testdb.Migrated(t)
 	w, err := outbox.NewWriter(drv, outbox.WriterConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &relayBundle{pool: pool, drv: drv, schema: schema, w: w}
-}
-
-func testLogger() *slog.Logger {
-	if os.Getenv("OUTBOX_TEST_LOG") != "" {
-		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	}
-	return slog.New(slog.NewTextHandler(io.Discard, nil))
-}
-
-func (b *relayBundle) writeTx(t testing.TB, msgs ...outbox.Message) {
-	t.Helper()
-	err := pgx.BeginFunc(context.Background(), b.pool, func(tx pgx.Tx) error {
-		return b.w.Write(context.Background(), tx, msgs...)
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	return &relayBundle{DB: db, drv: drv, w: w}
 }
 
 func (b *relayBundle) scalar(t testing.TB, query string) int {
 	t.Helper()
 	var n int
-	q := fmt.Sprintf(query, fmt.Sprintf(`"%s".outbox`, b.schema))
-	if err := b.pool.QueryRow(context.Background(), q).Scan(&n); err != nil {
+	q := fmt.Sprintf(query, fmt.Sprintf(`"%s".outbox`, b.Schema))
+	if err := b.Pool.QueryRow(context.Background(), q).Scan(&n); err != nil {
 		t.Fatal(err)
 	}
 	return n
@@ -69,7 +47,7 @@ func (b *relayBundle) scalar(t testing.TB, query string) int {
 func (b *relayBundle) relay(t *testing.T, store outbox.Store, pub outbox.Publisher, cfg outbox.RelayConfig) *outbox.Relay {
 	t.Helper()
 	if cfg.Logger == nil {
-		cfg.Logger = testLogger()
+		cfg.Logger = testdb.Logger()
 	}
 	if cfg.PollInterval == 0 {
 		cfg.PollInterval = 50 * time.Millisecond
@@ -151,7 +129,7 @@ func TestRelayScaleOut(t *testing.T) {
 							key := fmt.Sprintf("k%d", ((j*writers)+w)%keys)
 							batch = append(batch, outbox.Message{Topic: "t", Key: key, Payload: []byte(strconv.Itoa(j))})
 						}
-						b.writeTx(t, batch...)
+						b.Write(t, batch...)
 					}
 				}()
 			}
@@ -197,12 +175,12 @@ func TestRelayPoisonDeadLetter(t *testing.T) {
 		}
 		return nil
 	}}
-	b.writeTx(t,
+	b.Write(t,
 		outbox.Message{ID: poison, Topic: "t", Key: "bad", Payload: []byte(`"poison"`)},
 		outbox.Message{Topic: "t", Key: "bad", Payload: []byte(`"after poison"`)},
 	)
 	for i := 0; i < 50; i++ {
-		b.writeTx(t, outbox.Message{Topic: "t", Key: fmt.Sprintf("good-%d", i), Payload: []byte(`"ok"`)})
+		b.Write(t, outbox.Message{Topic: "t", Key: fmt.Sprintf("good-%d", i), Payload: []byte(`"ok"`)})
 	}
 	r := b.relay(t, nil, pub, outbox.RelayConfig{MaxAttempts: 3, RetryMinDelay: 100 * time.Millisecond, RetryMaxDelay: 200 * time.Millisecond})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -225,8 +203,8 @@ func TestRelayPoisonDeadLetter(t *testing.T) {
 	}
 	var attempts int
 	var lastErr string
-	q := fmt.Sprintf(`SELECT attempts, last_error FROM "%s".outbox_dead WHERE id = $1`, b.schema)
-	if err := b.pool.QueryRow(ctx, q, [16]byte(poison)).Scan(&attempts, &lastErr); err != nil {
+	q := fmt.Sprintf(`SELECT attempts, last_error FROM "%s".outbox_dead WHERE id = $1`, b.Schema)
+	if err := b.Pool.QueryRow(ctx, q, [16]byte(poison)).Scan(&attempts, &lastErr); err != nil {
 		t.Fatalf("poison not in the dead-letter view: %v", err)
 	}
 	if attempts != 3 || lastErr != "broker says: message rejected" {
@@ -263,7 +241,7 @@ func TestRelayOutageBurnsNoAttempts(t *testing.T) {
 		return nil
 	}}
 	for i := 0; i < 20; i++ {
-		b.writeTx(t, outbox.Message{Topic: "t", Key: fmt.Sprintf("k%d", i%3), Payload: []byte(strconv.Itoa(i))})
+		b.Write(t, outbox.Message{Topic: "t", Key: fmt.Sprintf("k%d", i%3), Payload: []byte(strconv.Itoa(i))})
 	}
 	r := b.relay(t, nil, pub, outbox.RelayConfig{MaxAttempts: 2, OutageMinDelay: 10 * time.Millisecond, OutageMaxDelay: 50 * time.Millisecond})
 	waitUntil(t, 10*time.Second, "several outages", func() bool { return r.Stats().Outages >= 5 })
@@ -290,7 +268,7 @@ func TestRelayCommitOrderTrap(t *testing.T) {
 	ctx := context.Background()
 	pub := &outboxtest.Publisher{}
 	b.relay(t, nil, pub, outbox.RelayConfig{})
-	early, err := b.pool.Begin(ctx)
+	early, err := b.Pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -299,7 +277,7 @@ func TestRelayCommitOrderTrap(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := 0; i < 10; i++ {
-		b.writeTx(t, outbox.Message{Topic: "t", Key: fmt.Sprintf("b%d", i), Payload: []byte(`"later"`)})
+		b.Write(t, outbox.Message{Topic: "t", Key: fmt.Sprintf("b%d", i), Payload: []byte(`"later"`)})
 	}
 	wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
@@ -376,7 +354,7 @@ func TestRelayZombieFenced(t *testing.T) {
 	for i := 0; i < 200; i++ {
 		msgs = append(msgs, outbox.Message{Topic: "t", Key: fmt.Sprintf("k%d", i%10), Payload: []byte(strconv.Itoa(i))})
 	}
-	b.writeTx(t, msgs...)
+	b.Write(t, msgs...)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	if _, err := pub.WaitFor(ctx, 10); err != nil {
@@ -419,7 +397,7 @@ func TestDedupConflictConcurrent(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			<-start
-			err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+			err := pgx.BeginFunc(ctx, b.Pool, func(tx pgx.Tx) error {
 				err := b.w.Write(ctx, tx, outbox.Message{Topic: "t", DedupKey: "order-42:placed", Payload: []byte(`{}`)})
 				if errors.Is(err, outbox.ErrDuplicate) {
 					dup.Add(1)
@@ -454,7 +432,7 @@ func TestRelayHardKillTakeover(t *testing.T) {
 	pub := &outboxtest.Publisher{}
 	ttl := 2 * time.Second
 	ctxA, killA := context.WithCancel(context.Background())
-	a, err := outbox.NewRelay(b.drv, pub, outbox.RelayConfig{ID: "a", LeaseTTL: ttl, PollInterval: 50 * time.Millisecond, Logger: testLogger()})
+	a, err := outbox.NewRelay(b.drv, pub, outbox.RelayConfig{ID: "a", LeaseTTL: ttl, PollInterval: 50 * time.Millisecond, Logger: testdb.Logger()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -479,7 +457,7 @@ func TestRelayHardKillTakeover(t *testing.T) {
 				for j := range msgs {
 					msgs[j] = outbox.Message{Topic: "t", Key: fmt.Sprintf("w%d-k%d", w, (i*3+j)%50), Payload: []byte("x")}
 				}
-				b.writeTx(t, msgs...)
+				b.Write(t, msgs...)
 			}
 		}()
 	}

@@ -14,65 +14,6 @@ import (
 	"github.com/outboxkit/outbox/outboxtest"
 )
 
-// exec runs a statement in the test's schema; %[1]s in q is the quoted schema.
-func (b *testBundle) exec(t *testing.T, q string, args ...any) {
-	t.Helper()
-	if _, err := b.pool.Exec(context.Background(), fmt.Sprintf(q, `"`+b.schema+`"`), args...); err != nil {
-		t.Fatalf("%s: %v", q, err)
-	}
-}
-
-// move runs q, which moves the message with id ($1) out of the pending table, and fails
-// the test unless it moved exactly that one row.
-func (b *testBundle) move(t *testing.T, q string, id outbox.ID, args ...any) {
-	t.Helper()
-	tag, err := b.pool.Exec(context.Background(), fmt.Sprintf(q, `"`+b.schema+`"`), append([]any{id.String()}, args...)...)
-	if err != nil {
-		t.Fatalf("%s: %v", q, err)
-	}
-	if tag.RowsAffected() != 1 {
-		t.Fatalf("moved %d rows for message %s, want 1", tag.RowsAffected(), id)
-	}
-}
-
-// kill dead-letters the pending message with id as the relay would: moved to the dead
-// table with its seq, attempts 3 and the last error, deadAgo before the database's now().
-func (b *testBundle) kill(t *testing.T, id outbox.ID, lastError string, deadAgo time.Duration) {
-	t.Helper()
-	b.move(t, `WITH d AS (DELETE FROM %[1]s.outbox WHERE id = $1 RETURNING *)
-INSERT INTO %[1]s.outbox_dead (seq, id, topic, key, aggregate_type, event_type, content_type, payload, headers, dedup_key, shard, created_at, attempts, last_error, dead_at)
-SELECT seq, id, topic, key, aggregate_type, event_type, content_type, payload, headers, dedup_key, shard, created_at, 3, $3, now() - $2 * interval '1 second' FROM d`,
-		id, deadAgo.Seconds(), lastError)
-}
-
-// markPublished moves the pending message with id to the published table, as the relay
-// does once the broker confirmed it.
-func (b *testBundle) markPublished(t *testing.T, id outbox.ID) {
-	t.Helper()
-	b.move(t, `WITH d AS (DELETE FROM %[1]s.outbox WHERE id = $1 RETURNING *)
-INSERT INTO %[1]s.outbox_published (seq, id, topic, key, aggregate_type, event_type, content_type, payload, headers, dedup_key, shard, created_at, attempts)
-SELECT seq, id, topic, key, aggregate_type, event_type, content_type, payload, headers, dedup_key, shard, created_at, attempts FROM d`, id)
-}
-
-// countIn counts the rows of one of the test schema's tables (e.g. "outbox_dead") that
-// match where.
-func (b *testBundle) countIn(t *testing.T, table, where string) int {
-	t.Helper()
-	var n int
-	q := fmt.Sprintf(`SELECT count(*) FROM "%s".%s WHERE %s`, b.schema, table, where)
-	if err := b.pool.QueryRow(context.Background(), q).Scan(&n); err != nil {
-		t.Fatal(err)
-	}
-	return n
-}
-
-// countAll counts the messages that match where in all three message tables: pending,
-// published and dead.
-func (b *testBundle) countAll(t *testing.T, where string) int {
-	t.Helper()
-	return b.countIn(t, "outbox", where) + b.countIn(t, "outbox_published", where) + b.countIn(t, "outbox_dead", where)
-}
-
 func msg(topic, key string) outbox.Message {
 	return outbox.Message{ID: outbox.NewID(), Topic: topic, Key: key, Payload: []byte(`{}`)}
 }
@@ -96,22 +37,22 @@ func TestStatusCountsEveryState(t *testing.T) {
 	retryDue, retryLater := msg("billing", "b-1"), msg("billing", "b-2")
 	dead1, dead2 := msg("billing", "b-3"), msg("shipping", "s-1")
 	pub1, pub2, pub3 := msg("orders", "o-4"), msg("orders", "o-5"), msg("shipping", "s-2")
-	b.write(t, due1, due2, delayed, retryDue, retryLater, dead1, dead2, pub1, pub2, pub3)
+	b.Write(t, due1, due2, delayed, retryDue, retryLater, dead1, dead2, pub1, pub2, pub3)
 
-	b.exec(t, `UPDATE %[1]s.outbox SET created_at = now() - interval '1 hour' WHERE id = $1`, due1.ID.String())
-	b.exec(t, `UPDATE %[1]s.outbox SET attempts = 1, last_error = 'nack' WHERE id = $1`, retryDue.ID.String())
-	b.exec(t, `UPDATE %[1]s.outbox SET attempts = 2, last_error = 'nack', next_attempt_at = now() + interval '10 minutes' WHERE id = $1`, retryLater.ID.String())
-	b.kill(t, dead1.ID, "nack", time.Minute)
-	b.kill(t, dead2.ID, "nack", time.Minute)
+	b.Exec(t, `UPDATE %[1]s.outbox SET created_at = now() - interval '1 hour' WHERE id = $1`, due1.ID.String())
+	b.Exec(t, `UPDATE %[1]s.outbox SET attempts = 1, last_error = 'nack' WHERE id = $1`, retryDue.ID.String())
+	b.Exec(t, `UPDATE %[1]s.outbox SET attempts = 2, last_error = 'nack', next_attempt_at = now() + interval '10 minutes' WHERE id = $1`, retryLater.ID.String())
+	b.Kill(t, dead1.ID, 3, "nack", time.Minute)
+	b.Kill(t, dead2.ID, 3, "nack", time.Minute)
 	for _, m := range []outbox.Message{pub1, pub2, pub3} {
-		b.markPublished(t, m.ID)
+		b.MarkPublished(t, m.ID)
 	}
 
 	// Two relays: r1 live with ten unexpired leases, r2 expired holding three expired ones.
-	b.exec(t, `INSERT INTO %[1]s.outbox_relays (id, hostname, pid, expires_at) VALUES
+	b.Exec(t, `INSERT INTO %[1]s.outbox_relays (id, hostname, pid, expires_at) VALUES
 		('r1', 'host-a', 11, now() + interval '1 minute'), ('r2', 'host-b', 22, now() - interval '1 minute')`)
-	b.exec(t, `UPDATE %[1]s.outbox_leases SET owner = 'r1', token = shard + 1, expires_at = now() + interval '1 minute' WHERE shard < 10`)
-	b.exec(t, `UPDATE %[1]s.outbox_leases SET owner = 'r2', token = shard + 1, expires_at = now() - interval '1 minute' WHERE shard BETWEEN 10 AND 12`)
+	b.Exec(t, `UPDATE %[1]s.outbox_leases SET owner = 'r1', token = shard + 1, expires_at = now() + interval '1 minute' WHERE shard < 10`)
+	b.Exec(t, `UPDATE %[1]s.outbox_leases SET owner = 'r2', token = shard + 1, expires_at = now() - interval '1 minute' WHERE shard BETWEEN 10 AND 12`)
 
 	st, err := b.drv.Status(ctx)
 	if err != nil {
@@ -169,12 +110,12 @@ func TestStatusEstimatesLargePublishedTable(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	const rows = outboxpgx.PublishedExactBelow + 20_000
-	b.exec(t, `INSERT INTO %[1]s.outbox_published (seq, id, topic, key, aggregate_type, event_type, content_type, payload, headers, dedup_key, shard, created_at, attempts)
+	b.Exec(t, `INSERT INTO %[1]s.outbox_published (seq, id, topic, key, aggregate_type, event_type, content_type, payload, headers, dedup_key, shard, created_at, attempts)
 SELECT i, gen_random_uuid(), 'orders', '', '', '', 'application/json', '\x7b7d', '{}', i::text, 0, now(), 0
 FROM generate_series(1, $1::int) i`, rows)
-	b.exec(t, `ANALYZE %[1]s.outbox_published`)
+	b.Exec(t, `ANALYZE %[1]s.outbox_published`)
 	pending := msg("orders", "p")
-	b.write(t, pending)
+	b.Write(t, pending)
 
 	st, err := b.drv.Status(context.Background())
 	if err != nil {
@@ -219,11 +160,11 @@ func newDeadFixture(t *testing.T) *deadFixture {
 	f.old, f.mid, f.recent = msg("orders", "k1"), msg("orders", "k2"), msg("billing", "k1")
 	f.old.Headers = map[string]string{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
 	f.pending = msg("orders", "k3")
-	f.b.write(t, f.old, f.mid, f.recent, f.pending)
-	f.b.kill(t, f.old.ID, "disk 100% full_disk", 3*time.Hour)
-	f.b.kill(t, f.mid.ID, "publish timeout after 10s for ack", time.Hour)
-	f.b.kill(t, f.recent.ID, "Schema mismatch: field x in all/data", 10*time.Minute)
-	f.b.exec(t, `UPDATE %[1]s.outbox SET attempts = 2, last_error = 'publish timeout 100% full_disk Schema' WHERE id = $1`, f.pending.ID.String())
+	f.b.Write(t, f.old, f.mid, f.recent, f.pending)
+	f.b.Kill(t, f.old.ID, 3, "disk 100% full_disk", 3*time.Hour)
+	f.b.Kill(t, f.mid.ID, 3, "publish timeout after 10s for ack", time.Hour)
+	f.b.Kill(t, f.recent.ID, 3, "Schema mismatch: field x in all/data", 10*time.Minute)
+	f.b.Exec(t, `UPDATE %[1]s.outbox SET attempts = 2, last_error = 'publish timeout 100% full_disk Schema' WHERE id = $1`, f.pending.ID.String())
 	return f
 }
 
@@ -304,7 +245,7 @@ func TestDeadReplayPublishesWithSameIdentity(t *testing.T) {
 	}}
 	a1, a2, other := msg("orders", "a"), msg("orders", "a"), msg("billing", "b")
 	a1.DedupKey = "order-a-placed"
-	b.write(t, a1, a2, other)
+	b.Write(t, a1, a2, other)
 	startRelay(t, b, pub, outbox.RelayConfig{PollInterval: 50 * time.Millisecond, MaxAttempts: 1})
 
 	waitFor(t, 10*time.Second, "3 dead letters", func() bool {
@@ -312,7 +253,7 @@ func TestDeadReplayPublishesWithSameIdentity(t *testing.T) {
 		return err == nil && n == 3
 	})
 	broken.Store(false)
-	if n := b.countIn(t, "outbox", "true"); n != 0 {
+	if n := b.CountIn(t, "outbox", "true"); n != 0 {
 		t.Fatalf("%d rows left pending after dead-lettering, want 0: dead letters must move", n)
 	}
 	before, err := b.drv.DeadList(ctx, outbox.DeadFilter{Topic: "orders"})
@@ -349,16 +290,16 @@ func TestDeadReplayPublishesWithSameIdentity(t *testing.T) {
 		t.Fatalf("seqs changed: replayed %d, %d; were %d, %d", got[0].Seq, got[1].Seq, seqOf[a1.ID], seqOf[a2.ID])
 	}
 	waitFor(t, 10*time.Second, "replayed rows moved to published", func() bool {
-		return b.countIn(t, "outbox_published", "true") == 2
+		return b.CountIn(t, "outbox_published", "true") == 2
 	})
 	left, err := b.drv.DeadList(ctx, outbox.DeadFilter{})
 	if err != nil || len(left) != 1 || left[0].ID != other.ID {
 		t.Fatalf("dead letters left: %v, %v; want only %v", ids(left), err, other.ID)
 	}
-	if n := b.countAll(t, "true"); n != 3 {
+	if n := b.CountAll(t, "true"); n != 3 {
 		t.Fatalf("%d rows, want 3: replay must move rows, not copy them", n)
 	}
-	if n := b.countIn(t, "outbox_dedup", "dedup_key = 'order-a-placed'"); n != 1 {
+	if n := b.CountIn(t, "outbox_dedup", "dedup_key = 'order-a-placed'"); n != 1 {
 		t.Fatalf("%d dedup rows for the replayed key, want 1", n)
 	}
 
@@ -383,10 +324,10 @@ func TestDeadReplayLimitAndState(t *testing.T) {
 	}
 	where := fmt.Sprintf("id = '%s' AND seq = %d AND dedup_key = '%s' AND attempts = 0 AND next_attempt_at <= now() AND last_error = 'publish timeout after 10s for ack'",
 		f.mid.ID, mid[0].Seq, f.mid.ID)
-	if f.b.countIn(t, "outbox", where) != 1 || f.b.countAll(t, fmt.Sprintf("id = '%s'", f.mid.ID)) != 1 {
+	if f.b.CountIn(t, "outbox", where) != 1 || f.b.CountAll(t, fmt.Sprintf("id = '%s'", f.mid.ID)) != 1 {
 		t.Fatal("replayed row is not moved to pending, due, with its seq, dedup key and last error and attempts reset")
 	}
-	if f.b.countIn(t, "outbox_dead", fmt.Sprintf("id = '%s'", f.old.ID)) != 1 {
+	if f.b.CountIn(t, "outbox_dead", fmt.Sprintf("id = '%s'", f.old.ID)) != 1 {
 		t.Fatal("the older match was replayed too")
 	}
 	st, err := f.b.drv.Status(ctx)
@@ -408,7 +349,7 @@ func TestDeadPurgeDeletesOnlyMatches(t *testing.T) {
 			t.Fatalf("purge with %+v: got %v, want ErrEmptyDeadFilter", empty, err)
 		}
 	}
-	if n := f.b.countIn(t, "outbox_dead", "true"); n != 3 {
+	if n := f.b.CountIn(t, "outbox_dead", "true"); n != 3 {
 		t.Fatalf("refused purge deleted rows: %d dead left", n)
 	}
 
@@ -416,14 +357,14 @@ func TestDeadPurgeDeletesOnlyMatches(t *testing.T) {
 	if err != nil || n != 1 {
 		t.Fatalf("purge by error: %d, %v; want 1", n, err)
 	}
-	if f.b.countAll(t, fmt.Sprintf("id = '%s'", f.mid.ID)) != 0 {
+	if f.b.CountAll(t, fmt.Sprintf("id = '%s'", f.mid.ID)) != 0 {
 		t.Fatal("matching dead letter still there")
 	}
-	if f.b.countIn(t, "outbox", fmt.Sprintf("id = '%s'", f.pending.ID)) != 1 {
+	if f.b.CountIn(t, "outbox", fmt.Sprintf("id = '%s'", f.pending.ID)) != 1 {
 		t.Fatal("a pending message with a matching error was deleted")
 	}
 	// The dedup key stays taken: the retention cleanup releases it later.
-	if f.b.countIn(t, "outbox_dedup", fmt.Sprintf("dedup_key = '%s'", f.mid.ID)) != 1 {
+	if f.b.CountIn(t, "outbox_dedup", fmt.Sprintf("dedup_key = '%s'", f.mid.ID)) != 1 {
 		t.Fatal("purge released the dedup key at once")
 	}
 
@@ -431,18 +372,18 @@ func TestDeadPurgeDeletesOnlyMatches(t *testing.T) {
 	if err != nil || n != 1 {
 		t.Fatalf("purge with limit: %d, %v; want 1", n, err)
 	}
-	if f.b.countIn(t, "outbox_dead", fmt.Sprintf("id = '%s'", f.old.ID)) != 1 {
+	if f.b.CountIn(t, "outbox_dead", fmt.Sprintf("id = '%s'", f.old.ID)) != 1 {
 		t.Fatal("limit 1 purged the older match, want the newest")
 	}
 
 	published := msg("orders", "k1")
-	f.b.write(t, published)
-	f.b.markPublished(t, published.ID)
+	f.b.Write(t, published)
+	f.b.MarkPublished(t, published.ID)
 	n, err = f.b.drv.DeadPurgeAll(ctx)
 	if err != nil || n != 1 {
 		t.Fatalf("purge all: %d, %v; want 1", n, err)
 	}
-	if f.b.countAll(t, "true") != 2 || f.b.countIn(t, "outbox", "true") != 1 || f.b.countIn(t, "outbox_published", "true") != 1 {
+	if f.b.CountAll(t, "true") != 2 || f.b.CountIn(t, "outbox", "true") != 1 || f.b.CountIn(t, "outbox_published", "true") != 1 {
 		t.Fatal("purge all touched a pending or published message")
 	}
 }

@@ -3,15 +3,10 @@ package outboxpgx_test
 import (
 	"context"
 	"errors"
-	"fmt"
-	"io"
-	"log/slog"
-	"os"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/testdb"
@@ -20,63 +15,30 @@ import (
 )
 
 type testBundle struct {
-	pool   *pgxpool.Pool
-	drv    *outboxpgx.Driver
-	schema string
-	w      *outbox.Writer[pgx.Tx]
+	*testdb.DB
+	drv *outboxpgx.Driver
+	w   *outbox.Writer[pgx.Tx]
 }
 
 func setup(t *testing.T) *testBundle {
 	t.Helper()
-	pool, drv, schema := testdb.Setup(t)
+	db, drv := testdb.Migrated(t)
 	w, err := outbox.NewWriter(drv, outbox.WriterConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &testBundle{pool: pool, drv: drv, schema: schema, w: w}
-}
-
-func quietLogger() *slog.Logger {
-	if os.Getenv("OUTBOX_TEST_LOG") != "" {
-		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	}
-	return slog.New(slog.NewTextHandler(io.Discard, nil))
-}
-
-// write commits msgs in one transaction.
-func (b *testBundle) write(t *testing.T, msgs ...outbox.Message) {
-	t.Helper()
-	err := pgx.BeginFunc(context.Background(), b.pool, func(tx pgx.Tx) error {
-		return b.w.Write(context.Background(), tx, msgs...)
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	return &testBundle{DB: db, drv: drv, w: w}
 }
 
 func (b *testBundle) count(t *testing.T, where string) int {
 	t.Helper()
-	var n int
-	q := fmt.Sprintf(`SELECT count(*) FROM "%s".outbox WHERE %s`, b.schema, where)
-	if err := b.pool.QueryRow(context.Background(), q).Scan(&n); err != nil {
-		t.Fatal(err)
-	}
-	return n
-}
-
-func (b *testBundle) countPublished(t *testing.T) int {
-	t.Helper()
-	var n int
-	if err := b.pool.QueryRow(context.Background(), fmt.Sprintf(`SELECT count(*) FROM "%s".outbox_published`, b.schema)).Scan(&n); err != nil {
-		t.Fatal(err)
-	}
-	return n
+	return b.CountIn(t, "outbox", where)
 }
 
 func startRelay(t *testing.T, b *testBundle, pub outbox.Publisher, cfg outbox.RelayConfig) *outbox.Relay {
 	t.Helper()
 	if cfg.Logger == nil {
-		cfg.Logger = quietLogger()
+		cfg.Logger = testdb.Logger()
 	}
 	cfg.PollInterval = max(cfg.PollInterval, 0)
 	r, err := outbox.NewRelay(b.drv, pub, cfg)
@@ -105,7 +67,7 @@ func waitCtx(t *testing.T, d time.Duration) context.Context {
 func TestWriteAndPublish(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.write(t,
+	b.Write(t,
 		outbox.Message{Topic: "orders", Key: "o-1", EventType: "order.placed", Payload: []byte(`{"n":1}`),
 			Headers: map[string]string{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}},
 		outbox.Message{Topic: "orders", Key: "o-1", EventType: "order.paid", Payload: []byte(`{"n":2}`)},
@@ -123,7 +85,7 @@ func TestWriteAndPublish(t *testing.T) {
 		t.Fatalf("message not carried whole: %+v", got[0])
 	}
 	deadline := time.Now().Add(5 * time.Second)
-	for b.countPublished(t) != 2 {
+	for b.CountIn(t, "outbox_published", "true") != 2 {
 		if time.Now().After(deadline) {
 			t.Fatal("rows not marked published")
 		}
@@ -136,7 +98,7 @@ func TestRollbackNeverPublished(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
 	// A rolled-back transaction.
-	tx, err := b.pool.Begin(ctx)
+	tx, err := b.Pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -147,7 +109,7 @@ func TestRollbackNeverPublished(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A savepoint rolled back inside a committed transaction.
-	err = pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+	err = pgx.BeginFunc(ctx, b.Pool, func(tx pgx.Tx) error {
 		if err := b.w.Write(ctx, tx, outbox.Message{Topic: "t", Key: "k", Payload: []byte(`"kept-1"`)}); err != nil {
 			return err
 		}
@@ -209,7 +171,7 @@ func TestInvalidMessageWritesNothing(t *testing.T) {
 		{"key invalid utf8", outbox.Message{Topic: "t", Key: "\xff"}, "Key"},
 	}
 	for _, tc := range cases {
-		err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+		err := pgx.BeginFunc(ctx, b.Pool, func(tx pgx.Tx) error {
 			good := outbox.Message{Topic: "t", Payload: []byte(`{}`)}
 			return b.w.Write(ctx, tx, good, tc.msg)
 		})

@@ -16,8 +16,8 @@ func TestFetchContinuationKeepsKeyOrder(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := context.Background()
-	b.write(t, outbox.Message{Topic: "t", Key: "k", Payload: []byte(`1`)}, outbox.Message{Topic: "t", Key: "other", Payload: []byte(`2`)})
-	b.write(t, outbox.Message{Topic: "t", Key: "k", Payload: []byte(`3`)}, outbox.Message{Topic: "t", Key: "fresh", Payload: []byte(`4`)})
+	b.Write(t, outbox.Message{Topic: "t", Key: "k", Payload: []byte(`1`)}, outbox.Message{Topic: "t", Key: "other", Payload: []byte(`2`)})
+	b.Write(t, outbox.Message{Topic: "t", Key: "k", Payload: []byte(`3`)}, outbox.Message{Topic: "t", Key: "fresh", Payload: []byte(`4`)})
 	st, err := b.drv.SyncLeases(ctx, outbox.LeaseRequest{RelayID: "r", TTL: time.Minute})
 	if err != nil {
 		t.Fatal(err)

@@ -28,12 +28,12 @@ func newDeadBundle(t *testing.T) *deadBundle {
 	b.old, b.mid, b.recent, b.pending = msg("orders", "k1"), msg("orders", "k2"), msg("billing", "k1"), msg("orders", "k3")
 	b.old.Headers = map[string]string{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
 	b.recent.Payload = []byte{0xff, 0x00, 0xfe}
-	b.write(t, b.old, b.mid, b.recent, b.pending)
-	kill := func(m outbox.Message, lastError string, ago time.Duration) { b.kill(t, m.ID, 10, lastError, ago) }
+	b.Write(t, b.old, b.mid, b.recent, b.pending)
+	kill := func(m outbox.Message, lastError string, ago time.Duration) { b.Kill(t, m.ID, 10, lastError, ago) }
 	kill(b.old, "nats: maximum payload exceeded\nsecond line", 3*time.Hour)
 	kill(b.mid, "publish timeout", time.Hour)
 	kill(b.recent, "schema mismatch", 10*time.Minute)
-	b.exec(t, `UPDATE %[1]s.outbox SET attempts = 2, last_error = 'publish timeout' WHERE id = $1`, b.pending.ID.String())
+	b.Exec(t, `UPDATE %[1]s.outbox SET attempts = 2, last_error = 'publish timeout' WHERE id = $1`, b.pending.ID.String())
 	return b
 }
 
@@ -118,7 +118,7 @@ func TestDeadShow(t *testing.T) {
 		}
 	}
 	// A payload that is not UTF-8 is shown in base64; flags may follow the id.
-	r = must(t, 0, b.env, "dead", "show", b.recent.ID.String(), "--schema", b.schema)
+	r = must(t, 0, b.env, "dead", "show", b.recent.ID.String(), "--schema", b.Schema)
 	if !strings.Contains(r.stdout, "payload (3 bytes, base64):\n  "+base64.StdEncoding.EncodeToString(b.recent.Payload)) {
 		t.Errorf("binary payload:\n%s", r.stdout)
 	}
@@ -143,7 +143,7 @@ func TestDeadShow(t *testing.T) {
 func TestDeadReplay(t *testing.T) {
 	t.Parallel()
 	b := newDeadBundle(t)
-	dead := func() int { return b.countIn(t, "outbox_dead", "true") }
+	dead := func() int { return b.CountIn(t, "outbox_dead", "true") }
 
 	// Without --yes: says what it would do, exits 2, changes nothing.
 	r := must(t, 2, b.env, "dead", "replay", "--topic", "orders")
@@ -164,7 +164,7 @@ func TestDeadReplay(t *testing.T) {
 		t.Fatalf("replay --yes: %s", r)
 	}
 	where := fmt.Sprintf("id = '%s' AND attempts = 0 AND dedup_key = '%s'", b.mid.ID, b.mid.ID)
-	if dead() != 2 || b.count(t, where) != 1 || b.countAll(t, fmt.Sprintf("id = '%s'", b.mid.ID)) != 1 {
+	if dead() != 2 || b.count(t, where) != 1 || b.CountAll(t, fmt.Sprintf("id = '%s'", b.mid.ID)) != 1 {
 		t.Fatal("replay did not move exactly the match back to pending with the same id and dedup key")
 	}
 	if r := must(t, 0, b.env, "dead", "replay", "--topic", "nope", "--yes"); !strings.Contains(r.stdout, "nothing to replay") {
@@ -175,7 +175,7 @@ func TestDeadReplay(t *testing.T) {
 func TestDeadPurge(t *testing.T) {
 	t.Parallel()
 	b := newDeadBundle(t)
-	total := func() int { return b.countAll(t, "true") }
+	total := func() int { return b.CountAll(t, "true") }
 
 	for _, args := range [][]string{
 		{"dead", "purge", "--yes"},                          // no filter
@@ -196,12 +196,12 @@ func TestDeadPurge(t *testing.T) {
 		t.Fatalf("purge --dry-run: %s", r)
 	}
 	r = must(t, 0, b.env, "dead", "purge", "--key", "k1", "--limit", "1", "--yes")
-	if !strings.Contains(r.stdout, `purged the newest dead letter matching key="k1"`) || b.countAll(t, fmt.Sprintf("id = '%s'", b.recent.ID)) != 0 {
+	if !strings.Contains(r.stdout, `purged the newest dead letter matching key="k1"`) || b.CountAll(t, fmt.Sprintf("id = '%s'", b.recent.ID)) != 0 {
 		t.Fatalf("purge --key --limit 1 did not delete the newest match: %s", r)
 	}
 	// The error filter also matches the pending message; it must survive.
 	must(t, 0, b.env, "dead", "purge", "--error", "timeout", "--yes")
-	if b.count(t, fmt.Sprintf("id = '%s'", b.pending.ID)) != 1 || b.countAll(t, fmt.Sprintf("id = '%s'", b.mid.ID)) != 0 {
+	if b.count(t, fmt.Sprintf("id = '%s'", b.pending.ID)) != 1 || b.CountAll(t, fmt.Sprintf("id = '%s'", b.mid.ID)) != 0 {
 		t.Fatal("purge by error deleted the wrong rows")
 	}
 	r = must(t, 0, b.env, "dead", "purge", "--all", "--yes")

@@ -12,10 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/testdb"
 	"github.com/outboxkit/outbox/outboxpgx"
 )
@@ -75,18 +71,16 @@ const unreachableDB = "postgres://nobody@127.0.0.1:1/none?sslmode=disable&connec
 // testBundle is a fresh schema on the test database and the environment that points
 // the CLI at it.
 type testBundle struct {
-	pool   *pgxpool.Pool
-	schema string
-	env    map[string]string
+	*testdb.DB
+	env map[string]string
 }
 
 func setup(t *testing.T) *testBundle {
 	t.Helper()
-	pool := testdb.Pool(t)
-	schema := testdb.NewSchema(t, pool)
-	return &testBundle{pool: pool, schema: schema, env: map[string]string{
+	db := testdb.NewDB(t)
+	return &testBundle{DB: db, env: map[string]string{
 		"OUTBOX_DATABASE_URL": testdb.URL(),
-		"OUTBOX_SCHEMA":       schema,
+		"OUTBOX_SCHEMA":       db.Schema,
 	}}
 }
 
@@ -100,89 +94,17 @@ func migrated(t *testing.T) *testBundle {
 
 func (b *testBundle) driver(t *testing.T) *outboxpgx.Driver {
 	t.Helper()
-	drv, err := outboxpgx.New(b.pool, outboxpgx.Config{Schema: b.schema})
+	drv, err := outboxpgx.New(b.Pool, outboxpgx.Config{Schema: b.Schema})
 	if err != nil {
 		t.Fatal(err)
 	}
 	return drv
 }
 
-// write commits msgs in one transaction.
-func (b *testBundle) write(t *testing.T, msgs ...outbox.Message) {
-	t.Helper()
-	w, err := outbox.NewWriter(b.driver(t), outbox.WriterConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := context.Background()
-	if err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error { return w.Write(ctx, tx, msgs...) }); err != nil {
-		t.Fatal(err)
-	}
-}
-
-// exec runs q with %[1]s replaced by the quoted schema.
-func (b *testBundle) exec(t *testing.T, q string, args ...any) {
-	t.Helper()
-	if _, err := b.pool.Exec(context.Background(), fmt.Sprintf(q, `"`+b.schema+`"`), args...); err != nil {
-		t.Fatalf("%s: %v", q, err)
-	}
-}
-
 // count counts the pending messages (the outbox table) that match where.
 func (b *testBundle) count(t *testing.T, where string) int {
 	t.Helper()
-	return b.countIn(t, "outbox", where)
-}
-
-// countIn counts the rows of one of the schema's tables (e.g. "outbox_dead") that match
-// where.
-func (b *testBundle) countIn(t *testing.T, table, where string) int {
-	t.Helper()
-	var n int
-	q := fmt.Sprintf(`SELECT count(*) FROM "%s".%s WHERE %s`, b.schema, table, where)
-	if err := b.pool.QueryRow(context.Background(), q).Scan(&n); err != nil {
-		t.Fatal(err)
-	}
-	return n
-}
-
-// countAll counts the messages that match where in all three message tables: pending,
-// published and dead.
-func (b *testBundle) countAll(t *testing.T, where string) int {
-	t.Helper()
-	return b.countIn(t, "outbox", where) + b.countIn(t, "outbox_published", where) + b.countIn(t, "outbox_dead", where)
-}
-
-// kill dead-letters the pending message with id as the relay would: moved to the dead
-// table with its seq, the attempts and the last error, deadAgo before the database's now().
-func (b *testBundle) kill(t *testing.T, id outbox.ID, attempts int, lastError string, deadAgo time.Duration) {
-	t.Helper()
-	b.move(t, `WITH d AS (DELETE FROM %[1]s.outbox WHERE id = $1 RETURNING *)
-INSERT INTO %[1]s.outbox_dead (seq, id, topic, key, aggregate_type, event_type, content_type, payload, headers, dedup_key, shard, created_at, attempts, last_error, dead_at)
-SELECT seq, id, topic, key, aggregate_type, event_type, content_type, payload, headers, dedup_key, shard, created_at, $2, $3, now() - $4 * interval '1 second' FROM d`,
-		id, attempts, lastError, deadAgo.Seconds())
-}
-
-// markPublished moves the pending message with id to the published table, as the relay
-// does once the broker confirmed it.
-func (b *testBundle) markPublished(t *testing.T, id outbox.ID) {
-	t.Helper()
-	b.move(t, `WITH d AS (DELETE FROM %[1]s.outbox WHERE id = $1 RETURNING *)
-INSERT INTO %[1]s.outbox_published (seq, id, topic, key, aggregate_type, event_type, content_type, payload, headers, dedup_key, shard, created_at, attempts)
-SELECT seq, id, topic, key, aggregate_type, event_type, content_type, payload, headers, dedup_key, shard, created_at, attempts FROM d`, id)
-}
-
-// move runs q, which moves the message with id ($1) out of the pending table, and fails
-// the test unless it moved exactly that one row.
-func (b *testBundle) move(t *testing.T, q string, id outbox.ID, args ...any) {
-	t.Helper()
-	tag, err := b.pool.Exec(context.Background(), fmt.Sprintf(q, `"`+b.schema+`"`), append([]any{id.String()}, args...)...)
-	if err != nil {
-		t.Fatalf("%s: %v", q, err)
-	}
-	if tag.RowsAffected() != 1 {
-		t.Fatalf("moved %d rows for message %s, want 1", tag.RowsAffected(), id)
-	}
+	return b.CountIn(t, "outbox", where)
 }
 
 func with(env map[string]string, kv ...string) map[string]string {

@@ -9,7 +9,7 @@ import (
 func (b *testBundle) tableExists(t *testing.T, name string) bool {
 	t.Helper()
 	var ok bool
-	err := b.pool.QueryRow(context.Background(), `SELECT to_regclass($1) IS NOT NULL`, `"`+b.schema+`".`+name).Scan(&ok)
+	err := b.Pool.QueryRow(context.Background(), `SELECT to_regclass($1) IS NOT NULL`, `"`+b.Schema+`".`+name).Scan(&ok)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -62,12 +62,12 @@ func TestMigrateSQLNeedsNoDatabaseAndMatchesUp(t *testing.T) {
 	b := setup(t)
 	// The database URL points nowhere: sql must not connect.
 	r := must(t, 0, with(b.env, "OUTBOX_DATABASE_URL", unreachableDB), "migrate", "sql")
-	if !strings.Contains(r.stdout, `CREATE TABLE "`+b.schema+`"."outbox"`) {
+	if !strings.Contains(r.stdout, `CREATE TABLE "`+b.Schema+`"."outbox"`) {
 		t.Fatalf("sql does not create the outbox in the configured schema: %s", r)
 	}
 	// Applying the script by hand leaves the schema exactly as migrate up would: the relay
 	// and migrate status agree.
-	if _, err := b.pool.Exec(context.Background(), r.stdout); err != nil {
+	if _, err := b.Pool.Exec(context.Background(), r.stdout); err != nil {
 		t.Fatalf("apply migrate sql output: %v", err)
 	}
 	if r := must(t, 0, b.env, "migrate", "status"); strings.Contains(r.stdout, " no") {

@@ -95,7 +95,7 @@ func TestRelayEndToEnd(t *testing.T) {
 		{ID: outbox.NewID(), Topic: "orders", Key: "o-1", EventType: "order.paid", Payload: []byte(`{"n":2}`)},
 		{ID: outbox.NewID(), Topic: "billing", Key: "b-1", Payload: []byte(`{"n":3}`), Headers: map[string]string{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}},
 	}
-	b.write(t, msgs[:2]...) // before the relay starts
+	b.Write(t, msgs[:2]...) // before the relay starts
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -109,7 +109,7 @@ func TestRelayEndToEnd(t *testing.T) {
 	}()
 
 	got := streamMessages(t, js, stream, 2)
-	b.write(t, msgs[2]) // while it runs
+	b.Write(t, msgs[2]) // while it runs
 	got = streamMessages(t, js, stream, 3)
 	if len(got) != 3 {
 		t.Fatalf("stream holds %d messages, want 3", len(got))
@@ -179,7 +179,7 @@ func TestRelayWarnsAboutUncapturedTopics(t *testing.T) {
 	t.Parallel()
 	b := migrated(t)
 	prefix := testnats.Unique() + "." // no stream captures it
-	b.write(t, outbox.Message{Topic: "orphans", Payload: []byte(`{}`)})
+	b.Write(t, outbox.Message{Topic: "orphans", Payload: []byte(`{}`)})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var stderr syncBuffer
@@ -221,9 +221,9 @@ func TestBinary(t *testing.T) {
 	b := migrated(t)
 	js := testnats.JetStream(t, "")
 	stream, prefix := natsStream(t, js)
-	b.write(t, outbox.Message{Topic: "orders", Payload: []byte(`{}`)})
+	b.Write(t, outbox.Message{Topic: "orders", Payload: []byte(`{}`)})
 	cmd := exec.Command(bin, "relay", "--broker", testnats.URL(), "--subject-prefix", prefix, "--nats-create-stream", stream)
-	cmd.Env = append(os.Environ(), "OUTBOX_DATABASE_URL="+b.env["OUTBOX_DATABASE_URL"], "OUTBOX_SCHEMA="+b.schema, "OUTBOX_POLL_INTERVAL=50ms")
+	cmd.Env = append(os.Environ(), "OUTBOX_DATABASE_URL="+b.env["OUTBOX_DATABASE_URL"], "OUTBOX_SCHEMA="+b.Schema, "OUTBOX_POLL_INTERVAL=50ms")
 	var stderr syncBuffer
 	cmd.Stderr = &stderr
 	if err := cmd.Start(); err != nil {

@@ -17,13 +17,13 @@ func TestStatus(t *testing.T) {
 	retrying := outbox.Message{ID: outbox.NewID(), Topic: "billing", Key: "c", Payload: []byte(`{}`)}
 	dead := outbox.Message{ID: outbox.NewID(), Topic: "billing", Key: "d", Payload: []byte(`{}`)}
 	published := outbox.Message{ID: outbox.NewID(), Topic: "orders", Key: "e", Payload: []byte(`{}`)}
-	b.write(t, due, delayed, retrying, dead, published)
-	b.exec(t, `UPDATE %[1]s.outbox SET created_at = now() - interval '2 hours' WHERE id = $1`, due.ID.String())
-	b.exec(t, `UPDATE %[1]s.outbox SET attempts = 1, last_error = 'nack', next_attempt_at = now() + interval '1 minute' WHERE id = $1`, retrying.ID.String())
-	b.kill(t, dead.ID, 10, "nack", 0)
-	b.markPublished(t, published.ID)
-	b.exec(t, `INSERT INTO %[1]s.outbox_relays (id, hostname, pid, expires_at) VALUES ('relay-a', 'host-a', 4242, now() + interval '1 minute')`)
-	b.exec(t, `UPDATE %[1]s.outbox_leases SET owner = 'relay-a', token = shard + 1, expires_at = now() + interval '1 minute' WHERE shard < 32`)
+	b.Write(t, due, delayed, retrying, dead, published)
+	b.Exec(t, `UPDATE %[1]s.outbox SET created_at = now() - interval '2 hours' WHERE id = $1`, due.ID.String())
+	b.Exec(t, `UPDATE %[1]s.outbox SET attempts = 1, last_error = 'nack', next_attempt_at = now() + interval '1 minute' WHERE id = $1`, retrying.ID.String())
+	b.Kill(t, dead.ID, 10, "nack", 0)
+	b.MarkPublished(t, published.ID)
+	b.Exec(t, `INSERT INTO %[1]s.outbox_relays (id, hostname, pid, expires_at) VALUES ('relay-a', 'host-a', 4242, now() + interval '1 minute')`)
+	b.Exec(t, `UPDATE %[1]s.outbox_leases SET owner = 'relay-a', token = shard + 1, expires_at = now() + interval '1 minute' WHERE shard < 32`)
 
 	st := statusJSON(t, b)
 	if st.Pending != 3 || st.Due != 1 || st.Delayed != 2 || st.Retrying != 1 || st.Dead != 1 || st.Published != 1 ||

@@ -7,12 +7,17 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
+	"io"
+	"log/slog"
 	"os"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/outboxpgx"
 )
 
@@ -73,4 +78,110 @@ func Setup(t testing.TB) (*pgxpool.Pool, *outboxpgx.Driver, string) {
 		t.Fatalf("testdb: migrate: %v", err)
 	}
 	return pool, drv, schema
+}
+
+// DB is one test's database: the shared pool and a fresh schema. Its helpers fail the
+// test on any error.
+type DB struct {
+	Pool   *pgxpool.Pool
+	Schema string
+}
+
+// NewDB returns a pool and a fresh, empty schema (not migrated).
+func NewDB(t testing.TB) *DB {
+	t.Helper()
+	pool := Pool(t)
+	return &DB{Pool: pool, Schema: NewSchema(t, pool)}
+}
+
+// Migrated returns a DB whose schema holds a migrated outbox, and its driver.
+func Migrated(t testing.TB) (*DB, *outboxpgx.Driver) {
+	t.Helper()
+	pool, drv, schema := Setup(t)
+	return &DB{Pool: pool, Schema: schema}, drv
+}
+
+// Write commits msgs in one transaction, through outboxpgx.
+func (d *DB) Write(t testing.TB, msgs ...outbox.Message) {
+	t.Helper()
+	drv, err := outboxpgx.New(d.Pool, outboxpgx.Config{Schema: d.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := outbox.NewWriter(drv, outbox.WriterConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := pgx.BeginFunc(ctx, d.Pool, func(tx pgx.Tx) error { return w.Write(ctx, tx, msgs...) }); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Exec runs q with %[1]s replaced by the quoted schema.
+func (d *DB) Exec(t testing.TB, q string, args ...any) {
+	t.Helper()
+	if _, err := d.Pool.Exec(context.Background(), fmt.Sprintf(q, `"`+d.Schema+`"`), args...); err != nil {
+		t.Fatalf("%s: %v", q, err)
+	}
+}
+
+// CountIn counts the rows of one of the schema's tables (e.g. "outbox_dead") that match
+// where.
+func (d *DB) CountIn(t testing.TB, table, where string) int {
+	t.Helper()
+	var n int
+	q := fmt.Sprintf(`SELECT count(*) FROM "%s".%s WHERE %s`, d.Schema, table, where)
+	if err := d.Pool.QueryRow(context.Background(), q).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// CountAll counts the messages that match where in all three message tables: pending,
+// published and dead.
+func (d *DB) CountAll(t testing.TB, where string) int {
+	t.Helper()
+	return d.CountIn(t, "outbox", where) + d.CountIn(t, "outbox_published", where) + d.CountIn(t, "outbox_dead", where)
+}
+
+// Kill dead-letters the pending message with id as the relay would: moved to the dead
+// table with its seq, the attempts and the last error, deadAgo before the database's now().
+func (d *DB) Kill(t testing.TB, id outbox.ID, attempts int, lastError string, deadAgo time.Duration) {
+	t.Helper()
+	d.move(t, `WITH d AS (DELETE FROM %[1]s.outbox WHERE id = $1 RETURNING *)
+INSERT INTO %[1]s.outbox_dead (seq, id, topic, key, aggregate_type, event_type, content_type, payload, headers, dedup_key, shard, created_at, attempts, last_error, dead_at)
+SELECT seq, id, topic, key, aggregate_type, event_type, content_type, payload, headers, dedup_key, shard, created_at, $2, $3, now() - $4 * interval '1 second' FROM d`,
+		id, attempts, lastError, deadAgo.Seconds())
+}
+
+// MarkPublished moves the pending message with id to the published table, as the relay
+// does once the broker confirmed it.
+func (d *DB) MarkPublished(t testing.TB, id outbox.ID) {
+	t.Helper()
+	d.move(t, `WITH d AS (DELETE FROM %[1]s.outbox WHERE id = $1 RETURNING *)
+INSERT INTO %[1]s.outbox_published (seq, id, topic, key, aggregate_type, event_type, content_type, payload, headers, dedup_key, shard, created_at, attempts)
+SELECT seq, id, topic, key, aggregate_type, event_type, content_type, payload, headers, dedup_key, shard, created_at, attempts FROM d`, id)
+}
+
+// move runs q, which moves the message with id ($1) out of the pending table, and fails
+// the test unless it moved exactly that one row.
+func (d *DB) move(t testing.TB, q string, id outbox.ID, args ...any) {
+	t.Helper()
+	tag, err := d.Pool.Exec(context.Background(), fmt.Sprintf(q, `"`+d.Schema+`"`), append([]any{id.String()}, args...)...)
+	if err != nil {
+		t.Fatalf("%s: %v", q, err)
+	}
+	if tag.RowsAffected() != 1 {
+		t.Fatalf("moved %d rows for message %s, want 1", tag.RowsAffected(), id)
+	}
+}
+
+// Logger is the logger tests give relays: silent, or verbose on stderr when
+// OUTBOX_TEST_LOG is set.
+func Logger() *slog.Logger {
+	if os.Getenv("OUTBOX_TEST_LOG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return slog.New(slog.NewTextHandler(io.Discard, nil))
 }
