@@ -41,7 +41,23 @@ const (
 	envTTL     = "OUTBOX_E2E_LEASE_TTL"
 	envID      = "OUTBOX_E2E_ID"
 	envInFight = "OUTBOX_E2E_MAX_IN_FLIGHT"
+	// envAckDelay holds each confirmed batch this long before the relay sees it, like a
+	// slow acknowledgement path: the relay then nearly always holds confirmed outcomes
+	// it has not recorded, which a freeze must get refused.
+	envAckDelay = "OUTBOX_E2E_ACK_DELAY"
 )
+
+// slowAcks delays the confirmations of a publisher.
+type slowAcks struct {
+	outbox.Publisher
+	delay time.Duration
+}
+
+func (s slowAcks) Publish(ctx context.Context, batch []*outbox.Message) []error {
+	errs := s.Publisher.Publish(ctx, batch)
+	time.Sleep(s.delay)
+	return errs
+}
 
 func TestMain(m *testing.M) {
 	if os.Getenv(envChild) == "1" {
@@ -74,7 +90,11 @@ func childRelay() int {
 	defer pub.Close()
 	ttl, _ := time.ParseDuration(os.Getenv(envTTL))
 	inFlight, _ := strconv.Atoi(os.Getenv(envInFight))
-	r, err := outbox.NewRelay(drv, pub, outbox.RelayConfig{
+	var publisher outbox.Publisher = pub
+	if d, _ := time.ParseDuration(os.Getenv(envAckDelay)); d > 0 {
+		publisher = slowAcks{Publisher: pub, delay: d}
+	}
+	r, err := outbox.NewRelay(drv, publisher, outbox.RelayConfig{
 		ID: os.Getenv(envID), LeaseTTL: ttl, MaxInFlight: inFlight, PublishBatchSize: min(250, max(inFlight, 1)),
 		PollInterval: 100 * time.Millisecond, OutageMinDelay: 50 * time.Millisecond, OutageMaxDelay: time.Second,
 		Logger: log,
@@ -102,6 +122,7 @@ type env struct {
 	prefix   string
 	ttl      time.Duration
 	inFlight int
+	ackDelay time.Duration // for relays started from now on
 	w        *outbox.Writer[pgx.Tx]
 }
 
@@ -144,7 +165,8 @@ func (e *env) startRelay(id string) *child {
 	e.t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), envChild+"=1", envSchema+"="+e.schema, envNATS+"="+e.natsURL,
-		envPrefix+"="+e.prefix, envTTL+"="+e.ttl.String(), envID+"="+id, envInFight+"="+strconv.Itoa(e.inFlight))
+		envPrefix+"="+e.prefix, envTTL+"="+e.ttl.String(), envID+"="+id, envInFight+"="+strconv.Itoa(e.inFlight),
+		envAckDelay+"="+e.ackDelay.String())
 	c := &child{id: id, cmd: cmd, stderr: &syncBuffer{}, done: make(chan struct{})}
 	cmd.Stderr = c.stderr
 	if err := cmd.Start(); err != nil {
