@@ -19,7 +19,9 @@ var benchCommand = &command{
      relays drain it; eps is events per second, rss_mib the process's peak memory;
   3. latency: --rate events per second for --duration, each in its own transaction,
      woken by LISTEN/NOTIFY; p50/p95/p99 are COMMIT returned -> broker confirmed.
-It uses a throwaway schema and streams, dropped at the end. Progress goes to stderr; the
+With --runs N, phases 1 and 2 are repeated N times and eps, raw_eps and ratio are the
+medians (ratio is the median of the per-run ratios). It uses a throwaway schema and
+streams, dropped at the end. Progress goes to stderr; the
 last line on stdout is "bench: key=value ...". With no flags it uses the local servers.`,
 	setup: func(fs *flag.FlagSet) runFunc {
 		var cfg bench.Config
@@ -31,6 +33,7 @@ last line on stdout is "bench: key=value ...". With no flags it uses the local s
 		fs.IntVar(&cfg.Relays, "relays", 1, "relays draining the backlog at once")
 		fs.IntVar(&cfg.Rate, "rate", 1_000, "events per second in the latency phase")
 		fs.DurationVar(&cfg.Duration, "duration", 10*time.Second, "length of the latency phase (-1s skips it)")
+		fs.IntVar(&cfg.Runs, "runs", 1, "raw + drain measurements to take; the figures are their medians")
 		fs.IntVar(&cfg.Relay.BatchSize, "batch-size", 0, "relay fetch size (0: the relay's default)")
 		fs.IntVar(&cfg.Relay.MaxInFlight, "max-in-flight", 0, "relay in-flight cap (0: the relay's default)")
 		fs.IntVar(&cfg.Relay.PublishBatchSize, "publish-batch-size", 0, "relay publish batch size (0: the relay's default)")
@@ -38,8 +41,8 @@ last line on stdout is "bench: key=value ...". With no flags it uses the local s
 			if err := noArgs(args); err != nil {
 				return err
 			}
-			if cfg.Events < 1 || cfg.Keys < 1 || cfg.PayloadBytes < 1 || cfg.Relays < 1 || cfg.Rate < 1 {
-				return usageErrorf("--events, --keys, --payload-bytes, --relays and --rate must be positive")
+			if cfg.Events < 1 || cfg.Keys < 1 || cfg.PayloadBytes < 1 || cfg.Relays < 1 || cfg.Rate < 1 || cfg.Runs < 1 {
+				return usageErrorf("--events, --keys, --payload-bytes, --relays, --rate and --runs must be positive")
 			}
 			cfg.Progress = inv.stderr
 			res, err := bench.Run(ctx, cfg)

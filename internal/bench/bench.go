@@ -41,6 +41,7 @@ type Config struct {
 	PayloadBytes int           // Defaults to 130.
 	Relays       int           // Relays draining the backlog. Defaults to 1.
 	Rate         int           // Events per second in the latency phase. Defaults to 1,000.
+	Runs         int           // Raw + drain measurements; the result is their median. Defaults to 1.
 	Duration     time.Duration // Length of the latency phase. Defaults to 10s; -1 skips it.
 	Relay        outbox.RelayConfig
 	Progress     io.Writer // Progress lines; nil for none.
@@ -49,7 +50,9 @@ type Config struct {
 // Result is what a run measured.
 type Result struct {
 	Events, Relays int
+	Runs           int
 	EPS, RawEPS    float64
+	Ratio          float64 // median of the runs' eps/raw_eps
 	DrainSeconds   float64
 	P50, P95, P99  time.Duration
 	LatencyEvents  int
@@ -59,15 +62,15 @@ type Result struct {
 
 // String is the one-line summary, `bench: key=value ...`.
 func (r Result) String() string {
-	ratio := 0.0
-	if r.RawEPS > 0 {
+	ratio := r.Ratio
+	if ratio == 0 && r.RawEPS > 0 {
 		ratio = r.EPS / r.RawEPS
 	}
 	ms := func(d time.Duration) string {
 		return strconv.FormatFloat(float64(d)/float64(time.Millisecond), 'f', 2, 64)
 	}
-	return fmt.Sprintf("bench: events=%d relays=%d eps=%.0f raw_eps=%.0f ratio=%.2f drain_s=%.2f rate=%d latency_events=%d p50_ms=%s p95_ms=%s p99_ms=%s rss_mib=%.0f",
-		r.Events, r.Relays, r.EPS, r.RawEPS, ratio, r.DrainSeconds, r.Rate, r.LatencyEvents, ms(r.P50), ms(r.P95), ms(r.P99), r.RSSMiB)
+	return fmt.Sprintf("bench: events=%d relays=%d runs=%d eps=%.0f raw_eps=%.0f ratio=%.2f drain_s=%.2f rate=%d latency_events=%d p50_ms=%s p95_ms=%s p99_ms=%s rss_mib=%.0f",
+		r.Events, r.Relays, max(r.Runs, 1), r.EPS, r.RawEPS, ratio, r.DrainSeconds, r.Rate, r.LatencyEvents, ms(r.P50), ms(r.P95), ms(r.P99), r.RSSMiB)
 }
 
 func (c Config) withDefaults() Config {
@@ -78,6 +81,7 @@ func (c Config) withDefaults() Config {
 	c.PayloadBytes = cmp.Or(c.PayloadBytes, 130)
 	c.Relays = cmp.Or(c.Relays, 1)
 	c.Rate = cmp.Or(c.Rate, 1_000)
+	c.Runs = cmp.Or(c.Runs, 1)
 	c.Duration = cmp.Or(c.Duration, 10*time.Second)
 	if c.Progress == nil {
 		c.Progress = io.Discard
@@ -91,8 +95,8 @@ func (c Config) withDefaults() Config {
 // Run performs the three phases: raw reference, backlog drain, steady-rate latency.
 func Run(ctx context.Context, cfg Config) (Result, error) {
 	cfg = cfg.withDefaults()
-	if cfg.Events < 1 || cfg.Keys < 1 || cfg.PayloadBytes < 1 || cfg.Relays < 1 || cfg.Rate < 1 {
-		return Result{}, errors.New("bench: events, keys, payload bytes, relays and rate must be positive")
+	if cfg.Events < 1 || cfg.Keys < 1 || cfg.PayloadBytes < 1 || cfg.Relays < 1 || cfg.Rate < 1 || cfg.Runs < 1 {
+		return Result{}, errors.New("bench: events, keys, payload bytes, relays, rate and runs must be positive")
 	}
 	res := Result{Events: cfg.Events, Relays: cfg.Relays, Rate: cfg.Rate}
 	tag := randomTag()
@@ -112,21 +116,6 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		payload[i] = 'a' + byte(i%26)
 	}
 
-	// Phase 1: the reference. Same client, same payload size, same stream settings, no
-	// database.
-	rawStream, rawSubject := "BENCH_RAW_"+strings.ToUpper(tag), "bench_raw_"+tag
-	if err := createStream(ctx, js, rawStream, rawSubject+".>"); err != nil {
-		return res, err
-	}
-	defer deleteStream(js, rawStream)
-	say("raw JetStream async publish of %d messages", cfg.Events)
-	res.RawEPS, err = rawPublish(ctx, js, rawSubject, payload, cfg.Events, cfg.Keys)
-	if err != nil {
-		return res, fmt.Errorf("raw publish: %w", err)
-	}
-	say("raw: %.0f msgs/s", res.RawEPS)
-
-	// Phase 2: drain a backlog with the relays.
 	pool, err := pgxpool.New(ctx, cfg.DatabaseURL)
 	if err != nil {
 		return res, fmt.Errorf("connect to PostgreSQL: %w", err)
@@ -145,29 +134,16 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	if err != nil {
 		return res, err
 	}
-	say("writing a backlog of %d events over %d keys", cfg.Events, cfg.Keys)
-	if err := writeBacklog(ctx, pool, w, cfg, payload, say); err != nil {
+	rawStream, rawSubject := "BENCH_RAW_"+strings.ToUpper(tag), "bench_raw_"+tag
+	if err := createStream(ctx, js, rawStream, rawSubject+".>"); err != nil {
 		return res, err
 	}
-	if _, err := pool.Exec(ctx, `ANALYZE "`+schema+`".outbox`); err != nil {
-		return res, err
-	}
+	defer deleteStream(js, rawStream)
 	stream, subject := "BENCH_"+strings.ToUpper(tag), "bench_"+tag
 	if err := createStream(ctx, js, stream, subject+".>"); err != nil {
 		return res, err
 	}
 	defer deleteStream(js, stream)
-
-	confirmed := &confirmLog{}
-	relays := make([]*outbox.Relay, cfg.Relays)
-	var pubs []*outboxnats.Publisher
-	defer func() {
-		for _, p := range pubs {
-			p.Close()
-		}
-	}()
-	rss := &rssSampler{}
-	rss.start()
 	if path := os.Getenv("OUTBOX_BENCH_CPUPROFILE"); path != "" {
 		f, err := os.Create(path)
 		if err != nil {
@@ -178,67 +154,59 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		}
 		defer func() { pprof.StopCPUProfile(); f.Close() }()
 	}
+
+	// Each run measures the reference and then the relays draining a fresh backlog, so
+	// every ratio compares two rates taken minutes apart at most; the result is the median.
+	rss := &rssSampler{}
+	rss.start()
 	defer rss.stop()
-	start := time.Now()
-	for i := range relays {
-		pub, err := outboxnats.Dial(ctx, cfg.NATSURL, outboxnats.Config{SubjectPrefix: subject + "."})
+	confirmed := &confirmLog{}
+	var eps, raws, ratios, drains []float64
+	var running *relaySet
+	defer func() {
+		if running != nil {
+			running.stop(ctx)
+		}
+	}()
+	for run := 1; run <= cfg.Runs; run++ {
+		if running != nil { // the last run's relays stay up for the latency phase
+			running.stop(ctx)
+			running = nil
+		}
+		// Phase 1: the reference. Same client, same messages, same stream settings, no
+		// database.
+		say("run %d/%d: raw JetStream async publish of %d messages", run, cfg.Runs, cfg.Events)
+		raw, err := rawPublish(ctx, js, rawSubject, payload, cfg.Events, cfg.Keys)
+		if err != nil {
+			return res, fmt.Errorf("raw publish: %w", err)
+		}
+		say("raw: %.0f msgs/s", raw)
+
+		// Phase 2: drain a backlog with the relays.
+		say("writing a backlog of %d events over %d keys", cfg.Events, cfg.Keys)
+		if err := writeBacklog(ctx, pool, w, cfg, payload, say); err != nil {
+			return res, err
+		}
+		if _, err := pool.Exec(ctx, `ANALYZE "`+schema+`".outbox`); err != nil {
+			return res, err
+		}
+		running, err = startRelays(ctx, cfg, schema, subject, fmt.Sprintf("%s-%d", tag, run), confirmed)
 		if err != nil {
 			return res, err
 		}
-		pubs = append(pubs, pub)
-		// Each relay gets a pool of its own, as separate processes would.
-		rpool, err := relayPool(ctx, cfg.DatabaseURL)
+		d, err := running.waitPublished(ctx, int64(cfg.Events), func(n int64, elapsed time.Duration) {
+			say("drained %d/%d (%.0f/s), rss %.0f MiB", n, cfg.Events, float64(n)/elapsed.Seconds(), rss.peakMiB())
+		})
 		if err != nil {
 			return res, err
 		}
-		defer rpool.Close()
-		rdrv, err := outboxpgx.New(rpool, outboxpgx.Config{Schema: schema})
-		if err != nil {
-			return res, err
-		}
-		rc := cfg.Relay
-		rc.ID = fmt.Sprintf("bench-%s-%d", tag, i)
-		relays[i], err = outbox.NewRelay(rdrv, &timedPublisher{Publisher: pub, log: confirmed}, rc)
-		if err != nil {
-			return res, err
-		}
-		if err := relays[i].Start(ctx); err != nil {
-			return res, err
-		}
+		e := float64(cfg.Events) / d.Seconds()
+		say("drain: %.0f events/s (%.2f of raw), peak rss %.0f MiB", e, e/raw, rss.peakMiB())
+		eps, raws, ratios, drains = append(eps, e), append(raws, raw), append(ratios, e/raw), append(drains, d.Seconds())
 	}
-	stopAll := func() {
-		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-		defer cancel()
-		for _, r := range relays {
-			if r != nil {
-				_ = r.Stop(sctx)
-			}
-		}
-	}
-	defer stopAll()
-	lastReport := time.Now()
-	for {
-		var published int64
-		for _, r := range relays {
-			published += r.Stats().Published
-		}
-		if published >= int64(cfg.Events) {
-			break
-		}
-		if err := ctx.Err(); err != nil {
-			return res, err
-		}
-		if time.Since(lastReport) >= 2*time.Second {
-			say("drained %d/%d (%.0f/s), rss %.0f MiB", published, cfg.Events, float64(published)/time.Since(start).Seconds(), rss.peakMiB())
-			lastReport = time.Now()
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	drain := time.Since(start)
-	res.DrainSeconds = drain.Seconds()
-	res.EPS = float64(cfg.Events) / drain.Seconds()
+	res.Runs = cfg.Runs
+	res.EPS, res.RawEPS, res.Ratio, res.DrainSeconds = median(eps), median(raws), median(ratios), median(drains)
 	res.RSSMiB = rss.peakMiB()
-	say("drain: %.0f events/s (%.2f of raw), peak rss %.0f MiB", res.EPS, res.EPS/res.RawEPS, res.RSSMiB)
 
 	// Phase 3: commit-to-confirm latency at a fixed rate, woken by LISTEN/NOTIFY.
 	if cfg.Duration > 0 {
@@ -256,6 +224,96 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		}
 	}
 	return res, nil
+}
+
+// relaySet is the relays of one drain run, each with its own pool and NATS connection.
+type relaySet struct {
+	relays  []*outbox.Relay
+	closers []func()
+}
+
+func startRelays(ctx context.Context, cfg Config, schema, subject, tag string, confirmed *confirmLog) (*relaySet, error) {
+	rs := &relaySet{}
+	for i := 0; i < cfg.Relays; i++ {
+		pub, err := outboxnats.Dial(ctx, cfg.NATSURL, outboxnats.Config{SubjectPrefix: subject + "."})
+		if err != nil {
+			rs.stop(ctx)
+			return nil, err
+		}
+		rs.closers = append(rs.closers, pub.Close)
+		// Each relay gets a pool of its own, as separate processes would.
+		rpool, err := relayPool(ctx, cfg.DatabaseURL)
+		if err != nil {
+			rs.stop(ctx)
+			return nil, err
+		}
+		rs.closers = append(rs.closers, rpool.Close)
+		rdrv, err := outboxpgx.New(rpool, outboxpgx.Config{Schema: schema})
+		if err != nil {
+			rs.stop(ctx)
+			return nil, err
+		}
+		rc := cfg.Relay
+		rc.ID = fmt.Sprintf("bench-%s-%d", tag, i)
+		r, err := outbox.NewRelay(rdrv, &timedPublisher{Publisher: pub, log: confirmed}, rc)
+		if err == nil {
+			err = r.Start(ctx)
+		}
+		if err != nil {
+			rs.stop(ctx)
+			return nil, err
+		}
+		rs.relays = append(rs.relays, r)
+	}
+	return rs, nil
+}
+
+// waitPublished waits until the relays have published n messages and returns how long
+// that took from their start.
+func (rs *relaySet) waitPublished(ctx context.Context, n int64, progress func(int64, time.Duration)) (time.Duration, error) {
+	start := time.Now()
+	last := start
+	for {
+		var published int64
+		for _, r := range rs.relays {
+			published += r.Stats().Published
+		}
+		if published >= n {
+			return time.Since(start), nil
+		}
+		if err := ctx.Err(); err != nil {
+			return 0, err
+		}
+		if time.Since(last) >= 2*time.Second {
+			progress(published, time.Since(start))
+			last = time.Now()
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func (rs *relaySet) stop(ctx context.Context) {
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	for _, r := range rs.relays {
+		_ = r.Stop(sctx)
+	}
+	for i := len(rs.closers) - 1; i >= 0; i-- {
+		rs.closers[i]()
+	}
+	rs.relays, rs.closers = nil, nil
+}
+
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
 func relayPool(ctx context.Context, url string) (*pgxpool.Pool, error) {
