@@ -28,7 +28,10 @@ CREATE TABLE {{.Outbox}} (
     next_attempt_at timestamptz NOT NULL DEFAULT now(),
     attempts        integer     NOT NULL DEFAULT 0,
     last_error      text
-);
+)
+-- Every row is inserted and soon deleted: vacuum by the number of dead rows, not by a
+-- fraction of a table whose live size is only the backlog.
+WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 10000, autovacuum_vacuum_cost_delay = 0);
 
 -- Pending rows that wait (a retry backing off, a delayed message): they hold back later
 -- rows of their key. Fresh rows have next_attempt_at = created_at and never enter it.
