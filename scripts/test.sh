@@ -67,6 +67,8 @@ ensure_nats() {
 
 ensure_postgres
 ensure_nats
+# The PgBouncer test runs a private pgbouncer in transaction pooling mode.
+need_pkg pgbouncer pgbouncer
 
 short=
 for a in "$@"; do [ "$a" = -short ] && short=-short; done
