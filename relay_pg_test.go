@@ -14,24 +14,14 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/testdb"
-	"github.com/outboxkit/outbox/outboxpgx"
 	"github.com/outboxkit/outbox/outboxtest"
 )
 
-type relayBundle struct {
-	*testdb.DB
-	drv *outboxpgx.Driver
-	w   *outbox.Writer[pgx.Tx]
-}
+type relayBundle struct{ *testdb.DB }
 
 func setupRelay(t *testing.T) *relayBundle {
 	t.Helper()
-	db, drv := testdb.Migrated(t)
-	w, err := outbox.NewWriter(drv, outbox.WriterConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &relayBundle{DB: db, drv: drv, w: w}
+	return &relayBundle{testdb.Migrated(t)}
 }
 
 func (b *relayBundle) scalar(t testing.TB, query string) int {
@@ -53,7 +43,7 @@ func (b *relayBundle) relay(t *testing.T, store outbox.Store, pub outbox.Publish
 		cfg.PollInterval = 50 * time.Millisecond
 	}
 	if store == nil {
-		store = b.drv
+		store = b.Driver
 	}
 	r, err := outbox.NewRelay(store, pub, cfg)
 	if err != nil {
@@ -215,7 +205,7 @@ func TestRelayPoisonDeadLetter(t *testing.T) {
 	}
 	// Replay keeps the id: consumers deduplicate on it.
 	pub.Fail = nil
-	if n, err := b.drv.DeadReplay(ctx, outbox.DeadFilter{IDs: []outbox.ID{poison}}); err != nil || n != 1 {
+	if n, err := b.Driver.DeadReplay(ctx, outbox.DeadFilter{IDs: []outbox.ID{poison}}); err != nil || n != 1 {
 		t.Fatalf("replay: %d, %v", n, err)
 	}
 	got, err = pub.WaitFor(ctx, 52)
@@ -273,7 +263,7 @@ func TestRelayCommitOrderTrap(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer early.Rollback(ctx)
-	if err := b.w.Write(ctx, early, outbox.Message{Topic: "t", Key: "a", Payload: []byte(`"inserted first, committed last"`)}); err != nil {
+	if err := b.Writer.Write(ctx, early, outbox.Message{Topic: "t", Key: "a", Payload: []byte(`"inserted first, committed last"`)}); err != nil {
 		t.Fatal(err)
 	}
 	for i := 0; i < 10; i++ {
@@ -345,7 +335,7 @@ func TestRelayZombieFenced(t *testing.T) {
 	t.Parallel()
 	b := setupRelay(t)
 	pub := &outboxtest.Publisher{}
-	zs := &pausableStore{Store: b.drv}
+	zs := &pausableStore{Store: b.Driver}
 	ttl := 3 * time.Second
 	a := b.relay(t, zs, pub, outbox.RelayConfig{ID: "zombie", LeaseTTL: ttl, PublishBatchSize: 10, MaxInFlight: 20})
 	waitUntil(t, 10*time.Second, "A holds every shard", func() bool { return a.Stats().Shards == 64 })
@@ -398,7 +388,7 @@ func TestDedupConflictConcurrent(t *testing.T) {
 			defer wg.Done()
 			<-start
 			err := pgx.BeginFunc(ctx, b.Pool, func(tx pgx.Tx) error {
-				err := b.w.Write(ctx, tx, outbox.Message{Topic: "t", DedupKey: "order-42:placed", Payload: []byte(`{}`)})
+				err := b.Writer.Write(ctx, tx, outbox.Message{Topic: "t", DedupKey: "order-42:placed", Payload: []byte(`{}`)})
 				if errors.Is(err, outbox.ErrDuplicate) {
 					dup.Add(1)
 					return nil // the caller decides: here, the work was already done
@@ -432,7 +422,7 @@ func TestRelayHardKillTakeover(t *testing.T) {
 	pub := &outboxtest.Publisher{}
 	ttl := 2 * time.Second
 	ctxA, killA := context.WithCancel(context.Background())
-	a, err := outbox.NewRelay(b.drv, pub, outbox.RelayConfig{ID: "a", LeaseTTL: ttl, PollInterval: 50 * time.Millisecond, Logger: testdb.Logger()})
+	a, err := outbox.NewRelay(b.Driver, pub, outbox.RelayConfig{ID: "a", LeaseTTL: ttl, PollInterval: 50 * time.Millisecond, Logger: testdb.Logger()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -54,7 +54,7 @@ func TestStatusCountsEveryState(t *testing.T) {
 	b.Exec(t, `UPDATE %[1]s.outbox_leases SET owner = 'r1', token = shard + 1, expires_at = now() + interval '1 minute' WHERE shard < 10`)
 	b.Exec(t, `UPDATE %[1]s.outbox_leases SET owner = 'r2', token = shard + 1, expires_at = now() - interval '1 minute' WHERE shard BETWEEN 10 AND 12`)
 
-	st, err := b.drv.Status(ctx)
+	st, err := b.Driver.Status(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -117,7 +117,7 @@ FROM generate_series(1, $1::int) i`, rows)
 	pending := msg("orders", "p")
 	b.Write(t, pending)
 
-	st, err := b.drv.Status(context.Background())
+	st, err := b.Driver.Status(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -132,7 +132,7 @@ FROM generate_series(1, $1::int) i`, rows)
 func TestStatusEmptyOutbox(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	st, err := b.drv.Status(context.Background())
+	st, err := b.Driver.Status(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -195,21 +195,21 @@ func TestDeadListFilters(t *testing.T) {
 		{"nothing matches", outbox.DeadFilter{Topic: "nope"}, nil},
 	}
 	for _, tc := range cases {
-		got, err := f.b.drv.DeadList(ctx, tc.filter)
+		got, err := f.b.Driver.DeadList(ctx, tc.filter)
 		if err != nil {
 			t.Fatalf("%s: %v", tc.name, err)
 		}
 		if !slices.Equal(ids(got), tc.want) {
 			t.Errorf("%s: got %v, want %v", tc.name, ids(got), tc.want)
 		}
-		n, err := f.b.drv.DeadCount(ctx, tc.filter)
+		n, err := f.b.Driver.DeadCount(ctx, tc.filter)
 		if err != nil || n != len(tc.want) {
 			t.Errorf("%s: DeadCount = %d, %v; want %d", tc.name, n, err, len(tc.want))
 		}
 	}
 
 	// A dead letter comes back whole.
-	got, err := f.b.drv.DeadList(ctx, outbox.DeadFilter{IDs: []outbox.ID{f.old.ID}})
+	got, err := f.b.Driver.DeadList(ctx, outbox.DeadFilter{IDs: []outbox.ID{f.old.ID}})
 	if err != nil || len(got) != 1 {
 		t.Fatalf("got %v, %v", got, err)
 	}
@@ -223,7 +223,7 @@ func TestDeadListFilters(t *testing.T) {
 		t.Fatalf("dead_at %v is %v ago, want about 3h", dl.DeadAt, age)
 	}
 
-	if _, err := f.b.drv.DeadList(ctx, outbox.DeadFilter{Limit: -1}); !errors.Is(err, outbox.ErrInvalidConfig) {
+	if _, err := f.b.Driver.DeadList(ctx, outbox.DeadFilter{Limit: -1}); !errors.Is(err, outbox.ErrInvalidConfig) {
 		t.Fatalf("negative limit: got %v, want ErrInvalidConfig", err)
 	}
 }
@@ -249,14 +249,14 @@ func TestDeadReplayPublishesWithSameIdentity(t *testing.T) {
 	startRelay(t, b, pub, outbox.RelayConfig{PollInterval: 50 * time.Millisecond, MaxAttempts: 1})
 
 	waitFor(t, 10*time.Second, "3 dead letters", func() bool {
-		n, err := b.drv.DeadCount(ctx, outbox.DeadFilter{})
+		n, err := b.Driver.DeadCount(ctx, outbox.DeadFilter{})
 		return err == nil && n == 3
 	})
 	broken.Store(false)
 	if n := b.CountIn(t, "outbox", "true"); n != 0 {
 		t.Fatalf("%d rows left pending after dead-lettering, want 0: dead letters must move", n)
 	}
-	before, err := b.drv.DeadList(ctx, outbox.DeadFilter{Topic: "orders"})
+	before, err := b.Driver.DeadList(ctx, outbox.DeadFilter{Topic: "orders"})
 	if err != nil || len(before) != 2 {
 		t.Fatalf("dead orders: %v, %v", ids(before), err)
 	}
@@ -269,7 +269,7 @@ func TestDeadReplayPublishesWithSameIdentity(t *testing.T) {
 	}
 
 	// Replay only the orders: billing stays dead.
-	n, err := b.drv.DeadReplay(ctx, outbox.DeadFilter{Topic: "orders"})
+	n, err := b.Driver.DeadReplay(ctx, outbox.DeadFilter{Topic: "orders"})
 	if err != nil || n != 2 {
 		t.Fatalf("replay: %d, %v; want 2", n, err)
 	}
@@ -292,7 +292,7 @@ func TestDeadReplayPublishesWithSameIdentity(t *testing.T) {
 	waitFor(t, 10*time.Second, "replayed rows moved to published", func() bool {
 		return b.CountIn(t, "outbox_published", "true") == 2
 	})
-	left, err := b.drv.DeadList(ctx, outbox.DeadFilter{})
+	left, err := b.Driver.DeadList(ctx, outbox.DeadFilter{})
 	if err != nil || len(left) != 1 || left[0].ID != other.ID {
 		t.Fatalf("dead letters left: %v, %v; want only %v", ids(left), err, other.ID)
 	}
@@ -304,7 +304,7 @@ func TestDeadReplayPublishesWithSameIdentity(t *testing.T) {
 	}
 
 	// Replaying what no longer matches does nothing.
-	if n, err := b.drv.DeadReplay(ctx, outbox.DeadFilter{Topic: "orders"}); err != nil || n != 0 {
+	if n, err := b.Driver.DeadReplay(ctx, outbox.DeadFilter{Topic: "orders"}); err != nil || n != 0 {
 		t.Fatalf("second replay: %d, %v; want 0", n, err)
 	}
 }
@@ -313,12 +313,12 @@ func TestDeadReplayLimitAndState(t *testing.T) {
 	t.Parallel()
 	f := newDeadFixture(t)
 	ctx := context.Background()
-	mid, err := f.b.drv.DeadList(ctx, outbox.DeadFilter{IDs: []outbox.ID{f.mid.ID}})
+	mid, err := f.b.Driver.DeadList(ctx, outbox.DeadFilter{IDs: []outbox.ID{f.mid.ID}})
 	if err != nil || len(mid) != 1 {
 		t.Fatalf("dead letter %s: %v, %v", f.mid.ID, ids(mid), err)
 	}
 	// Limit 1 replays the newest match, the one DeadList shows first.
-	n, err := f.b.drv.DeadReplay(ctx, outbox.DeadFilter{Topic: "orders", Limit: 1})
+	n, err := f.b.Driver.DeadReplay(ctx, outbox.DeadFilter{Topic: "orders", Limit: 1})
 	if err != nil || n != 1 {
 		t.Fatalf("replay: %d, %v; want 1", n, err)
 	}
@@ -330,7 +330,7 @@ func TestDeadReplayLimitAndState(t *testing.T) {
 	if f.b.CountIn(t, "outbox_dead", fmt.Sprintf("id = '%s'", f.old.ID)) != 1 {
 		t.Fatal("the older match was replayed too")
 	}
-	st, err := f.b.drv.Status(ctx)
+	st, err := f.b.Driver.Status(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -345,7 +345,7 @@ func TestDeadPurgeDeletesOnlyMatches(t *testing.T) {
 	ctx := context.Background()
 
 	for _, empty := range []outbox.DeadFilter{{}, {Limit: 5}} {
-		if _, err := f.b.drv.DeadPurge(ctx, empty); !errors.Is(err, outboxpgx.ErrEmptyDeadFilter) {
+		if _, err := f.b.Driver.DeadPurge(ctx, empty); !errors.Is(err, outboxpgx.ErrEmptyDeadFilter) {
 			t.Fatalf("purge with %+v: got %v, want ErrEmptyDeadFilter", empty, err)
 		}
 	}
@@ -353,7 +353,7 @@ func TestDeadPurgeDeletesOnlyMatches(t *testing.T) {
 		t.Fatalf("refused purge deleted rows: %d dead left", n)
 	}
 
-	n, err := f.b.drv.DeadPurge(ctx, outbox.DeadFilter{ErrorContains: "timeout"})
+	n, err := f.b.Driver.DeadPurge(ctx, outbox.DeadFilter{ErrorContains: "timeout"})
 	if err != nil || n != 1 {
 		t.Fatalf("purge by error: %d, %v; want 1", n, err)
 	}
@@ -368,7 +368,7 @@ func TestDeadPurgeDeletesOnlyMatches(t *testing.T) {
 		t.Fatal("purge released the dedup key at once")
 	}
 
-	n, err = f.b.drv.DeadPurge(ctx, outbox.DeadFilter{Key: "k1", Limit: 1})
+	n, err = f.b.Driver.DeadPurge(ctx, outbox.DeadFilter{Key: "k1", Limit: 1})
 	if err != nil || n != 1 {
 		t.Fatalf("purge with limit: %d, %v; want 1", n, err)
 	}
@@ -379,7 +379,7 @@ func TestDeadPurgeDeletesOnlyMatches(t *testing.T) {
 	published := msg("orders", "k1")
 	f.b.Write(t, published)
 	f.b.MarkPublished(t, published.ID)
-	n, err = f.b.drv.DeadPurgeAll(ctx)
+	n, err = f.b.Driver.DeadPurgeAll(ctx)
 	if err != nil || n != 1 {
 		t.Fatalf("purge all: %d, %v; want 1", n, err)
 	}

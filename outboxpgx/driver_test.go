@@ -14,20 +14,11 @@ import (
 	"github.com/outboxkit/outbox/outboxtest"
 )
 
-type testBundle struct {
-	*testdb.DB
-	drv *outboxpgx.Driver
-	w   *outbox.Writer[pgx.Tx]
-}
+type testBundle struct{ *testdb.DB }
 
 func setup(t *testing.T) *testBundle {
 	t.Helper()
-	db, drv := testdb.Migrated(t)
-	w, err := outbox.NewWriter(drv, outbox.WriterConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &testBundle{DB: db, drv: drv, w: w}
+	return &testBundle{testdb.Migrated(t)}
 }
 
 func (b *testBundle) count(t *testing.T, where string) int {
@@ -41,7 +32,7 @@ func startRelay(t *testing.T, b *testBundle, pub outbox.Publisher, cfg outbox.Re
 		cfg.Logger = testdb.Logger()
 	}
 	cfg.PollInterval = max(cfg.PollInterval, 0)
-	r, err := outbox.NewRelay(b.drv, pub, cfg)
+	r, err := outbox.NewRelay(b.Driver, pub, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -102,7 +93,7 @@ func TestRollbackNeverPublished(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := b.w.Write(ctx, tx, outbox.Message{Topic: "t", Key: "k", Payload: []byte(`"rolled back"`)}); err != nil {
+	if err := b.Writer.Write(ctx, tx, outbox.Message{Topic: "t", Key: "k", Payload: []byte(`"rolled back"`)}); err != nil {
 		t.Fatal(err)
 	}
 	if err := tx.Rollback(ctx); err != nil {
@@ -110,20 +101,20 @@ func TestRollbackNeverPublished(t *testing.T) {
 	}
 	// A savepoint rolled back inside a committed transaction.
 	err = pgx.BeginFunc(ctx, b.Pool, func(tx pgx.Tx) error {
-		if err := b.w.Write(ctx, tx, outbox.Message{Topic: "t", Key: "k", Payload: []byte(`"kept-1"`)}); err != nil {
+		if err := b.Writer.Write(ctx, tx, outbox.Message{Topic: "t", Key: "k", Payload: []byte(`"kept-1"`)}); err != nil {
 			return err
 		}
 		sp, err := tx.Begin(ctx)
 		if err != nil {
 			return err
 		}
-		if err := b.w.Write(ctx, sp, outbox.Message{Topic: "t", Key: "k", Payload: []byte(`"savepoint rolled back"`)}); err != nil {
+		if err := b.Writer.Write(ctx, sp, outbox.Message{Topic: "t", Key: "k", Payload: []byte(`"savepoint rolled back"`)}); err != nil {
 			return err
 		}
 		if err := sp.Rollback(ctx); err != nil {
 			return err
 		}
-		return b.w.Write(ctx, tx, outbox.Message{Topic: "t", Key: "k", Payload: []byte(`"kept-2"`)})
+		return b.Writer.Write(ctx, tx, outbox.Message{Topic: "t", Key: "k", Payload: []byte(`"kept-2"`)})
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -173,7 +164,7 @@ func TestInvalidMessageWritesNothing(t *testing.T) {
 	for _, tc := range cases {
 		err := pgx.BeginFunc(ctx, b.Pool, func(tx pgx.Tx) error {
 			good := outbox.Message{Topic: "t", Payload: []byte(`{}`)}
-			return b.w.Write(ctx, tx, good, tc.msg)
+			return b.Writer.Write(ctx, tx, good, tc.msg)
 		})
 		var ve *outbox.ValidationError
 		if !errors.As(err, &ve) || !errors.Is(err, outbox.ErrInvalidMessage) {

@@ -94,7 +94,7 @@ ignore_startup_parameters = extra_float_digits
 // polling.
 func TestRelayThroughPgBouncer(t *testing.T) {
 	t.Parallel()
-	db, _ := testdb.Migrated(t)
+	db := testdb.Migrated(t)
 	url := startPgBouncer(t)
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, url)

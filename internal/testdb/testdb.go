@@ -80,11 +80,13 @@ func Setup(t testing.TB) (*pgxpool.Pool, *outboxpgx.Driver, string) {
 	return pool, drv, schema
 }
 
-// DB is one test's database: the shared pool and a fresh schema. Its helpers fail the
-// test on any error.
+// DB is one test's database: the shared pool and a fresh schema, and, once migrated, a
+// driver and a writer on it. Its helpers fail the test on any error.
 type DB struct {
 	Pool   *pgxpool.Pool
 	Schema string
+	Driver *outboxpgx.Driver      // set by Migrated
+	Writer *outbox.Writer[pgx.Tx] // set by Migrated
 }
 
 // NewDB returns a pool and a fresh, empty schema (not migrated).
@@ -94,24 +96,42 @@ func NewDB(t testing.TB) *DB {
 	return &DB{Pool: pool, Schema: NewSchema(t, pool)}
 }
 
-// Migrated returns a DB whose schema holds a migrated outbox, and its driver.
-func Migrated(t testing.TB) (*DB, *outboxpgx.Driver) {
+// Migrated returns a DB whose schema holds a migrated outbox, with its driver and writer.
+func Migrated(t testing.TB) *DB {
 	t.Helper()
 	pool, drv, schema := Setup(t)
-	return &DB{Pool: pool, Schema: schema}, drv
+	d := &DB{Pool: pool, Schema: schema, Driver: drv}
+	d.writer(t)
+	return d
 }
 
-// Write commits msgs in one transaction, through outboxpgx.
+// writer returns the DB's writer, making it (and its driver) on first use for a schema
+// migrated by other means (the CLI's own `migrate up`).
+func (d *DB) writer(t testing.TB) *outbox.Writer[pgx.Tx] {
+	t.Helper()
+	if d.Writer != nil {
+		return d.Writer
+	}
+	if d.Driver == nil {
+		drv, err := outboxpgx.New(d.Pool, outboxpgx.Config{Schema: d.Schema})
+		if err != nil {
+			t.Fatal(err)
+		}
+		d.Driver = drv
+	}
+	w, err := outbox.NewWriter(d.Driver, outbox.WriterConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.Writer = w
+	return w
+}
+
+// Write commits msgs in one transaction. It is not safe for concurrent use before the
+// DB has a writer (Migrated makes one up front).
 func (d *DB) Write(t testing.TB, msgs ...outbox.Message) {
 	t.Helper()
-	drv, err := outboxpgx.New(d.Pool, outboxpgx.Config{Schema: d.Schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	w, err := outbox.NewWriter(drv, outbox.WriterConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	w := d.writer(t)
 	ctx := context.Background()
 	if err := pgx.BeginFunc(ctx, d.Pool, func(tx pgx.Tx) error { return w.Write(ctx, tx, msgs...) }); err != nil {
 		t.Fatal(err)
