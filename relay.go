@@ -212,9 +212,10 @@ type leaseResult struct {
 }
 
 type loop struct {
-	r   *Relay
-	cfg RelayConfig
-	log *slog.Logger
+	r        *Relay
+	cfg      RelayConfig
+	log      *slog.Logger
+	hostname string // reported with every lease renewal
 
 	lanes    map[string]*lane
 	ready    []*lane
@@ -259,8 +260,9 @@ type loop struct {
 
 func newLoop(r *Relay) *loop {
 	workers := r.cfg.MaxInFlight / r.cfg.PublishBatchSize
+	hostname, _ := os.Hostname()
 	return &loop{
-		r: r, cfg: r.cfg, log: r.log,
+		r: r, cfg: r.cfg, log: r.log, hostname: hostname,
 		lanes:        map[string]*lane{},
 		known:        map[int64]int{},
 		perShard:     map[int]int{},
@@ -388,8 +390,7 @@ func (l *loop) syncLeases(ctx context.Context, final bool) {
 	if l.leaseBusy {
 		return
 	}
-	req := LeaseRequest{RelayID: l.cfg.ID, TTL: l.cfg.LeaseTTL, PID: os.Getpid()}
-	req.Hostname, _ = os.Hostname()
+	req := LeaseRequest{RelayID: l.cfg.ID, Hostname: l.hostname, PID: os.Getpid(), TTL: l.cfg.LeaseTTL}
 	for shard, token := range l.leases {
 		lease := Lease{Shard: shard, Token: token}
 		if final || (l.draining[shard] && l.perShard[shard] == 0) {
