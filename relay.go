@@ -217,6 +217,8 @@ type loop struct {
 	log      *slog.Logger
 	hostname string // reported with every lease renewal
 
+	lastOutageLog time.Time
+
 	lanes    map[string]*lane
 	ready    []*lane
 	known    map[int64]int // seq -> shard of every message in hand (queued, in flight, awaiting record)
@@ -573,13 +575,12 @@ func (l *loop) onPublished(res pubResult) {
 			l.advance(ln)
 		case IsOutage(err):
 			outage = true
-			if !outageLogged(err) {
+			// One line a second is enough to see an outage; the pause is logged below.
+			if now := time.Now(); now.Sub(l.lastOutageLog) >= time.Second {
+				l.lastOutageLog = now
 				l.log.Warn("broker outage", "event_id", it.m.ID.String(), "err", err)
 			}
 			ln.inFlight = false
-			if ln.failed {
-				break // cannot happen: a failed lane has nothing in flight
-			}
 			if l.sendable(ln.shard) {
 				l.enqueue(ln)
 			} else {
@@ -624,17 +625,6 @@ func (l *loop) resume(ctx context.Context) {
 		defer cancel()
 		l.pings <- pinger.Ping(pctx)
 	}()
-}
-
-var lastOutageLog atomic.Int64
-
-// outageLogged rate-limits per-message outage logs to one a second.
-func outageLogged(error) bool {
-	now := time.Now().Unix()
-	if lastOutageLog.Swap(now) == now {
-		return true
-	}
-	return false
 }
 
 // advance pops the confirmed head of ln and queues the next message, if any.
