@@ -1,6 +1,46 @@
 package outbox
 
-import "time"
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Admin is what operators need from a store: its status and its dead letters. The
+// stores of this module (outboxpgx, ...) implement it; `outbox status`, `outbox dead`
+// and the web console use it.
+type Admin interface {
+	// Status returns a snapshot of the outbox.
+	Status(ctx context.Context) (Status, error)
+	// DeadList returns the dead letters that match f, the most recently dead-lettered
+	// first.
+	DeadList(ctx context.Context, f DeadFilter) ([]DeadLetter, error)
+	// DeadCount counts the dead letters that match f (ignoring f.Limit).
+	DeadCount(ctx context.Context, f DeadFilter) (int, error)
+	// DeadReplay moves the dead letters that match f back to pending, due at once, with
+	// their attempts reset and their ID, dedup key and position kept, and returns how
+	// many it moved.
+	DeadReplay(ctx context.Context, f DeadFilter) (int, error)
+	// DeadPurge deletes the dead letters that match f and returns how many. A filter that
+	// selects nothing in particular is refused with ErrEmptyDeadFilter.
+	DeadPurge(ctx context.Context, f DeadFilter) (int, error)
+	// DeadPurgeAll deletes every dead letter and returns how many.
+	DeadPurgeAll(ctx context.Context) (int, error)
+}
+
+// ErrEmptyDeadFilter is returned by Admin.DeadPurge for a filter that selects nothing in
+// particular (no IDs, Topic, Key, ErrorContains, Since or Until; a Limit alone does not
+// count). Deleting every dead letter is DeadPurgeAll, so that it cannot happen by
+// forgetting to fill in a field.
+var ErrEmptyDeadFilter = errors.New("outbox: DeadPurge needs a filter (IDs, Topic, Key, ErrorContains, Since or Until); use DeadPurgeAll to delete every dead letter")
+
+// IsEmpty reports whether f selects nothing in particular (see ErrEmptyDeadFilter).
+func (f DeadFilter) IsEmpty() bool {
+	return len(f.IDs) == 0 && f.Topic == "" && f.Key == "" && f.ErrorContains == "" && f.Since.IsZero() && f.Until.IsZero()
+}
 
 // Status is a snapshot of an outbox, for `outbox status` and dashboards.
 type Status struct {
@@ -53,4 +93,58 @@ type DeadFilter struct {
 type DeadLetter struct {
 	Message
 	DeadAt time.Time `json:"dead_at"`
+}
+
+// String describes the filter in one line, for logs and messages: `topic="orders"
+// error~"timeout" since=2026-11-21T10:00:00Z`; "" for a filter that selects nothing in
+// particular. Limit is left out.
+func (f DeadFilter) String() string {
+	var parts []string
+	if len(f.IDs) > 0 {
+		ids := make([]string, len(f.IDs))
+		for i, id := range f.IDs {
+			ids[i] = id.String()
+		}
+		parts = append(parts, "id="+strings.Join(ids, ","))
+	}
+	if f.Topic != "" {
+		parts = append(parts, "topic="+strconv.Quote(f.Topic))
+	}
+	if f.Key != "" {
+		parts = append(parts, "key="+strconv.Quote(f.Key))
+	}
+	if f.ErrorContains != "" {
+		parts = append(parts, "error~"+strconv.Quote(f.ErrorContains))
+	}
+	if !f.Since.IsZero() {
+		parts = append(parts, "since="+f.Since.UTC().Format(time.RFC3339))
+	}
+	if !f.Until.IsZero() {
+		parts = append(parts, "until="+f.Until.UTC().Format(time.RFC3339))
+	}
+	return strings.Join(parts, " ")
+}
+
+// Describe says which n dead letters f selects, for messages: "2 dead letters matching
+// topic="orders"", "the newest 5 dead letters", "all 7 dead letters".
+func (f DeadFilter) Describe(n int) string {
+	what := fmt.Sprintf("%d dead letters", n)
+	switch {
+	case f.Limit > 0 && n == f.Limit && n == 1:
+		what = "the newest dead letter"
+	case f.Limit > 0 && n == f.Limit:
+		what = fmt.Sprintf("the newest %d dead letters", n)
+	case n == 1:
+		what = "1 dead letter"
+	}
+	parts := f.String()
+	switch {
+	case parts != "":
+		return what + " matching " + parts
+	case n == 1 && !strings.HasPrefix(what, "the "):
+		return "the only dead letter"
+	case n > 1 && !strings.HasPrefix(what, "the "):
+		return "all " + what
+	}
+	return what
 }

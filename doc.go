@@ -21,6 +21,8 @@
 //  6. Nothing stuck, nothing silent. Rejected messages are retried with exponential
 //     backoff and jitter, then dead-lettered with their last error; a broker outage
 //     pauses the relay without counting attempts.
+//  7. Exactly-once effects for consumers that use the Inbox: the handler's effects and
+//     the record that the message was processed commit in one transaction.
 //
 // docs/guarantees.md says how each is tested.
 //
@@ -37,11 +39,20 @@
 //
 // Run a relay (or the `outbox relay` daemon):
 //
-//	pub, _ := outboxnats.Dial(ctx, "nats://127.0.0.1:4222", outboxnats.Config{SubjectPrefix: "events."})
+//	pub, _ := outboxnats.Dial(ctx, "nats://127.0.0.1:4222", outboxnats.Config{Route: "events.{topic}"})
 //	r, _ := outbox.NewRelay(drv, pub, outbox.RelayConfig{})
 //	r.Start(ctx)
 //	defer r.Stop(ctx)
 //
-// This package imports only the standard library; database drivers (outboxpgx,
-// outboxsql) and brokers (outboxnats) live in their own packages.
+// Consume with exactly-once effects (any runner: outboxnats, outboxamqp, outboxkafka):
+//
+//	inbox, _ := outbox.NewInbox[pgx.Tx](drv, outbox.InboxConfig{Consumer: "shipping"})
+//	h := outbox.InboxHandler(inbox, inTx, func(ctx context.Context, tx pgx.Tx, d *outbox.Delivery) error {
+//		return ship(ctx, tx, d) // in the same transaction as the inbox record
+//	})
+//
+// This package imports only the standard library. Stores (outboxpgx, outboxsql,
+// outboxsqlite, outboxmysql), brokers (outboxnats, outboxamqp, outboxkafka, outboxredis,
+// outboxsqs, outboxwebhook) and plugins (outboxprom, outboxotel) live in their own
+// packages.
 package outbox

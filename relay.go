@@ -161,9 +161,11 @@ func (r *Relay) Run(ctx context.Context, grace time.Duration) error {
 //
 // Why a fetch never hands back a message the relay must not send:
 //   - every message in hand (queued, in flight, or whose outcome is being recorded) is in
-//     known, and a fetch excludes everything in known when it starts; a message leaves
-//     known only after its outcome is recorded, so a fetch that could still see it as
-//     pending also excludes it;
+//     known, and rows of known are ignored when a fetch returns; a message leaves known
+//     only after its outcome is recorded, and a fetch running at that moment may have
+//     read it as still pending (a continuation does not exclude known: it starts above
+//     the cursor, and messages in hand can lie above a cursor that a full fetch moved
+//     down), so its seq is kept in settled and ignored in that fetch's rows too;
 //   - a rejected message's key is held back in the store only once the failure is
 //     recorded. Rows of that key a fetch returns are ignored until then (lane.failed),
 //     and a fetch already running when the failure is recorded may predate it: its rows
@@ -189,20 +191,26 @@ type lane struct {
 
 type pubResult struct {
 	items []*item
+	msgs  []*Message // the messages of items, as published
 	errs  []error
+	start time.Time
+	took  time.Duration
 }
 
 type completeResult struct {
 	c       Completion
 	lanes   []*lane // failed lanes whose failure this completion records
 	refused []int64
+	dropped int // outcomes refused before asking the store (dropStaleOutcomes)
 	err     error
+	took    time.Duration
 }
 
 type fetchResult struct {
 	req     *FetchRequest
 	fetched []*Message
 	err     error
+	took    time.Duration
 }
 
 type leaseResult struct {
@@ -242,6 +250,7 @@ type loop struct {
 
 	completing, fetching, leaseBusy bool
 	taint                           map[string]bool // keys released while a fetch ran
+	settled                         map[int64]bool  // seqs whose outcome was recorded while a fetch ran
 	wantFetch                       bool            // a wake-up or poll asked for a full fetch
 	maxSeq                          int64           // highest seq any fetch returned
 	cursor                          int64           // every due message at or below it is in hand or held back: continuations start above it
@@ -276,6 +285,7 @@ func newLoop(r *Relay) *loop {
 		completes:    make(chan completeResult, 1),
 		fetches:      make(chan fetchResult, 1),
 		taint:        map[string]bool{},
+		settled:      map[int64]bool{},
 		leaseResults: make(chan leaseResult, 1),
 		wake:         make(chan struct{}, 1),
 	}
@@ -284,6 +294,8 @@ func newLoop(r *Relay) *loop {
 func (l *loop) run(ctx context.Context) {
 	l.log.Info("relay starting", "batch_size", l.cfg.BatchSize, "max_in_flight", l.cfg.MaxInFlight,
 		"lease_ttl", l.cfg.LeaseTTL, "poll_interval", l.cfg.PollInterval, "max_attempts", l.cfg.MaxAttempts)
+	l.cfg.Observer.Running(l.cfg.ID, true)
+	defer l.cfg.Observer.Running(l.cfg.ID, false)
 	var bg sync.WaitGroup
 	bgCtx, bgCancel := context.WithCancel(ctx)
 	defer func() { bgCancel(); bg.Wait() }()
@@ -468,6 +480,7 @@ func (l *loop) onLeases(res leaseResult) {
 	if len(lost) > 0 || len(gained) > 0 {
 		sort.Ints(lost)
 		sort.Ints(gained)
+		l.cfg.Observer.LeasesChanged(len(next), gained, lost, res.state.Live)
 		l.log.Info("leases changed", "held", len(next), "target", res.state.Target, "live_relays", res.state.Live,
 			"gained", fmt.Sprint(gained), "lost", fmt.Sprint(lost))
 	}
@@ -539,7 +552,9 @@ func (l *loop) publish(ctx context.Context, batch []*item) {
 		msgs[i] = it.m
 	}
 	pctx, cancel := context.WithTimeout(ctx, l.cfg.PublishTimeout)
+	start := time.Now()
 	errs := l.r.pub.Publish(pctx, msgs)
+	took := time.Since(start)
 	cancel()
 	if errs != nil && len(errs) != len(batch) {
 		err := fmt.Errorf("outbox: publisher returned %d results for %d messages", len(errs), len(batch))
@@ -553,10 +568,11 @@ func (l *loop) publish(ctx context.Context, batch []*item) {
 			errs[i] = Outage(err) // unknown outcome: send again, count no attempt
 		}
 	}
-	l.pubResults <- pubResult{items: batch, errs: errs}
+	l.pubResults <- pubResult{items: batch, msgs: msgs, errs: errs, start: start, took: took}
 }
 
 func (l *loop) onPublished(res pubResult) {
+	l.cfg.Observer.PublishDone(res.msgs, res.errs, res.start, res.took)
 	l.freeWorkers++
 	l.inFlight -= len(res.items)
 	outage := false
@@ -578,7 +594,9 @@ func (l *loop) onPublished(res pubResult) {
 			// One line a second is enough to see an outage; the pause is logged below.
 			if now := time.Now(); now.Sub(l.lastOutageLog) >= time.Second {
 				l.lastOutageLog = now
-				l.log.Warn("broker outage", "event_id", it.m.ID.String(), "err", err)
+				l.log.Warn("broker outage", "event_id", it.m.ID.String(), "dedup_key", it.m.DedupKey,
+					"aggregate_id", it.m.Key, "event_type", it.m.EventType, "topic", it.m.Topic,
+					"attempt", it.m.Attempts+1, "err", err)
 			}
 			ln.inFlight = false
 			if l.sendable(ln.shard) {
@@ -604,6 +622,7 @@ func (l *loop) pause(cause error) {
 	l.r.stats.outages.Add(1)
 	d := backoff(l.outageStreak, l.cfg.OutageMinDelay, l.cfg.OutageMaxDelay)
 	l.pausedUntil = time.Now().Add(d)
+	l.cfg.Observer.Paused(d)
 	if cause != nil {
 		l.log.Warn("broker still unreachable; pausing", "pause", d.Round(time.Millisecond), "consecutive", l.outageStreak, "err", cause)
 	} else {
@@ -657,6 +676,7 @@ func (l *loop) reject(ln *lane, it *item, err error) {
 			"aggregate_id", it.m.Key, "event_type", it.m.EventType, "topic", it.m.Topic, "attempt", attempt,
 			"retry_in", f.Delay.Round(time.Millisecond), "err", err)
 	}
+	l.cfg.Observer.Rejected(it.m, err, attempt, f.Dead)
 	l.failed = append(l.failed, f)
 	l.unrecorded++
 	// The head stays in hand until the failure is recorded; later messages of the key are
@@ -710,6 +730,15 @@ func (l *loop) dropUnsent(match func(*lane) bool) {
 	}
 }
 
+// settle forgets a message whose outcome was recorded, and keeps it out of the rows of
+// a fetch that is running.
+func (l *loop) settle(seq int64) {
+	l.forget(seq)
+	if l.fetching {
+		l.settled[seq] = true
+	}
+}
+
 func (l *loop) forget(seq int64) {
 	if shard, ok := l.known[seq]; ok {
 		delete(l.known, seq)
@@ -722,7 +751,7 @@ func (l *loop) forget(seq int64) {
 // dropStaleOutcomes refuses, without asking the store, outcomes fetched under a lease
 // token the relay no longer holds for the message's shard: the shard moved on (perhaps
 // back to this relay under a new token), and its current owner publishes the message.
-func (l *loop) dropStaleOutcomes() {
+func (l *loop) dropStaleOutcomes() (dropped int) {
 	stale := func(o Outcome) bool {
 		shard, ok := l.known[o.Seq]
 		if ok && l.leases[shard] == o.Token {
@@ -736,9 +765,10 @@ func (l *loop) dropStaleOutcomes() {
 	n := len(l.published) + len(l.failed)
 	l.published = slices.DeleteFunc(l.published, stale)
 	l.failed = slices.DeleteFunc(l.failed, func(f Failure) bool { return stale(f.Outcome) })
-	if dropped := n - len(l.published) - len(l.failed); dropped > 0 {
+	if dropped = n - len(l.published) - len(l.failed); dropped > 0 {
 		l.log.Warn("outcomes dropped: the lease moved on, its owner publishes these messages again", "refused", dropped)
 	}
+	return dropped
 }
 
 // startComplete records the outcomes gathered so far, unless a complete is running or
@@ -747,17 +777,19 @@ func (l *loop) startComplete(ctx context.Context) {
 	if l.completing || !l.completeRetryAt.IsZero() || (len(l.published) == 0 && len(l.failed) == 0 && len(l.failLanes) == 0) {
 		return
 	}
-	l.dropStaleOutcomes()
+	dropped := l.dropStaleOutcomes()
 	c := Completion{RelayID: l.cfg.ID, Published: l.published, Failed: l.failed}
 	lanes := l.failLanes
 	l.published, l.failed, l.failLanes = nil, nil, nil
 	l.completing = true
 	go func() {
-		res := completeResult{c: c, lanes: lanes}
+		res := completeResult{c: c, lanes: lanes, dropped: dropped}
 		if len(c.Published) > 0 || len(c.Failed) > 0 {
 			// A graceful stop still records outcomes; only a hard kill abandons them.
 			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+			start := time.Now()
 			res.refused, res.err = l.r.store.Complete(cctx, c)
+			res.took = time.Since(start)
 			cancel()
 		}
 		l.completes <- res
@@ -768,6 +800,7 @@ func (l *loop) onComplete(res completeResult) {
 	l.completing = false
 	c := res.c
 	if res.err != nil {
+		l.cfg.Observer.RecordDone(0, 0, 0, res.dropped, res.took, res.err)
 		// Keep the outcomes and try again shortly; the messages stay in hand.
 		l.log.Error("recording outcomes failed; retrying", "err", res.err, "published", len(c.Published), "failed", len(c.Failed))
 		l.published = append(c.Published, l.published...)
@@ -786,21 +819,28 @@ func (l *loop) onComplete(res completeResult) {
 		l.log.Warn("outcomes refused: the lease moved to another relay, which will publish these messages again",
 			"refused", len(res.refused))
 	}
+	var published, retried, dead int
 	for _, o := range c.Published {
-		l.forget(o.Seq)
+		l.settle(o.Seq)
 		if !refused[o.Seq] {
-			l.r.stats.published.Add(1)
+			published++
 		}
 	}
+	l.r.stats.published.Add(int64(published))
 	for _, f := range c.Failed {
-		l.forget(f.Seq)
-		if !refused[f.Seq] {
-			if f.Dead {
-				l.r.stats.dead.Add(1)
-			} else {
-				l.r.stats.rejected.Add(1)
-			}
+		l.settle(f.Seq)
+		switch {
+		case refused[f.Seq]:
+		case f.Dead:
+			dead++
+			l.r.stats.dead.Add(1)
+		default:
+			retried++
+			l.r.stats.rejected.Add(1)
 		}
+	}
+	if len(c.Published)+len(c.Failed)+res.dropped > 0 {
+		l.cfg.Observer.RecordDone(published, retried, dead, len(res.refused)+res.dropped, res.took, nil)
 	}
 	for _, ln := range res.lanes {
 		for _, seq := range ln.dropped {
@@ -864,26 +904,35 @@ func (l *loop) startFetch(ctx context.Context) {
 	} else {
 		req.After = l.cursor
 		req.Keys = make([]string, 0, len(l.lanes))
+		req.KeySeqs = make([]int64, 0, len(l.lanes))
 		for key, ln := range l.lanes {
-			if !ln.failed && key[0] != 0 {
+			if !ln.failed && key[0] != 0 && len(ln.queue) > 0 {
+				// The lane holds the key's pending messages up to its last one (those
+				// before its head are confirmed and being recorded).
 				req.Keys = append(req.Keys, key)
+				req.KeySeqs = append(req.KeySeqs, ln.queue[len(ln.queue)-1].m.Seq)
 			}
 		}
 	}
 	l.fetching = true
 	go func() {
 		fctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		start := time.Now()
 		msgs, err := l.r.store.Fetch(fctx, *req)
 		cancel()
-		l.fetches <- fetchResult{req: req, fetched: msgs, err: err}
+		l.fetches <- fetchResult{req: req, fetched: msgs, err: err, took: time.Since(start)}
 	}()
 }
 
 func (l *loop) onFetch(res fetchResult) {
+	l.cfg.Observer.FetchDone(len(res.fetched), res.took, res.err)
 	l.fetching = false
-	taint := l.taint
+	taint, settled := l.taint, l.settled
 	if len(taint) > 0 {
 		l.taint = map[string]bool{}
+	}
+	if len(settled) > 0 {
+		l.settled = map[int64]bool{}
 	}
 	if res.err != nil {
 		l.log.Error("fetch failed", "err", res.err)
@@ -912,7 +961,7 @@ func (l *loop) onFetch(res fetchResult) {
 		tokens[ls.Shard] = ls.Token
 	}
 	for _, m := range res.fetched {
-		if _, dup := l.known[m.Seq]; dup {
+		if _, dup := l.known[m.Seq]; dup || settled[m.Seq] {
 			continue
 		}
 		token, ok := tokens[m.Shard]

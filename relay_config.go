@@ -68,6 +68,9 @@ type RelayConfig struct {
 
 	// Logger receives the relay's logs. Defaults to slog.Default().
 	Logger *slog.Logger
+
+	// Observer receives the relay's events, for metrics and tracing. Defaults to none.
+	Observer Observer
 }
 
 // Defaults for RelayConfig.
@@ -111,6 +114,9 @@ func (c RelayConfig) withDefaults() RelayConfig {
 	c.CleanupBatch = cmp.Or(c.CleanupBatch, CleanupBatchDefault)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
+	}
+	if c.Observer == nil {
+		c.Observer = NopObserver{}
 	}
 	return c
 }

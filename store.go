@@ -6,7 +6,8 @@ import (
 )
 
 // Store is what a Relay needs from a database: shard leases, reading due messages, and
-// recording outcomes. outboxpgx implements it for PostgreSQL.
+// recording outcomes. outboxpgx (pgx) and outboxsql (database/sql) implement it for
+// PostgreSQL.
 //
 // Every time that decides correctness (lease expiry, when a retry is due) is the
 // database's clock, never the relay's, so relays with skewed clocks cannot overlap.
@@ -77,11 +78,28 @@ type FetchRequest struct {
 	Exclude []int64 // seqs the relay already has in hand
 	// After, when not zero, asks only for messages with Seq > After: a continuation of
 	// earlier fetches, which the store can answer with a range scan. Exclude is then
-	// empty, and a message whose key has an older pending message at or below After is
-	// returned only if its key is in Keys (the keys whose older messages the relay holds).
-	After int64
-	Keys  []string
-	Limit int
+	// empty, and a message is returned only if its key has no pending message at or
+	// below After that the relay does not hold. The relay holds, of the key Keys[i], the
+	// pending messages up to KeySeqs[i]; of other keys, none.
+	After   int64
+	Keys    []string
+	KeySeqs []int64
+	Limit   int
+}
+
+// Held returns, for a continuation, the highest seq the relay holds of each key in Keys:
+// KeySeqs by key. A key without a seq (a short KeySeqs) maps to 0: nothing held, the
+// safe reading.
+func (r FetchRequest) Held() map[string]int64 {
+	held := make(map[string]int64, len(r.Keys))
+	for i, k := range r.Keys {
+		if i < len(r.KeySeqs) {
+			held[k] = r.KeySeqs[i]
+		} else {
+			held[k] = 0
+		}
+	}
+	return held
 }
 
 // Completion is the input of Store.Complete.

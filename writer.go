@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"errors"
+	"maps"
 )
 
 // WriteDriver inserts messages in the caller's transaction. TTx is the transaction type
@@ -21,6 +22,12 @@ type WriteDriver[TTx any] interface {
 type WriterConfig struct {
 	// Limits bound message sizes. See Limits for the defaults.
 	Limits Limits
+
+	// Inject, when set, is called for each message of a Write with Write's context,
+	// before the message is validated, to add headers from the context: the tracing
+	// plugin (outboxotel) puts the W3C traceparent of the current span there. It works
+	// on Write's own copy of the message; Headers may be nil and may be set.
+	Inject func(ctx context.Context, m *Message)
 }
 
 // Writer writes messages in the caller's transaction: the messages exist if and only if
@@ -29,6 +36,7 @@ type WriterConfig struct {
 type Writer[TTx any] struct {
 	driver WriteDriver[TTx]
 	limits Limits
+	inject func(context.Context, *Message)
 }
 
 // NewWriter returns a Writer that inserts through driver.
@@ -39,11 +47,12 @@ func NewWriter[TTx any](driver WriteDriver[TTx], config WriterConfig) (*Writer[T
 	if err := config.Limits.validate(); err != nil {
 		return nil, err
 	}
-	return &Writer[TTx]{driver: driver, limits: config.Limits.withDefaults()}, nil
+	return &Writer[TTx]{driver: driver, limits: config.Limits.withDefaults(), inject: config.Inject}, nil
 }
 
-// Write validates msgs and inserts them in tx, in one statement where the driver can
-// (outboxpgx always; outboxsql per 6,000 messages).
+// Write validates msgs and inserts them in tx, in as few statements as the driver can
+// (outboxpgx: one; outboxsql: one per 6,000 messages; SQLite and MySQL: a few per chunk
+// that fits their parameter limits).
 //
 // Invalid messages make Write return a *ValidationError (errors.Is ErrInvalidMessage)
 // before any SQL runs, so the transaction is untouched. Messages whose dedup key is
@@ -60,6 +69,13 @@ func (w *Writer[TTx]) Write(ctx context.Context, tx TTx, msgs ...Message) error 
 	// Work on a copy: defaults are filled in place and the caller's slice stays theirs.
 	own := make([]Message, len(msgs))
 	copy(own, msgs)
+	if w.inject != nil {
+		for i := range own {
+			// The caller's Headers map stays the caller's.
+			own[i].Headers = maps.Clone(own[i].Headers)
+			w.inject(ctx, &own[i])
+		}
+	}
 	if err := w.limits.Prepare(own); err != nil {
 		return err
 	}

@@ -82,7 +82,7 @@ func childRelay() int {
 		log.Error("driver", "err", err)
 		return 1
 	}
-	pub, err := outboxnats.Dial(ctx, os.Getenv(envNATS), outboxnats.Config{SubjectPrefix: os.Getenv(envPrefix)})
+	pub, err := outboxnats.Dial(ctx, os.Getenv(envNATS), outboxnats.Config{Route: os.Getenv(envPrefix) + "{topic}"})
 	if err != nil {
 		log.Error("nats", "err", err)
 		return 1

@@ -3,7 +3,7 @@
 //
 // # Quick start
 //
-//	pub, err := outboxnats.Dial(ctx, "nats://127.0.0.1:4222", outboxnats.Config{SubjectPrefix: "events."})
+//	pub, err := outboxnats.Dial(ctx, "nats://127.0.0.1:4222", outboxnats.Config{Route: "events.{topic}"})
 //	if err != nil {
 //		return err
 //	}
@@ -13,8 +13,9 @@
 //	}
 //	relay, err := outbox.NewRelay(store, pub, outbox.RelayConfig{})
 //
-// A message with Topic "orders" goes to the subject "events.orders" (Config.Subject
-// overrides the mapping). Every message carries its own headers plus the Outbox-* headers
+// A message with Topic "orders" goes to the subject "events.orders": Config.Route is a
+// template over the topic, aggregate type, event type and key (outbox.ParseRoute), so
+// "outbox.event.{aggregate_type}" gives Debezium's layout. Every message carries its own headers plus the Outbox-* headers
 // of package outbox, Content-Type, and Nats-Msg-Id set to its dedup key. The payload
 // travels byte for byte. Header values are trimmed of surrounding white space by the
 // NATS wire format.

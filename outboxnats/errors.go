@@ -27,7 +27,7 @@ type NoStreamError struct {
 
 func (e *NoStreamError) Error() string {
 	return fmt.Sprintf("outboxnats: no JetStream stream captures subject %q: create a stream whose subjects match it "+
-		"(for example: nats stream add --subjects %q) or fix the publisher's SubjectPrefix or Subject",
+		"(for example: nats stream add --subjects %q) or fix the publisher's Route",
 		e.Subject, suggestFilter(e.Subject))
 }
 

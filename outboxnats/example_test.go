@@ -16,7 +16,7 @@ func Example() {
 	defer cancel()
 
 	natsURL := testnats.URL() // "nats://127.0.0.1:4222"; credentials may go in the URL
-	pub, err := outboxnats.Dial(ctx, natsURL, outboxnats.Config{SubjectPrefix: "outboxnats-example."})
+	pub, err := outboxnats.Dial(ctx, natsURL, outboxnats.Config{Route: "outboxnats-example.{topic}"})
 	if err != nil {
 		log.Fatal(err)
 	}

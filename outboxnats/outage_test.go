@@ -22,7 +22,7 @@ import (
 func dialPrivate(t *testing.T) (*testnats.Server, *outboxnats.Publisher) {
 	t.Helper()
 	srv := testnats.StartServer(t)
-	pub, err := outboxnats.Dial(ctxT(t, 5*time.Second), srv.URL(), outboxnats.Config{SubjectPrefix: "events."},
+	pub, err := outboxnats.Dial(ctxT(t, 5*time.Second), srv.URL(), outboxnats.Config{Route: "events.{topic}"},
 		nats.CustomReconnectDelay(func(int) time.Duration { return 20 * time.Millisecond }))
 	if err != nil {
 		t.Fatal(err)

@@ -20,13 +20,10 @@ import (
 
 // Config configures a Publisher. The zero value is usable.
 type Config struct {
-	// SubjectPrefix is put before the message topic to form the subject ("events." +
-	// "orders"). Defaults to none.
-	SubjectPrefix string
-
-	// Subject, when set, maps a message to its subject instead of SubjectPrefix+Topic.
-	// It is called from several goroutines at once.
-	Subject func(*outbox.Message) string
+	// Route maps a message to its subject: a template over the message's topic,
+	// aggregate type, event type and key (see outbox.ParseRoute), such as
+	// "events.{topic}" or outbox.RouteDebezium. Defaults to "{topic}".
+	Route string
 
 	// MaxPending caps async publishes awaiting a PubAck on the connection, over all
 	// concurrent Publish calls: a batch larger than that waits for the first PubAcks
@@ -47,23 +44,27 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
-func (c Config) validate() error {
+// validate checks c and parses its route.
+func (c Config) validate() (*outbox.Route, error) {
 	if c.MaxPending < 0 {
-		return &outbox.ConfigError{Field: "MaxPending", Reason: "must not be negative"}
+		return nil, &outbox.ConfigError{Field: "MaxPending", Reason: "must not be negative"}
 	}
-	if c.SubjectPrefix != "" && c.Subject == nil {
-		// The prefix goes in front of every subject: a bad one would make every message a
-		// rejection and dead-letter the whole outbox, so refuse it here.
-		if reason := checkSubject(c.SubjectPrefix + "topic"); reason != "" {
-			return &outbox.ConfigError{Field: "SubjectPrefix", Reason: fmt.Sprintf("%q does not form valid subjects: %s", c.SubjectPrefix, reason)}
-		}
+	route, err := outbox.ParseRoute(c.Route)
+	if err != nil {
+		return nil, &outbox.ConfigError{Field: "Route", Reason: err.(*outbox.ConfigError).Reason}
 	}
-	return nil
+	// The template's fixed parts are in every subject: a bad one would make every
+	// message a rejection and dead-letter the whole outbox, so refuse it here.
+	if reason := checkSubject(route.Example()); reason != "" {
+		return nil, &outbox.ConfigError{Field: "Route", Reason: fmt.Sprintf("%q does not form valid subjects: %s", c.Route, reason)}
+	}
+	return route, nil
 }
 
 // Publisher publishes outbox messages to JetStream. It implements outbox.Publisher and
 // outbox.Pinger. It is safe for concurrent use.
 type Publisher struct {
+	route *outbox.Route
 	js    jetstream.JetStream
 	nc    *nats.Conn
 	cfg   Config
@@ -92,11 +93,13 @@ func New(js jetstream.JetStream, cfg Config) (*Publisher, error) {
 	if js == nil {
 		return nil, errors.New("outboxnats: New: nil JetStream")
 	}
-	if err := cfg.validate(); err != nil {
+	route, err := cfg.validate()
+	if err != nil {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
 	return &Publisher{
+		route:  route,
 		js:     js,
 		nc:     js.Conn(),
 		cfg:    cfg,
@@ -117,7 +120,7 @@ func New(js jetstream.JetStream, cfg Config) (*Publisher, error) {
 // is ctx's deadline when it has one (nats.go's 2 s otherwise). Credentials never appear in
 // the errors Dial returns.
 func Dial(ctx context.Context, url string, cfg Config, opts ...nats.Option) (*Publisher, error) {
-	if err := cfg.validate(); err != nil {
+	if _, err := cfg.validate(); err != nil {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
@@ -330,7 +333,7 @@ func (p *Publisher) Publish(ctx context.Context, batch []*outbox.Message) []erro
 			continue
 		}
 
-		opts := []jetstream.PublishOpt{jetstream.WithMsgID(dedupKey(m))}
+		opts := []jetstream.PublishOpt{jetstream.WithMsgID(m.DedupID())}
 		if d, ok := ctx.Deadline(); ok {
 			// nats.go's own pending limit (a shared JetStream context) stalls this long.
 			if wait := time.Until(d); wait > 0 {
@@ -387,11 +390,17 @@ func ctxOutage(err error) error {
 	return outbox.Outage(fmt.Errorf("outboxnats: publish: %w", err))
 }
 
-func dedupKey(m *outbox.Message) string {
-	if m.DedupKey != "" {
-		return m.DedupKey
+// Subject returns the subject m goes to, or the rejection of m when the route cannot map
+// it or the result is not a valid subject.
+func (p *Publisher) Subject(m *outbox.Message) (string, error) {
+	subject, err := p.route.Destination(m)
+	if err != nil {
+		return "", fmt.Errorf("outboxnats: %w", err)
 	}
-	return m.ID.String()
+	if reason := checkSubject(subject); reason != "" {
+		return "", fmt.Errorf("outboxnats: invalid subject %q for topic %q: %s: %w", subject, m.Topic, reason, nats.ErrBadSubject)
+	}
+	return subject, nil
 }
 
 // Msg builds the NATS message Publish sends for m: subject, headers (the message's own and
@@ -399,41 +408,18 @@ func dedupKey(m *outbox.Message) string {
 // returns the rejection of m when m can never be published (invalid subject, too large).
 // Tests and benchmarks use it to publish exactly what the relay would.
 func (p *Publisher) Msg(m *outbox.Message) (*nats.Msg, error) {
-	subject := p.cfg.SubjectPrefix + m.Topic
-	if p.cfg.Subject != nil {
-		subject = p.cfg.Subject(m)
-	}
-	if reason := checkSubject(subject); reason != "" {
-		return nil, fmt.Errorf("outboxnats: invalid subject %q for topic %q: %s: %w", subject, m.Topic, reason, nats.ErrBadSubject)
+	subject, err := p.Subject(m)
+	if err != nil {
+		return nil, err
 	}
 
 	h := make(nats.Header, len(m.Headers)+9)
-	for k, v := range m.Headers {
-		h.Set(k, v)
-	}
-	h.Set(outbox.HeaderID, m.ID.String())
-	h.Set(outbox.HeaderDedupKey, dedupKey(m))
-	if m.Key != "" {
-		h.Set(outbox.HeaderKey, m.Key)
-	}
-	if m.AggregateType != "" {
-		h.Set(outbox.HeaderAggregateType, m.AggregateType)
-	}
-	if m.EventType != "" {
-		h.Set(outbox.HeaderEventType, m.EventType)
-	}
-	h.Set(outbox.HeaderTopic, m.Topic)
-	if !m.CreatedAt.IsZero() {
-		h.Set(outbox.HeaderCreatedAt, m.CreatedAt.UTC().Format(time.RFC3339Nano))
-	}
-	if m.ContentType != "" {
-		h.Set(outbox.HeaderContentType, m.ContentType)
-	}
+	m.WireHeaders(h.Set)
 
 	// The server's max_payload bounds headers and payload together. A message over it
 	// can never be accepted, so reject it here instead of sending it. WithMsgID adds the
 	// Nats-Msg-Id header later: count it now.
-	size := len(m.Payload) + headerSize(h, jetstream.MsgIDHeader, dedupKey(m))
+	size := len(m.Payload) + headerSize(h, jetstream.MsgIDHeader, m.DedupID())
 	if limit := p.nc.MaxPayload(); limit > 0 && int64(size) > limit {
 		return nil, fmt.Errorf("outboxnats: message for subject %q is %d bytes (payload %d, headers %d), over the server's max_payload of %d bytes: %w",
 			subject, size, len(m.Payload), size-len(m.Payload), limit, nats.ErrMaxPayload)

@@ -32,7 +32,7 @@ func setup(t *testing.T, cfg outboxnats.Config) *testBundle {
 	t.Helper()
 	js := testnats.JetStream(t, "")
 	stream, prefix := testnats.Stream(t, js)
-	cfg.SubjectPrefix = prefix
+	cfg.Route = prefix + "{topic}"
 	pub, err := outboxnats.New(js, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -179,22 +179,21 @@ func TestPublishRoundTrip(t *testing.T) {
 	}
 }
 
-func TestPublishSubjectFunc(t *testing.T) {
+func TestPublishRoute(t *testing.T) {
 	t.Parallel()
 	js := testnats.JetStream(t, "")
 	stream, prefix := testnats.Stream(t, js)
-	pub, err := outboxnats.New(js, outboxnats.Config{
-		SubjectPrefix: "ignored.",
-		Subject: func(m *outbox.Message) string {
-			return prefix + m.AggregateType + "." + m.Key
-		},
-	})
+	pub, err := outboxnats.New(js, outboxnats.Config{Route: prefix + "{aggregate_type}.{key}"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	m := newMsg("orders", "42", []byte("x"))
 	m.AggregateType = "order"
-	requireNoErrs(t, pub.Publish(ctxT(t, 5*time.Second), []*outbox.Message{m}))
+	noType := newMsg("orders", "43", []byte("x"))
+	errs := pub.Publish(ctxT(t, 5*time.Second), []*outbox.Message{m, noType})
+	if errs == nil || errs[0] != nil || !errors.Is(errs[1], outbox.ErrUnroutable) || outbox.IsOutage(errs[1]) {
+		t.Fatalf("Publish = %v, want the first confirmed and the second rejected as unroutable", errs)
+	}
 	if got := readAll(t, js, stream, 1)[0].Subject(); got != prefix+"order.42" {
 		t.Errorf("subject = %q, want %q", got, prefix+"order.42")
 	}
@@ -361,7 +360,7 @@ func TestPublishAPIErrors(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = js.DeleteStream(context.Background(), name) })
-	pub, err := outboxnats.New(js, outboxnats.Config{SubjectPrefix: prefix})
+	pub, err := outboxnats.New(js, outboxnats.Config{Route: prefix + "{topic}"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -393,7 +392,7 @@ func TestPublishNoStreamIsOutage(t *testing.T) {
 	t.Parallel()
 	js := testnats.JetStream(t, "")
 	prefix := testnats.Unique() + "." // no stream captures it
-	pub, err := outboxnats.New(js, outboxnats.Config{SubjectPrefix: prefix})
+	pub, err := outboxnats.New(js, outboxnats.Config{Route: prefix + "{topic}"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -503,9 +502,11 @@ func TestNewValidatesConfig(t *testing.T) {
 	js := testnats.JetStream(t, "")
 	for _, cfg := range []outboxnats.Config{
 		{MaxPending: -1},
-		{SubjectPrefix: "events.*."},
-		{SubjectPrefix: "events.."},
-		{SubjectPrefix: "has space."},
+		{Route: "events.*.{topic}"},
+		{Route: "events..{topic}"},
+		{Route: "has space.{topic}"},
+		{Route: "events.{nope}"},
+		{Route: "events.{topic"},
 	} {
 		if _, err := outboxnats.New(js, cfg); !errors.Is(err, outbox.ErrInvalidConfig) {
 			t.Errorf("New(%+v) = %v, want ErrInvalidConfig", cfg, err)

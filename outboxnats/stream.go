@@ -69,7 +69,7 @@ func capturedBy(filters []string, subject string) bool {
 
 // CheckSubject returns a *NoStreamError (errors.Is(err, ErrNoStream)) if no JetStream
 // stream captures subject, another error if it cannot tell, and nil otherwise. Run it at
-// start-up for the subjects the publisher will use (SubjectPrefix + topic): a missing
+// start-up for the subjects the publisher will use (see Publisher.Subject): a missing
 // stream otherwise shows only as outages when the relay publishes.
 func (p *Publisher) CheckSubject(ctx context.Context, subject string) error {
 	if reason := checkSubject(subject); reason != "" {

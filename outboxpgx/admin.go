@@ -2,11 +2,7 @@ package outboxpgx
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -16,19 +12,18 @@ import (
 )
 
 // This file is the operator's side of the driver: the figures behind `outbox status`
-// and the dead-letter tooling behind `outbox dead`. Every statement is built from the
-// driver's validated, quoted names; every value travels as a parameter.
+// and the dead-letter tooling behind `outbox dead`. The statements are pgsql's, shared
+// with outboxsql.
 
-// ErrEmptyDeadFilter is returned by DeadPurge for a filter that selects nothing in
-// particular (no IDs, Topic, Key, ErrorContains, Since or Until; a Limit alone does not
-// count). Deleting every dead letter is DeadPurgeAll, so that it cannot happen by
-// forgetting to fill in a field.
-var ErrEmptyDeadFilter = errors.New("outboxpgx: DeadPurge needs a filter (IDs, Topic, Key, ErrorContains, Since or Until); use DeadPurgeAll to delete every dead letter")
+// ErrEmptyDeadFilter is outbox.ErrEmptyDeadFilter.
+var ErrEmptyDeadFilter = outbox.ErrEmptyDeadFilter
+
+var _ outbox.Admin = (*Driver)(nil)
 
 // PublishedExactBelow is the size of the published table, as estimated by PostgreSQL's
 // statistics, under which Status counts published rows exactly. Above it the count is an
 // estimate (see Status), because counting them exactly means reading the whole table.
-const PublishedExactBelow = 100_000
+const PublishedExactBelow = pgsql.PublishedExactBelow
 
 // Status returns a snapshot of the outbox, read in one repeatable-read transaction so
 // that its figures agree with each other and share one database clock.
@@ -51,9 +46,8 @@ func (d *Driver) Status(ctx context.Context) (outbox.Status, error) {
 	st := outbox.Status{Topics: []outbox.TopicStatus{}, Relays: []outbox.RelayInfo{}}
 	opts := pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}
 	err := pgx.BeginTxFunc(ctx, d.pool, opts, func(tx pgx.Tx) error {
-		// On a large table the planner's estimates cross jit_above_cost, and compiling
-		// costs more than these index scans; dashboards poll this.
-		if _, err := tx.Exec(ctx, `SET LOCAL jit = off`); err != nil {
+		// Dashboards poll this; see pgsql.NoJIT.
+		if _, err := tx.Exec(ctx, pgsql.NoJIT); err != nil {
 			return err
 		}
 		if err := d.topicStatus(ctx, tx, &st); err != nil {
@@ -73,25 +67,9 @@ func (d *Driver) Status(ctx context.Context) (outbox.Status, error) {
 	return st, nil
 }
 
-// topicStatus fills the per-topic rows and the totals from one pass over the pending
-// table (every row of it is pending) and one over the dead table, joined by topic.
+// topicStatus fills the per-topic rows and the totals.
 func (d *Driver) topicStatus(ctx context.Context, tx pgx.Tx, st *outbox.Status) error {
-	q := `SELECT topic,
-       coalesce(p.pending, 0), coalesce(p.due, 0), coalesce(p.retrying, 0), coalesce(x.dead, 0),
-       coalesce((extract(epoch FROM greatest(now() - p.oldest, interval '0')) * 1000000)::bigint, 0)
-FROM (
-    SELECT topic, count(*) AS pending,
-           count(*) FILTER (WHERE next_attempt_at <= now()) AS due,
-           count(*) FILTER (WHERE attempts > 0) AS retrying,
-           min(created_at) AS oldest
-    FROM ` + d.names.Outbox + `
-    GROUP BY topic
-) p
-FULL JOIN (
-    SELECT topic, count(*) AS dead FROM ` + d.names.Dead + ` GROUP BY topic
-) x USING (topic)
-ORDER BY topic`
-	rows, err := tx.Query(ctx, q)
+	rows, err := tx.Query(ctx, d.names.StatusTopics())
 	if err != nil {
 		return err
 	}
@@ -105,15 +83,7 @@ ORDER BY topic`
 	if err != nil {
 		return err
 	}
-	for _, t := range topics {
-		st.Pending += t.Pending
-		st.Due += t.Due
-		st.Retrying += t.Retrying
-		st.Dead += t.Dead
-		st.OldestPendingAge = max(st.OldestPendingAge, t.OldestPendingAge)
-	}
-	st.Delayed = st.Pending - st.Due
-	st.Topics = append(st.Topics, topics...)
+	pgsql.AddTopics(st, topics)
 	return nil
 }
 
@@ -121,31 +91,19 @@ ORDER BY topic`
 // when it is large (see Status).
 func (d *Driver) publishedCount(ctx context.Context, tx pgx.Tx, st *outbox.Status) error {
 	var relTuples, liveTuples int64
-	err := tx.QueryRow(ctx, `SELECT greatest(c.reltuples, 0)::bigint, coalesce(s.n_live_tup, 0)
-FROM pg_catalog.pg_class c LEFT JOIN pg_catalog.pg_stat_user_tables s ON s.relid = c.oid
-WHERE c.oid = to_regclass($1)`, d.names.Published).Scan(&relTuples, &liveTuples)
-	if err != nil {
+	q, args := d.names.StatusPublishedStats()
+	if err := tx.QueryRow(ctx, q, args...).Scan(&relTuples, &liveTuples); err != nil {
 		return err
 	}
-	if max(relTuples, liveTuples) < PublishedExactBelow {
-		return tx.QueryRow(ctx, `SELECT count(*) FROM `+d.names.Published).Scan(&st.Published)
+	if n, ok := pgsql.PublishedEstimate(relTuples, liveTuples); ok {
+		st.Published = n
+		return nil
 	}
-	// reltuples is kept by VACUUM and ANALYZE, which autovacuum runs as the table grows.
-	// n_live_tup follows commits but is lost on a statistics reset and can count a batch
-	// twice when an ANALYZE overtakes the report of the inserting session, so it only
-	// stands in while the table has never been vacuumed or analysed.
-	st.Published = relTuples
-	if st.Published == 0 {
-		st.Published = liveTuples
-	}
-	return nil
+	return tx.QueryRow(ctx, d.names.StatusPublishedCount()).Scan(&st.Published)
 }
 
 func (d *Driver) relayStatus(ctx context.Context, tx pgx.Tx, st *outbox.Status) error {
-	rows, err := tx.Query(ctx, `SELECT r.id, r.hostname, r.pid, r.started_at, r.heartbeat_at, r.expires_at > now(),
-       (SELECT count(*) FROM `+d.names.Leases+` l WHERE l.owner = r.id AND l.expires_at > now())::int
-FROM `+d.names.Relays+` r
-ORDER BY r.started_at, r.id`)
+	rows, err := tx.Query(ctx, d.names.StatusRelays())
 	if err != nil {
 		return err
 	}
@@ -160,88 +118,19 @@ ORDER BY r.started_at, r.id`)
 		return err
 	}
 	st.Relays = append(st.Relays, relays...)
-	return tx.QueryRow(ctx, `SELECT count(*)::int, (count(*) FILTER (WHERE owner IS NOT NULL AND expires_at > now()))::int
-FROM `+d.names.Leases).Scan(&st.Shards, &st.ShardsLeased)
+	return tx.QueryRow(ctx, d.names.StatusShards()).Scan(&st.Shards, &st.ShardsLeased)
 }
-
-// deadQuery is a dead-letter selection rendered as SQL: where is a condition on the
-// dead table (unaliased) and args its parameters, numbered from $1.
-type deadQuery struct {
-	where string
-	args  []any
-	limit string // " LIMIT $n", or empty
-}
-
-func (q *deadQuery) arg(v any) string {
-	q.args = append(q.args, v)
-	return "$" + strconv.Itoa(len(q.args))
-}
-
-// deadWhere renders f. It is a condition on the dead table, which holds nothing but dead
-// letters, so no pending or published message can ever match.
-func deadWhere(f outbox.DeadFilter) (*deadQuery, error) {
-	if f.Limit < 0 {
-		return nil, &outbox.ConfigError{Field: "DeadFilter.Limit", Reason: "must not be negative (0 means no limit)"}
-	}
-	q := &deadQuery{}
-	var conds []string
-	if len(f.IDs) > 0 {
-		ids := make([][16]byte, len(f.IDs))
-		for i, id := range f.IDs {
-			ids[i] = id
-		}
-		conds = append(conds, "id = ANY("+q.arg(ids)+"::uuid[])")
-	}
-	if f.Topic != "" {
-		conds = append(conds, "topic = "+q.arg(f.Topic))
-	}
-	if f.Key != "" {
-		conds = append(conds, "key = "+q.arg(f.Key))
-	}
-	if f.ErrorContains != "" {
-		conds = append(conds, "last_error ILIKE "+q.arg("%"+escapeLike(f.ErrorContains)+"%")+" ESCAPE '!'")
-	}
-	if !f.Since.IsZero() {
-		conds = append(conds, "dead_at >= "+q.arg(f.Since))
-	}
-	if !f.Until.IsZero() {
-		conds = append(conds, "dead_at < "+q.arg(f.Until))
-	}
-	q.where = "true"
-	if len(conds) > 0 {
-		q.where = strings.Join(conds, " AND ")
-	}
-	if f.Limit > 0 {
-		q.limit = " LIMIT " + q.arg(f.Limit)
-	}
-	return q, nil
-}
-
-// escapeLike makes s match literally in a LIKE pattern whose escape character is '!'.
-func escapeLike(s string) string {
-	return strings.NewReplacer("!", "!!", "%", "!%", "_", "!_").Replace(s)
-}
-
-// emptyDeadFilter reports whether f selects every dead letter (Limit aside).
-func emptyDeadFilter(f outbox.DeadFilter) bool {
-	return len(f.IDs) == 0 && f.Topic == "" && f.Key == "" && f.ErrorContains == "" && f.Since.IsZero() && f.Until.IsZero()
-}
-
-// deadOrder is the order of DeadList, and the order in which a Limit picks the dead
-// letters that DeadReplay and DeadPurge act on: the same rows a list shows.
-const deadOrder = " ORDER BY dead_at DESC, seq DESC"
 
 // DeadList returns the dead letters that match f, most recently dead-lettered first.
 func (d *Driver) DeadList(ctx context.Context, f outbox.DeadFilter) ([]outbox.DeadLetter, error) {
 	if err := d.needPool(); err != nil {
 		return nil, err
 	}
-	q, err := deadWhere(f)
+	q, args, err := d.names.DeadList(f)
 	if err != nil {
 		return nil, err
 	}
-	sql := `SELECT ` + pgsql.ReadColumns("") + `, dead_at FROM ` + d.names.Dead + ` WHERE ` + q.where + deadOrder + q.limit
-	rows, err := d.pool.Query(ctx, sql, q.args...)
+	rows, err := d.pool.Query(ctx, q, args...)
 	if err != nil {
 		return nil, fmt.Errorf("list dead letters: %w", err)
 	}
@@ -264,12 +153,9 @@ func scanDeadLetter(row pgx.CollectableRow) (outbox.DeadLetter, error) {
 	}
 	m.ID = id
 	m.Shard = int(shard)
-	if len(headers) > 2 {
-		if err := json.Unmarshal(headers, &m.Headers); err != nil {
-			return dl, fmt.Errorf("message %d: headers: %w", m.Seq, err)
-		}
-	}
-	return dl, nil
+	var err error
+	m.Headers, err = pgsql.DecodeHeaders(m.Seq, headers)
+	return dl, err
 }
 
 // DeadCount returns how many dead letters match f (at most f.Limit when it is set): what
@@ -278,13 +164,12 @@ func (d *Driver) DeadCount(ctx context.Context, f outbox.DeadFilter) (int, error
 	if err := d.needPool(); err != nil {
 		return 0, err
 	}
-	q, err := deadWhere(f)
+	q, args, err := d.names.DeadCount(f)
 	if err != nil {
 		return 0, err
 	}
 	var n int
-	sql := `SELECT count(*)::int FROM (SELECT 1 FROM ` + d.names.Dead + ` WHERE ` + q.where + q.limit + `) s`
-	if err := d.pool.QueryRow(ctx, sql, q.args...).Scan(&n); err != nil {
+	if err := d.pool.QueryRow(ctx, q, args...).Scan(&n); err != nil {
 		return 0, fmt.Errorf("count dead letters: %w", err)
 	}
 	return n, nil
@@ -308,14 +193,13 @@ func (d *Driver) DeadReplay(ctx context.Context, f outbox.DeadFilter) (int, erro
 	if err := d.needPool(); err != nil {
 		return 0, err
 	}
-	q, err := deadWhere(f)
+	pick, args, err := d.names.DeadPick(f)
 	if err != nil {
 		return 0, err
 	}
-	pick := `SELECT seq FROM ` + d.names.Dead + ` WHERE ` + q.where + deadOrder + q.limit + ` FOR UPDATE`
 	var n int
 	err = pgx.BeginFunc(ctx, d.pool, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, pick, q.args...)
+		rows, err := tx.Query(ctx, pick, args...)
 		if err != nil {
 			return err
 		}
@@ -329,7 +213,8 @@ func (d *Driver) DeadReplay(ctx context.Context, f outbox.DeadFilter) (int, erro
 		}
 		n = int(tag.RowsAffected())
 		if n > 0 {
-			_, err = tx.Exec(ctx, `SELECT pg_notify($1, '')`, d.names.Channel)
+			notify, args := d.names.Notify()
+			_, err = tx.Exec(ctx, notify, args...)
 		}
 		return err
 	})
@@ -349,7 +234,7 @@ func (d *Driver) DeadReplay(ctx context.Context, f outbox.DeadFilter) (int, erro
 // A filter that selects nothing in particular is refused with ErrEmptyDeadFilter:
 // deleting everything is DeadPurgeAll.
 func (d *Driver) DeadPurge(ctx context.Context, f outbox.DeadFilter) (int, error) {
-	if emptyDeadFilter(f) {
+	if f.IsEmpty() {
 		return 0, ErrEmptyDeadFilter
 	}
 	return d.deadPurge(ctx, f)
@@ -365,13 +250,11 @@ func (d *Driver) deadPurge(ctx context.Context, f outbox.DeadFilter) (int, error
 	if err := d.needPool(); err != nil {
 		return 0, err
 	}
-	q, err := deadWhere(f)
+	q, args, err := d.names.DeadPurge(f)
 	if err != nil {
 		return 0, err
 	}
-	sql := `WITH m AS (SELECT seq FROM ` + d.names.Dead + ` WHERE ` + q.where + deadOrder + q.limit + ` FOR UPDATE)
-DELETE FROM ` + d.names.Dead + ` x USING m WHERE x.seq = m.seq`
-	tag, err := d.pool.Exec(ctx, sql, q.args...)
+	tag, err := d.pool.Exec(ctx, q, args...)
 	if err != nil {
 		return 0, fmt.Errorf("purge dead letters: %w", err)
 	}

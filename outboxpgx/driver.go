@@ -8,10 +8,8 @@ package outboxpgx
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -126,7 +124,11 @@ func (d *Driver) Fetch(ctx context.Context, req outbox.FetchRequest) ([]*outbox.
 	var msgs []*outbox.Message
 	var err error
 	if req.After > 0 {
-		msgs, err = queryNoJIT(ctx, d.pool, scanMessage, d.fetchAfterSQL, req.RelayID, shards, req.After, req.Limit, nonNil(req.Keys))
+		held, herr := pgsql.HeldKeys(req.Held())
+		if herr != nil {
+			return nil, herr
+		}
+		msgs, err = queryNoJIT(ctx, d.pool, scanMessage, d.fetchAfterSQL, req.RelayID, shards, req.After, req.Limit, held)
 	} else {
 		msgs, err = queryNoJIT(ctx, d.pool, scanMessage, d.fetchSQL, req.RelayID, shards, exclude, req.Limit)
 	}
@@ -169,10 +171,9 @@ func scanMessage(row pgx.CollectableRow) (*outbox.Message, error) {
 	}
 	m.ID = id
 	m.Shard = int(shard)
-	if len(headers) > 2 {
-		if err := json.Unmarshal(headers, &m.Headers); err != nil {
-			return nil, fmt.Errorf("message %d: headers: %w", m.Seq, err)
-		}
+	var err error
+	if m.Headers, err = pgsql.DecodeHeaders(m.Seq, headers); err != nil {
+		return nil, err
 	}
 	return m, nil
 }
@@ -182,51 +183,13 @@ func (d *Driver) Complete(ctx context.Context, c outbox.Completion) ([]int64, er
 	if err := d.needPool(); err != nil {
 		return nil, err
 	}
-	tokenSet := map[int64]bool{}
-	pubSeq := make([]int64, len(c.Published))
-	for i, o := range c.Published {
-		pubSeq[i] = o.Seq
-		tokenSet[o.Token] = true
-	}
-	var retrySeq, retryDelay, deadSeq []int64
-	var retryErr, deadErr []string
-	for _, f := range c.Failed {
-		tokenSet[f.Token] = true
-		msg := strings.ToValidUTF8(strings.ReplaceAll(f.Error, "\x00", ""), "?")
-		if f.Dead {
-			deadSeq, deadErr = append(deadSeq, f.Seq), append(deadErr, msg)
-		} else {
-			retrySeq, retryErr, retryDelay = append(retrySeq, f.Seq), append(retryErr, msg), append(retryDelay, f.Delay.Milliseconds())
-		}
-	}
-	toks := make([]int64, 0, len(tokenSet))
-	for t := range tokenSet {
-		toks = append(toks, t)
-	}
-	applied, err := queryNoJIT(ctx, d.pool, pgx.RowTo[int64], d.completeSQL, c.RelayID, toks, pubSeq,
-		nonNil(retrySeq), nonNil(retryErr), nonNil(retryDelay), nonNil(deadSeq), nonNil(deadErr))
+	a := pgsql.NewCompleteArgs(c)
+	applied, err := queryNoJIT(ctx, d.pool, pgx.RowTo[int64], d.completeSQL, c.RelayID, a.Tokens, a.Published,
+		a.RetrySeqs, a.RetryErrors, a.RetryDelayMillis, a.DeadSeqs, a.DeadErrors)
 	if err != nil {
 		return nil, fmt.Errorf("record outcomes: %w", err)
 	}
-	if len(applied) == len(c.Published)+len(c.Failed) {
-		return nil, nil
-	}
-	ok := make(map[int64]bool, len(applied))
-	for _, s := range applied {
-		ok[s] = true
-	}
-	var refused []int64
-	for _, o := range c.Published {
-		if !ok[o.Seq] {
-			refused = append(refused, o.Seq)
-		}
-	}
-	for _, f := range c.Failed {
-		if !ok[f.Seq] {
-			refused = append(refused, f.Seq)
-		}
-	}
-	return refused, nil
+	return pgsql.Refused(c, applied), nil
 }
 
 // nonNil makes a nil slice an empty one: pgx sends nil as SQL NULL, not an empty array.
@@ -266,7 +229,7 @@ func (d *Driver) SyncLeases(ctx context.Context, req outbox.LeaseRequest) (outbo
 		n := d.names
 		ttl := req.TTL.Milliseconds()
 		if len(req.Release) > 0 {
-			if _, err := tx.Exec(ctx, n.LeaseRelease(), req.RelayID, tokens(req.Release)); err != nil {
+			if _, err := tx.Exec(ctx, n.LeaseRelease(), req.RelayID, pgsql.Tokens(req.Release)); err != nil {
 				return err
 			}
 		}
@@ -281,7 +244,7 @@ func (d *Driver) SyncLeases(ctx context.Context, req outbox.LeaseRequest) (outbo
 			return err
 		}
 		if len(req.Held) > 0 {
-			if _, err := tx.Exec(ctx, n.LeaseRenew(), req.RelayID, ttl, tokens(req.Held)); err != nil {
+			if _, err := tx.Exec(ctx, n.LeaseRenew(), req.RelayID, ttl, pgsql.Tokens(req.Held)); err != nil {
 				return err
 			}
 		}
@@ -322,14 +285,6 @@ func (d *Driver) held(ctx context.Context, tx pgx.Tx, relayID string) ([]outbox.
 		l.Shard = int(shard)
 		return l, err
 	})
-}
-
-func tokens(ls []outbox.Lease) []int64 {
-	out := make([]int64, len(ls))
-	for i, l := range ls {
-		out[i] = l.Token
-	}
-	return out
 }
 
 // Listen implements outbox.Listener with LISTEN on a connection of its own. It does not

@@ -33,7 +33,7 @@ func TestFetchContinuationKeepsKeyOrder(t *testing.T) {
 	if len(got) != 1 || got[0].Key != "fresh" {
 		t.Fatalf("continuation returned %v, want only fresh@4 (k@3 must wait behind k@1)", keys)
 	}
-	got, err = b.Driver.Fetch(ctx, outbox.FetchRequest{RelayID: "r", Leases: st.Held, After: 2, Keys: []string{"k"}, Limit: 10})
+	got, err = b.Driver.Fetch(ctx, outbox.FetchRequest{RelayID: "r", Leases: st.Held, After: 2, Keys: []string{"k"}, KeySeqs: []int64{1}, Limit: 10})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,6 +1,8 @@
-// Package outboxsql writes outbox messages in a database/sql transaction on PostgreSQL,
-// with any database/sql driver: pgx's stdlib ("pgx"), lib/pq ("postgres"), or the
-// *sql.DB under sqlx, GORM, ent or bun.
+// Package outboxsql is the PostgreSQL driver for database/sql: it writes outbox messages
+// in the caller's *sql.Tx and is the relay's store and the operator's, with any
+// database/sql driver: pgx's stdlib ("pgx"), lib/pq ("postgres"), or the *sql.DB under
+// sqlx, GORM, ent or bun. An application on database/sql runs the whole outbox without
+// pgx.
 //
 // A message exists if and only if the caller's transaction commits: the rows are
 // ordinary rows of that transaction, so a rollback, or a rollback to a savepoint taken
@@ -34,8 +36,39 @@
 //
 // # Relay
 //
-// This package only writes. The relay, which reads the outbox and publishes it, runs on
-// pgx: point an outboxpgx.Driver with the same Schema and Prefix at the same database.
-// The rows are the same whichever package wrote them, and the migrations here and in
-// outboxpgx are the same migrations, recorded in the same table.
+// The Driver is an outbox.Store, so a relay runs on the same *sql.DB:
+//
+//	relay, err := outbox.NewRelay(drv, publisher, outbox.RelayConfig{})
+//	err = relay.Start(ctx)
+//	defer relay.Stop(ctx)
+//
+// It runs the same statements as outboxpgx (shard leases and their takeover in database
+// time, fenced outcomes, per-key order, retries, dead letters), and passes the same
+// conformance suite with pgx's stdlib and with lib/pq. Array parameters travel as
+// PostgreSQL array literals, which every driver binds as a string, so no driver-specific
+// type such as pq.Array is needed. Each fetch and each batch of outcomes runs in a short
+// transaction of its own that turns JIT compilation off for that statement only (SET
+// LOCAL): four round trips where outboxpgx needs one, and no setting left on the pool's
+// connections.
+//
+// Relays on outboxsql and outboxpgx can share one outbox: the rows, the migrations
+// (recorded in the same table) and the statements are the same.
+//
+// # Wake-up latency
+//
+// database/sql has no portable LISTEN, so the Driver does not implement outbox.Listener
+// and a relay on it finds new messages by polling: once it has caught up, a message
+// committed just after a poll waits up to RelayConfig.PollInterval (500ms by default,
+// half that on average) before it is fetched. A relay working through a backlog fetches
+// again as soon as it has room, so polling delays only what arrives while it is caught
+// up. Lower PollInterval for less latency, at the cost of one cheap, indexed fetch per
+// interval per relay. For wake-ups at commit, run the relay on outboxpgx (LISTEN/NOTIFY
+// on a pgx pool) with the same Schema and Prefix while the application keeps writing
+// through this package: every write, and every DeadReplay, sends the notification,
+// whichever package made it.
+//
+// # Operations
+//
+// The Driver is an outbox.Admin too: Status and the dead-letter calls (DeadList,
+// DeadCount, DeadReplay, DeadPurge, DeadPurgeAll) behave as outboxpgx's.
 package outboxsql

@@ -12,8 +12,8 @@ import (
 )
 
 // Config names where the outbox lives. The zero value uses the public schema and no
-// prefix. It must name the same tables as the outboxpgx.Config of the relay that
-// publishes them.
+// prefix. Every writer, relay and admin tool of one outbox must name the same tables,
+// whichever package it uses (outboxsql or outboxpgx).
 type Config struct {
 	// Schema holds the outbox tables. Defaults to "public". Must match [a-z_][a-z0-9_]*.
 	Schema string
@@ -35,28 +35,51 @@ const maxRows = maxParams / pgsql.InsertValuesColumns
 const cachedRows = 64
 
 // Driver writes messages in database/sql transactions on PostgreSQL, whatever the
-// driver behind the *sql.DB (pgx's stdlib, lib/pq, ...). It is safe for concurrent use.
+// driver behind the *sql.DB (pgx's stdlib, lib/pq, ...), and is the relay's store
+// (outbox.Store) and the operator's (outbox.Admin) on that *sql.DB. It is safe for
+// concurrent use.
 //
-// It is a write driver only: run the relay with outboxpgx on the same tables.
+// It does not implement outbox.Listener: database/sql has no portable LISTEN, so a relay
+// on this store polls (see the package documentation).
 type Driver struct {
 	db    *sql.DB
 	names *pgsql.Names
+
+	fetchSQL, fetchAfterSQL, completeSQL, deleteSQL, deleteDedupSQL string
 
 	// insertCache holds INSERT texts by row count, built on first use, for 1..cachedRows
 	// and maxRows rows.
 	insertCache sync.Map // int -> string
 }
 
-var _ outbox.WriteDriver[*sql.Tx] = (*Driver)(nil)
+var (
+	_ outbox.WriteDriver[*sql.Tx] = (*Driver)(nil)
+	_ outbox.Store                = (*Driver)(nil)
+	_ outbox.Admin                = (*Driver)(nil)
+)
 
 // New returns a driver. db may be nil when the driver is used only to write in the
-// caller's transactions; the migration calls need it.
+// caller's transactions; the relay, migrations and admin calls need it.
 func New(db *sql.DB, config Config) (*Driver, error) {
 	names, err := pgsql.NewNames(pgsql.Config{Schema: config.Schema, Prefix: config.Prefix})
 	if err != nil {
 		return nil, err
 	}
-	return &Driver{db: db, names: names}, nil
+	return &Driver{
+		db: db, names: names,
+		fetchSQL:       names.Fetch(),
+		fetchAfterSQL:  names.FetchAfter(),
+		completeSQL:    names.Complete(),
+		deleteSQL:      names.DeletePublished(),
+		deleteDedupSQL: names.DeleteDedup(),
+	}, nil
+}
+
+func (d *Driver) needDB() error {
+	if d.db == nil {
+		return errors.New("outboxsql: this call needs a database: pass a *sql.DB to outboxsql.New")
+	}
+	return nil
 }
 
 // insertSQL returns the INSERT text for rows messages.

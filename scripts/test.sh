@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # The project's test command. On a fresh Debian machine it installs and starts what the
-# tests need (PostgreSQL, NATS with JetStream), then runs the suite. Safe to run again:
+# tests need (PostgreSQL, NATS with JetStream, RabbitMQ, Redis, MariaDB, kcat, PgBouncer,
+# promtool, Chromium, and the fauxqs SQS emulator from npm), then runs the suite. Safe to run again:
 # it only acts on what is missing.
 #
 #   scripts/test.sh            # everything (race detector on the fast packages)
 #   scripts/test.sh -short     # the same, with the broker outage shortened from 30 s to 5 s
 #
 # Environment: OUTBOX_TEST_DATABASE_URL (default postgres://postgres@127.0.0.1:5432/test),
-# OUTBOX_TEST_NATS_URL (default nats://127.0.0.1:4222).
+# OUTBOX_TEST_NATS_URL (default nats://127.0.0.1:4222), OUTBOX_TEST_AMQP_URL,
+# OUTBOX_TEST_REDIS_ADDR, OUTBOX_TEST_MYSQL_DSN: a server named by one is used as it is.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -65,8 +67,70 @@ ensure_nats() {
   fi
 }
 
+ensure_rabbitmq() {
+  if [ -n "${OUTBOX_TEST_AMQP_URL:-}" ]; then return 0; fi
+  need_pkg rabbitmq-server rabbitmq-server
+  if ! port_open 5672; then
+    log "starting RabbitMQ"
+    as_root rabbitmq-server -detached
+    wait_port 5672 RabbitMQ
+  fi
+}
+
+ensure_redis() {
+  # Private servers, replicas and a cluster run as child processes even with a remote Redis.
+  need_pkg redis-server redis-server
+  if [ -n "${OUTBOX_TEST_REDIS_ADDR:-}" ]; then return 0; fi
+  if ! port_open 6379; then
+    log "starting Redis"
+    as_root mkdir -p /var/lib/redis /var/log/redis
+    as_root redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" --appendonly no \
+      --dir /var/lib/redis --logfile /var/log/redis/ci.log
+    wait_port 6379 Redis
+  fi
+}
+
+ensure_mariadb() {
+  if [ -n "${OUTBOX_TEST_MYSQL_DSN:-}" ]; then return 0; fi
+  need_pkg mariadbd mariadb-server
+  if ! port_open 3306; then
+    log "starting MariaDB"
+    as_root mkdir -p /run/mysqld
+    as_root chown mysql:mysql /run/mysqld 2>/dev/null || true
+    as_root start-stop-daemon --start --oknodo --background --exec "$(command -v mariadbd || echo /usr/sbin/mariadbd)"
+    wait_port 3306 MariaDB
+  fi
+}
+
+# The SQS tests run fauxqs, an SQS emulator from npm, as a child process: version 1.9.2 (the
+# last that runs on Debian 12's Node.js 20), its dependencies pinned by scripts/fauxqs's
+# lockfile.
+ensure_fauxqs() {
+  local dir="${OUTBOX_FAUXQS_DIR:-$HOME/.cache/outbox/fauxqs}"
+  if cmp -s scripts/fauxqs/package-lock.json "$dir/package-lock.json" && [ -d "$dir/node_modules/fauxqs" ]; then
+    return 0
+  fi
+  need_pkg npm npm
+  log "installing fauxqs (SQS emulator) into $dir"
+  mkdir -p "$dir"
+  cp scripts/fauxqs/package.json scripts/fauxqs/package-lock.json "$dir/"
+  (cd "$dir" && npm ci --silent --no-fund --no-audit >/dev/null)
+}
+
 ensure_postgres
 ensure_nats
+ensure_rabbitmq
+ensure_redis
+ensure_mariadb
+ensure_fauxqs
+# The Kafka tests read back with kcat, an outside client.
+need_pkg kcat kcat
+# The alert rules are checked and unit-tested with promtool; the web console is tested in
+# headless Chromium.
+need_pkg promtool prometheus
+need_pkg chromium chromium
+# The deploy examples' systemd unit is checked with systemd-analyze verify.
+need_pkg systemd-analyze systemd
 # The PgBouncer test runs a private pgbouncer in transaction pooling mode.
 need_pkg pgbouncer pgbouncer
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/outboxkit/outbox/internal/bench"
@@ -12,21 +13,24 @@ import (
 var benchCommand = &command{
 	name:    "bench",
 	summary: "Measure the relay end to end: drain rate, latency and memory",
-	help: `Measures PostgreSQL -> relay -> NATS JetStream on the given servers, in three phases:
-  1. raw: JetStream async publish of the same payloads with the same client and no
-     database: the reference the relay's rate is compared with (ratio = eps / raw_eps);
+	help: `Measures store (--db) -> relay -> broker on the given servers, in three phases:
+  1. raw: the same messages published straight with the broker's client library, with
+     the same confirms and no database: the reference the relay's rate is compared with
+     (ratio = eps / raw_eps);
   2. drain: a backlog of --events messages over --keys keys is written, then --relays
      relays drain it; eps is events per second, rss_mib the process's peak memory;
   3. latency: --rate events per second for --duration, each in its own transaction,
-     woken by LISTEN/NOTIFY; p50/p95/p99 are COMMIT returned -> broker confirmed.
+     woken by LISTEN/NOTIFY on PostgreSQL (the other stores poll every 50 ms here);
+     p50/p95/p99 are COMMIT returned -> broker confirmed.
 With --runs N, phases 1 and 2 are repeated N times and eps, raw_eps and ratio are the
-medians (ratio is the median of the per-run ratios). It uses a throwaway schema and
-streams, dropped at the end. Progress goes to stderr; the
+medians (ratio is the median of the per-run ratios). It uses a throwaway outbox and
+destinations (streams, queues, topics), dropped at the end. Progress goes to stderr; the
 last line on stdout is "bench: key=value ...". With no flags it uses the local servers.`,
 	setup: func(fs *flag.FlagSet) runFunc {
 		var cfg bench.Config
-		fs.StringVar(&cfg.DatabaseURL, "database-url", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable", "PostgreSQL `URL` for the throwaway schema")
-		fs.StringVar(&cfg.NATSURL, "broker", brokerDefault, "NATS JetStream `URL`")
+		fs.StringVar(&cfg.DB, "db", bench.DBPostgres, "the store: postgres, sqlite (a temporary file) or mysql (MySQL or MariaDB)")
+		fs.StringVar(&cfg.DatabaseURL, "database-url", "", "PostgreSQL `URL` or MySQL DSN (default: the local server); a throwaway schema\nor database is made there")
+		fs.StringVar(&cfg.BrokerURL, "broker", brokerDefault, "broker `URL`; its scheme picks the broker: "+strings.Join(bench.Schemes(), ", "))
 		fs.IntVar(&cfg.Events, "events", 200_000, "backlog size to drain")
 		fs.IntVar(&cfg.Keys, "keys", 1_000, "distinct ordering keys")
 		fs.IntVar(&cfg.PayloadBytes, "payload-bytes", 130, "payload size")

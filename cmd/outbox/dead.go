@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"sort"
-	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -69,63 +68,12 @@ func (o *deadFilterFlags) filter() (outbox.DeadFilter, error) {
 	return f, nil
 }
 
-// describe renders n dead letters selected by f for messages: "2 dead letters matching
-// topic="orders" error~"timeout"", "all 7 dead letters", "the newest 5 dead letters".
-func describe(n int, f outbox.DeadFilter) string {
-	what := fmt.Sprintf("%d dead letters", n)
-	switch {
-	case f.Limit > 0 && n == f.Limit && n == 1:
-		what = "the newest dead letter"
-	case f.Limit > 0 && n == f.Limit:
-		what = fmt.Sprintf("the newest %d dead letters", n)
-	case n == 1:
-		what = "1 dead letter"
-	}
-	parts := filterParts(f)
-	switch {
-	case parts != "":
-		return what + " matching " + parts
-	case n == 1 && !strings.HasPrefix(what, "the "):
-		return "the only dead letter"
-	case n > 1 && !strings.HasPrefix(what, "the "):
-		return "all " + what
-	}
-	return what
-}
-
 // describeNone says that nothing matched f.
 func describeNone(f outbox.DeadFilter) string {
-	if parts := filterParts(f); parts != "" {
+	if parts := f.String(); parts != "" {
 		return "no dead letters match " + parts
 	}
 	return "there are no dead letters"
-}
-
-func filterParts(f outbox.DeadFilter) string {
-	var parts []string
-	if len(f.IDs) > 0 {
-		ids := make([]string, len(f.IDs))
-		for i, id := range f.IDs {
-			ids[i] = id.String()
-		}
-		parts = append(parts, "id="+strings.Join(ids, ","))
-	}
-	if f.Topic != "" {
-		parts = append(parts, "topic="+strconv.Quote(f.Topic))
-	}
-	if f.Key != "" {
-		parts = append(parts, "key="+strconv.Quote(f.Key))
-	}
-	if f.ErrorContains != "" {
-		parts = append(parts, "error~"+strconv.Quote(f.ErrorContains))
-	}
-	if !f.Since.IsZero() {
-		parts = append(parts, "since="+f.Since.Format(time.RFC3339))
-	}
-	if !f.Until.IsZero() {
-		parts = append(parts, "until="+f.Until.Format(time.RFC3339))
-	}
-	return strings.Join(parts, " ")
 }
 
 func isEmptyFilter(f outbox.DeadFilter) bool {
@@ -342,7 +290,7 @@ func changeDead(ctx context.Context, inv *invocation, drv *outboxpgx.Driver, f o
 		return nil
 	}
 	if c.dryRun {
-		fmt.Fprintf(inv.stdout, "would %s %s:\n\n", verb, describe(n, f))
+		fmt.Fprintf(inv.stdout, "would %s %s:\n\n", verb, f.Describe(n))
 		preview := f
 		preview.Limit = min(n, 20)
 		dls, err := drv.DeadList(ctx, preview)
@@ -358,14 +306,14 @@ func changeDead(ctx context.Context, inv *invocation, drv *outboxpgx.Driver, f o
 		return nil
 	}
 	if !c.yes {
-		fmt.Fprintf(inv.stdout, "would %s %s\n", verb, describe(n, f))
+		fmt.Fprintf(inv.stdout, "would %s %s\n", verb, f.Describe(n))
 		return usageErrorf("add --yes to %s them, or --dry-run to list them", verb)
 	}
 	done, err := act()
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(inv.stdout, "%s %s%s\n", past, describe(done, f), after)
+	fmt.Fprintf(inv.stdout, "%s %s%s\n", past, f.Describe(done), after)
 	return nil
 }
 

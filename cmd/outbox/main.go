@@ -1,8 +1,9 @@
 // Command outbox runs the outbox relay as a daemon and operates an outbox: schema
 // migrations, status, and the dead-letter store.
 //
+//	outbox demo
 //	outbox migrate up --database-url postgres://app@db/app
-//	outbox relay --database-url postgres://app@db/app --broker nats://nats:4222 --subject-prefix events.
+//	outbox relay --database-url postgres://app@db/app --broker nats://nats:4222 --route 'events.{topic}'
 //	outbox status
 //	outbox dead list --topic orders --since 2h
 //
@@ -28,10 +29,14 @@ import (
 // command is a *command in a file of its own and one entry here (`outbox bench` is to be
 // benchCommand, in bench.go).
 var commands = []*command{
+	demoCommand,
 	relayCommand,
 	migrateCommand,
 	statusCommand,
 	deadCommand,
+	consoleCommand,
+	natsCommand,
+	rabbitmqCommand,
 	benchCommand,
 	versionCommand,
 }
@@ -156,6 +161,11 @@ func dispatch(ctx context.Context, inv *invocation, cmd *command, args []string)
 	if f := fs.Lookup("broker"); f != nil {
 		inv.secrets.add(brokerSecrets(f.Value.String())...)
 	}
+	fs.VisitAll(func(f *flag.Flag) {
+		if isSecretFlag(f.Name) {
+			inv.secrets.add(f.Value.String())
+		}
+	})
 	return runFn(ctx, inv, positional)
 }
 

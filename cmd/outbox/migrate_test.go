@@ -37,13 +37,17 @@ func TestMigrateRoundTrip(t *testing.T) {
 		t.Fatalf("status after up: %s", r)
 	}
 
+	// One version back reverts the newest migration only.
+	if r := must(t, 0, b.env, "migrate", "down"); !strings.Contains(r.stdout, "reverted 002_consumer") || !b.tableExists(t, "outbox") {
+		t.Fatalf("down one version: %s", r)
+	}
+	must(t, 0, b.env, "migrate", "up")
 	// Down to version 0 drops every message: refused without --yes, and nothing changes.
-	r = must(t, 2, b.env, "migrate", "down")
+	r = must(t, 2, b.env, "migrate", "down", "--to", "0")
 	if !strings.Contains(errorLine(r.stderr), "--yes") || !b.tableExists(t, "outbox") {
 		t.Fatalf("down without --yes: %s", r)
 	}
-	must(t, 2, b.env, "migrate", "down", "--to", "0")
-	if r := must(t, 0, b.env, "migrate", "down", "--yes"); !strings.Contains(r.stdout, "reverted 001_init") {
+	if r := must(t, 0, b.env, "migrate", "down", "--to", "0", "--yes"); !strings.Contains(r.stdout, "reverted 001_init") {
 		t.Fatalf("down --yes: %s", r)
 	}
 	if b.tableExists(t, "outbox") || b.tableExists(t, "outbox_leases") {
@@ -52,7 +56,7 @@ func TestMigrateRoundTrip(t *testing.T) {
 	if r := must(t, 0, b.env, "migrate", "status"); strings.Contains(r.stdout, "yes") {
 		t.Fatalf("status after down: %s", r)
 	}
-	if r := must(t, 0, b.env, "migrate", "down", "--yes"); !strings.Contains(r.stdout, "nothing to revert") {
+	if r := must(t, 0, b.env, "migrate", "down", "--to", "0", "--yes"); !strings.Contains(r.stdout, "nothing to revert") {
 		t.Fatalf("down with nothing applied: %s", r)
 	}
 }

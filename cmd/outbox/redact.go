@@ -228,7 +228,17 @@ func guessSecrets(s string) []string {
 func redactBroker(s string) string {
 	parts := strings.Split(s, ",")
 	for i, p := range parts {
-		u, err := url.Parse(strings.TrimSpace(p))
+		p = strings.TrimSpace(p)
+		if !strings.Contains(p, "://") { // host:port after the first URL (kafka://a:9092,b:9092)
+			p, _, _ = strings.Cut(p, "/")
+			p, _, _ = strings.Cut(p, "?")
+			if at := strings.LastIndex(p, "@"); at >= 0 {
+				p = redacted + p[at:]
+			}
+			parts[i] = p
+			continue
+		}
+		u, err := url.Parse(p)
 		if err != nil || u.Host == "" {
 			parts[i] = "(unparseable URL, not shown)"
 			continue
@@ -276,6 +286,9 @@ type secrets struct {
 	mu   sync.RWMutex
 	list []string
 }
+
+// add1 adds one secret; it fits brokerSettings.secret.
+func (s *secrets) add1(v string) { s.add(v) }
 
 func (s *secrets) add(values ...string) {
 	s.mu.Lock()

@@ -7,14 +7,15 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net/url"
 	"sort"
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/outboxkit/outbox"
-	"github.com/outboxkit/outbox/outboxnats"
 	"github.com/outboxkit/outbox/outboxpgx"
+	"github.com/outboxkit/outbox/outboxprom"
 )
 
 const (
@@ -26,15 +27,16 @@ const (
 type relayFlags struct {
 	db *dbFlags
 
-	broker        string
-	subjectPrefix string
-	createStream  string
-	subjects      stringList
+	broker  *brokerFlags
+	console *consoleFlags
 
 	cfg   outbox.RelayConfig
 	grace time.Duration
 
 	logFormat, logLevel string
+
+	metricsAddr string
+	otel        bool
 }
 
 // relayConfigFlags maps outbox.RelayConfig fields to their flags, for error messages.
@@ -64,18 +66,25 @@ dead-letters a message after --max-attempts rejections, and deletes published
 messages older than --retention. On a signal it stops fetching, waits up to
 --shutdown-grace for messages in flight, and gives its leases back.
 
-The broker is NATS JetStream (nats://host:port; several URLs separated by commas).
-A message of topic T goes to the subject <--subject-prefix>T, which a JetStream stream
-must capture: --nats-create-stream creates one if it does not exist. Kafka, RabbitMQ,
-Redis Streams and HTTP webhooks are planned.
+The broker is chosen by the scheme of --broker; each broker's own flags start with its
+name (--nats-..., --rabbitmq-..., ...). A message goes to the destination --route makes
+of it: a subject, a routing key, a topic, a stream, a queue or a URL path.
+
+With --metrics-addr the relay serves, on that address, /metrics (Prometheus: the
+relay's work and the outbox's backlog), /healthz (200 while the process runs) and
+/readyz (200 once the database and the broker answer and a lease round has given the
+relay its share of the shards; 503 with the reason otherwise, and from the signal on).
+docs/observability.md lists the metrics.
+
+With --http-addr the relay also serves the web console (see outbox console --help):
+the outbox's state and its dead letters, with replay and purge. Beyond loopback it
+needs --http-token or --http-token-file.
 
 The outbox schema must be migrated first (outbox migrate up).`,
 	setup: func(fs *flag.FlagSet) runFunc {
 		o := &relayFlags{db: addDBFlags(fs, true)}
-		fs.StringVar(&o.broker, "broker", brokerDefault, "broker `URL`; only nats:// for now. Credentials in it never appear in output.")
-		fs.StringVar(&o.subjectPrefix, "subject-prefix", "", "NATS subject `prefix` put before each topic (events. sends topic orders to events.orders)")
-		fs.StringVar(&o.createStream, "nats-create-stream", "", "create this JetStream `stream` if it does not exist, capturing <subject-prefix>> or\n--nats-stream-subjects; an existing stream is checked, never changed")
-		fs.Var(&o.subjects, "nats-stream-subjects", "`subjects` of the stream --nats-create-stream creates (repeatable; comma-separated in the environment)")
+		o.broker = addBrokerFlags(fs)
+		o.console = addConsoleFlags(fs, "")
 
 		c := &o.cfg
 		fs.StringVar(&c.ID, "relay-id", "", "this relay's `id` in leases, logs and outbox status; unique among running relays\n(default hostname-pid-random)")
@@ -103,6 +112,8 @@ The outbox schema must be migrated first (outbox migrate up).`,
 		fs.Var(durationValue{d: &o.grace}, "shutdown-grace", "on SIGTERM or SIGINT, wait up to this `duration` for messages in flight to be confirmed")
 		fs.StringVar(&o.logFormat, "log-format", "text", "log `format`: text or json")
 		fs.StringVar(&o.logLevel, "log-level", "info", "log `level`: debug, info, warn or error")
+		fs.StringVar(&o.metricsAddr, "metrics-addr", "", "serve /metrics, /healthz and /readyz on this `address` (:9187, 127.0.0.1:9187); none when empty")
+		fs.BoolVar(&o.otel, "otel", false, "export a span per published message over OTLP/HTTP, configured by the standard\nOTEL_EXPORTER_OTLP_* and OTEL_* environment variables")
 		return func(ctx context.Context, inv *invocation, args []string) error {
 			if err := noArgs(args); err != nil {
 				return err
@@ -122,6 +133,12 @@ func (o *relayFlags) run(ctx context.Context, inv *invocation) error {
 	if err := o.checkTuning(); err != nil {
 		return err
 	}
+	if err := checkListenAddr("metrics-addr", o.metricsAddr); err != nil {
+		return err
+	}
+	if err := o.console.check(ctx, inv); err != nil {
+		return err
+	}
 	offline, err := o.db.driver()
 	if err != nil {
 		return err
@@ -130,13 +147,7 @@ func (o *relayFlags) run(ctx context.Context, inv *invocation) error {
 	if err != nil {
 		return err
 	}
-	if err := checkBroker(o.broker); err != nil {
-		return err
-	}
-	if err := checkSubjectPrefix(o.subjectPrefix); err != nil {
-		return err
-	}
-	subjects, err := o.streamSubjects()
+	kind, bs, err := o.broker.settings(log, inv.secrets.add1)
 	if err != nil {
 		return err
 	}
@@ -145,6 +156,37 @@ func (o *relayFlags) run(ctx context.Context, inv *invocation) error {
 	// is never started.
 	if _, err := outbox.NewRelay(offline, nopPublisher{}, o.cfg); err != nil {
 		return relayConfigError(err)
+	}
+
+	if o.otel {
+		obs, stopTracing, err := startTracing(ctx, inv, kind, log)
+		if err != nil {
+			return fmt.Errorf("--otel: %w", err)
+		}
+		defer func() {
+			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+			defer cancel()
+			_ = stopTracing(sctx) // flushes the last spans
+		}()
+		o.cfg.Observer = outbox.MultiObserver(o.cfg.Observer, obs)
+	}
+	// The endpoints come up first, so that probes and scrapes get answers (not ready,
+	// starting) while the relay connects.
+	var reg *prometheus.Registry
+	var ready *readiness
+	if o.metricsAddr != "" {
+		reg = newMetricsRegistry()
+		o.cfg.Observer = outbox.MultiObserver(o.cfg.Observer, outboxprom.New(outboxprom.Config{Registerer: reg, Broker: metricsBroker(kind)}))
+		ready = newReadiness(log)
+		stop, err := serveHTTP(ctx, "metrics and health checks", o.metricsAddr, opsMux(reg, ready, log), log)
+		if err != nil {
+			return fmt.Errorf("--metrics-addr: %w", err)
+		}
+		defer func() {
+			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			_ = stop(sctx)
+		}()
 	}
 
 	log.Info("connecting to PostgreSQL", "database", redactDSN(o.db.url), "schema", o.db.schema, "prefix", o.db.prefix)
@@ -157,34 +199,50 @@ func (o *relayFlags) run(ctx context.Context, inv *invocation) error {
 		return err
 	}
 
-	log.Info("connecting to NATS", "broker", redactBroker(o.broker), "subject_prefix", o.subjectPrefix)
-	dctx, cancel := context.WithTimeout(ctx, 15*time.Second)
-	pub, err := outboxnats.Dial(dctx, o.broker, outboxnats.Config{SubjectPrefix: o.subjectPrefix})
-	if err == nil {
-		if err = pub.Ping(dctx); err != nil {
-			pub.Close()
-		}
-	}
-	cancel()
+	log.Info("connecting to the broker", "broker", kind.name, "url", redactBroker(bs.url), "route", bs.route)
+	broker, err := o.broker.open(ctx, kind, bs)
 	if err != nil {
-		if errors.Is(err, outbox.ErrInvalidConfig) {
-			return flagError(err, map[string]string{"SubjectPrefix": "subject-prefix"})
-		}
-		return fmt.Errorf("connect to NATS at %s: %w", redactBroker(o.broker), err)
-	}
-	defer pub.Close()
-
-	if o.createStream != "" {
-		if err := pub.EnsureStream(ctx, o.createStream, subjects); err != nil {
+		if _, ok := err.(*usageError); ok {
 			return err
 		}
-		log.Info("JetStream stream ready", "stream", o.createStream, "subjects", subjects)
+		return connectError(kind, bs, err)
 	}
-	warnUncapturedTopics(ctx, log, drv, pub, o.subjectPrefix)
+	defer broker.close()
+	if broker.check != nil {
+		checkPendingTopics(ctx, log, drv, broker)
+	}
 
-	relay, err := outbox.NewRelay(drv, pub, o.cfg)
+	var store outbox.Store = drv
+	if ready != nil {
+		reg.MustRegister(outboxprom.NewStatusCollector(drv, outboxprom.StatusConfig{Logger: log}))
+		leases := newLeaseWatch(drv, o.cfg.LeaseTTL)
+		store = leases
+		checks := []readyCheck{{name: "database", check: pool.Ping}}
+		if p, ok := broker.publisher.(outbox.Pinger); ok {
+			checks = append(checks, readyCheck{name: "broker", check: p.Ping})
+		}
+		ready.running(leases, checks...)
+		defer ready.stopping()
+	}
+
+	relay, err := outbox.NewRelay(store, broker.publisher, o.cfg)
 	if err != nil {
 		return relayConfigError(err)
+	}
+	stopConsole, err := o.console.start(ctx, inv, drv, relay.Stats, relay.ID(), log)
+	if err != nil {
+		return err
+	}
+	defer stopConsole() // after the relay drained, before the broker and pool close
+	if ready != nil {
+		go func() {
+			// Not ready from the signal on: the relay drains and gives its leases back.
+			select {
+			case <-ctx.Done():
+				ready.stopping()
+			case <-relay.Stopped():
+			}
+		}()
 	}
 	err = relay.Run(ctx, o.grace)
 	if errors.Is(err, context.DeadlineExceeded) {
@@ -240,74 +298,22 @@ func relayConfigError(err error) error {
 	return usageErrorf("%s: %s", ce.Field, reason)
 }
 
-// streamSubjects returns the subjects of the stream --nats-create-stream creates.
-func (o *relayFlags) streamSubjects() ([]string, error) {
-	if len(o.subjects) > 0 && o.createStream == "" {
-		return nil, usageErrorf("--nats-stream-subjects: only used with --nats-create-stream")
-	}
-	if o.createStream == "" {
-		return nil, nil
-	}
-	if strings.ContainsAny(o.createStream, " \t\r\n.*>") {
-		return nil, usageErrorf("--nats-create-stream: %q is not a valid stream name (no spaces, '.', '*' or '>')", o.createStream)
-	}
-	if len(o.subjects) > 0 {
-		return o.subjects, nil
-	}
-	if !strings.HasSuffix(o.subjectPrefix, ".") {
-		return nil, usageErrorf("--nats-create-stream: give --nats-stream-subjects, or a --subject-prefix ending in '.' (events.) so that the stream can capture events.>")
-	}
-	return []string{o.subjectPrefix + ">"}, nil
-}
-
-// checkSubjectPrefix rejects prefixes that cannot start a subject, before connecting.
-// outboxnats checks the rest.
-func checkSubjectPrefix(p string) error {
-	if strings.ContainsAny(p, " \t\r\n*>") || strings.HasPrefix(p, ".") || strings.Contains(p, "..") {
-		return usageErrorf("--subject-prefix: %q cannot start a NATS subject (no white space, wildcards or empty tokens)", p)
-	}
-	return nil
-}
-
-// checkBroker accepts nats:// URLs and explains the rest.
-func checkBroker(s string) error {
-	for _, part := range strings.Split(s, ",") {
-		u, err := url.Parse(strings.TrimSpace(part))
-		if err != nil || u.Scheme == "" || u.Host == "" {
-			return usageErrorf("--broker: %s is not a broker URL: want nats://host:4222", redactBroker(part))
-		}
-		switch u.Scheme {
-		case "nats":
-		case "kafka", "amqp", "amqps", "rabbitmq", "redis", "rediss", "http", "https":
-			return usageErrorf("--broker: %s:// is not supported yet: this version publishes to NATS JetStream (nats://host:4222); Kafka, RabbitMQ (amqp://), Redis Streams and HTTP webhooks are planned", u.Scheme)
-		default:
-			return usageErrorf("--broker: unknown scheme %q: want nats://host:4222 (Kafka, RabbitMQ, Redis Streams and HTTP webhooks are planned)", u.Scheme)
-		}
-	}
-	return nil
-}
-
-// warnUncapturedTopics warns about topics with pending messages whose subject no stream
-// captures: the relay would pause on them as on an outage, and the log should say why
-// at start rather than only in outage messages.
-func warnUncapturedTopics(ctx context.Context, log *slog.Logger, drv *outboxpgx.Driver, pub *outboxnats.Publisher, prefix string) {
+// checkPendingTopics has the broker check the topics with pending messages (50 at most),
+// so that a destination it cannot take is named in the log at start, not only in outage
+// messages later.
+func checkPendingTopics(ctx context.Context, log *slog.Logger, drv *outboxpgx.Driver, broker *openedBroker) {
 	status, err := drv.Status(ctx)
 	if err != nil {
-		log.Warn("could not read the outbox status to check stream subjects", "err", err)
+		log.Warn("could not read the outbox status to check the broker's destinations", "err", err)
 		return
 	}
-	checked := 0
+	var topics []string
 	for _, t := range status.Topics {
-		if t.Pending == 0 || checked == 50 {
-			continue
-		}
-		checked++
-		subject := prefix + t.Topic
-		if err := pub.CheckSubject(ctx, subject); err != nil {
-			log.Warn("pending messages cannot be stored: the relay pauses on them until a stream captures their subject",
-				"topic", t.Topic, "subject", subject, "pending", t.Pending, "err", err)
+		if t.Pending > 0 && len(topics) < 50 {
+			topics = append(topics, t.Topic)
 		}
 	}
+	broker.check(ctx, log, topics)
 }
 
 // newLogger returns the relay's logger on w.
@@ -324,6 +330,15 @@ func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
 		return slog.New(slog.NewJSONHandler(w, opts)), nil
 	}
 	return nil, usageErrorf("--log-format: %q is not a format: want text or json", format)
+}
+
+// metricsBroker is the broker label of the relay's metrics: the broker kind's scheme
+// (nats, amqp, kafka, redis, sqs), and webhook for http and https.
+func metricsBroker(k *brokerKind) string {
+	if k.schemes[0] == "http" {
+		return "webhook"
+	}
+	return k.schemes[0]
 }
 
 // nopPublisher lets NewRelay validate a configuration before the broker is dialled.

@@ -4,6 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -103,12 +106,20 @@ func TestRelayEndToEnd(t *testing.T) {
 	done := make(chan int, 1)
 	env := with(b.env, "OUTBOX_POLL_INTERVAL", "50ms")
 	go func() {
-		done <- run(ctx, []string{"relay", "--broker", testnats.URL(), "--subject-prefix", prefix,
-			"--nats-create-stream", stream, "--log-format", "json", "--relay-id", "cli-e2e"},
+		done <- run(ctx, []string{"relay", "--broker", testnats.URL(), "--route", prefix + "{topic}",
+			"--nats-create-stream", stream, "--log-format", "json", "--relay-id", "cli-e2e", "--http-addr", "127.0.0.1:0"},
 			func(k string) string { return env[k] }, &stdout, &stderr)
 	}()
 
 	got := streamMessages(t, js, stream, 2)
+	// The relay serves the web console, with its own counters.
+	console := listeningURL(stderr.String())
+	if console == "" {
+		t.Fatalf("no web console URL in the log:\n%s", stderr.String())
+	}
+	if code, _, body := httpGet(t, strings.TrimSuffix(console, "/")+"/"); code != 200 || !strings.Contains(body, "This relay") || !strings.Contains(body, `data-stat="relay-published"`) {
+		t.Fatalf("console overview: %d\n%s", code, body)
+	}
 	b.Write(t, msgs[2]) // while it runs
 	got = streamMessages(t, js, stream, 3)
 	if len(got) != 3 {
@@ -163,7 +174,7 @@ func TestRelayEndToEnd(t *testing.T) {
 			t.Errorf("error logged: %s", line)
 		}
 	}
-	for _, want := range []string{`"msg":"connecting to PostgreSQL"`, `"msg":"connecting to NATS"`, `"msg":"JetStream stream ready"`, `"msg":"relay exited cleanly"`} {
+	for _, want := range []string{`"msg":"connecting to PostgreSQL"`, `"msg":"connecting to the broker"`, `"msg":"JetStream stream ready"`, `"msg":"relay exited cleanly"`} {
 		if !strings.Contains(logs, want) {
 			t.Errorf("log lacks %s:\n%s", want, logs)
 		}
@@ -185,7 +196,7 @@ func TestRelayWarnsAboutUncapturedTopics(t *testing.T) {
 	var stderr syncBuffer
 	done := make(chan int, 1)
 	go func() {
-		done <- run(ctx, []string{"relay", "--broker", testnats.URL(), "--subject-prefix", prefix},
+		done <- run(ctx, []string{"relay", "--broker", testnats.URL(), "--route", prefix + "{topic}"},
 			func(k string) string { return b.env[k] }, &syncBuffer{}, &stderr)
 	}()
 	waitFor(t, 10*time.Second, "a warning about the uncaptured subject", func() bool {
@@ -222,7 +233,7 @@ func TestBinary(t *testing.T) {
 	js := testnats.JetStream(t, "")
 	stream, prefix := natsStream(t, js)
 	b.Write(t, outbox.Message{Topic: "orders", Payload: []byte(`{}`)})
-	cmd := exec.Command(bin, "relay", "--broker", testnats.URL(), "--subject-prefix", prefix, "--nats-create-stream", stream)
+	cmd := exec.Command(bin, "relay", "--broker", testnats.URL(), "--route", prefix+"{topic}", "--nats-create-stream", stream)
 	cmd.Env = append(os.Environ(), "OUTBOX_DATABASE_URL="+b.env["OUTBOX_DATABASE_URL"], "OUTBOX_SCHEMA="+b.Schema, "OUTBOX_POLL_INTERVAL=50ms")
 	var stderr syncBuffer
 	cmd.Stderr = &stderr
@@ -239,5 +250,51 @@ func TestBinary(t *testing.T) {
 	}
 	if !strings.Contains(stderr.String(), "relay exited cleanly") {
 		t.Fatalf("no clean exit logged:\n%s", stderr.String())
+	}
+}
+
+// TestRelayExportsTraces: with --otel the relay sends a publish span per message to the
+// OTLP/HTTP endpoint of the standard environment, and the exporter's headers (a secret)
+// are not logged.
+func TestRelayExportsTraces(t *testing.T) {
+	b := migrated(t)
+	js := testnats.JetStream(t, "")
+	stream, prefix := natsStream(t, js)
+	got := make(chan string, 16)
+	collector := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		got <- r.URL.Path + " " + r.Header.Get("Authorization") + " " + string(body)
+	}))
+	defer collector.Close()
+	const token = "otlp-api-key-0123456789"
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", collector.URL)
+	t.Setenv("OTEL_EXPORTER_OTLP_HEADERS", "Authorization=Bearer "+token)
+	t.Setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
+
+	b.Write(t, outbox.Message{Topic: "traced", Key: "k", Payload: []byte(`{}`)})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var stdout, stderr syncBuffer
+	done := make(chan int, 1)
+	env := with(b.env, "OUTBOX_POLL_INTERVAL", "50ms")
+	go func() {
+		done <- run(ctx, []string{"relay", "--broker", testnats.URL(), "--route", prefix + "{topic}",
+			"--nats-create-stream", stream, "--otel", "--log-format", "json"},
+			func(k string) string { return env[k] }, &stdout, &stderr)
+	}()
+	select {
+	case req := <-got:
+		if !strings.HasPrefix(req, "/v1/traces Bearer "+token) || !strings.Contains(req, "publish traced") {
+			t.Errorf("collector got %.200q", req)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatalf("no spans exported; log:\n%s", stderr.String())
+	}
+	cancel()
+	if code := <-done; code != 0 {
+		t.Fatalf("relay exited %d:\n%s", code, stderr.String())
+	}
+	if strings.Contains(stderr.String(), token) || !strings.Contains(stderr.String(), "exporting traces over OTLP/HTTP") {
+		t.Fatalf("log:\n%s", stderr.String())
 	}
 }

@@ -77,8 +77,8 @@ func TestDescribe(t *testing.T) {
 		{2, outbox.DeadFilter{Topic: "orders", ErrorContains: "time out"}, `2 dead letters matching topic="orders" error~"time out"`},
 		{1, outbox.DeadFilter{IDs: []outbox.ID{id}}, "1 dead letter matching id=" + id.String()},
 	} {
-		if got := describe(tc.n, tc.f); got != tc.want {
-			t.Errorf("describe(%d, %+v) = %q, want %q", tc.n, tc.f, got, tc.want)
+		if got := tc.f.Describe(tc.n); got != tc.want {
+			t.Errorf("Describe(%d) of %+v = %q, want %q", tc.n, tc.f, got, tc.want)
 		}
 	}
 }

@@ -1,6 +1,7 @@
-// Package bench measures the relay end to end, PostgreSQL to NATS JetStream, against a
-// reference measured in the same run: the raw JetStream async publish rate of the same
-// client library with the same payloads and no database. `outbox bench` runs it.
+// Package bench measures the relay end to end, PostgreSQL to a broker, against a
+// reference measured in the same run: the raw publish rate of the same broker client
+// library with the same messages and no database. `outbox bench` runs it. Each broker is
+// a Target (target_*.go), chosen by the scheme of Config.BrokerURL.
 package bench
 
 import (
@@ -14,6 +15,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"runtime/debug"
 	"runtime/pprof"
 	"slices"
 	"strconv"
@@ -22,20 +24,14 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/outboxkit/outbox"
-	"github.com/outboxkit/outbox/outboxnats"
-	"github.com/outboxkit/outbox/outboxpgx"
 )
 
 // Config sizes a run. Zero values take the defaults.
 type Config struct {
-	DatabaseURL  string        // Defaults to postgres://postgres@127.0.0.1:5432/test.
-	NATSURL      string        // Defaults to nats://127.0.0.1:4222.
+	DB           string        // postgres, sqlite or mysql. Defaults to postgres.
+	DatabaseURL  string        // PostgreSQL URL or MySQL DSN. Defaults to the local server; unused for sqlite.
+	BrokerURL    string        // Its scheme picks the Target. Defaults to nats://127.0.0.1:4222.
 	Events       int           // Backlog drained by the relays. Defaults to 200,000.
 	Keys         int           // Distinct ordering keys. Defaults to 1,000.
 	PayloadBytes int           // Defaults to 130.
@@ -49,6 +45,7 @@ type Config struct {
 
 // Result is what a run measured.
 type Result struct {
+	DB             string
 	Events, Relays int
 	Runs           int
 	EPS, RawEPS    float64
@@ -57,7 +54,7 @@ type Result struct {
 	P50, P95, P99  time.Duration
 	LatencyEvents  int
 	Rate           int
-	RSSMiB         float64
+	RSSMiB         float64 // peak resident memory while the relays drained
 }
 
 // String is the one-line summary, `bench: key=value ...`.
@@ -69,13 +66,16 @@ func (r Result) String() string {
 	ms := func(d time.Duration) string {
 		return strconv.FormatFloat(float64(d)/float64(time.Millisecond), 'f', 2, 64)
 	}
-	return fmt.Sprintf("bench: events=%d relays=%d runs=%d eps=%.0f raw_eps=%.0f ratio=%.2f drain_s=%.2f rate=%d latency_events=%d p50_ms=%s p95_ms=%s p99_ms=%s rss_mib=%.0f",
-		r.Events, r.Relays, max(r.Runs, 1), r.EPS, r.RawEPS, ratio, r.DrainSeconds, r.Rate, r.LatencyEvents, ms(r.P50), ms(r.P95), ms(r.P99), r.RSSMiB)
+	return fmt.Sprintf("bench: db=%s events=%d relays=%d runs=%d eps=%.0f raw_eps=%.0f ratio=%.2f drain_s=%.2f rate=%d latency_events=%d p50_ms=%s p95_ms=%s p99_ms=%s rss_mib=%.0f",
+		r.DB, r.Events, r.Relays, max(r.Runs, 1), r.EPS, r.RawEPS, ratio, r.DrainSeconds, r.Rate, r.LatencyEvents, ms(r.P50), ms(r.P95), ms(r.P99), r.RSSMiB)
 }
 
 func (c Config) withDefaults() Config {
-	c.DatabaseURL = cmp.Or(c.DatabaseURL, "postgres://postgres@127.0.0.1:5432/test?sslmode=disable")
-	c.NATSURL = cmp.Or(c.NATSURL, "nats://127.0.0.1:4222")
+	c.DB = cmp.Or(c.DB, DBPostgres)
+	if c.DB != DBPostgres && c.Relay.PollInterval == 0 {
+		c.Relay.PollInterval = 50 * time.Millisecond // no LISTEN/NOTIFY: poll
+	}
+	c.BrokerURL = cmp.Or(c.BrokerURL, "nats://127.0.0.1:4222")
 	c.Events = cmp.Or(c.Events, 200_000)
 	c.Keys = cmp.Or(c.Keys, 1_000)
 	c.PayloadBytes = cmp.Or(c.PayloadBytes, 130)
@@ -98,52 +98,35 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	if cfg.Events < 1 || cfg.Keys < 1 || cfg.PayloadBytes < 1 || cfg.Relays < 1 || cfg.Rate < 1 || cfg.Runs < 1 {
 		return Result{}, errors.New("bench: events, keys, payload bytes, relays, rate and runs must be positive")
 	}
-	res := Result{Events: cfg.Events, Relays: cfg.Relays, Rate: cfg.Rate}
+	res := Result{DB: cfg.DB, Events: cfg.Events, Relays: cfg.Relays, Rate: cfg.Rate}
 	tag := randomTag()
 	say := func(format string, args ...any) { fmt.Fprintf(cfg.Progress, "bench: "+format+"\n", args...) }
 
-	nc, err := nats.Connect(cfg.NATSURL, nats.Name("outbox-bench"))
-	if err != nil {
-		return res, fmt.Errorf("connect to NATS: %w", err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
+	target, err := openTarget(ctx, cfg.BrokerURL)
 	if err != nil {
 		return res, err
 	}
+	defer target.Close()
 	payload := make([]byte, cfg.PayloadBytes)
 	for i := range payload {
 		payload[i] = 'a' + byte(i%26)
 	}
 
-	pool, err := pgxpool.New(ctx, cfg.DatabaseURL)
-	if err != nil {
-		return res, fmt.Errorf("connect to PostgreSQL: %w", err)
-	}
-	defer pool.Close()
-	schema := "outbox_bench_" + tag
-	defer func() { _, _ = pool.Exec(context.WithoutCancel(ctx), `DROP SCHEMA IF EXISTS "`+schema+`" CASCADE`) }()
-	drv, err := outboxpgx.New(pool, outboxpgx.Config{Schema: schema})
+	db, err := openDatabase(ctx, cfg, tag)
 	if err != nil {
 		return res, err
 	}
-	if _, err := drv.MigrateUp(ctx, 0); err != nil {
-		return res, fmt.Errorf("migrate: %w", err)
-	}
-	w, err := outbox.NewWriter(drv, outbox.WriterConfig{})
+	defer db.drop()
+	rawDest, dropRaw, err := target.Prepare(ctx, "bench_raw_"+tag)
 	if err != nil {
 		return res, err
 	}
-	rawStream, rawSubject := "BENCH_RAW_"+strings.ToUpper(tag), "bench_raw_"+tag
-	if err := createStream(ctx, js, rawStream, rawSubject+".>"); err != nil {
+	defer dropRaw()
+	dest, drop, err := target.Prepare(ctx, "bench_"+tag)
+	if err != nil {
 		return res, err
 	}
-	defer deleteStream(js, rawStream)
-	stream, subject := "BENCH_"+strings.ToUpper(tag), "bench_"+tag
-	if err := createStream(ctx, js, stream, subject+".>"); err != nil {
-		return res, err
-	}
-	defer deleteStream(js, stream)
+	defer drop()
 	if path := os.Getenv("OUTBOX_BENCH_CPUPROFILE"); path != "" {
 		f, err := os.Create(path)
 		if err != nil {
@@ -175,8 +158,8 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		}
 		// Phase 1: the reference. Same client, same messages, same stream settings, no
 		// database.
-		say("run %d/%d: raw JetStream async publish of %d messages", run, cfg.Runs, cfg.Events)
-		raw, err := rawPublish(ctx, js, rawSubject, payload, cfg.Events, cfg.Keys)
+		say("run %d/%d: raw publish of %d messages", run, cfg.Runs, cfg.Events)
+		raw, err := rawPublish(ctx, target, rawDest, payload, cfg.Events, cfg.Keys)
 		if err != nil {
 			return res, fmt.Errorf("raw publish: %w", err)
 		}
@@ -184,13 +167,17 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 
 		// Phase 2: drain a backlog with the relays.
 		say("writing a backlog of %d events over %d keys", cfg.Events, cfg.Keys)
-		if err := writeBacklog(ctx, pool, w, cfg, payload, say); err != nil {
+		if err := writeBacklog(ctx, db, cfg, payload, say); err != nil {
 			return res, err
 		}
-		if _, err := pool.Exec(ctx, `ANALYZE "`+schema+`".outbox`); err != nil {
+		if err := db.settle(ctx); err != nil {
 			return res, err
 		}
-		running, err = startRelays(ctx, cfg, schema, subject, fmt.Sprintf("%s-%d", tag, run), confirmed)
+		// rss_mib is the relays' memory while draining: give back what the raw phase and
+		// the backlog writers used, and measure from here.
+		debug.FreeOSMemory()
+		rss.reset()
+		running, err = startRelays(ctx, cfg, target, db, dest, fmt.Sprintf("%s-%d", tag, run), confirmed)
 		if err != nil {
 			return res, err
 		}
@@ -202,16 +189,16 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		}
 		e := float64(cfg.Events) / d.Seconds()
 		say("drain: %.0f events/s (%.2f of raw), peak rss %.0f MiB", e, e/raw, rss.peakMiB())
+		res.RSSMiB = max(res.RSSMiB, rss.peakMiB())
 		eps, raws, ratios, drains = append(eps, e), append(raws, raw), append(ratios, e/raw), append(drains, d.Seconds())
 	}
 	res.Runs = cfg.Runs
 	res.EPS, res.RawEPS, res.Ratio, res.DrainSeconds = median(eps), median(raws), median(ratios), median(drains)
-	res.RSSMiB = rss.peakMiB()
 
 	// Phase 3: commit-to-confirm latency at a fixed rate, woken by LISTEN/NOTIFY.
 	if cfg.Duration > 0 {
 		say("latency: %d events/s for %s", cfg.Rate, cfg.Duration)
-		lat, err := steadyLatency(ctx, pool, w, cfg, payload, confirmed)
+		lat, err := steadyLatency(ctx, db, cfg, payload, confirmed)
 		if err != nil {
 			return res, err
 		}
@@ -232,27 +219,22 @@ type relaySet struct {
 	closers []func()
 }
 
-func startRelays(ctx context.Context, cfg Config, schema, subject, tag string, confirmed *confirmLog) (*relaySet, error) {
+func startRelays(ctx context.Context, cfg Config, target Target, db database, dest, tag string, confirmed *confirmLog) (*relaySet, error) {
 	rs := &relaySet{}
 	for i := 0; i < cfg.Relays; i++ {
-		pub, err := outboxnats.Dial(ctx, cfg.NATSURL, outboxnats.Config{SubjectPrefix: subject + "."})
+		pub, closePub, err := target.Publisher(ctx, dest)
 		if err != nil {
 			rs.stop(ctx)
 			return nil, err
 		}
-		rs.closers = append(rs.closers, pub.Close)
+		rs.closers = append(rs.closers, closePub)
 		// Each relay gets a pool of its own, as separate processes would.
-		rpool, err := relayPool(ctx, cfg.DatabaseURL)
+		rdrv, closeStore, err := db.store(ctx)
 		if err != nil {
 			rs.stop(ctx)
 			return nil, err
 		}
-		rs.closers = append(rs.closers, rpool.Close)
-		rdrv, err := outboxpgx.New(rpool, outboxpgx.Config{Schema: schema})
-		if err != nil {
-			rs.stop(ctx)
-			return nil, err
-		}
+		rs.closers = append(rs.closers, closeStore)
 		rc := cfg.Relay
 		rc.ID = fmt.Sprintf("bench-%s-%d", tag, i)
 		r, err := outbox.NewRelay(rdrv, &timedPublisher{Publisher: pub, log: confirmed}, rc)
@@ -316,93 +298,34 @@ func median(xs []float64) float64 {
 	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
-func relayPool(ctx context.Context, url string) (*pgxpool.Pool, error) {
-	pc, err := pgxpool.ParseConfig(url)
-	if err != nil {
-		return nil, err
-	}
-	pc.MaxConns = 8
-	return pgxpool.NewWithConfig(ctx, pc)
-}
-
 func randomTag() string {
 	var b [4]byte
 	_, _ = rand.Read(b[:])
 	return hex.EncodeToString(b[:])
 }
 
-func createStream(ctx context.Context, js jetstream.JetStream, name, subjects string) error {
-	_, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{subjects}})
-	if err != nil {
-		return fmt.Errorf("create stream %s: %w", name, err)
-	}
-	return nil
-}
-
-func deleteStream(js jetstream.JetStream, name string) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	_ = js.DeleteStream(ctx, name)
-}
-
-// rawPublish publishes n messages asynchronously with message ids, keeping up to 4,000
-// unacknowledged (the publisher's default window), and returns the rate of confirmed
-// messages. The messages are the ones the relay would send for the same events, built by
-// the same code (outboxnats.Publisher.Msg), so the two rates differ by the relay's work
-// only (reading, tracking and recording), not message encoding.
-func rawPublish(ctx context.Context, js jetstream.JetStream, subject string, payload []byte, n, keys int) (float64, error) {
-	builder, err := outboxnats.New(js, outboxnats.Config{SubjectPrefix: subject + "."})
-	if err != nil {
-		return 0, err
-	}
+// rawPublish has the target publish n messages straight with its client, and returns the
+// rate. The messages are those the relay sends for the same events, so the two rates
+// differ by the relay's work only (reading, tracking and recording), not by message
+// encoding.
+func rawPublish(ctx context.Context, target Target, dest string, payload []byte, n, keys int) (float64, error) {
 	created := time.Now()
-	const window = outboxnats.MaxPendingDefault
-	futures := make(chan jetstream.PubAckFuture, window)
-	errc := make(chan error, 1)
-	start := time.Now()
-	go func() {
-		defer close(errc)
-		for f := range futures {
-			select {
-			case <-f.Ok():
-			case err := <-f.Err():
-				errc <- err
-				for range futures {
-				}
-				return
-			case <-ctx.Done():
-				errc <- ctx.Err()
-				for range futures {
-				}
-				return
-			}
-		}
-	}()
-	for i := 0; i < n; i++ {
+	msgs := make([]*outbox.Message, n)
+	for i := range msgs {
 		m := &outbox.Message{ID: outbox.NewID(), Topic: "orders", Key: "k" + strconv.Itoa(i%keys), EventType: "order.placed",
-			Payload: payload, ContentType: "application/octet-stream", CreatedAt: created}
+			Payload: payload, ContentType: "application/octet-stream", CreatedAt: created, Seq: int64(i + 1)}
 		m.DedupKey = m.ID.String()
-		msg, err := builder.Msg(m)
-		if err != nil {
-			close(futures)
-			return 0, err
-		}
-		f, err := js.PublishMsgAsync(msg, jetstream.WithMsgID(m.DedupKey))
-		if err != nil {
-			close(futures)
-			return 0, err
-		}
-		futures <- f
+		msgs[i] = m
 	}
-	close(futures)
-	if err := <-errc; err != nil {
+	start := time.Now()
+	if err := target.Raw(ctx, dest, msgs); err != nil {
 		return 0, err
 	}
 	return float64(n) / time.Since(start).Seconds(), nil
 }
 
 // writeBacklog commits cfg.Events events in transactions of 5,000, two writers at once.
-func writeBacklog(ctx context.Context, pool *pgxpool.Pool, w *outbox.Writer[pgx.Tx], cfg Config, payload []byte, say func(string, ...any)) error {
+func writeBacklog(ctx context.Context, db database, cfg Config, payload []byte, say func(string, ...any)) error {
 	const per = 5_000
 	var next, done atomic.Int64
 	var wg sync.WaitGroup
@@ -423,7 +346,7 @@ func writeBacklog(ctx context.Context, pool *pgxpool.Pool, w *outbox.Writer[pgx.
 					msgs = append(msgs, outbox.Message{Topic: "orders", Key: "k" + strconv.Itoa(i%cfg.Keys), EventType: "order.placed",
 						Payload: payload, ContentType: "application/octet-stream"})
 				}
-				err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return w.Write(ctx, tx, msgs...) })
+				err := db.write(ctx, msgs)
 				if err != nil {
 					errs <- err
 					return
@@ -472,7 +395,7 @@ func (c *confirmLog) get(id outbox.ID) (time.Time, bool) {
 }
 
 type timedPublisher struct {
-	*outboxnats.Publisher
+	outbox.Publisher
 	log *confirmLog
 }
 
@@ -484,7 +407,7 @@ func (p *timedPublisher) Publish(ctx context.Context, batch []*outbox.Message) [
 
 // steadyLatency commits one event at a time at cfg.Rate and returns, for each, the time
 // from the moment its COMMIT returned to the moment the broker confirmed it.
-func steadyLatency(ctx context.Context, pool *pgxpool.Pool, w *outbox.Writer[pgx.Tx], cfg Config, payload []byte, confirmed *confirmLog) ([]time.Duration, error) {
+func steadyLatency(ctx context.Context, db database, cfg Config, payload []byte, confirmed *confirmLog) ([]time.Duration, error) {
 	confirmed.begin()
 	n := int(cfg.Duration.Seconds() * float64(cfg.Rate))
 	committedAt := make(map[outbox.ID]time.Time, n)
@@ -500,7 +423,7 @@ func steadyLatency(ctx context.Context, pool *pgxpool.Pool, w *outbox.Writer[pgx
 		go func() {
 			defer wg.Done()
 			for m := range jobs {
-				err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return w.Write(ctx, tx, m) })
+				err := db.write(ctx, []outbox.Message{m})
 				if err != nil {
 					werr.Store(err)
 					continue
@@ -572,6 +495,9 @@ func (s *rssSampler) stop() {
 		s.done = nil
 	}
 }
+
+// reset makes the current RSS the peak.
+func (s *rssSampler) reset() { s.peak.Store(readRSSKiB()) }
 
 func (s *rssSampler) peakMiB() float64 { return float64(s.peak.Load()) / 1024 }
 

@@ -1,5 +1,8 @@
 // Package pgsql holds what the PostgreSQL drivers (outboxpgx, outboxsql) share: table
-// names built from validated identifiers, the embedded migrations and the SQL text.
+// names built from validated identifiers, the embedded migrations, the SQL text of every
+// statement (sql.go for writes and the relay, admin.go for the operator's), and the
+// little Go that must behave the same in both (array literals, outcome bookkeeping). A
+// driver only binds parameters and scans rows.
 package pgsql
 
 import (
@@ -59,6 +62,7 @@ func channel(schema, prefix string) string { return schema + "." + prefix + "out
 // Names are the quoted, schema-qualified names of the outbox objects.
 type Names struct {
 	Schema, Outbox, Published, Dead, Dedup, Leases, Relays, TokenSeq, Migrations, NotifyFunc string
+	Inbox, Versions                                                                          string // the consumer side (migration 2)
 	Trigger                                                                                  string // not schema-qualified
 	Channel                                                                                  string // NOTIFY channel, raw text
 	ChannelLiteral                                                                           string // Channel as an SQL string literal
@@ -84,6 +88,8 @@ func NewNames(c Config) (*Names, error) {
 		Published:      q("outbox_published"),
 		Dead:           q("outbox_dead"),
 		Dedup:          q("outbox_dedup"),
+		Inbox:          q("outbox_inbox"),
+		Versions:       q("outbox_versions"),
 		Migrations:     q("outbox_migrations"),
 		NotifyFunc:     q("outbox_notify"),
 		Trigger:        quote(c.Prefix + "outbox_notify"),

@@ -60,7 +60,7 @@ func TestMigrationsRender(t *testing.T) {
 		if strings.Contains(m.Up, "{{") || strings.Contains(m.Down, "{{") || m.Down == "" {
 			t.Fatalf("migration %d not fully rendered", m.Version)
 		}
-		if !strings.Contains(m.Up, `"s"."p_outbox"`) {
+		if !strings.Contains(m.Up, `"s"."p_outbox`) {
 			t.Fatalf("migration %d does not use the configured names", m.Version)
 		}
 	}

@@ -1,6 +1,7 @@
 package pgsql
 
 import (
+	"encoding/json"
 	"strconv"
 	"strings"
 )
@@ -104,13 +105,25 @@ func (n *Names) Fetch() string {
 }
 
 // FetchAfter is Fetch for a continuation: only seqs above $3, no exclusion list, and no
-// row whose key has an older pending row at or below $3 unless the key is in $5 (the
-// relay holds that older row). Without that check a key's older row that the relay let
-// go of (a retry, a shard it just gained) would be overtaken by a newer one.
+// row whose key has a pending row at or below $3 that the relay does not hold. The relay
+// holds, of each key of the JSON object $5 (HeldKeys), the rows up to the seq it maps to;
+// of other keys, none. Without that check a key's older row that the relay does not hold (a retry it let
+// go of, a shard it just gained, a transaction that committed after the fetch that set
+// the cursor) would be overtaken by a newer one.
 func (n *Names) FetchAfter() string {
 	return n.fetch(`o.seq > $3
-  AND (o.key = '' OR o.key IN (SELECT unnest($5::text[]))
-       OR NOT EXISTS (SELECT 1 FROM {{outbox}} e WHERE e.key = o.key AND e.seq <= $3))`)
+  AND (o.key = '' OR NOT EXISTS (
+        SELECT 1 FROM {{outbox}} e WHERE e.key = o.key AND e.seq <= $3
+          AND e.seq > coalesce(($5::jsonb ->> o.key)::bigint, 0)))`)
+}
+
+// HeldKeys renders the keys a relay holds (FetchRequest.Held), for FetchAfter's $5: a
+// JSON object of each key to the highest seq held. A jsonb object is looked up by binary
+// search, so the check costs one lookup and one index probe per row, and the scan keeps
+// its seq order.
+func HeldKeys(held map[string]int64) (string, error) {
+	b, err := json.Marshal(held)
+	return string(b), err
 }
 
 func (n *Names) fetch(cond string) string {

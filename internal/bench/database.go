@@ -1,0 +1,219 @@
+package bench
+
+import (
+	"cmp"
+	"context"
+	"database/sql"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/go-sql-driver/mysql"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/outboxmysql"
+	"github.com/outboxkit/outbox/outboxpgx"
+	"github.com/outboxkit/outbox/outboxsqlite"
+)
+
+// database is the store side of a run: a throwaway outbox on one database.
+type database interface {
+	// write writes msgs in one transaction and commits it.
+	write(ctx context.Context, msgs []outbox.Message) error
+	// store returns a store for one relay, on a pool of its own as a separate process
+	// would have, and the function that closes it.
+	store(ctx context.Context) (outbox.Store, func(), error)
+	// settle runs after a backlog is written (statistics).
+	settle(ctx context.Context) error
+	// drop deletes the outbox and closes what the database holds.
+	drop()
+}
+
+// Databases a run can use (Config.DB).
+const (
+	DBPostgres = "postgres"
+	DBSQLite   = "sqlite"
+	DBMySQL    = "mysql"
+)
+
+func openDatabase(ctx context.Context, cfg Config, tag string) (database, error) {
+	switch cfg.DB {
+	case DBPostgres:
+		return openPostgres(ctx, cmp.Or(cfg.DatabaseURL, "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"), tag)
+	case DBSQLite:
+		return openSQLite(ctx, tag)
+	case DBMySQL:
+		return openMySQL(ctx, cmp.Or(cfg.DatabaseURL, "root@tcp(127.0.0.1:3306)/"), tag)
+	}
+	return nil, fmt.Errorf("bench: unknown database %q: want %s, %s or %s", cfg.DB, DBPostgres, DBSQLite, DBMySQL)
+}
+
+// postgres is an outbox in a schema of its own, written through pgx.
+type postgres struct {
+	url, schema string
+	pool        *pgxpool.Pool
+	w           *outbox.Writer[pgx.Tx]
+}
+
+func openPostgres(ctx context.Context, url, tag string) (*postgres, error) {
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		return nil, fmt.Errorf("connect to PostgreSQL: %w", err)
+	}
+	p := &postgres{url: url, schema: "outbox_bench_" + tag, pool: pool}
+	drv, err := outboxpgx.New(pool, outboxpgx.Config{Schema: p.schema})
+	if err == nil {
+		_, err = drv.MigrateUp(ctx, 0)
+	}
+	if err == nil {
+		p.w, err = outbox.NewWriter(drv, outbox.WriterConfig{})
+	}
+	if err != nil {
+		p.drop()
+		return nil, fmt.Errorf("PostgreSQL outbox: %w", err)
+	}
+	return p, nil
+}
+
+func (p *postgres) write(ctx context.Context, msgs []outbox.Message) error {
+	return pgx.BeginFunc(ctx, p.pool, func(tx pgx.Tx) error { return p.w.Write(ctx, tx, msgs...) })
+}
+
+func (p *postgres) store(ctx context.Context) (outbox.Store, func(), error) {
+	pc, err := pgxpool.ParseConfig(p.url)
+	if err != nil {
+		return nil, nil, err
+	}
+	pc.MaxConns = 8
+	pool, err := pgxpool.NewWithConfig(ctx, pc)
+	if err != nil {
+		return nil, nil, err
+	}
+	drv, err := outboxpgx.New(pool, outboxpgx.Config{Schema: p.schema})
+	if err != nil {
+		pool.Close()
+		return nil, nil, err
+	}
+	return drv, pool.Close, nil
+}
+
+func (p *postgres) settle(ctx context.Context) error {
+	_, err := p.pool.Exec(ctx, `ANALYZE "`+p.schema+`".outbox`)
+	return err
+}
+
+func (p *postgres) drop() {
+	_, _ = p.pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS "`+p.schema+`" CASCADE`)
+	p.pool.Close()
+}
+
+// sqlDatabase is an outbox written through database/sql (SQLite, MySQL).
+type sqlDatabase struct {
+	db      *sql.DB
+	w       *outbox.Writer[*sql.Tx]
+	newPool func() (*sql.DB, error)
+	newDrv  func(*sql.DB) (sqlDriver, error)
+	cleanup func()
+}
+
+// sqlDriver is what the SQLite and MySQL drivers have in common here.
+type sqlDriver interface {
+	outbox.Store
+	outbox.WriteDriver[*sql.Tx]
+	MigrateUp(ctx context.Context, target int) ([]int, error)
+}
+
+// open opens the first pool, migrates the outbox and makes the writer; on an error it
+// cleans up.
+func (s *sqlDatabase) open(ctx context.Context, what string) (*sqlDatabase, error) {
+	var err error
+	if s.db, err = s.newPool(); err != nil {
+		s.cleanup()
+		return nil, err
+	}
+	drv, err := s.newDrv(s.db)
+	if err == nil {
+		_, err = drv.MigrateUp(ctx, 0)
+	}
+	if err == nil {
+		s.w, err = outbox.NewWriter[*sql.Tx](drv, outbox.WriterConfig{})
+	}
+	if err != nil {
+		s.drop()
+		return nil, fmt.Errorf("%s outbox: %w", what, err)
+	}
+	return s, nil
+}
+
+func (s *sqlDatabase) write(ctx context.Context, msgs []outbox.Message) error {
+	return outbox.SQLTx(s.db, nil)(ctx, func(tx *sql.Tx) error { return s.w.Write(ctx, tx, msgs...) })
+}
+
+func (s *sqlDatabase) store(context.Context) (outbox.Store, func(), error) {
+	db, err := s.newPool()
+	if err != nil {
+		return nil, nil, err
+	}
+	drv, err := s.newDrv(db)
+	if err != nil {
+		db.Close()
+		return nil, nil, err
+	}
+	return drv, func() { _ = db.Close() }, nil
+}
+
+func (s *sqlDatabase) settle(context.Context) error { return nil }
+
+func (s *sqlDatabase) drop() {
+	_ = s.db.Close()
+	s.cleanup()
+}
+
+// openSQLite makes an outbox in a SQLite file in a temporary directory.
+func openSQLite(ctx context.Context, tag string) (*sqlDatabase, error) {
+	dir, err := os.MkdirTemp("", "outbox-bench-"+tag)
+	if err != nil {
+		return nil, err
+	}
+	path := filepath.Join(dir, "outbox.db")
+	s := &sqlDatabase{
+		newPool: func() (*sql.DB, error) { return outboxsqlite.Open(path) },
+		newDrv:  func(db *sql.DB) (sqlDriver, error) { return outboxsqlite.New(db, outboxsqlite.Config{}) },
+		cleanup: func() { _ = os.RemoveAll(dir) },
+	}
+	return s.open(ctx, "SQLite")
+}
+
+// openMySQL makes an outbox in a database of its own on a MySQL or MariaDB server; dsn
+// names the server (its database part is replaced).
+func openMySQL(ctx context.Context, dsn, tag string) (*sqlDatabase, error) {
+	mc, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("MySQL DSN: %w", err)
+	}
+	name := "outbox_bench_" + tag
+	admin := mc.Clone()
+	admin.DBName = ""
+	adminDB, err := sql.Open("mysql", admin.FormatDSN())
+	if err != nil {
+		return nil, err
+	}
+	if _, err := adminDB.ExecContext(ctx, "CREATE DATABASE `"+name+"`"); err != nil {
+		adminDB.Close()
+		return nil, fmt.Errorf("connect to MySQL: %w", err)
+	}
+	mc.DBName = name
+	target := mc.FormatDSN()
+	s := &sqlDatabase{
+		newPool: func() (*sql.DB, error) { return sql.Open("mysql", target) },
+		newDrv:  func(db *sql.DB) (sqlDriver, error) { return outboxmysql.New(db, outboxmysql.Config{}) },
+		cleanup: func() {
+			_, _ = adminDB.ExecContext(context.Background(), "DROP DATABASE IF EXISTS `"+strings.ReplaceAll(name, "`", "")+"`")
+			adminDB.Close()
+		},
+	}
+	return s.open(ctx, "MySQL")
+}

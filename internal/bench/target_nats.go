@@ -1,0 +1,104 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/outboxnats"
+)
+
+func init() { RegisterTarget([]string{"nats"}, openNATS) }
+
+// natsTarget publishes to JetStream streams of its own, file-backed like a production
+// stream.
+type natsTarget struct {
+	url string
+	nc  *nats.Conn
+	js  jetstream.JetStream
+}
+
+func openNATS(ctx context.Context, url string) (Target, error) {
+	nc, err := nats.Connect(url, nats.Name("outbox-bench"))
+	if err != nil {
+		return nil, fmt.Errorf("connect to NATS: %w", err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, err
+	}
+	return &natsTarget{url: url, nc: nc, js: js}, nil
+}
+
+func (t *natsTarget) Prepare(ctx context.Context, name string) (string, func(), error) {
+	stream := strings.ToUpper(name)
+	if _, err := t.js.CreateStream(ctx, jetstream.StreamConfig{Name: stream, Subjects: []string{name + ".>"}}); err != nil {
+		return "", nil, fmt.Errorf("create stream %s: %w", stream, err)
+	}
+	drop := func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = t.js.DeleteStream(ctx, stream)
+	}
+	return name + ".events", drop, nil
+}
+
+func (t *natsTarget) Publisher(ctx context.Context, route string) (outbox.Publisher, func(), error) {
+	pub, err := outboxnats.Dial(ctx, t.url, outboxnats.Config{Route: route})
+	if err != nil {
+		return nil, nil, err
+	}
+	return pub, pub.Close, nil
+}
+
+// Raw publishes asynchronously with message ids, keeping up to 4,000 unacknowledged (the
+// publisher's default window). The wire messages are built by the publisher's own code
+// (outboxnats.Publisher.Msg).
+func (t *natsTarget) Raw(ctx context.Context, route string, msgs []*outbox.Message) error {
+	builder, err := outboxnats.New(t.js, outboxnats.Config{Route: route})
+	if err != nil {
+		return err
+	}
+	futures := make(chan jetstream.PubAckFuture, outboxnats.MaxPendingDefault)
+	errc := make(chan error, 1)
+	go func() {
+		defer close(errc)
+		for f := range futures {
+			select {
+			case <-f.Ok():
+			case err := <-f.Err():
+				errc <- err
+				for range futures {
+				}
+				return
+			case <-ctx.Done():
+				errc <- ctx.Err()
+				for range futures {
+				}
+				return
+			}
+		}
+	}()
+	for _, m := range msgs {
+		msg, err := builder.Msg(m)
+		if err == nil {
+			var f jetstream.PubAckFuture
+			if f, err = t.js.PublishMsgAsync(msg, jetstream.WithMsgID(m.DedupID())); err == nil {
+				futures <- f
+				continue
+			}
+		}
+		close(futures)
+		return err
+	}
+	close(futures)
+	return <-errc
+}
+
+func (t *natsTarget) Close() { t.nc.Close() }

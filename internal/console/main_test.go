@@ -1,0 +1,66 @@
+package console
+
+import (
+	"context"
+	"io"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/testdb"
+	"github.com/outboxkit/outbox/outboxtest"
+)
+
+// TestMain fails the package if a test leaves goroutines behind: a relay, a server or a
+// browser connection that outlives its test.
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// startRelay runs a relay with id on db that publishes to an in-memory publisher, and
+// stops it when the test ends.
+func startRelay(t *testing.T, db *testdb.DB, id string) (*outbox.Relay, *outboxtest.Publisher) {
+	t.Helper()
+	pub := &outboxtest.Publisher{}
+	relay, err := outbox.NewRelay(db.Driver, pub, outbox.RelayConfig{ID: id, PollInterval: 50 * time.Millisecond, Logger: testdb.Logger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := relay.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := relay.Stop(ctx); err != nil {
+			t.Errorf("stop relay: %v", err)
+		}
+	})
+	return relay, pub
+}
+
+// waitFor polls ok until it holds, for at most 20 seconds.
+func waitFor(t *testing.T, what string, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// syncWriter serializes writes to w, for a logger the handler writes to while the test
+// reads.
+type syncWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (s *syncWriter) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w.Write(p)
+}

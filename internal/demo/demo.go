@@ -1,0 +1,361 @@
+// Package demo is `outbox demo`: a small order service that writes orders and their
+// events in one transaction (rolling some back), the relay publishing them, and a
+// consumer with an inbox, all in one process; then a summary that checks the guarantees
+// on what just happened. By default everything is embedded (a SQLite file and a NATS
+// JetStream server in the process); flags point it at a real PostgreSQL or NATS.
+package demo
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/outboxnats"
+)
+
+// Config sizes a run. Zero values take the defaults.
+type Config struct {
+	Orders      int     // orders to place. Defaults to 2,000.
+	Writers     int     // concurrent order transactions. Defaults to 8.
+	Rollback    float64 // share of order transactions rolled back. Defaults to 0.1.
+	Crash       float64 // share of deliveries whose ack is "lost" after the work committed. Defaults to 0.05.
+	DatabaseURL string  // PostgreSQL URL; empty means a SQLite file in Dir.
+	BrokerURL   string  // NATS URL; empty means an embedded server.
+	Dir         string  // where the SQLite file and the embedded server's store go; empty means a temporary directory.
+	Out         io.Writer
+	Log         *slog.Logger // the relay's and consumer's log; nil discards it
+}
+
+func (c Config) withDefaults() Config {
+	c.Orders = cmp.Or(c.Orders, 2000)
+	c.Writers = cmp.Or(c.Writers, 8)
+	if c.Rollback == 0 {
+		c.Rollback = 0.1
+	}
+	if c.Crash == 0 {
+		c.Crash = 0.05
+	}
+	if c.Out == nil {
+		c.Out = io.Discard
+	}
+	if c.Log == nil {
+		c.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	return c
+}
+
+// Events of one order, in the order the service writes them: its key is the order id,
+// so the consumer must see them in this order.
+var orderEvents = []string{"order.placed", "order.paid"}
+
+// backend is the database side of a run: the order service's transactions, the relay's
+// store and the consumer's inbox, over one database.
+type backend struct {
+	name  string
+	store outbox.Store
+	admin outbox.Admin
+	// placeOrder inserts the order and writes its events in one transaction, then
+	// commits it, or rolls it back when rollback is set. It returns when the commit
+	// (or rollback) returned.
+	placeOrder func(ctx context.Context, id, customer string, cents int, events []outbox.Message, rollback bool) error
+	// consume handles one delivery in a transaction: claims its id in the inbox, and if
+	// fresh records the effect (a shipment row). It reports whether the id was fresh.
+	consume func(ctx context.Context, d *outbox.Delivery) (fresh bool, err error)
+	// effects counts the shipment rows and their distinct event ids.
+	effects func(ctx context.Context) (rows, distinct int, err error)
+	close   func()
+}
+
+// Result is what a run saw, and the verdict.
+type Result struct {
+	Committed, RolledBack    int // events
+	Delivered, DeliveredRB   int // distinct committed / rolled-back events the consumer handled
+	Orders, OrderViolations  int
+	Redeliveries, Duplicates int // deliveries of already-handled events, and extra effects
+	P50, P99                 time.Duration
+	Elapsed                  time.Duration
+	Interrupted              bool
+}
+
+// OK reports whether every guarantee held.
+func (r Result) OK() bool {
+	return !r.Interrupted && r.Delivered == r.Committed && r.DeliveredRB == 0 && r.OrderViolations == 0 && r.Duplicates == 0
+}
+
+// Run runs the demo until every committed event was handled, or ctx ends.
+func Run(ctx context.Context, cfg Config) (Result, error) {
+	cfg = cfg.withDefaults()
+	start := time.Now()
+	say := func(format string, args ...any) { fmt.Fprintf(cfg.Out, format+"\n", args...) }
+
+	dir := cfg.Dir
+	if dir == "" {
+		tmp, err := tempDir()
+		if err != nil {
+			return Result{}, err
+		}
+		defer tmp.remove()
+		dir = tmp.path
+	}
+	broker, err := startBroker(ctx, cfg.BrokerURL, dir)
+	if err != nil {
+		return Result{}, err
+	}
+	defer broker.close()
+	say("broker:   %s", broker.describe)
+
+	var b *backend
+	if cfg.DatabaseURL != "" {
+		b, err = postgresBackend(ctx, cfg.DatabaseURL)
+	} else {
+		b, err = sqliteBackend(ctx, dir)
+	}
+	if err != nil {
+		return Result{}, err
+	}
+	defer b.close()
+	say("database: %s", b.name)
+
+	pub, err := outboxnats.New(broker.js, outboxnats.Config{Route: broker.subjectPrefix + "{topic}"})
+	if err != nil {
+		return Result{}, err
+	}
+	relay, err := outbox.NewRelay(b.store, pub, outbox.RelayConfig{ID: "demo-relay", Logger: cfg.Log, PollInterval: 20 * time.Millisecond})
+	if err != nil {
+		return Result{}, err
+	}
+	if err := relay.Start(ctx); err != nil {
+		return Result{}, err
+	}
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		_ = relay.Stop(sctx)
+	}()
+
+	t := newTracker()
+	cctx, stopConsumer := context.WithCancel(ctx)
+	defer stopConsumer()
+	consumerDone := make(chan error, 1)
+	go func() {
+		consumerDone <- outboxnats.Consume(cctx, broker.js, outboxnats.ConsumerConfig{
+			Stream: broker.stream, Durable: "shipping", Concurrency: 16, RetryDelay: 10 * time.Millisecond, Logger: cfg.Log,
+		}, func(ctx context.Context, d *outbox.Delivery) error {
+			fresh, err := b.consume(ctx, d)
+			if err != nil {
+				return err
+			}
+			t.handled(d, fresh)
+			if fresh && rand.Float64() < cfg.Crash {
+				// The work committed; pretend the process died before the ack. The broker
+				// delivers the event again and the inbox must absorb it.
+				return outbox.Retry(fmt.Errorf("simulated crash before ack"), 0)
+			}
+			return nil
+		})
+	}()
+
+	say("placing %d orders (%d writers, %.0f%% rolled back); the relay publishes, the consumer ships\n", cfg.Orders, cfg.Writers, cfg.Rollback*100)
+	writeErr := make(chan error, 1)
+	go func() { writeErr <- placeOrders(ctx, cfg, b, t) }()
+
+	tick := time.NewTicker(500 * time.Millisecond)
+	defer tick.Stop()
+	var res Result
+	written := false
+loop:
+	for {
+		select {
+		case err := <-writeErr:
+			if err != nil && ctx.Err() == nil {
+				return res, err
+			}
+			written = true
+		case err := <-consumerDone:
+			if ctx.Err() == nil {
+				return res, fmt.Errorf("consumer stopped: %w", err)
+			}
+			break loop
+		case <-tick.C:
+			if written && t.complete() {
+				break loop // the final line follows
+			}
+			say("%s", t.progress(ctx, b, relay.Stats().Published))
+		case <-ctx.Done():
+			break loop
+		}
+	}
+	stopConsumer()
+	if ctx.Err() == nil {
+		<-consumerDone
+	}
+	res = t.result()
+	res.Interrupted = ctx.Err() != nil
+	if rows, distinct, err := b.effects(context.WithoutCancel(ctx)); err == nil {
+		res.Duplicates = rows - distinct
+	}
+	res.Elapsed = time.Since(start)
+	say("%s", t.progress(context.WithoutCancel(ctx), b, relay.Stats().Published))
+	return res, nil
+}
+
+// placeOrders runs the order service: cfg.Writers goroutines placing cfg.Orders orders.
+func placeOrders(ctx context.Context, cfg Config, b *backend, t *tracker) error {
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, cfg.Writers)
+	for range cfg.Writers {
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				n := next.Add(1)
+				if n > int64(cfg.Orders) {
+					return
+				}
+				id := fmt.Sprintf("order-%05d", n)
+				var events []outbox.Message
+				for _, typ := range orderEvents {
+					events = append(events, outbox.Message{
+						ID: outbox.NewID(), Topic: "orders", Key: id, AggregateType: "order", EventType: typ,
+						Payload: fmt.Appendf(nil, `{"order":%q,"event":%q}`, id, typ),
+					})
+				}
+				rollback := rand.Float64() < cfg.Rollback
+				if err := b.placeOrder(ctx, id, fmt.Sprintf("customer-%d", n%97), 100+int(n%5000), events, rollback); err != nil {
+					if ctx.Err() == nil {
+						errs <- fmt.Errorf("place %s: %w", id, err)
+					}
+					return
+				}
+				t.written(events, rollback, time.Now())
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	return <-errs
+}
+
+// tracker follows every event from commit to handling.
+type tracker struct {
+	mu          sync.Mutex
+	committedAt map[string]time.Time // event id -> when its transaction committed
+	rolledBack  map[string]bool
+	order       map[string]int // event id -> its index in orderEvents
+	seen        map[string]bool
+	lastOfKey   map[string]int
+	res         Result
+	latencies   []time.Duration
+}
+
+func newTracker() *tracker {
+	return &tracker{committedAt: map[string]time.Time{}, rolledBack: map[string]bool{}, order: map[string]int{},
+		seen: map[string]bool{}, lastOfKey: map[string]int{}}
+}
+
+func (t *tracker) written(events []outbox.Message, rollback bool, at time.Time) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for i, m := range events {
+		id := m.ID.String()
+		t.order[id] = i
+		if rollback {
+			t.rolledBack[id] = true
+			t.res.RolledBack++
+		} else {
+			t.committedAt[id] = at
+			t.res.Committed++
+		}
+	}
+	if !rollback {
+		t.res.Orders++
+	}
+}
+
+func (t *tracker) handled(d *outbox.Delivery, fresh bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if !fresh || t.seen[d.ID] {
+		t.res.Redeliveries++
+		return
+	}
+	t.seen[d.ID] = true
+	if t.rolledBack[d.ID] {
+		t.res.DeliveredRB++
+		return
+	}
+	at, ok := t.committedAt[d.ID]
+	if !ok {
+		return // not from this run
+	}
+	t.res.Delivered++
+	t.latencies = append(t.latencies, time.Since(at))
+	idx := t.order[d.ID]
+	if last, ok := t.lastOfKey[d.Key]; ok && idx <= last || !ok && idx != 0 {
+		t.res.OrderViolations++
+	}
+	t.lastOfKey[d.Key] = idx
+}
+
+func (t *tracker) complete() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.res.Delivered >= t.res.Committed
+}
+
+func (t *tracker) result() Result {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	r := t.res
+	if n := len(t.latencies); n > 0 {
+		l := slices.Clone(t.latencies)
+		slices.Sort(l)
+		r.P50, r.P99 = l[n*50/100], l[n*99/100]
+	}
+	return r
+}
+
+func (t *tracker) progress(ctx context.Context, b *backend, published int64) string {
+	r := t.result()
+	pending := "?"
+	if st, err := b.admin.Status(ctx); err == nil {
+		pending = fmt.Sprint(st.Pending)
+	}
+	return fmt.Sprintf("  written %5d (rolled back %4d) · pending %5s · published %5d · handled %5d · redelivered %4d · latency p50 %s p99 %s",
+		r.Committed, r.RolledBack, pending, published, r.Delivered, r.Redeliveries, ms(r.P50), ms(r.P99))
+}
+
+func ms(d time.Duration) string {
+	return fmt.Sprintf("%.1fms", float64(d)/float64(time.Millisecond))
+}
+
+// Summary renders the verdict, one line per guarantee.
+func (r Result) Summary() string {
+	var b strings.Builder
+	check := func(ok bool, format string, args ...any) {
+		mark := "ok  "
+		if !ok {
+			mark = "FAIL"
+		}
+		fmt.Fprintf(&b, "  %s %s\n", mark, fmt.Sprintf(format, args...))
+	}
+	fmt.Fprintf(&b, "\nsummary (%s):\n", r.Elapsed.Round(100*time.Millisecond))
+	if r.Interrupted {
+		fmt.Fprintf(&b, "  stop nothing committed was lost:        not checked: interrupted with %d of %d events handled\n", r.Delivered, r.Committed)
+	} else {
+		check(r.Delivered == r.Committed, "nothing committed was lost:        %d events committed, %d handled", r.Committed, r.Delivered)
+	}
+	check(r.DeliveredRB == 0, "nothing rolled back was published:  %d events rolled back, %d handled", r.RolledBack, r.DeliveredRB)
+	check(r.OrderViolations == 0, "per-key order held:                 %d orders, %d events out of order", r.Orders, r.OrderViolations)
+	check(r.Duplicates == 0, "duplicates absorbed by the inbox:   %d redeliveries, %d extra effects", r.Redeliveries, r.Duplicates)
+	fmt.Fprintf(&b, "  latency commit -> handled: p50 %s, p99 %s\n", ms(r.P50), ms(r.P99))
+	return b.String()
+}

@@ -1,0 +1,213 @@
+package pgsql
+
+import (
+	"strconv"
+	"strings"
+
+	"github.com/outboxkit/outbox"
+)
+
+// This file holds the operator's statements (outbox.Admin): the figures behind
+// `outbox status` and the dead-letter selections behind `outbox dead`. Every statement is
+// built from validated, quoted names; every value travels as a parameter, of a type any
+// driver binds (string, int, time.Time), arrays included (see TextArray).
+
+// PublishedExactBelow is the size of the published table, as estimated by PostgreSQL's
+// statistics, under which Status counts published rows exactly. Above it the count is an
+// estimate, because counting exactly means reading the whole table.
+const PublishedExactBelow = 100_000
+
+// NoJIT turns JIT compilation off for the rest of the transaction. On a large table the
+// planner's estimates cross jit_above_cost, and compiling costs more than the index scans
+// of the relay's and the operator's statements.
+const NoJIT = `SET LOCAL jit = off`
+
+// StatusTopics returns one row per topic with pending or dead messages: topic, pending,
+// due, retrying, dead, and the age of the oldest pending message in microseconds, in
+// topic order. It reads the pending table once (every row of it is pending) and the dead
+// table once.
+func (n *Names) StatusTopics() string {
+	return n.r(`SELECT topic,
+       coalesce(p.pending, 0), coalesce(p.due, 0), coalesce(p.retrying, 0), coalesce(x.dead, 0),
+       coalesce((extract(epoch FROM greatest(now() - p.oldest, interval '0')) * 1000000)::bigint, 0)
+FROM (
+    SELECT topic, count(*) AS pending,
+           count(*) FILTER (WHERE next_attempt_at <= now()) AS due,
+           count(*) FILTER (WHERE attempts > 0) AS retrying,
+           min(created_at) AS oldest
+    FROM {{outbox}}
+    GROUP BY topic
+) p
+FULL JOIN (
+    SELECT topic, count(*) AS dead FROM {{dead}} GROUP BY topic
+) x USING (topic)
+ORDER BY topic`)
+}
+
+// AddTopics appends topics (rows of StatusTopics) to st and adds them up into its
+// totals.
+func AddTopics(st *outbox.Status, topics []outbox.TopicStatus) {
+	for _, t := range topics {
+		st.Pending += t.Pending
+		st.Due += t.Due
+		st.Retrying += t.Retrying
+		st.Dead += t.Dead
+		st.OldestPendingAge = max(st.OldestPendingAge, t.OldestPendingAge)
+	}
+	st.Delayed = st.Pending - st.Due
+	st.Topics = append(st.Topics, topics...)
+}
+
+// StatusPublishedStats returns PostgreSQL's two row counts of the published table: the
+// planner's estimate (reltuples) and the statistics collector's live rows (n_live_tup).
+func (n *Names) StatusPublishedStats() (string, []any) {
+	return `SELECT greatest(c.reltuples, 0)::bigint, coalesce(s.n_live_tup, 0)
+FROM pg_catalog.pg_class c LEFT JOIN pg_catalog.pg_stat_user_tables s ON s.relid = c.oid
+WHERE c.oid = to_regclass($1)`, []any{n.Published}
+}
+
+// StatusPublishedCount counts the published table exactly.
+func (n *Names) StatusPublishedCount() string { return n.r(`SELECT count(*) FROM {{published}}`) }
+
+// PublishedEstimate decides from the two counts of StatusPublishedStats whether the
+// published table is small enough to count exactly (ok false: run StatusPublishedCount)
+// and otherwise returns the estimate to show.
+//
+// reltuples is kept by VACUUM and ANALYZE, which autovacuum runs as the table grows.
+// n_live_tup follows commits but is lost on a statistics reset and can count a batch twice
+// when an ANALYZE overtakes the report of the inserting session, so it only stands in
+// while the table has never been vacuumed or analysed.
+func PublishedEstimate(relTuples, liveTuples int64) (estimate int64, ok bool) {
+	if max(relTuples, liveTuples) < PublishedExactBelow {
+		return 0, false
+	}
+	if relTuples == 0 {
+		return liveTuples, true
+	}
+	return relTuples, true
+}
+
+// StatusRelays returns the relays of the relays table (expired ones are kept about an
+// hour) in start order: id, hostname, pid, started_at, heartbeat_at, live, and the number
+// of shards each holds an unexpired lease on.
+func (n *Names) StatusRelays() string {
+	return n.r(`SELECT r.id, r.hostname, r.pid, r.started_at, r.heartbeat_at, r.expires_at > now(),
+       (SELECT count(*) FROM {{leases}} l WHERE l.owner = r.id AND l.expires_at > now())::int
+FROM {{relays}} r
+ORDER BY r.started_at, r.id`)
+}
+
+// StatusShards returns the number of shards and of shards with an unexpired lease.
+func (n *Names) StatusShards() string {
+	return n.r(`SELECT count(*)::int, (count(*) FILTER (WHERE owner IS NOT NULL AND expires_at > now()))::int
+FROM {{leases}}`)
+}
+
+// deadQuery is a dead-letter selection rendered as SQL: where is a condition on the
+// dead table (unaliased) and args its parameters, numbered from $1.
+type deadQuery struct {
+	where string
+	args  []any
+	limit string // " LIMIT $n", or empty
+}
+
+func (q *deadQuery) arg(v any) string {
+	q.args = append(q.args, v)
+	return "$" + strconv.Itoa(len(q.args))
+}
+
+// deadWhere renders f. It is a condition on the dead table, which holds nothing but dead
+// letters, so no pending or published message can ever match.
+func deadWhere(f outbox.DeadFilter) (*deadQuery, error) {
+	if f.Limit < 0 {
+		return nil, &outbox.ConfigError{Field: "DeadFilter.Limit", Reason: "must not be negative (0 means no limit)"}
+	}
+	q := &deadQuery{}
+	var conds []string
+	if len(f.IDs) > 0 {
+		ids := make([]string, len(f.IDs))
+		for i, id := range f.IDs {
+			ids[i] = id.String()
+		}
+		conds = append(conds, "id = ANY("+q.arg(TextArray(ids))+"::uuid[])")
+	}
+	if f.Topic != "" {
+		conds = append(conds, "topic = "+q.arg(f.Topic))
+	}
+	if f.Key != "" {
+		conds = append(conds, "key = "+q.arg(f.Key))
+	}
+	if f.ErrorContains != "" {
+		conds = append(conds, "last_error ILIKE "+q.arg("%"+escapeLike(f.ErrorContains)+"%")+" ESCAPE '!'")
+	}
+	if !f.Since.IsZero() {
+		conds = append(conds, "dead_at >= "+q.arg(f.Since))
+	}
+	if !f.Until.IsZero() {
+		conds = append(conds, "dead_at < "+q.arg(f.Until))
+	}
+	q.where = "true"
+	if len(conds) > 0 {
+		q.where = strings.Join(conds, " AND ")
+	}
+	if f.Limit > 0 {
+		q.limit = " LIMIT " + q.arg(f.Limit)
+	}
+	return q, nil
+}
+
+// escapeLike makes s match literally in a LIKE pattern whose escape character is '!'.
+func escapeLike(s string) string {
+	return strings.NewReplacer("!", "!!", "%", "!%", "_", "!_").Replace(s)
+}
+
+// deadOrder is the order of DeadList, and the order in which a Limit picks the dead
+// letters that replay and purge act on: the same rows a list shows.
+const deadOrder = " ORDER BY dead_at DESC, seq DESC"
+
+// DeadList selects the dead letters that match f, most recently dead-lettered first:
+// the columns of ReadColumns(""), then dead_at. A negative f.Limit is a *ConfigError.
+func (n *Names) DeadList(f outbox.DeadFilter) (string, []any, error) {
+	q, err := deadWhere(f)
+	if err != nil {
+		return "", nil, err
+	}
+	return `SELECT ` + ReadColumns("") + `, dead_at FROM ` + n.Dead + ` WHERE ` + q.where + deadOrder + q.limit, q.args, nil
+}
+
+// DeadCount counts the dead letters that match f, at most f.Limit when it is set: what a
+// replay or purge would act on if run now.
+func (n *Names) DeadCount(f outbox.DeadFilter) (string, []any, error) {
+	q, err := deadWhere(f)
+	if err != nil {
+		return "", nil, err
+	}
+	return `SELECT count(*)::int FROM (SELECT 1 FROM ` + n.Dead + ` WHERE ` + q.where + q.limit + `) s`, q.args, nil
+}
+
+// DeadPick locks the dead letters that match f, in DeadList's order, and returns their
+// seqs, for Replay in the same transaction.
+func (n *Names) DeadPick(f outbox.DeadFilter) (string, []any, error) {
+	q, err := deadWhere(f)
+	if err != nil {
+		return "", nil, err
+	}
+	return `SELECT seq FROM ` + n.Dead + ` WHERE ` + q.where + deadOrder + q.limit + ` FOR UPDATE`, q.args, nil
+}
+
+// DeadPurge deletes the dead letters that match f, in DeadList's order when f.Limit is
+// set; its rows affected are the dead letters deleted. Refusing an empty filter is the
+// caller's business (outbox.ErrEmptyDeadFilter).
+func (n *Names) DeadPurge(f outbox.DeadFilter) (string, []any, error) {
+	q, err := deadWhere(f)
+	if err != nil {
+		return "", nil, err
+	}
+	return `WITH m AS (SELECT seq FROM ` + n.Dead + ` WHERE ` + q.where + deadOrder + q.limit + ` FOR UPDATE)
+DELETE FROM ` + n.Dead + ` x USING m WHERE x.seq = m.seq`, q.args, nil
+}
+
+// Notify wakes the relays that listen on the outbox's channel, at commit.
+func (n *Names) Notify() (string, []any) {
+	return `SELECT pg_notify($1, '')`, []any{n.Channel}
+}

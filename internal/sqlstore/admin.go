@@ -1,0 +1,348 @@
+package sqlstore
+
+import (
+	"cmp"
+	"context"
+	"database/sql"
+	"encoding/hex"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/outboxkit/outbox"
+)
+
+// This file is the operator's side of the engine: outbox.Admin. Every statement is built
+// from validated, quoted names; every value travels as a parameter or, for ids, as a hex
+// literal of bytes the engine holds.
+
+// Status implements outbox.Admin, read in one read-only transaction at the dialect's
+// snapshot isolation, so that its figures agree with each other.
+//
+// Pending and dead figures are exact; their cost follows the backlog and the dead-letter
+// store, not the history kept. Published is exact, except where the dialect can estimate
+// the published table's size and the estimate is PublishedExactBelow or more: then it is
+// the estimate. OldestPendingAge is measured from when the message was written.
+func (s *Store) Status(ctx context.Context) (outbox.Status, error) {
+	if err := s.needDB(); err != nil {
+		return outbox.Status{}, err
+	}
+	st := outbox.Status{Topics: []outbox.TopicStatus{}, Relays: []outbox.RelayInfo{}}
+	tx, err := s.db.BeginTx(ctx, &sql.TxOptions{ReadOnly: true, Isolation: s.d.SnapshotIsolation})
+	if err != nil {
+		return st, fmt.Errorf("outbox status: begin: %w", err)
+	}
+	defer tx.Rollback()
+	if err := s.topicStatus(ctx, tx, &st); err != nil {
+		return st, fmt.Errorf("outbox status: count pending and dead: %w", err)
+	}
+	if err := s.publishedCount(ctx, tx, &st); err != nil {
+		return st, fmt.Errorf("outbox status: count published: %w", err)
+	}
+	if err := s.relayStatus(ctx, tx, &st); err != nil {
+		return st, fmt.Errorf("outbox status: read relays and leases: %w", err)
+	}
+	return st, nil
+}
+
+func (s *Store) topicStatus(ctx context.Context, tx Querier, st *outbox.Status) error {
+	var now int64
+	if err := tx.QueryRowContext(ctx, "SELECT "+s.d.ToMicros(s.d.Now)).Scan(&now); err != nil {
+		return err
+	}
+	topics := map[string]*outbox.TopicStatus{}
+	get := func(name string) *outbox.TopicStatus {
+		t := topics[name]
+		if t == nil {
+			t = &outbox.TopicStatus{Topic: name}
+			topics[name] = t
+		}
+		return t
+	}
+	rows, err := tx.QueryContext(ctx, s.sql(`SELECT topic, COUNT(*),
+       COALESCE(SUM(CASE WHEN next_attempt_at <= {{now}} THEN 1 ELSE 0 END), 0),
+       COALESCE(SUM(CASE WHEN attempts > 0 THEN 1 ELSE 0 END), 0),
+       `+s.d.ToMicros("MIN(created_at)")+`
+FROM {{outbox}} GROUP BY topic`))
+	if err != nil {
+		return err
+	}
+	for rows.Next() {
+		var name string
+		var pending, due, retrying, oldest int64
+		if err := rows.Scan(&name, &pending, &due, &retrying, &oldest); err != nil {
+			rows.Close()
+			return err
+		}
+		t := get(name)
+		t.Pending, t.Due, t.Retrying = pending, due, retrying
+		t.OldestPendingAge = max(time.Duration(now-oldest)*time.Microsecond, 0)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	rows, err = tx.QueryContext(ctx, s.sql(`SELECT topic, COUNT(*) FROM {{dead}} GROUP BY topic`))
+	if err != nil {
+		return err
+	}
+	for rows.Next() {
+		var name string
+		var dead int64
+		if err := rows.Scan(&name, &dead); err != nil {
+			rows.Close()
+			return err
+		}
+		get(name).Dead = dead
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	for _, t := range topics {
+		st.Pending += t.Pending
+		st.Due += t.Due
+		st.Retrying += t.Retrying
+		st.Dead += t.Dead
+		st.OldestPendingAge = max(st.OldestPendingAge, t.OldestPendingAge)
+		st.Topics = append(st.Topics, *t)
+	}
+	slices.SortFunc(st.Topics, func(a, b outbox.TopicStatus) int { return cmp.Compare(a.Topic, b.Topic) })
+	st.Delayed = st.Pending - st.Due
+	return nil
+}
+
+func (s *Store) publishedCount(ctx context.Context, tx Querier, st *outbox.Status) error {
+	if s.d.PublishedEstimate != "" {
+		var est sql.NullInt64
+		if err := tx.QueryRowContext(ctx, s.d.PublishedEstimate, s.names.Raw("outbox_published")).Scan(&est); err != nil && err != sql.ErrNoRows {
+			return err
+		}
+		if est.Int64 >= PublishedExactBelow {
+			st.Published = est.Int64
+			return nil
+		}
+	}
+	return tx.QueryRowContext(ctx, s.sql(`SELECT COUNT(*) FROM {{published}}`)).Scan(&st.Published)
+}
+
+func (s *Store) relayStatus(ctx context.Context, tx Querier, st *outbox.Status) error {
+	relays, err := collect(ctx, tx, func(r *sql.Rows) (outbox.RelayInfo, error) {
+		var ri outbox.RelayInfo
+		var started, beat int64
+		var live int
+		err := r.Scan(&ri.ID, &ri.Hostname, &ri.PID, &started, &beat, &live, &ri.Shards)
+		ri.StartedAt, ri.HeartbeatAt, ri.Live = time.UnixMicro(started), time.UnixMicro(beat), live == 1
+		return ri, err
+	}, s.sql(`SELECT r.id, r.hostname, r.pid, `+s.d.ToMicros("r.started_at")+`, `+s.d.ToMicros("r.heartbeat_at")+`,
+       CASE WHEN r.expires_at > {{now}} THEN 1 ELSE 0 END,
+       (SELECT COUNT(*) FROM {{leases}} l WHERE l.owner = r.id AND l.expires_at > {{now}})
+FROM {{relays}} r
+ORDER BY r.started_at, r.id`))
+	if err != nil {
+		return err
+	}
+	st.Relays = append(st.Relays, relays...)
+	return tx.QueryRowContext(ctx, s.sql(`SELECT COUNT(*), COALESCE(SUM(CASE WHEN owner IS NOT NULL AND expires_at > {{now}} THEN 1 ELSE 0 END), 0)
+FROM {{leases}}`)).Scan(&st.Shards, &st.ShardsLeased)
+}
+
+// deadQuery is a dead-letter selection rendered as SQL: a condition on the dead table,
+// its parameters, and the LIMIT clause.
+type deadQuery struct {
+	where string
+	args  []any
+	limit string
+}
+
+// deadWhere renders f. It is a condition on the dead table, which holds nothing but dead
+// letters, so no pending or published message can match.
+func (s *Store) deadWhere(f outbox.DeadFilter) (*deadQuery, error) {
+	if f.Limit < 0 {
+		return nil, &outbox.ConfigError{Field: "DeadFilter.Limit", Reason: "must not be negative (0 means no limit)"}
+	}
+	q := &deadQuery{}
+	var conds []string
+	if len(f.IDs) > 0 {
+		ids := make([]string, len(f.IDs))
+		for i, id := range f.IDs {
+			ids[i] = "X'" + hex.EncodeToString(id[:]) + "'"
+		}
+		conds = append(conds, "id IN ("+strings.Join(ids, ", ")+")")
+	}
+	if f.Topic != "" {
+		conds = append(conds, "topic = ?")
+		q.args = append(q.args, f.Topic)
+	}
+	if f.Key != "" {
+		conds = append(conds, "{{key}} = ?")
+		q.args = append(q.args, f.Key)
+	}
+	if f.ErrorContains != "" {
+		// Both sides lower-cased: SQLite's LIKE folds ASCII only, and MySQL's follows
+		// the column's collation.
+		conds = append(conds, "LOWER(last_error) LIKE ? ESCAPE '!'")
+		q.args = append(q.args, "%"+escapeLike(strings.ToLower(f.ErrorContains))+"%")
+	}
+	if !f.Since.IsZero() {
+		conds = append(conds, "dead_at >= "+s.d.FromMicros("?"))
+		q.args = append(q.args, f.Since.UnixMicro())
+	}
+	if !f.Until.IsZero() {
+		conds = append(conds, "dead_at < "+s.d.FromMicros("?"))
+		q.args = append(q.args, f.Until.UnixMicro())
+	}
+	q.where = "1 = 1"
+	if len(conds) > 0 {
+		q.where = strings.Join(conds, " AND ")
+	}
+	if f.Limit > 0 {
+		q.limit = " LIMIT ?"
+	}
+	return q, nil
+}
+
+// withLimit returns the arguments of a statement ending in q's LIMIT.
+func (q *deadQuery) withLimit(f outbox.DeadFilter) []any {
+	if q.limit == "" {
+		return q.args
+	}
+	return append(slices.Clone(q.args), f.Limit)
+}
+
+// escapeLike makes s match literally in a LIKE pattern whose escape character is '!'.
+func escapeLike(s string) string {
+	return strings.NewReplacer("!", "!!", "%", "!%", "_", "!_").Replace(s)
+}
+
+// deadOrder is the order of DeadList, and the order in which a Limit picks the dead
+// letters that DeadReplay and DeadPurge act on: the same rows a list shows.
+const deadOrder = " ORDER BY dead_at DESC, seq DESC"
+
+// DeadList implements outbox.Admin: the dead letters that match f, most recently
+// dead-lettered first (as outboxpgx lists them).
+func (s *Store) DeadList(ctx context.Context, f outbox.DeadFilter) ([]outbox.DeadLetter, error) {
+	if err := s.needDB(); err != nil {
+		return nil, err
+	}
+	q, err := s.deadWhere(f)
+	if err != nil {
+		return nil, err
+	}
+	out, err := collect(ctx, s.db, func(r *sql.Rows) (outbox.DeadLetter, error) {
+		var deadAt int64
+		m, err := scanMessage(r, &deadAt)
+		if err != nil {
+			return outbox.DeadLetter{}, err
+		}
+		return outbox.DeadLetter{Message: *m, DeadAt: time.UnixMicro(deadAt)}, nil
+	}, s.sql(`SELECT `+s.readColumns("")+`, `+s.d.ToMicros("dead_at")+` FROM {{dead}} WHERE `+q.where+deadOrder+q.limit), q.withLimit(f)...)
+	if err != nil {
+		return nil, fmt.Errorf("list dead letters: %w", err)
+	}
+	return out, nil
+}
+
+// DeadCount implements outbox.Admin: how many dead letters match f (at most f.Limit when
+// it is set), what DeadReplay or DeadPurge would act on if called now.
+func (s *Store) DeadCount(ctx context.Context, f outbox.DeadFilter) (int, error) {
+	if err := s.needDB(); err != nil {
+		return 0, err
+	}
+	q, err := s.deadWhere(f)
+	if err != nil {
+		return 0, err
+	}
+	var n int
+	err = s.db.QueryRowContext(ctx, s.sql(`SELECT COUNT(*) FROM (SELECT 1 AS one FROM {{dead}} WHERE `+q.where+q.limit+`) s`), q.withLimit(f)...).Scan(&n)
+	if err != nil {
+		return 0, fmt.Errorf("count dead letters: %w", err)
+	}
+	return n, nil
+}
+
+// pickDead locks and returns the seqs of the dead letters that match f, in DeadList order.
+func (s *Store) pickDead(ctx context.Context, tx Querier, f outbox.DeadFilter) ([]int64, error) {
+	q, err := s.deadWhere(f)
+	if err != nil {
+		return nil, err
+	}
+	return collect(ctx, tx, scanInt64, s.sql(`SELECT seq FROM {{dead}} WHERE `+q.where+deadOrder+q.limit+s.d.ForUpdate), q.withLimit(f)...)
+}
+
+// DeadReplay implements outbox.Admin: it moves the dead letters that match f back to
+// pending, due at once, attempts reset, and returns how many it moved.
+//
+// A replayed message keeps its ID, dedup key and position (seq), so consumers that saw
+// it deduplicate it, and replayed messages of one key go out in their original order.
+// next_attempt_at = created_at makes it due at once and keeps it out of the "waiting"
+// condition. The last error is kept until the next attempt overwrites it.
+func (s *Store) DeadReplay(ctx context.Context, f outbox.DeadFilter) (int, error) {
+	if _, err := s.deadWhere(f); err != nil {
+		return 0, err
+	}
+	var n int
+	err := s.inWriteTx(ctx, func(tx Querier) error {
+		seqs, err := s.pickDead(ctx, tx, f)
+		if err != nil {
+			return err
+		}
+		n = 0
+		return chunks(seqs, listChunk, func(part []int64) error {
+			in := ints(part)
+			k, err := affected(tx.ExecContext(ctx, s.sql(`INSERT INTO {{outbox}} (seq, id, topic, {{key}}, aggregate_type, event_type, content_type, payload, headers, dedup_key, shard, created_at, next_attempt_at, attempts, last_error)
+SELECT seq, id, topic, {{key}}, aggregate_type, event_type, content_type, payload, headers, dedup_key, shard, created_at, created_at, 0, last_error
+FROM {{dead}} WHERE seq IN (`+in+`)`)))
+			if err != nil {
+				return err
+			}
+			n += k
+			_, err = tx.ExecContext(ctx, s.sql(`DELETE FROM {{dead}} WHERE seq IN (`+in+`)`))
+			return err
+		})
+	})
+	if err != nil {
+		return 0, fmt.Errorf("replay dead letters: %w", err)
+	}
+	return n, nil
+}
+
+// DeadPurge implements outbox.Admin: it deletes the dead letters that match f and returns
+// how many. A filter that selects nothing in particular is refused with
+// outbox.ErrEmptyDeadFilter. A purged message's dedup key is released later, by the
+// retention cleanup, once it is older than the retention time.
+func (s *Store) DeadPurge(ctx context.Context, f outbox.DeadFilter) (int, error) {
+	if f.IsEmpty() {
+		return 0, outbox.ErrEmptyDeadFilter
+	}
+	return s.deadPurge(ctx, f)
+}
+
+// DeadPurgeAll implements outbox.Admin: it deletes every dead letter.
+func (s *Store) DeadPurgeAll(ctx context.Context) (int, error) {
+	return s.deadPurge(ctx, outbox.DeadFilter{})
+}
+
+func (s *Store) deadPurge(ctx context.Context, f outbox.DeadFilter) (int, error) {
+	if _, err := s.deadWhere(f); err != nil {
+		return 0, err
+	}
+	var n int
+	err := s.inWriteTx(ctx, func(tx Querier) error {
+		seqs, err := s.pickDead(ctx, tx, f)
+		if err != nil {
+			return err
+		}
+		n = 0
+		return chunks(seqs, listChunk, func(part []int64) error {
+			k, err := affected(tx.ExecContext(ctx, s.sql(`DELETE FROM {{dead}} WHERE seq IN (`+ints(part)+`)`)))
+			n += k
+			return err
+		})
+	})
+	if err != nil {
+		return 0, fmt.Errorf("purge dead letters: %w", err)
+	}
+	return n, nil
+}

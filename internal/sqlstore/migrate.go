@@ -1,0 +1,249 @@
+package sqlstore
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io/fs"
+	"sort"
+	"strconv"
+	"strings"
+	"text/template"
+
+	"github.com/outboxkit/outbox/internal/pgsql"
+)
+
+// MigrationStatus is one schema migration and whether it is applied: the same type
+// outboxpgx reports, so that tools list every store's migrations alike.
+type MigrationStatus = pgsql.MigrationStatus
+
+// migration is one schema version, rendered for a store's names and split into
+// statements (database/sql drivers run one statement per call).
+type migration struct {
+	version  int
+	name     string
+	up, down []string
+}
+
+func (s *Store) migrations() ([]migration, error) {
+	m := s.d.Migrations
+	files, err := fs.Glob(m.FS, "*.sql")
+	if err != nil {
+		return nil, err
+	}
+	byVersion := map[int]*migration{}
+	for _, f := range files {
+		num, rest, ok := strings.Cut(f, "_")
+		v, err := strconv.Atoi(num)
+		if !ok || err != nil {
+			return nil, fmt.Errorf("sqlstore: bad migration file name %q", f)
+		}
+		name, dir, _ := strings.Cut(rest, ".")
+		raw, err := fs.ReadFile(m.FS, f)
+		if err != nil {
+			return nil, err
+		}
+		tmpl, err := template.New(f).Option("missingkey=error").Parse(string(raw))
+		if err != nil {
+			return nil, fmt.Errorf("sqlstore: migration %s: %w", f, err)
+		}
+		var buf bytes.Buffer
+		if err := tmpl.Execute(&buf, s.names); err != nil {
+			return nil, fmt.Errorf("sqlstore: migration %s: %w", f, err)
+		}
+		mg := byVersion[v]
+		if mg == nil {
+			mg = &migration{version: v, name: name}
+			byVersion[v] = mg
+		}
+		switch dir {
+		case "up.sql":
+			mg.up = splitStatements(buf.String())
+		case "down.sql":
+			mg.down = splitStatements(buf.String())
+		default:
+			return nil, fmt.Errorf("sqlstore: bad migration file name %q", f)
+		}
+	}
+	out := make([]migration, 0, len(byVersion))
+	for _, mg := range byVersion {
+		out = append(out, *mg)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].version < out[j].version })
+	return out, nil
+}
+
+// splitStatements splits a migration into statements: each ends with ";" at the end of a
+// line; lines starting with "--" are comments.
+func splitStatements(script string) []string {
+	var out []string
+	var cur strings.Builder
+	for _, line := range strings.Split(script, "\n") {
+		t := strings.TrimSpace(line)
+		if t == "" || strings.HasPrefix(t, "--") {
+			continue
+		}
+		cur.WriteString(line)
+		cur.WriteByte('\n')
+		if strings.HasSuffix(t, ";") {
+			out = append(out, strings.TrimSuffix(strings.TrimSpace(cur.String()), ";"))
+			cur.Reset()
+		}
+	}
+	if t := strings.TrimSpace(cur.String()); t != "" {
+		out = append(out, t)
+	}
+	return out
+}
+
+func (s *Store) ensureTableSQL() string {
+	return fmt.Sprintf(s.d.Migrations.Table, s.names.Migrations)
+}
+
+// lockName names the migration lock of this outbox.
+func (s *Store) lockName() string { return "outbox_migrate:" + s.names.prefix }
+
+func (s *Store) applied(ctx context.Context, q Querier) (map[int]bool, error) {
+	vs, err := collect(ctx, q, scanInt64, s.sql(`SELECT version FROM {{migrations}}`))
+	if err != nil {
+		return nil, err
+	}
+	m := map[int]bool{}
+	for _, v := range vs {
+		m[int(v)] = true
+	}
+	return m, nil
+}
+
+// MigrationStatus lists every migration and whether it is applied. It creates nothing.
+func (s *Store) MigrationStatus(ctx context.Context) ([]MigrationStatus, error) {
+	if err := s.needDB(); err != nil {
+		return nil, err
+	}
+	all, err := s.migrations()
+	if err != nil {
+		return nil, err
+	}
+	var exists int
+	if err := s.db.QueryRowContext(ctx, s.d.Migrations.TableExists, s.names.Raw("outbox_migrations")).Scan(&exists); err != nil {
+		return nil, fmt.Errorf("migration status: %w", err)
+	}
+	done := map[int]bool{}
+	if exists > 0 {
+		if done, err = s.applied(ctx, s.db); err != nil {
+			return nil, fmt.Errorf("migration status: %w", err)
+		}
+	}
+	out := make([]MigrationStatus, 0, len(all))
+	for _, m := range all {
+		out = append(out, MigrationStatus{Version: m.version, Name: m.name, Applied: done[m.version]})
+	}
+	return out, nil
+}
+
+// MigrateUp applies every migration up to target (0 means all) under the dialect's
+// migration lock, and returns the versions it applied.
+func (s *Store) MigrateUp(ctx context.Context, target int) ([]int, error) {
+	if err := s.needDB(); err != nil {
+		return nil, err
+	}
+	all, err := s.migrations()
+	if err != nil {
+		return nil, err
+	}
+	var done []int
+	err = s.d.Migrations.Locked(ctx, s.db, s.lockName(), func(q Querier) error {
+		done = nil
+		if _, err := q.ExecContext(ctx, s.ensureTableSQL()); err != nil {
+			return err
+		}
+		applied, err := s.applied(ctx, q)
+		if err != nil {
+			return err
+		}
+		for _, m := range all {
+			if applied[m.version] || (target > 0 && m.version > target) {
+				continue
+			}
+			for _, stmt := range m.up {
+				if _, err := q.ExecContext(ctx, stmt); err != nil {
+					return fmt.Errorf("migration %03d_%s up: %w", m.version, m.name, err)
+				}
+			}
+			if _, err := q.ExecContext(ctx, s.sql(`INSERT INTO {{migrations}} (version, name, applied_at) VALUES (?, ?, {{now}})`), m.version, m.name); err != nil {
+				return err
+			}
+			done = append(done, m.version)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("migrate up: %w", err)
+	}
+	return done, nil
+}
+
+// MigrateDown reverts applied migrations above target (0 reverts all), newest first,
+// and returns the versions it reverted.
+func (s *Store) MigrateDown(ctx context.Context, target int) ([]int, error) {
+	if err := s.needDB(); err != nil {
+		return nil, err
+	}
+	all, err := s.migrations()
+	if err != nil {
+		return nil, err
+	}
+	var done []int
+	err = s.d.Migrations.Locked(ctx, s.db, s.lockName(), func(q Querier) error {
+		done = nil
+		if _, err := q.ExecContext(ctx, s.ensureTableSQL()); err != nil {
+			return err
+		}
+		applied, err := s.applied(ctx, q)
+		if err != nil {
+			return err
+		}
+		for i := len(all) - 1; i >= 0; i-- {
+			m := all[i]
+			if !applied[m.version] || m.version <= target {
+				continue
+			}
+			for _, stmt := range m.down {
+				if _, err := q.ExecContext(ctx, stmt); err != nil {
+					return fmt.Errorf("migration %03d_%s down: %w", m.version, m.name, err)
+				}
+			}
+			if _, err := q.ExecContext(ctx, s.sql(`DELETE FROM {{migrations}} WHERE version = ?`), m.version); err != nil {
+				return err
+			}
+			done = append(done, m.version)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("migrate down: %w", err)
+	}
+	return done, nil
+}
+
+// MigrationSQL returns the DDL of every migration as one script, with the bookkeeping
+// rows, for teams that apply migrations with their own tool.
+func (s *Store) MigrationSQL() (string, error) {
+	all, err := s.migrations()
+	if err != nil {
+		return "", err
+	}
+	var b strings.Builder
+	b.WriteString("-- outbox schema, generated by `outbox migrate sql`.\n")
+	b.WriteString(s.d.Migrations.ScriptBegin)
+	b.WriteString(s.ensureTableSQL() + ";\n")
+	for _, m := range all {
+		fmt.Fprintf(&b, "\n-- %03d_%s\n", m.version, m.name)
+		for _, stmt := range m.up {
+			b.WriteString(stmt + ";\n")
+		}
+		fmt.Fprintf(&b, "%s;\n", s.sql(fmt.Sprintf(`INSERT INTO {{migrations}} (version, name, applied_at) VALUES (%d, '%s', {{now}})`, m.version, m.name)))
+	}
+	b.WriteString(s.d.Migrations.ScriptEnd)
+	return b.String(), nil
+}

@@ -1,0 +1,73 @@
+// Package testproxy puts a toxiproxy TCP proxy between a client under test and a real
+// server, so a test can cut the connection (every open connection reset, new ones
+// refused) and heal it, or slow it down, without touching the server.
+package testproxy
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strings"
+	"testing"
+	"time"
+
+	toxiproxy "github.com/Shopify/toxiproxy/v2"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+)
+
+// Proxy forwards a local port to an upstream address. It is closed when the test ends.
+type Proxy struct {
+	p *toxiproxy.Proxy
+}
+
+// New starts a proxy on a free port of 127.0.0.1 forwarding to upstream ("host:port").
+func New(t testing.TB, upstream string) *Proxy {
+	t.Helper()
+	srv := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(prometheus.NewRegistry()), zerolog.New(io.Discard))
+	p := toxiproxy.NewProxy(srv, t.Name(), "127.0.0.1:0", upstream)
+	if err := p.Start(); err != nil {
+		t.Fatalf("testproxy: start a proxy to %s: %v", upstream, err)
+	}
+	t.Cleanup(p.Stop)
+	return &Proxy{p: p}
+}
+
+// Addr is the proxy's "host:port"; clients connect here instead of upstream.
+func (p *Proxy) Addr() string { return p.p.Listen }
+
+// Cut resets every open connection and refuses new ones until Restore.
+func (p *Proxy) Cut() { p.p.Stop() }
+
+// Restore listens again on the same address.
+func (p *Proxy) Restore(t testing.TB) {
+	t.Helper()
+	var err error
+	for range 50 { // the port may linger a moment after Cut
+		if err = p.p.Start(); err == nil {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("testproxy: restore %s: %v", p.Addr(), err)
+}
+
+// Latency delays data in both directions by d (plus up to jitter) until the returned
+// function is called.
+func (p *Proxy) Latency(t testing.TB, d, jitter time.Duration) (remove func()) {
+	t.Helper()
+	var names []string
+	for _, dir := range []string{"upstream", "downstream"} {
+		spec := fmt.Sprintf(`{"type":"latency","stream":%q,"attributes":{"latency":%d,"jitter":%d}}`, dir, d.Milliseconds(), jitter.Milliseconds())
+		tx, err := p.p.Toxics.AddToxicJson(strings.NewReader(spec))
+		if err != nil {
+			t.Fatalf("testproxy: add latency: %v", err)
+		}
+		names = append(names, tx.Name)
+	}
+	return func() {
+		for _, n := range names {
+			_ = p.p.Toxics.RemoveToxic(context.Background(), n)
+		}
+	}
+}

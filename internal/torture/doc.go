@@ -1,0 +1,76 @@
+// Package torture is the Jepsen-style correctness harness (issue 7): a workload
+// generator that writes events through the real Writer while faults are injected, a
+// History of every transaction it attempted, a DeliveryLog of what came back from the
+// broker, and a checker that compares the two and prints one summary line per run.
+//
+// # The workload
+//
+// StartWorkload runs N writers, each on its own *pgx.Conn (never a pool, so a fault can be
+// aimed at one writer: Workload.BackendPID). Prepare creates two business tables in the
+// outbox's schema: aggregates(id text primary key, seq bigint), one row per key, and
+// torture_ledger(event_id uuid primary key, key, seq, checksum). Each transaction:
+//
+//  1. picks a key and 1..MaxEventsPerTx events; XIDFirstShare of transactions take
+//     their xid first (SELECT pg_current_xact_id()), before waiting for the lock;
+//  2. UPDATE aggregates SET seq = seq + n ... RETURNING seq: the per-key sequence numbers
+//     are assigned under the aggregate's row lock, so they are the order consumers must
+//     see, and they are dense per key among committed transactions (a rollback gives its
+//     numbers back);
+//  3. writes the events with outbox.Writer (payload: JSON {id, key, seq, filler}; the
+//     checksum is SHA-256 of the payload bytes; LargeShare of them LargeSize bytes;
+//     PoisonShare of them with the header Torture-Poison: 1, which the runner's broker
+//     side refuses so the relay must dead-letter them);
+//  4. inserts one ledger row per event;
+//  5. LongShare of transactions then stay open for about LongHold (the commit-order trap:
+//     their outbox rows take early store positions and commit late);
+//  6. RollbackShare roll back, the rest COMMIT.
+//
+// A shared rate limit (Rate, transactions per second) paces the writers. Writer i draws
+// every choice from PCG(Seed, i), so a seed replays the same workload (not the same
+// interleaving, and not the same event ids, which are fresh UUIDv7s). Stop drains: no new
+// transaction starts and those in flight finish, or are cancelled when Stop's context
+// ends. A writer whose connection breaks reconnects with backoff and carries on.
+//
+// # Outcomes
+//
+// A transaction is Committed when COMMIT returned success; RolledBack when it rolled back
+// on purpose, failed before COMMIT was sent, or the server answered COMMIT with ROLLBACK;
+// Unknown when the COMMIT call itself failed. History.Resolve settles every Unknown after
+// the run by looking its event ids up in the ledger and the outbox's pending, published and
+// dead tables: all found is committed, none found is rolled back, some found is an error
+// (atomicity broken). Nothing is guessed. Note what pgx does to an Unknown COMMIT: when
+// the caller's context ends, pgx sends a CancelRequest before closing, so the server
+// usually rolls the COMMIT back; when the network dies the cancel cannot get through and
+// the COMMIT usually completes. Both happen in real runs, which is why Resolve exists
+// (TestResolveKilledCommit pins both).
+//
+// # The checker
+//
+// Check(history, log, bounds) counts, over events (not transactions):
+//
+//   - lost: committed, never delivered and not dead-lettered;
+//   - phantom: delivered (first copy) but rolled back (PhantomAborted, Jepsen's G1a) or
+//     never written at all;
+//   - order: per key, in broker order, a first copy whose seq is not above every seq
+//     already first-delivered for that key. Later copies of an event are duplicates,
+//     never order violations; gaps are not order violations (they are lost or dead);
+//   - mismatch: a copy of a committed event whose checksum, key or seq differ from what
+//     was written (truncated or corrupted payloads);
+//   - dup: copies beyond the first, summed over events, against the bound
+//     Bounds.InFlight x Bounds.Faults;
+//   - dead versus poison: the dead-letter set must be exactly the committed poison
+//     events: DeadUnexpected counts dead events that are not, PoisonAlive counts poison
+//     not dead;
+//   - unresolved: events whose outcome is still Unknown make the run invalid.
+//
+// The runner fills Label, Seed, RecoverySeconds and RSSMiB into the Report; Bounds can
+// cap the last two. Report.String is the summary line of TESTING.md:
+//
+//	chaos nats seed=42 events=200000 committed=180213 faults=43 lost=0 phantom=0 order=0 dup=12 dup_bound=4300 dead=5 poison=5 mismatch=0 recovery_s=14.2 rss_mib=143 result=ok
+//
+// followed by unresolved=, dead_unexpected= and poison_alive= when they are not zero.
+// Report.Examples names the first anomalies, with event ids, for the test log.
+//
+// Types here are safe for concurrent use where they say so: History and DeliveryLog
+// accept concurrent Record and Add; Check reads snapshots.
+package torture

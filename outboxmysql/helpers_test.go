@@ -1,0 +1,75 @@
+package outboxmysql_test
+
+import (
+	"context"
+	"database/sql"
+	"testing"
+	"time"
+
+	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/testmysql"
+	"github.com/outboxkit/outbox/outboxmysql"
+)
+
+// testBundle is one test's outbox: a fresh database, migrated, with a driver and a
+// writer on it.
+type testBundle struct {
+	dsn string
+	db  *sql.DB
+	drv *outboxmysql.Driver
+	w   *outbox.Writer[*sql.Tx]
+}
+
+// setup returns a bundle on a fresh, migrated database.
+func setup(t testing.TB) *testBundle {
+	t.Helper()
+	b := open(t, testmysql.NewDatabase(t))
+	if _, err := b.drv.MigrateUp(ctx(t), 0); err != nil {
+		t.Fatalf("migrate: %v", err)
+	}
+	return b
+}
+
+// open opens a pool on dsn (a second pool on one database stands for a second process)
+// with a driver and a writer, not migrated.
+func open(t testing.TB, dsn string) *testBundle {
+	t.Helper()
+	db := testmysql.Open(t, dsn)
+	drv, err := outboxmysql.New(db, outboxmysql.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := outbox.NewWriter(drv, outbox.WriterConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &testBundle{dsn: dsn, db: db, drv: drv, w: w}
+}
+
+func ctx(t testing.TB) context.Context {
+	c, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	return c
+}
+
+// inTx runs fn in a transaction of db, committing when it returns nil.
+func inTx(ctx context.Context, db *sql.DB, fn func(*sql.Tx) error) error {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	if err := fn(tx); err != nil {
+		return err
+	}
+	return tx.Commit()
+}
+
+// write commits msgs in one transaction.
+func (b *testBundle) write(t testing.TB, msgs ...outbox.Message) {
+	t.Helper()
+	c := ctx(t)
+	if err := inTx(c, b.db, func(tx *sql.Tx) error { return b.w.Write(c, tx, msgs...) }); err != nil {
+		t.Fatalf("write: %v", err)
+	}
+}

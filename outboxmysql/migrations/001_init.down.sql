@@ -1,0 +1,6 @@
+DROP TABLE IF EXISTS {{.Relays}};
+DROP TABLE IF EXISTS {{.Leases}};
+DROP TABLE IF EXISTS {{.Dedup}};
+DROP TABLE IF EXISTS {{.Dead}};
+DROP TABLE IF EXISTS {{.Published}};
+DROP TABLE IF EXISTS {{.Outbox}};

@@ -1,0 +1,2 @@
+DROP TABLE IF EXISTS {{.Versions}};
+DROP TABLE IF EXISTS {{.Inbox}};

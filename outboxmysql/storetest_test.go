@@ -1,0 +1,15 @@
+package outboxmysql_test
+
+import (
+	"testing"
+
+	"github.com/outboxkit/outbox/outboxtest/storetest"
+)
+
+func TestStoreConformance(t *testing.T) {
+	storetest.Run(t, func(t *testing.T) storetest.Outbox {
+		b := setup(t)
+		t.Parallel()
+		return conformanceOutbox(b)
+	})
+}

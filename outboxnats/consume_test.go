@@ -1,0 +1,249 @@
+package outboxnats_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/testnats"
+	"github.com/outboxkit/outbox/outboxnats"
+)
+
+// consumeSetup makes a stream, publishes n messages over keys through the publisher,
+// and returns the stream and its subject prefix.
+func consumeSetup(t *testing.T, js jetstream.JetStream, n, keys int) (stream, prefix string) {
+	t.Helper()
+	stream, prefix = testnats.Stream(t, js)
+	pub, err := outboxnats.New(js, outboxnats.Config{Route: prefix + "{topic}"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var batch []*outbox.Message
+	for i := range n {
+		batch = append(batch, &outbox.Message{ID: outbox.NewID(), Topic: "orders", Key: "k" + strconv.Itoa(i%keys),
+			Payload: []byte(strconv.Itoa(i)), ContentType: "text/plain", EventType: "placed"})
+		if len(batch) == keys || i == n-1 {
+			requireNoErrs(t, pub.Publish(ctxT(t, 10*time.Second), batch))
+			batch = nil
+		}
+	}
+	return stream, prefix
+}
+
+// consumeUntil runs Consume until stop says so, and returns its error.
+func consumeUntil(t *testing.T, js jetstream.JetStream, cfg outboxnats.ConsumerConfig, h outbox.Handler, stop <-chan struct{}) error {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() { errc <- outboxnats.Consume(ctx, js, cfg, h) }()
+	select {
+	case <-stop:
+	case err := <-errc:
+		cancel()
+		return err
+	case <-time.After(60 * time.Second):
+		cancel()
+		<-errc
+		t.Fatal("consumer did not finish within a minute")
+	}
+	cancel()
+	return <-errc
+}
+
+func TestConsumeOrderAndAck(t *testing.T) {
+	t.Parallel()
+	js := testnats.JetStream(t, "")
+	const n, keys = 400, 10
+	stream, _ := consumeSetup(t, js, n, keys)
+	var mu sync.Mutex
+	last := map[string]int{}
+	got := 0
+	done := make(chan struct{})
+	h := func(ctx context.Context, d *outbox.Delivery) error {
+		mu.Lock()
+		defer mu.Unlock()
+		v, _ := strconv.Atoi(string(d.Payload))
+		if prev, ok := last[d.Key]; ok && v <= prev {
+			t.Errorf("key %s: %d handled after %d", d.Key, v, prev)
+		}
+		last[d.Key] = v
+		if d.ID == "" || d.EventType != "placed" || d.Topic != "orders" || d.Attempt != 1 {
+			t.Errorf("delivery lacks metadata: %+v", d)
+		}
+		if got++; got == n {
+			close(done)
+		}
+		return nil
+	}
+	if err := consumeUntil(t, js, outboxnats.ConsumerConfig{Stream: stream, Durable: "order", Concurrency: 4}, h, done); err != nil {
+		t.Fatal(err)
+	}
+	info, err := js.Consumer(context.Background(), stream, "order")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := info.CachedInfo().NumAckPending; p != 0 {
+		t.Fatalf("%d messages handled but not acked", p)
+	}
+}
+
+func TestConsumeRetryAndDeadLetter(t *testing.T) {
+	t.Parallel()
+	js := testnats.JetStream(t, "")
+	stream, prefix := consumeSetup(t, js, 3, 3) // payloads 0, 1, 2
+	dlq, dlqPrefix := testnats.Stream(t, js)
+	var mu sync.Mutex
+	attempts := map[string][]int{}
+	done := make(chan struct{})
+	var once sync.Once
+	h := func(ctx context.Context, d *outbox.Delivery) error {
+		mu.Lock()
+		attempts[string(d.Payload)] = append(attempts[string(d.Payload)], d.Attempt)
+		a0, a1, a2 := len(attempts["0"]), len(attempts["1"]), len(attempts["2"])
+		mu.Unlock()
+		if a0 >= 2 && a1 >= 3 && a2 >= 1 {
+			defer once.Do(func() { time.AfterFunc(300*time.Millisecond, func() { close(done) }) })
+		}
+		switch string(d.Payload) {
+		case "0": // succeeds on its second delivery
+			if d.Attempt < 2 {
+				return outbox.Retry(errors.New("not yet"), 10*time.Millisecond)
+			}
+			return nil
+		case "1": // always fails: dead after MaxDeliver
+			return errors.New("always")
+		default: // poison
+			return outbox.Permanent(errors.New("bad payload"))
+		}
+	}
+	cfg := outboxnats.ConsumerConfig{Stream: stream, Durable: "retry", MaxDeliver: 3, RetryDelay: 10 * time.Millisecond, DeadLetterSubject: dlqPrefix + "dead"}
+	if err := consumeUntil(t, js, cfg, h, done); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if fmt.Sprint(attempts["0"]) != "[1 2]" || fmt.Sprint(attempts["1"]) != "[1 2 3]" || fmt.Sprint(attempts["2"]) != "[1]" {
+		t.Fatalf("attempts %v", attempts)
+	}
+	dead := readAll(t, js, dlq, 2)
+	reasons := map[string]string{}
+	for _, m := range dead {
+		reasons[string(m.Data())] = m.Headers().Get(outboxnats.HeaderDeadReason)
+		if m.Headers().Get(outboxnats.HeaderDeadStream) != stream || m.Headers().Get(outboxnats.HeaderDeadSubject) != prefix+"orders" || m.Headers().Get(outbox.HeaderID) == "" {
+			t.Errorf("dead letter headers %v", m.Headers())
+		}
+	}
+	if reasons["1"] != "always" || reasons["2"] != "permanent: bad payload" {
+		t.Fatalf("dead letters %v", reasons)
+	}
+}
+
+func TestConsumeGracefulShutdown(t *testing.T) {
+	t.Parallel()
+	js := testnats.JetStream(t, "")
+	stream, _ := consumeSetup(t, js, 1, 1)
+	started := make(chan struct{})
+	finished := false
+	h := func(ctx context.Context, d *outbox.Delivery) error {
+		close(started)
+		time.Sleep(500 * time.Millisecond) // still working when the shutdown begins
+		if ctx.Err() != nil {
+			t.Error("the handler's context was cancelled by the shutdown")
+		}
+		finished = true
+		return nil
+	}
+	if err := consumeUntil(t, js, outboxnats.ConsumerConfig{Stream: stream, Durable: "grace"}, h, started); err != nil {
+		t.Fatal(err)
+	}
+	if !finished {
+		t.Fatal("Consume returned before the handler in progress finished")
+	}
+	info, err := js.Consumer(context.Background(), stream, "grace")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := info.CachedInfo(); c.NumAckPending != 0 || c.AckFloor.Consumer != 1 {
+		t.Fatalf("the message handled during shutdown was not acked: %+v", c)
+	}
+}
+
+func TestConsumeConfig(t *testing.T) {
+	js := testnats.JetStream(t, "")
+	for _, cfg := range []outboxnats.ConsumerConfig{{}, {Stream: "S"}, {Stream: "S", Durable: "d", AckWait: time.Millisecond}, {Stream: "S", Durable: "d", MaxDeliver: -1}} {
+		if err := outboxnats.Consume(context.Background(), js, cfg, nil); !errors.Is(err, outbox.ErrInvalidConfig) {
+			t.Errorf("Consume(%+v) = %v, want ErrInvalidConfig", cfg, err)
+		}
+	}
+}
+
+func TestDeadLetterReplay(t *testing.T) {
+	t.Parallel()
+	js := testnats.JetStream(t, "")
+	stream, _ := consumeSetup(t, js, 2, 2) // payloads 0 and 1
+	dlq, dlqPrefix := testnats.Stream(t, js)
+	var mu sync.Mutex
+	poisoned := true
+	handled := map[string]int{}
+	h := func(ctx context.Context, d *outbox.Delivery) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if poisoned && string(d.Payload) == "1" {
+			return outbox.Permanent(errors.New("poison"))
+		}
+		handled[string(d.Payload)]++
+		return nil
+	}
+	cfg := outboxnats.ConsumerConfig{Stream: stream, Durable: "dead", DeadLetterSubject: dlqPrefix + "dead"}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	errc := make(chan error, 1)
+	go func() { errc <- outboxnats.Consume(ctx, js, cfg, h) }()
+
+	var dead []outboxnats.DeadLetter
+	for range 100 {
+		var err error
+		if dead, err = outboxnats.ListDead(ctx, js, dlq, 0); err != nil {
+			t.Fatal(err)
+		}
+		if len(dead) > 0 {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if len(dead) != 1 || string(dead[0].Payload) != "1" || dead[0].Reason != "permanent: poison" || dead[0].Stream != stream || dead[0].ID == "" || dead[0].Seq == 0 {
+		t.Fatalf("dead letters %+v", dead)
+	}
+	mu.Lock()
+	poisoned = false // the fix is deployed
+	mu.Unlock()
+	if n, err := outboxnats.ReplayDead(ctx, js, dlq, []uint64{dead[0].Seq}); err != nil || n != 1 {
+		t.Fatalf("ReplayDead = %d, %v", n, err)
+	}
+	for range 100 {
+		mu.Lock()
+		done := handled["1"] == 1
+		mu.Unlock()
+		if done {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	cancel()
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+	if handled["0"] != 1 || handled["1"] != 1 {
+		t.Fatalf("handled %v, want each once", handled)
+	}
+	if left, err := outboxnats.ListDead(context.Background(), js, dlq, 0); err != nil || len(left) != 0 {
+		t.Fatalf("dead letters left after replay: %v, %v", left, err)
+	}
+}

@@ -1,0 +1,273 @@
+package outboxprom
+
+import (
+	"errors"
+	"math"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+
+	"github.com/outboxkit/outbox"
+)
+
+// find returns the series of the gathered metric name whose labels include want, or
+// nil.
+func find(t *testing.T, g prometheus.Gatherer, name string, want map[string]string) *dto.Metric {
+	t.Helper()
+	mfs, err := g.Gather()
+	if err != nil {
+		t.Fatalf("gather: %v", err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	series:
+		for _, m := range mf.GetMetric() {
+			have := map[string]string{}
+			for _, lp := range m.GetLabel() {
+				have[lp.GetName()] = lp.GetValue()
+			}
+			for k, v := range want {
+				if have[k] != v {
+					continue series
+				}
+			}
+			return m
+		}
+	}
+	return nil
+}
+
+// value returns a counter's or gauge's value, failing when the series is missing.
+func value(t *testing.T, g prometheus.Gatherer, name string, labels map[string]string) float64 {
+	t.Helper()
+	m := find(t, g, name, labels)
+	if m == nil {
+		t.Fatalf("no series %s%v", name, labels)
+	}
+	if m.Counter != nil {
+		return m.Counter.GetValue()
+	}
+	return m.Gauge.GetValue()
+}
+
+// histogram returns a histogram's sample count and sum, failing when it is missing.
+func histogram(t *testing.T, g prometheus.Gatherer, name string, labels map[string]string) (uint64, float64) {
+	t.Helper()
+	m := find(t, g, name, labels)
+	if m == nil || m.Histogram == nil {
+		t.Fatalf("no histogram %s%v", name, labels)
+	}
+	return m.Histogram.GetSampleCount(), m.Histogram.GetSampleSum()
+}
+
+// exposition renders the gathered families named in the text format, in name order.
+func exposition(t *testing.T, g prometheus.Gatherer, names ...string) string {
+	t.Helper()
+	mfs, err := g.Gather()
+	if err != nil {
+		t.Fatalf("gather: %v", err)
+	}
+	var b strings.Builder
+	for _, mf := range mfs {
+		if slices.Contains(names, mf.GetName()) {
+			if _, err := expfmt.MetricFamilyToText(&b, mf); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	return b.String()
+}
+
+func near(a, b float64) bool { return math.Abs(a-b) < 1e-9 }
+
+// fakeClock is the clock of the commit-latency bound.
+type fakeClock struct{ t time.Time }
+
+func (c *fakeClock) now() time.Time { return c.t }
+
+// TestObserverByHand drives a Metrics through every Observer method with known times and
+// checks each series: counters by topic, broker and reason, both latencies (the commit
+// bound from the last fetch before the first attempt), batch sizes, leases, refusals.
+func TestObserverByHand(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewRegistry()
+	m := New(Config{Registerer: reg, Broker: "nats"})
+	t0 := time.Date(2030, 1, 1, 12, 0, 0, 0, time.UTC)
+	clock := &fakeClock{t: t0}
+	m.now = clock.now
+	at := func(d time.Duration) time.Time { return t0.Add(d) }
+
+	if mfs, _ := reg.Gather(); len(mfs) != 0 {
+		t.Fatalf("series before the relay started: %v", mfs)
+	}
+	m.Running("r1", true)
+	r1 := map[string]string{"relay": "r1"}
+	if value(t, reg, "outbox_relay_up", r1) != 1 || value(t, reg, "outbox_shards_gained_total", r1) != 0 {
+		t.Fatal("relay_up or shards_gained_total missing at start")
+	}
+
+	msg := func(seq int64, topic string, created time.Duration) *outbox.Message {
+		return &outbox.Message{Seq: seq, Topic: topic, CreatedAt: at(created)}
+	}
+	m1, m2, m3 := msg(1, "a", -time.Second), msg(2, "a", 0), msg(3, "b", 0)
+	clock.t = at(time.Second)
+	m.FetchDone(3, 10*time.Millisecond, nil)
+	clock.t = at(1500 * time.Millisecond)
+	m.FetchDone(0, 5*time.Millisecond, nil) // empty: not a bound
+	m.FetchDone(0, 7*time.Millisecond, errors.New("database down"))
+	m.PublishDone([]*outbox.Message{m1, m2, m3},
+		[]error{nil, outbox.Outage(errors.New("no route")), errors.New("too large")}, at(2*time.Second), 100*time.Millisecond)
+	m.Rejected(m3, errors.New("too large"), 1, false)
+
+	m4 := msg(4, "b", 3*time.Second)
+	clock.t = at(4 * time.Second)
+	m.FetchDone(1, 10*time.Millisecond, nil)
+	m.PublishDone([]*outbox.Message{m2, m3, m4}, nil, at(5*time.Second), time.Second)
+
+	// A publish that started before every fetch remembered: its start is the bound.
+	m5 := msg(5, "c", 0)
+	m.PublishDone([]*outbox.Message{m5}, nil, at(500*time.Millisecond), 250*time.Millisecond)
+
+	m6 := msg(6, "c", 0)
+	m.PublishDone([]*outbox.Message{m6}, []error{errors.New("poison")}, at(6*time.Second), 0)
+	m.Rejected(m6, errors.New("poison"), 3, true)
+
+	nats := func(topic string) map[string]string {
+		return map[string]string{"relay": "r1", "topic": topic, "broker": "nats"}
+	}
+	reason := func(topic, r string) map[string]string {
+		l := nats(topic)
+		l["reason"] = r
+		return l
+	}
+	counters := []struct {
+		name   string
+		labels map[string]string
+		want   float64
+	}{
+		{"outbox_published_total", nats("a"), 2},
+		{"outbox_published_total", nats("b"), 2},
+		{"outbox_published_total", nats("c"), 1},
+		{"outbox_publish_failed_total", reason("a", "outage"), 1},
+		{"outbox_publish_failed_total", reason("b", "rejected"), 1},
+		{"outbox_publish_failed_total", reason("c", "rejected"), 1},
+		{"outbox_retried_total", nats("b"), 1},
+		{"outbox_dead_lettered_total", nats("c"), 1},
+		{"outbox_fetch_errors_total", r1, 1},
+		{"outbox_last_publish_timestamp_seconds", r1, float64(at(6 * time.Second).Unix())},
+	}
+	for _, c := range counters {
+		if got := value(t, reg, c.name, c.labels); got != c.want {
+			t.Errorf("%s%v = %v, want %v", c.name, c.labels, got, c.want)
+		}
+	}
+	if find(t, reg, "outbox_publish_failed_total", reason("a", "rejected")) != nil {
+		t.Error("a rejected series for a topic without rejections")
+	}
+
+	// Publish latency: confirmation - created_at. m1: 2.1 - (-1) = 3.1; m2: 6 - 0 = 6.
+	// Commit latency: confirmation - the bound. m1: 2.1 - 1 (fetch at 1s) = 1.1; m2 and m3
+	// keep the bound of their first attempt: 6 - 1 = 5 each; m4: 6 - 4 = 2; m5: its own
+	// start: 0.25.
+	hists := []struct {
+		name       string
+		topic      string
+		count      uint64
+		sum        float64
+		commitSum  float64
+		commitSeen uint64
+	}{
+		{"a", "a", 2, 3.1 + 6, 1.1 + 5, 2},
+		{"b", "b", 2, 6 + 3, 5 + 2, 2},
+		{"c", "c", 1, 0.75, 0.25, 1},
+	}
+	for _, h := range hists {
+		l := map[string]string{"relay": "r1", "topic": h.topic}
+		if n, sum := histogram(t, reg, "outbox_publish_latency_seconds", l); n != h.count || !near(sum, h.sum) {
+			t.Errorf("publish latency of %s: %d samples, sum %v; want %d, %v", h.topic, n, sum, h.count, h.sum)
+		}
+		if n, sum := histogram(t, reg, "outbox_commit_latency_seconds", l); n != h.commitSeen || !near(sum, h.commitSum) {
+			t.Errorf("commit latency of %s: %d samples, sum %v; want %d, %v", h.topic, n, sum, h.commitSeen, h.commitSum)
+		}
+	}
+	if n, sum := histogram(t, reg, "outbox_fetch_batch_size", r1); n != 2 || sum != 4 {
+		t.Errorf("fetch batch size: %d samples, sum %v; want 2 fetches of 4 messages", n, sum)
+	}
+	if n, _ := histogram(t, reg, "outbox_fetch_duration_seconds", r1); n != 4 {
+		t.Errorf("fetch duration: %d samples, want 4 (empty and failed fetches included)", n)
+	}
+	if n, sum := histogram(t, reg, "outbox_publish_batch_size", r1); n != 4 || sum != 8 {
+		t.Errorf("publish batch size: %d samples, sum %v; want 4 calls of 8 messages", n, sum)
+	}
+	if len(m.seen) != 0 {
+		t.Errorf("first-seen bounds left behind: %v", m.seen)
+	}
+
+	shards := func(from, to int) []int {
+		var s []int
+		for i := from; i < to; i++ {
+			s = append(s, i)
+		}
+		return s
+	}
+	m.LeasesChanged(64, shards(0, 64), nil, 1)
+	m.LeasesChanged(32, nil, shards(32, 64), 2)
+	m.RecordDone(2, 1, 0, 3, 5*time.Millisecond, nil)
+	m.RecordDone(0, 0, 0, 2, 0, nil) // refused without asking the store: no duration
+	m.RecordDone(0, 0, 0, 0, 30*time.Millisecond, errors.New("database down"))
+	m.Paused(time.Second)
+	for name, want := range map[string]float64{
+		"outbox_shards_held": 32, "outbox_shards_gained_total": 64, "outbox_shards_lost_total": 32,
+		"outbox_outcomes_refused_total": 5, "outbox_record_errors_total": 1, "outbox_broker_pauses_total": 1,
+	} {
+		if got := value(t, reg, name, r1); got != want {
+			t.Errorf("%s = %v, want %v", name, got, want)
+		}
+	}
+	if n, _ := histogram(t, reg, "outbox_record_duration_seconds", r1); n != 2 {
+		t.Errorf("record duration: %d samples, want 2", n)
+	}
+	m.Running("r1", false)
+	if value(t, reg, "outbox_relay_up", r1) != 0 || value(t, reg, "outbox_shards_held", r1) != 0 {
+		t.Error("relay_up or shards_held not 0 after stop")
+	}
+	if find(t, reg, "outbox_relay_up", map[string]string{"relay": ""}) != nil {
+		t.Error("a series with an empty relay label")
+	}
+}
+
+// TestTwoRelaysOneRegistry: a second Metrics on the same registerer shares the collectors
+// and keeps its own series; a clash of labels panics with Prometheus's error.
+func TestTwoRelaysOneRegistry(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewRegistry()
+	a := New(Config{Registerer: reg, Broker: "kafka"})
+	b := New(Config{Registerer: reg, Broker: "kafka"})
+	a.Running("a", true)
+	b.Running("b", true)
+	a.PublishDone([]*outbox.Message{{Topic: "t"}}, nil, time.Now(), 0)
+	if value(t, reg, "outbox_published_total", map[string]string{"relay": "a", "broker": "kafka"}) != 1 ||
+		find(t, reg, "outbox_published_total", map[string]string{"relay": "b"}) != nil {
+		t.Error("relay a's publish not counted under a alone")
+	}
+	if value(t, reg, "outbox_relay_up", map[string]string{"relay": "b"}) != 1 {
+		t.Error("relay b not up")
+	}
+
+	clash := prometheus.NewRegistry()
+	clash.MustRegister(prometheus.NewCounter(prometheus.CounterOpts{Name: "outbox_published_total", Help: "another"}))
+	defer func() {
+		r := recover()
+		if err, ok := r.(error); !ok || !strings.Contains(err.Error(), "outbox_published_total") {
+			t.Errorf("want a panic naming the clashing metric, got %v", r)
+		}
+	}()
+	New(Config{Registerer: clash})
+}

@@ -1,0 +1,177 @@
+package outboxprom
+
+import (
+	"cmp"
+	"context"
+	"log/slog"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/outboxkit/outbox"
+)
+
+// Defaults for StatusConfig.
+const (
+	StatusTimeoutDefault = 5 * time.Second
+	StatusMaxAgeDefault  = time.Second
+)
+
+// maxTopics bounds the topics a StatusCollector remembers to report at zero.
+const maxTopics = 10_000
+
+// StatusConfig configures a StatusCollector. The zero value is usable.
+type StatusConfig struct {
+	// Timeout bounds one Admin.Status call. Defaults to StatusTimeoutDefault (5s); keep
+	// it under Prometheus's scrape timeout (10s by default).
+	Timeout time.Duration
+
+	// MaxAge is how long a snapshot answers scrapes before the next scrape reads a new
+	// one, so that several scrapers (or dashboards) cost the database one Status a
+	// MaxAge. -1 reads a snapshot for every scrape. Defaults to StatusMaxAgeDefault (1s).
+	MaxAge time.Duration
+
+	// ConstLabels are added to every metric. Optional.
+	ConstLabels prometheus.Labels
+
+	// Logger hears when Status starts failing (with the error) and when it recovers.
+	// Defaults to none: the failure shows only as outbox_status_up 0.
+	Logger *slog.Logger
+}
+
+// StatusCollector is a prometheus.Collector of an outbox's state, read with Admin.Status
+// when Prometheus scrapes: the pending, due, retrying and dead messages and the oldest
+// pending age per topic, the live relays and the leased shards. Register it once per
+// outbox, next to the relay's Metrics (every relay of an outbox reports the same figures:
+// aggregate them with max, not sum).
+//
+// A topic, once seen, is reported with zeros after its last message is gone (until the
+// process restarts), so that its series do not vanish from dashboards and alerts. When
+// Status fails or times out, the scrape still succeeds: outbox_status_up is 0 and the
+// other series are left out, never reported with stale values.
+//
+// StatusCollector is safe for concurrent use; concurrent scrapes share one Status call.
+type StatusCollector struct {
+	admin outbox.Admin
+	cfg   StatusConfig
+	now   func() time.Time
+
+	up, pending, due, retrying, dead, oldest *prometheus.Desc
+	relaysLive, shards, shardsLeased         *prometheus.Desc
+
+	mu     sync.Mutex // held during a Status call, so that concurrent scrapes wait for it
+	at     time.Time  // when snap or err was read; zero before the first read
+	snap   outbox.Status
+	err    error
+	topics map[string]bool
+}
+
+var _ prometheus.Collector = (*StatusCollector)(nil)
+
+// NewStatusCollector returns a collector that reads admin's Status on scrapes. Register
+// it with prometheus.Registerer.Register.
+func NewStatusCollector(admin outbox.Admin, c StatusConfig) *StatusCollector {
+	c.Timeout = cmp.Or(c.Timeout, StatusTimeoutDefault)
+	c.MaxAge = cmp.Or(c.MaxAge, StatusMaxAgeDefault)
+	desc := func(name, help string, labels ...string) *prometheus.Desc {
+		return prometheus.NewDesc(prometheus.BuildFQName("outbox", "", name), help, labels, c.ConstLabels)
+	}
+	return &StatusCollector{
+		admin: admin, cfg: c, now: time.Now, topics: map[string]bool{},
+		up:           desc("status_up", "1 when the last read of the outbox's status succeeded, 0 when it failed or timed out."),
+		pending:      desc("pending", "Messages not yet published and not dead, due or not.", "topic"),
+		due:          desc("due", "Pending messages due now (not waiting for a retry backoff or DeliverAt).", "topic"),
+		retrying:     desc("retrying", "Pending messages rejected at least once, waiting for or due for another attempt.", "topic"),
+		dead:         desc("dead", "Dead-lettered messages.", "topic"),
+		oldest:       desc("oldest_pending_age_seconds", "Age of the oldest pending message, from its created_at, in database time (0 when none is pending).", "topic"),
+		relaysLive:   desc("relays_live", "Relays with an unexpired heartbeat."),
+		shards:       desc("shards", "Shards the outbox is divided into."),
+		shardsLeased: desc("shards_leased", "Shards with an unexpired lease."),
+	}
+}
+
+// Describe implements prometheus.Collector.
+func (s *StatusCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{s.up, s.pending, s.due, s.retrying, s.dead, s.oldest, s.relaysLive, s.shards, s.shardsLeased} {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (s *StatusCollector) Collect(ch chan<- prometheus.Metric) {
+	st, topics, err := s.read()
+	if err != nil {
+		ch <- prometheus.MustNewConstMetric(s.up, prometheus.GaugeValue, 0)
+		return
+	}
+	ch <- prometheus.MustNewConstMetric(s.up, prometheus.GaugeValue, 1)
+	byTopic := make(map[string]outbox.TopicStatus, len(st.Topics))
+	for _, t := range st.Topics {
+		byTopic[t.Topic] = t
+	}
+	for _, name := range topics {
+		t := byTopic[name] // zero for a topic gone quiet
+		gauge := func(d *prometheus.Desc, v float64) {
+			ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, name)
+		}
+		gauge(s.pending, float64(t.Pending))
+		gauge(s.due, float64(t.Due))
+		gauge(s.retrying, float64(t.Retrying))
+		gauge(s.dead, float64(t.Dead))
+		gauge(s.oldest, t.OldestPendingAge.Seconds())
+	}
+	live := 0
+	for _, r := range st.Relays {
+		if r.Live {
+			live++
+		}
+	}
+	ch <- prometheus.MustNewConstMetric(s.relaysLive, prometheus.GaugeValue, float64(live))
+	ch <- prometheus.MustNewConstMetric(s.shards, prometheus.GaugeValue, float64(st.Shards))
+	ch <- prometheus.MustNewConstMetric(s.shardsLeased, prometheus.GaugeValue, float64(st.ShardsLeased))
+}
+
+// read returns a snapshot no older than MaxAge, reading a new one if needed, and the
+// topics to report, sorted.
+func (s *StatusCollector) read() (outbox.Status, []string, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.at.IsZero() || s.cfg.MaxAge < 0 || s.now().Sub(s.at) >= s.cfg.MaxAge {
+		ctx, cancel := context.WithTimeout(context.Background(), s.cfg.Timeout)
+		st, err := s.admin.Status(ctx)
+		cancel()
+		if log := s.cfg.Logger; log != nil {
+			switch {
+			case err != nil && (s.err == nil || s.at.IsZero()):
+				log.Warn("outbox status unavailable: outbox_status_up is 0 until it recovers", "err", err)
+			case err == nil && s.err != nil:
+				log.Info("outbox status available again")
+			}
+		}
+		s.snap, s.err, s.at = st, err, s.now()
+		if err == nil {
+			for _, t := range st.Topics {
+				if len(s.topics) < maxTopics {
+					s.topics[t.Topic] = true
+				}
+			}
+		}
+	}
+	if s.err != nil {
+		return outbox.Status{}, nil, s.err
+	}
+	topics := make([]string, 0, len(s.topics))
+	for t := range s.topics {
+		topics = append(topics, t)
+	}
+	// A topic over the limit is still reported while it has messages.
+	for _, t := range s.snap.Topics {
+		if !s.topics[t.Topic] {
+			topics = append(topics, t.Topic)
+		}
+	}
+	sort.Strings(topics)
+	return s.snap, topics, nil
+}

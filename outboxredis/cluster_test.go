@@ -1,0 +1,165 @@
+package outboxredis_test
+
+import (
+	"errors"
+	"fmt"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/outboxredis"
+)
+
+// startCluster starts a private Redis Cluster of three masters with one replica each,
+// and waits until every slot is served and every master's replica is online.
+func startCluster(t *testing.T) (masters, replicas []*server) {
+	t.Helper()
+	if _, err := exec.LookPath("redis-cli"); err != nil {
+		t.Fatalf("redis-cli is not installed (apt-get install redis-tools): %v", err)
+	}
+	var nodes []*server
+	args := []string{"--cluster", "create"}
+	for range 6 {
+		s := startServer(t, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+			"--cluster-port", freePort(t), "--cluster-node-timeout", "5000", "--repl-diskless-sync-delay", "0")
+		nodes = append(nodes, s)
+		args = append(args, s.Addr)
+	}
+	args = append(args, "--cluster-replicas", "1", "--cluster-yes")
+	if out, err := exec.Command("redis-cli", args...).CombinedOutput(); err != nil {
+		t.Fatalf("redis-cli %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	for _, s := range nodes {
+		c := newClient(t, s.Addr)
+		waitFor(t, "cluster_state:ok on "+s.Addr, func() bool {
+			return strings.Contains(c.ClusterInfo(ctxT(t, 5*time.Second)).Val(), "cluster_state:ok")
+		})
+		if info(t, c, "replication", "role") == "master" {
+			masters = append(masters, s)
+			waitFor(t, "the replica of "+s.Addr, func() bool {
+				return strings.Contains(info(t, c, "replication", "slave0"), "state=online")
+			})
+		} else {
+			replicas = append(replicas, s)
+		}
+	}
+	if len(masters) != 3 {
+		t.Fatalf("cluster has %d masters, want 3", len(masters))
+	}
+	return masters, replicas
+}
+
+// spread returns one message per stream "prefix0" ... "prefix<n-1>": streams in slots
+// of every master.
+func spread(prefix string, n int) []*outbox.Message {
+	batch := make([]*outbox.Message, n)
+	for i := range batch {
+		batch[i] = newMsg(fmt.Sprintf("%s%d", prefix, i), "k", []byte("x"))
+	}
+	return batch
+}
+
+func TestCluster(t *testing.T) {
+	t.Parallel()
+	masters, replicas := startCluster(t)
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{masters[0].Addr}, ContextTimeoutEnabled: true, ReadTimeout: time.Minute})
+	t.Cleanup(func() { _ = cc.Close() })
+	requireLen := func(t *testing.T, batch []*outbox.Message, want int64) {
+		t.Helper()
+		for _, m := range batch {
+			if n := cc.XLen(ctxT(t, 5*time.Second), m.Topic).Val(); n != want {
+				t.Errorf("stream %s holds %d entries, want %d", m.Topic, n, want)
+			}
+		}
+	}
+
+	t.Run("Pipelined", func(t *testing.T) {
+		pub, err := outboxredis.New(cc, outboxredis.Config{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		batch := spread("pipelined-", 60)
+		requireNoErrs(t, pub.Publish(ctxT(t, 10*time.Second), batch))
+		requireLen(t, batch, 1)
+	})
+
+	t.Run("DedupWindow", func(t *testing.T) {
+		pub, err := outboxredis.New(cc, outboxredis.Config{DedupWindow: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Plain names, names with a hash tag, and a "{" without a tag.
+		batch := append(spread("dedup-", 30), spread("tag{dedup}-", 5)...)
+		batch = append(batch, spread("open{-", 5)...)
+		requireNoErrs(t, pub.Publish(ctxT(t, 10*time.Second), batch))
+		requireNoErrs(t, pub.Publish(ctxT(t, 10*time.Second), batch)) // the retry: no second entries
+		requireLen(t, batch, 1)
+
+		// A "}" without a hash tag: the marker cannot share the stream's slot.
+		var odd *outbox.Message
+		for _, m := range spread("close}-", 20) {
+			marker := m.Topic + outboxredis.DedupMarkerInfix + m.DedupKey
+			if cc.ClusterKeySlot(ctxT(t, 5*time.Second), m.Topic).Val() != cc.ClusterKeySlot(ctxT(t, 5*time.Second), marker).Val() {
+				odd = m
+				break
+			}
+		}
+		if odd == nil {
+			t.Fatal("no stream name whose marker is in another slot")
+		}
+		errs := pub.Publish(ctxT(t, 10*time.Second), []*outbox.Message{odd})
+		if len(errs) != 1 || errs[0] == nil || outbox.IsOutage(errs[0]) || !strings.Contains(errs[0].Error(), "CROSSSLOT") {
+			t.Errorf("stream %q: %v, want a CROSSSLOT rejection", odd.Topic, errs)
+		}
+	})
+
+	t.Run("WaitReplicas", func(t *testing.T) {
+		// A long WaitTimeout (and read timeout): replicas that can acknowledge must, however
+		// loaded the machine. The master without a replica makes the second Publish wait
+		// it out.
+		url := "redis://" + masters[0].Addr + "?addr=" + masters[1].Addr + "&read_timeout=1m"
+		pub, err := outboxredis.Dial(ctxT(t, 5*time.Second), url, outboxredis.Config{Cluster: true, WaitReplicas: 1, WaitTimeout: 10 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(pub.Close)
+		batch := spread("wait-", 60)
+		requireNoErrs(t, pub.Publish(ctxT(t, time.Minute), batch))
+		requireLen(t, batch, 1)
+
+		// One master loses its replica: only its streams fail, as outages.
+		var lonely string
+		for _, r := range replicas[:1] {
+			c := newClient(t, r.Addr)
+			host := info(t, c, "replication", "master_host")
+			lonely = host + ":" + info(t, c, "replication", "master_port")
+			r.Kill()
+		}
+		lc := newClient(t, lonely)
+		waitFor(t, "the master to lose its replica", func() bool { return info(t, lc, "replication", "connected_slaves") == "0" })
+		batch = spread("wait-", 60)
+		errs := pub.Publish(ctxT(t, time.Minute), batch)
+		if errs == nil {
+			t.Fatal("every message was confirmed, though one master has no replica")
+		}
+		for i, m := range batch {
+			master, err := cc.MasterForKey(ctxT(t, 5*time.Second), m.Topic)
+			if err != nil {
+				t.Fatal(err)
+			}
+			onLonely := master.Options().Addr == lonely
+			switch {
+			case onLonely && !errors.Is(errs[i], outboxredis.ErrNotReplicated):
+				t.Errorf("stream %s on %s: %v, want ErrNotReplicated", m.Topic, lonely, errs[i])
+			case onLonely && !outbox.IsOutage(errs[i]):
+				t.Errorf("stream %s: %v is not an outage", m.Topic, errs[i])
+			case !onLonely && errs[i] != nil:
+				t.Errorf("stream %s on %s, which has its replica: %v", m.Topic, master.Options().Addr, errs[i])
+			}
+		}
+	})
+}

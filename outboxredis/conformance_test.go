@@ -1,0 +1,81 @@
+package outboxredis_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/testproxy"
+	"github.com/outboxkit/outbox/outboxredis"
+	"github.com/outboxkit/outbox/outboxtest/conformance"
+)
+
+func TestConformance(t *testing.T) {
+	t.Parallel()
+	t.Run("XADD", func(t *testing.T) {
+		t.Parallel()
+		runConformance(t, outboxredis.Config{})
+	})
+	t.Run("DedupWindow", func(t *testing.T) {
+		t.Parallel()
+		runConformance(t, outboxredis.Config{DedupWindow: time.Minute})
+	})
+}
+
+// runConformance runs the suite with publishers made by Dial that reach the shared
+// server through a proxy the suite can cut.
+//
+// The suite routes every message to the destination by a template without placeholders,
+// but Redis refuses a message only for its stream (WRONGTYPE): so the publishers route by
+// dest + ".{aggregate_type}", the suite's messages (aggregate type "widget") land in the
+// stream dest + ".widget", which Read reads, and the refused message (aggregate type
+// "wrongtype") goes to dest + ".wrongtype", a string key.
+func runConformance(t *testing.T, cfg outboxredis.Config) {
+	direct := newClient(t, sharedAddr())
+	proxy := testproxy.New(t, sharedAddr())
+	conformance.Run(t, conformance.Broker{
+		Destination: func(t *testing.T) string { return uniqueStream(t, direct) },
+		Publisher: func(t *testing.T, route string) outbox.Publisher {
+			cfg := cfg
+			cfg.Route = route + ".{aggregate_type}"
+			// read_timeout: see newClient.
+			pub, err := outboxredis.Dial(ctxT(t, 5*time.Second), "redis://"+proxy.Addr()+"?read_timeout=1m", cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(pub.Close)
+			return pub
+		},
+		Read: func(t *testing.T, dest string, n int) []conformance.Received {
+			stream := dest + ".widget"
+			var es []outboxredis.Entry
+			for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+				es = entries(t, direct, stream)
+				if len(es) >= n || time.Now().After(deadline) {
+					break
+				}
+			}
+			out := make([]conformance.Received, len(es))
+			for i, e := range es {
+				out[i] = conformance.Received{
+					DedupID:     e.DedupKey(),
+					Key:         e.Headers[outbox.HeaderKey],
+					ContentType: e.Headers[outbox.HeaderContentType],
+					Headers:     e.Headers,
+					Payload:     e.Payload,
+				}
+			}
+			return out
+		},
+		Reject: func(t *testing.T, dest string) *outbox.Message {
+			if err := direct.Set(ctxT(t, 5*time.Second), dest+".wrongtype", "not a stream", 0).Err(); err != nil {
+				t.Fatal(err)
+			}
+			m := newMsg("conformance", "rejected", []byte(`{}`))
+			m.AggregateType = "wrongtype"
+			return m
+		},
+		Cut:     func(t *testing.T) { proxy.Cut() },
+		Restore: func(t *testing.T) { proxy.Restore(t) },
+	})
+}

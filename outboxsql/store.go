@@ -1,0 +1,248 @@
+package outboxsql
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"time"
+
+	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/pgsql"
+)
+
+// This file is the relay's side of the driver (outbox.Store). The statements are
+// pgsql's, the same text outboxpgx runs, so the two drivers claim, fence and record
+// outcomes identically and can even serve relays of one outbox side by side. Array
+// parameters travel as PostgreSQL array literals (pgsql.IntArray, pgsql.TextArray),
+// which every database/sql driver binds as a plain string.
+
+// Fetch implements outbox.Store.
+func (d *Driver) Fetch(ctx context.Context, req outbox.FetchRequest) ([]*outbox.Message, error) {
+	if err := d.needDB(); err != nil {
+		return nil, err
+	}
+	shards := make([]int, len(req.Leases))
+	for i, l := range req.Leases {
+		shards[i] = l.Shard
+	}
+	var query string
+	var args []any
+	if req.After > 0 {
+		held, err := pgsql.HeldKeys(req.Held())
+		if err != nil {
+			return nil, err
+		}
+		query, args = d.fetchAfterSQL, []any{req.RelayID, pgsql.IntArray(shards), req.After, req.Limit, held}
+	} else {
+		query, args = d.fetchSQL, []any{req.RelayID, pgsql.IntArray(shards), pgsql.IntArray(req.Exclude), req.Limit}
+	}
+	msgs, err := queryNoJIT(ctx, d.db, query, args, func(rows *sql.Rows) (*outbox.Message, error) {
+		m := &outbox.Message{}
+		return m, scanMessage(rows, m)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("fetch: %w", err)
+	}
+	return msgs, nil
+}
+
+// queryNoJIT runs one relay statement with JIT compilation off, in a transaction of its
+// own: BEGIN, SET LOCAL jit = off, the statement, COMMIT.
+//
+// The planner cannot know that a fetch stops after Limit rows of a short pending index,
+// so on a large backlog, or before the table has statistics, its cost estimate crosses
+// jit_above_cost and compiling takes hundreds of milliseconds for a query that runs in a
+// few. outboxpgx sends set_config('jit', 'off', true) and the statement in one batch, one
+// round trip; database/sql cannot batch a parameterised statement with another. Folding
+// set_config into the statement itself would not work: PostgreSQL decides on JIT when it
+// plans the statement, before anything in it runs. A session-wide SET would leak into the
+// caller's pool, which is often the application's own. So the setting is SET LOCAL in a
+// transaction that ends with the statement, at the price of three more round trips per
+// fetch and per outcome batch: well under a millisecond on a local network, against the
+// hundreds that one compilation costs.
+func queryNoJIT[T any](ctx context.Context, db *sql.DB, query string, args []any, scan func(*sql.Rows) (T, error)) ([]T, error) {
+	var out []T
+	err := withTx(ctx, db, nil, func(tx *sql.Tx) error {
+		if _, err := tx.ExecContext(ctx, pgsql.NoJIT); err != nil {
+			return err
+		}
+		var err error
+		out, err = collect(ctx, tx, query, args, scan)
+		return err
+	})
+	return out, err
+}
+
+// withTx runs fn in a transaction of db, committing when fn returns nil.
+func withTx(ctx context.Context, db *sql.DB, opts *sql.TxOptions, fn func(*sql.Tx) error) error {
+	tx, err := db.BeginTx(ctx, opts)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback() }() // a no-op after Commit
+	if err := fn(tx); err != nil {
+		return err
+	}
+	return tx.Commit()
+}
+
+// querier is what *sql.DB and *sql.Tx share for queries.
+type querier interface {
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+}
+
+// collect runs query and returns scan's result for every row, like pgx.CollectRows.
+func collect[T any](ctx context.Context, q querier, query string, args []any, scan func(*sql.Rows) (T, error)) ([]T, error) {
+	rows, err := q.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []T
+	for rows.Next() {
+		v, err := scan(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, v)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return out, rows.Close()
+}
+
+func scanInt64(rows *sql.Rows) (int64, error) {
+	var v int64
+	err := rows.Scan(&v)
+	return v, err
+}
+
+// scanMessage scans the columns of pgsql.ReadColumns into m, then extra. The id comes as
+// the text of a uuid (pgx's stdlib hands a uuid over as a string, lib/pq as its text)
+// and the headers as the text of a JSON object.
+func scanMessage(rows *sql.Rows, m *outbox.Message, extra ...any) error {
+	var id string
+	var headers sql.RawBytes
+	dest := append([]any{&m.Seq, &id, &m.Topic, &m.Key, &m.AggregateType, &m.EventType, &m.ContentType, &m.Payload,
+		&headers, &m.DedupKey, &m.Shard, &m.CreatedAt, &m.Attempts, &m.LastError}, extra...)
+	if err := rows.Scan(dest...); err != nil {
+		return err
+	}
+	var err error
+	if m.ID, err = outbox.ParseID(id); err != nil {
+		return fmt.Errorf("message %d: %w", m.Seq, err)
+	}
+	if m.Payload == nil {
+		m.Payload = []byte{} // the column is NOT NULL; a driver may hand an empty bytea over as nil
+	}
+	m.Headers, err = pgsql.DecodeHeaders(m.Seq, headers)
+	return err
+}
+
+// Complete implements outbox.Store in one statement.
+func (d *Driver) Complete(ctx context.Context, c outbox.Completion) ([]int64, error) {
+	if err := d.needDB(); err != nil {
+		return nil, err
+	}
+	a := pgsql.NewCompleteArgs(c)
+	args := []any{c.RelayID, pgsql.IntArray(a.Tokens), pgsql.IntArray(a.Published),
+		pgsql.IntArray(a.RetrySeqs), pgsql.TextArray(a.RetryErrors), pgsql.IntArray(a.RetryDelayMillis),
+		pgsql.IntArray(a.DeadSeqs), pgsql.TextArray(a.DeadErrors)}
+	applied, err := queryNoJIT(ctx, d.db, d.completeSQL, args, scanInt64)
+	if err != nil {
+		return nil, fmt.Errorf("record outcomes: %w", err)
+	}
+	return pgsql.Refused(c, applied), nil
+}
+
+// DeletePublished implements outbox.Store: it deletes up to limit published messages
+// older than olderThan, and up to limit dedup keys of that age whose message is neither
+// pending nor dead, and returns how many rows it deleted.
+func (d *Driver) DeletePublished(ctx context.Context, olderThan time.Duration, limit int) (int, error) {
+	if err := d.needDB(); err != nil {
+		return 0, err
+	}
+	res, err := d.db.ExecContext(ctx, d.deleteSQL, olderThan.Seconds(), limit)
+	if err != nil {
+		return 0, fmt.Errorf("delete published: %w", err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return 0, fmt.Errorf("delete published: %w", err)
+	}
+	res, err = d.db.ExecContext(ctx, d.deleteDedupSQL, olderThan.Seconds(), limit)
+	if err != nil {
+		return int(n), fmt.Errorf("delete expired dedup keys: %w", err)
+	}
+	keys, err := res.RowsAffected()
+	if err != nil {
+		return int(n), fmt.Errorf("delete expired dedup keys: %w", err)
+	}
+	return int(n + keys), nil
+}
+
+// SyncLeases implements outbox.Store in one transaction.
+func (d *Driver) SyncLeases(ctx context.Context, req outbox.LeaseRequest) (outbox.LeaseState, error) {
+	if err := d.needDB(); err != nil {
+		return outbox.LeaseState{}, err
+	}
+	var st outbox.LeaseState
+	err := withTx(ctx, d.db, nil, func(tx *sql.Tx) error {
+		n := d.names
+		exec := func(query string, args ...any) error {
+			_, err := tx.ExecContext(ctx, query, args...)
+			return err
+		}
+		ttl := req.TTL.Milliseconds()
+		if len(req.Release) > 0 {
+			if err := exec(n.LeaseRelease(), req.RelayID, pgsql.IntArray(pgsql.Tokens(req.Release))); err != nil {
+				return err
+			}
+		}
+		if req.TTL <= 0 { // leaving
+			return exec(n.LeaseForgetRelay(), req.RelayID)
+		}
+		if err := exec(n.LeaseHeartbeat(), req.RelayID, req.Hostname, req.PID, ttl); err != nil {
+			return err
+		}
+		if err := exec(n.LeasePruneRelays()); err != nil {
+			return err
+		}
+		if len(req.Held) > 0 {
+			if err := exec(n.LeaseRenew(), req.RelayID, ttl, pgsql.IntArray(pgsql.Tokens(req.Held))); err != nil {
+				return err
+			}
+		}
+		held, err := d.held(ctx, tx, req.RelayID)
+		if err != nil {
+			return err
+		}
+		if err := tx.QueryRowContext(ctx, n.LeaseCounts()).Scan(&st.Shards, &st.Live); err != nil {
+			return err
+		}
+		st.Target = (st.Shards + max(st.Live, 1) - 1) / max(st.Live, 1)
+		if want := st.Target - len(held); want > 0 {
+			if err := exec(n.LeaseAcquire(), req.RelayID, ttl, want); err != nil {
+				return err
+			}
+			if held, err = d.held(ctx, tx, req.RelayID); err != nil {
+				return err
+			}
+		}
+		st.Held = held
+		return nil
+	})
+	if err != nil {
+		return outbox.LeaseState{}, fmt.Errorf("sync leases: %w", err)
+	}
+	return st, nil
+}
+
+func (d *Driver) held(ctx context.Context, tx *sql.Tx, relayID string) ([]outbox.Lease, error) {
+	return collect(ctx, tx, d.names.LeaseHeld(), []any{relayID}, func(rows *sql.Rows) (outbox.Lease, error) {
+		var l outbox.Lease
+		err := rows.Scan(&l.Shard, &l.Token)
+		return l, err
+	})
+}

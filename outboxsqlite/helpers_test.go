@@ -1,0 +1,89 @@
+package outboxsqlite_test
+
+import (
+	"context"
+	"database/sql"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/outboxsqlite"
+)
+
+// testBundle is one test's outbox: a fresh database file, migrated, with a driver and a
+// writer on it.
+type testBundle struct {
+	path string
+	db   *sql.DB
+	drv  *outboxsqlite.Driver
+	w    *outbox.Writer[*sql.Tx]
+}
+
+// setup returns a bundle on a fresh, migrated database file.
+func setup(t testing.TB) *testBundle {
+	t.Helper()
+	b := open(t, filepath.Join(t.TempDir(), "outbox.db"))
+	if _, err := b.drv.MigrateUp(ctx(t), 0); err != nil {
+		t.Fatalf("migrate: %v", err)
+	}
+	return b
+}
+
+// open opens path (a second open of one file stands for a second process) with a driver
+// and a writer, not migrated.
+func open(t testing.TB, path string) *testBundle {
+	t.Helper()
+	db, err := outboxsqlite.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = db.Close() })
+	drv, err := outboxsqlite.New(db, outboxsqlite.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := outbox.NewWriter(drv, outbox.WriterConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &testBundle{path: path, db: db, drv: drv, w: w}
+}
+
+func ctx(t testing.TB) context.Context {
+	c, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	return c
+}
+
+// inTx runs fn in a transaction of db, committing when it returns nil.
+func inTx(ctx context.Context, db *sql.DB, fn func(*sql.Tx) error) error {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	if err := fn(tx); err != nil {
+		return err
+	}
+	return tx.Commit()
+}
+
+// write commits msgs in one transaction.
+func (b *testBundle) write(t testing.TB, msgs ...outbox.Message) {
+	t.Helper()
+	c := ctx(t)
+	if err := inTx(c, b.db, func(tx *sql.Tx) error { return b.w.Write(c, tx, msgs...) }); err != nil {
+		t.Fatalf("write: %v", err)
+	}
+}
+
+func logger() *slog.Logger {
+	if os.Getenv("OUTBOX_TEST_LOG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return slog.New(slog.NewTextHandler(io.Discard, nil))
+}

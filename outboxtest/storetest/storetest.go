@@ -1,0 +1,589 @@
+// Package storetest is the test suite every outbox store must pass, run against its real
+// database. The stores of this module run it in their tests (outboxpgx, outboxsql,
+// outboxsqlite, outboxmysql); a new store proves itself the same way:
+//
+//	func TestStoreConformance(t *testing.T) {
+//		storetest.Run(t, func(t *testing.T) storetest.Outbox { ... a fresh, migrated outbox ... })
+//	}
+//
+// It drives the outbox.Store seam directly, as a relay does, and then runs relays on
+// it: write and rollback visibility, shard leases and their takeover in database time,
+// fencing of a relay that lost its lease, per-key order and blocking, retries with
+// backoff, dead letters and their replay, dedup keys, and retention.
+package storetest
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/outboxtest"
+)
+
+// Outbox is one fresh, migrated, empty outbox, as a store's test gives it to the suite.
+type Outbox struct {
+	// Store is the store under test. It must implement outbox.Admin too.
+	Store outbox.Store
+
+	// Write writes msgs in one new transaction with the store's write driver, and
+	// commits it, or rolls it back when rollback is set. It returns Write's error (a
+	// *outbox.DuplicateError leaves the transaction usable: Write commits it anyway).
+	Write func(ctx context.Context, msgs []outbox.Message, rollback bool) error
+
+	// WriteSavepoint writes kept in a transaction, then rolledBack inside a savepoint
+	// that it rolls back, then commits. Nil skips the savepoint test.
+	WriteSavepoint func(ctx context.Context, kept, rolledBack []outbox.Message) error
+}
+
+// Run runs the suite as subtests of t. open returns a fresh outbox for each subtest.
+func Run(t *testing.T, open func(t *testing.T) Outbox) {
+	tests := []struct {
+		name string
+		fn   func(t *testing.T, o Outbox)
+	}{
+		{"CommitVisibleRollbackNot", commitVisibleRollbackNot},
+		{"SavepointRollback", savepointRollback},
+		{"FetchOrderAndLimit", fetchOrderAndLimit},
+		{"FetchOnlyHeldShards", fetchOnlyHeldShards},
+		{"FetchContinuation", fetchContinuation},
+		{"LeasesFairShare", leasesFairShare},
+		{"LeaseTakeoverInDatabaseTime", leaseTakeover},
+		{"FencedComplete", fencedComplete},
+		{"RetryBackoffBlocksKey", retryBackoffBlocksKey},
+		{"DeliverAtBlocksKey", deliverAtBlocksKey},
+		{"DeadLetterAndReplay", deadLetterAndReplay},
+		{"DedupKey", dedupKey},
+		{"Retention", retention},
+		{"RelaysDrainInOrder", relaysDrainInOrder},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			o := open(t)
+			if _, ok := o.Store.(outbox.Admin); !ok {
+				t.Fatalf("%T does not implement outbox.Admin", o.Store)
+			}
+			tc.fn(t, o)
+		})
+	}
+}
+
+func ctxT(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func msgs(topic string, keys, perKey int) []outbox.Message {
+	var out []outbox.Message
+	for i := range perKey {
+		for k := range keys {
+			key := "k" + strconv.Itoa(k)
+			out = append(out, outbox.Message{Topic: topic, Key: key, EventType: "e",
+				Payload: fmt.Appendf(nil, `{"key":%q,"n":%d}`, key, i)})
+		}
+	}
+	return out
+}
+
+func write(t *testing.T, o Outbox, ms []outbox.Message) {
+	t.Helper()
+	if err := o.Write(ctxT(t), ms, false); err != nil {
+		t.Fatalf("write: %v", err)
+	}
+}
+
+func sync(t *testing.T, o Outbox, relay string, ttl time.Duration, held, release []outbox.Lease) outbox.LeaseState {
+	t.Helper()
+	st, err := o.Store.SyncLeases(ctxT(t), outbox.LeaseRequest{RelayID: relay, Hostname: "test", PID: 1, TTL: ttl, Held: held, Release: release})
+	if err != nil {
+		t.Fatalf("SyncLeases(%s): %v", relay, err)
+	}
+	return st
+}
+
+func fetch(t *testing.T, o Outbox, relay string, leases []outbox.Lease, req outbox.FetchRequest) []*outbox.Message {
+	t.Helper()
+	req.RelayID, req.Leases = relay, leases
+	if req.Limit == 0 {
+		req.Limit = 10_000
+	}
+	got, err := o.Store.Fetch(ctxT(t), req)
+	if err != nil {
+		t.Fatalf("Fetch: %v", err)
+	}
+	return got
+}
+
+func complete(t *testing.T, o Outbox, relay string, c outbox.Completion) []int64 {
+	t.Helper()
+	c.RelayID = relay
+	refused, err := o.Store.Complete(ctxT(t), c)
+	if err != nil {
+		t.Fatalf("Complete: %v", err)
+	}
+	return refused
+}
+
+// tokenOf returns the token of shard's lease among leases.
+func tokenOf(t *testing.T, leases []outbox.Lease, shard int) int64 {
+	t.Helper()
+	for _, l := range leases {
+		if l.Shard == shard {
+			return l.Token
+		}
+	}
+	t.Fatalf("no lease on shard %d among %v", shard, leases)
+	return 0
+}
+
+func published(t *testing.T, o Outbox, leases []outbox.Lease, ms ...*outbox.Message) outbox.Completion {
+	var c outbox.Completion
+	for _, m := range ms {
+		c.Published = append(c.Published, outbox.Outcome{Seq: m.Seq, Token: tokenOf(t, leases, m.Shard)})
+	}
+	return c
+}
+
+func payloads(ms []*outbox.Message) []string {
+	out := make([]string, len(ms))
+	for i, m := range ms {
+		out[i] = string(m.Payload)
+	}
+	return out
+}
+
+func status(t *testing.T, o Outbox) outbox.Status {
+	t.Helper()
+	st, err := o.Store.(outbox.Admin).Status(ctxT(t))
+	if err != nil {
+		t.Fatalf("Status: %v", err)
+	}
+	return st
+}
+
+const ttl = 30 * time.Second
+
+func commitVisibleRollbackNot(t *testing.T, o Outbox) {
+	committed := msgs("c", 3, 2)
+	write(t, o, committed)
+	if err := o.Write(ctxT(t), msgs("r", 3, 2), true); err != nil {
+		t.Fatalf("write to roll back: %v", err)
+	}
+	st := sync(t, o, "r1", ttl, nil, nil)
+	got := fetch(t, o, "r1", st.Held, outbox.FetchRequest{})
+	if len(got) != len(committed) {
+		t.Fatalf("fetched %d messages, want the %d committed: %v", len(got), len(committed), payloads(got))
+	}
+	for i, m := range got {
+		if m.Topic != "c" {
+			t.Errorf("a rolled-back message was fetched: %+v", m)
+		}
+		if m.ID.IsZero() || m.DedupKey == "" || m.CreatedAt.IsZero() || m.ContentType != outbox.ContentTypeJSON {
+			t.Errorf("message %d lacks what the store fills: %+v", i, m)
+		}
+		if m.Shard < 0 || m.Shard >= st.Shards {
+			t.Errorf("message %d on shard %d of %d", i, m.Shard, st.Shards)
+		}
+	}
+	if s := status(t, o); s.Pending != int64(len(committed)) {
+		t.Errorf("status pending = %d, want %d", s.Pending, len(committed))
+	}
+}
+
+func savepointRollback(t *testing.T, o Outbox) {
+	if o.WriteSavepoint == nil {
+		t.Skip("no savepoint writer")
+	}
+	if err := o.WriteSavepoint(ctxT(t), msgs("kept", 2, 1), msgs("gone", 2, 1)); err != nil {
+		t.Fatal(err)
+	}
+	st := sync(t, o, "r1", ttl, nil, nil)
+	got := fetch(t, o, "r1", st.Held, outbox.FetchRequest{})
+	if len(got) != 2 || got[0].Topic != "kept" || got[1].Topic != "kept" {
+		t.Fatalf("fetched %v, want the two messages outside the rolled-back savepoint", payloads(got))
+	}
+}
+
+func fetchOrderAndLimit(t *testing.T, o Outbox) {
+	in := msgs("t", 5, 4)
+	in[3].Headers = map[string]string{"traceparent": "00-abc-def-01", "X-A": "b"}
+	in[3].AggregateType = "agg"
+	in[3].ContentType = "text/plain"
+	in[3].Payload = []byte("plain text")
+	write(t, o, in)
+	st := sync(t, o, "r1", ttl, nil, nil)
+	got := fetch(t, o, "r1", st.Held, outbox.FetchRequest{})
+	if len(got) != len(in) {
+		t.Fatalf("fetched %d, want %d", len(got), len(in))
+	}
+	for i := 1; i < len(got); i++ {
+		if got[i].Seq <= got[i-1].Seq {
+			t.Fatalf("not in seq order: %d after %d", got[i].Seq, got[i-1].Seq)
+		}
+	}
+	for i, m := range got {
+		if string(m.Payload) != string(in[i].Payload) || m.Key != in[i].Key {
+			t.Fatalf("message %d: %q key %q, want %q key %q (write order)", i, m.Payload, m.Key, in[i].Payload, in[i].Key)
+		}
+	}
+	m := got[3]
+	if m.Headers["traceparent"] != "00-abc-def-01" || m.Headers["X-A"] != "b" || m.AggregateType != "agg" || m.ContentType != "text/plain" || m.EventType != "e" {
+		t.Errorf("fields did not round-trip: %+v", m)
+	}
+	if lim := fetch(t, o, "r1", st.Held, outbox.FetchRequest{Limit: 7}); len(lim) != 7 || lim[0].Seq != got[0].Seq {
+		t.Errorf("Limit 7 fetched %d", len(lim))
+	}
+	excl := []int64{got[0].Seq, got[1].Seq}
+	rest := fetch(t, o, "r1", st.Held, outbox.FetchRequest{Exclude: excl})
+	if len(rest) != len(got)-2 || slices.Contains(excl, rest[0].Seq) {
+		t.Errorf("Exclude: fetched %d starting at seq %d", len(rest), rest[0].Seq)
+	}
+}
+
+func fetchOnlyHeldShards(t *testing.T, o Outbox) {
+	write(t, o, msgs("t", 50, 1))
+	st := sync(t, o, "r1", ttl, nil, nil)
+	all := fetch(t, o, "r1", st.Held, outbox.FetchRequest{})
+	some := all[0].Shard
+	var one []outbox.Lease
+	for _, l := range st.Held {
+		if l.Shard == some {
+			one = append(one, l)
+		}
+	}
+	for _, m := range fetch(t, o, "r1", one, outbox.FetchRequest{}) {
+		if m.Shard != some {
+			t.Fatalf("fetched a message of shard %d with a lease on shard %d only", m.Shard, some)
+		}
+	}
+	if got := fetch(t, o, "other", st.Held, outbox.FetchRequest{}); len(got) != 0 {
+		t.Fatalf("a relay fetched %d messages with leases it does not hold", len(got))
+	}
+}
+
+func fetchContinuation(t *testing.T, o Outbox) {
+	write(t, o, msgs("t", 3, 2)) // k0 k1 k2 k0 k1 k2
+	st := sync(t, o, "r1", ttl, nil, nil)
+	all := fetch(t, o, "r1", st.Held, outbox.FetchRequest{})
+	after := all[2].Seq // the relay holds the first three, one per key
+	if got := fetch(t, o, "r1", st.Held, outbox.FetchRequest{After: after}); len(got) != 0 {
+		t.Fatalf("continuation without Keys returned %v: their keys have older pending messages", payloads(got))
+	}
+	got := fetch(t, o, "r1", st.Held, outbox.FetchRequest{After: after, Keys: []string{"k1"}, KeySeqs: []int64{all[1].Seq}})
+	if len(got) != 1 || got[0].Key != "k1" || got[0].Seq <= after {
+		t.Fatalf("continuation with k1 held returned %v, want k1's second message", payloads(got))
+	}
+	write(t, o, []outbox.Message{{Topic: "t", Key: "fresh", Payload: []byte(`{}`)}})
+	got = fetch(t, o, "r1", st.Held, outbox.FetchRequest{After: after})
+	if len(got) != 1 || got[0].Key != "fresh" {
+		t.Fatalf("continuation returned %v, want the new key's message", payloads(got))
+	}
+
+	// The relay holds k2's first message, but k2 has another pending message at or below
+	// the cursor that the relay does not hold (a transaction that committed after the
+	// fetch that set the cursor): k2's newer messages must wait for it.
+	write(t, o, []outbox.Message{{Topic: "t", Key: "k2", Payload: []byte(`{"late":true}`)}})
+	later := fetch(t, o, "r1", st.Held, outbox.FetchRequest{})
+	cursor := later[len(later)-1].Seq
+	write(t, o, []outbox.Message{{Topic: "t", Key: "k2", Payload: []byte(`{"newest":true}`)}})
+	k2 := []string{"k2"}
+	if got := fetch(t, o, "r1", st.Held, outbox.FetchRequest{After: cursor, Keys: k2, KeySeqs: []int64{all[2].Seq}}); len(got) != 0 {
+		t.Fatalf("continuation returned %v past k2's pending messages the relay does not hold", payloads(got))
+	}
+	if got := fetch(t, o, "r1", st.Held, outbox.FetchRequest{After: cursor, Keys: k2, KeySeqs: []int64{cursor}}); len(got) != 1 || string(got[0].Payload) != `{"newest":true}` {
+		t.Fatalf("continuation with every older k2 message held returned %v, want the newest", payloads(got))
+	}
+}
+
+func leasesFairShare(t *testing.T, o Outbox) {
+	a := sync(t, o, "a", ttl, nil, nil)
+	if a.Shards < 2 || len(a.Held) != a.Shards || a.Live != 1 || a.Target != a.Shards {
+		t.Fatalf("a lone relay got %+v, want every shard", a)
+	}
+	b := sync(t, o, "b", ttl, nil, nil)
+	if b.Live != 2 || b.Target != (a.Shards+1)/2 || len(b.Held) != 0 {
+		t.Fatalf("second relay got %+v, want target half and nothing held while a holds all", b)
+	}
+	a = sync(t, o, "a", ttl, a.Held, a.Held[:a.Shards/2])
+	if len(a.Held) != a.Shards-a.Shards/2 || a.Target != (a.Shards+1)/2 {
+		t.Fatalf("after releasing half, a holds %d (target %d)", len(a.Held), a.Target)
+	}
+	b = sync(t, o, "b", ttl, nil, nil)
+	if len(b.Held) != a.Shards/2 {
+		t.Fatalf("b holds %d after a released %d", len(b.Held), a.Shards/2)
+	}
+	for _, l := range b.Held {
+		if slices.ContainsFunc(a.Held, func(x outbox.Lease) bool { return x.Shard == l.Shard }) {
+			t.Fatalf("shard %d held by both relays", l.Shard)
+		}
+	}
+	// A relay that leaves (TTL 0) gives everything back.
+	sync(t, o, "a", 0, nil, a.Held)
+	b = sync(t, o, "b", ttl, b.Held, nil)
+	if b.Live != 1 || len(b.Held) != b.Shards {
+		t.Fatalf("after a left, b holds %d of %d (live %d)", len(b.Held), b.Shards, b.Live)
+	}
+}
+
+func leaseTakeover(t *testing.T, o Outbox) {
+	short := 1500 * time.Millisecond
+	a := sync(t, o, "a", short, nil, nil)
+	b := sync(t, o, "b", ttl, nil, nil)
+	if len(b.Held) != 0 {
+		t.Fatalf("b took %d shards from a live relay", len(b.Held))
+	}
+	time.Sleep(short + 500*time.Millisecond) // a stops renewing: its leases and heartbeat expire
+	b = sync(t, o, "b", ttl, nil, nil)
+	if len(b.Held) != b.Shards || b.Live != 1 {
+		t.Fatalf("after a's leases expired, b holds %d of %d (live %d)", len(b.Held), b.Shards, b.Live)
+	}
+	for _, l := range b.Held {
+		if l.Token <= tokenOf(t, a.Held, l.Shard) {
+			t.Fatalf("shard %d taken over with token %d, not above a's %d", l.Shard, l.Token, tokenOf(t, a.Held, l.Shard))
+		}
+	}
+	if again := sync(t, o, "a", short, a.Held, nil); len(again.Held) != 0 {
+		t.Fatalf("a renewed %d leases that b owns now", len(again.Held))
+	}
+}
+
+func fencedComplete(t *testing.T, o Outbox) {
+	write(t, o, msgs("t", 4, 1))
+	short := 1500 * time.Millisecond
+	a := sync(t, o, "a", short, nil, nil)
+	got := fetch(t, o, "a", a.Held, outbox.FetchRequest{})
+	time.Sleep(short + 500*time.Millisecond)
+	b := sync(t, o, "b", ttl, nil, nil)
+	// a, paused past its lease, comes back and records its outcomes: refused.
+	c := published(t, o, a.Held, got[0], got[1])
+	c.Failed = []outbox.Failure{{Outcome: outbox.Outcome{Seq: got[2].Seq, Token: tokenOf(t, a.Held, got[2].Shard)}, Error: "late", Delay: time.Hour}}
+	refused := complete(t, o, "a", c)
+	slices.Sort(refused)
+	want := []int64{got[0].Seq, got[1].Seq, got[2].Seq}
+	if !slices.Equal(refused, want) {
+		t.Fatalf("a's late outcomes: refused %v, want %v", refused, want)
+	}
+	again := fetch(t, o, "b", b.Held, outbox.FetchRequest{})
+	if len(again) != 4 || again[2].Attempts != 0 {
+		t.Fatalf("after the refused outcomes b fetched %d (attempts of the third %d), want all 4 untouched", len(again), again[2].Attempts)
+	}
+	if refused := complete(t, o, "b", published(t, o, b.Held, again...)); len(refused) != 0 {
+		t.Fatalf("b's outcomes refused: %v", refused)
+	}
+	if rest := fetch(t, o, "b", b.Held, outbox.FetchRequest{}); len(rest) != 0 {
+		t.Fatalf("%d messages still pending after b published them", len(rest))
+	}
+	if s := status(t, o); s.Pending != 0 || s.Published != 4 {
+		t.Fatalf("status %+v, want 0 pending and 4 published", s)
+	}
+}
+
+func retryBackoffBlocksKey(t *testing.T, o Outbox) {
+	write(t, o, msgs("t", 2, 2)) // k0 k1 k0 k1
+	st := sync(t, o, "r1", ttl, nil, nil)
+	got := fetch(t, o, "r1", st.Held, outbox.FetchRequest{})
+	k0 := got[0]
+	fail := outbox.Failure{Outcome: outbox.Outcome{Seq: k0.Seq, Token: tokenOf(t, st.Held, k0.Shard)}, Error: "broker said no", Delay: 2 * time.Second}
+	if refused := complete(t, o, "r1", outbox.Completion{Failed: []outbox.Failure{fail}}); len(refused) != 0 {
+		t.Fatalf("refused %v", refused)
+	}
+	now := fetch(t, o, "r1", st.Held, outbox.FetchRequest{})
+	for _, m := range now {
+		if m.Key == "k0" {
+			t.Fatalf("key k0 fetched (%q) while its first message backs off", m.Payload)
+		}
+	}
+	if len(now) != 2 {
+		t.Fatalf("fetched %v, want k1's two messages", payloads(now))
+	}
+	if s := status(t, o); s.Retrying != 1 || s.Delayed < 1 {
+		t.Errorf("status %+v, want 1 retrying and at least 1 delayed", s)
+	}
+	time.Sleep(2500 * time.Millisecond)
+	later := fetch(t, o, "r1", st.Held, outbox.FetchRequest{})
+	if len(later) != 4 || later[0].Seq != k0.Seq || later[0].Attempts != 1 || later[0].LastError != "broker said no" {
+		t.Fatalf("after the backoff: %d fetched, first %+v; want k0's message first with 1 attempt and its error", len(later), later[0])
+	}
+}
+
+func deliverAtBlocksKey(t *testing.T, o Outbox) {
+	in := msgs("t", 2, 2)
+	in[0].DeliverAt = time.Now().Add(2 * time.Second) // k0's first
+	write(t, o, in)
+	st := sync(t, o, "r1", ttl, nil, nil)
+	got := fetch(t, o, "r1", st.Held, outbox.FetchRequest{})
+	if len(got) != 2 || got[0].Key != "k1" || got[1].Key != "k1" {
+		t.Fatalf("fetched %v, want only k1's messages while k0's first waits for DeliverAt", payloads(got))
+	}
+	time.Sleep(2500 * time.Millisecond)
+	if got := fetch(t, o, "r1", st.Held, outbox.FetchRequest{}); len(got) != 4 {
+		t.Fatalf("after DeliverAt: fetched %d, want 4", len(got))
+	}
+}
+
+func deadLetterAndReplay(t *testing.T, o Outbox) {
+	write(t, o, msgs("poison", 1, 2))
+	st := sync(t, o, "r1", ttl, nil, nil)
+	got := fetch(t, o, "r1", st.Held, outbox.FetchRequest{})
+	first := got[0]
+	dead := outbox.Failure{Outcome: outbox.Outcome{Seq: first.Seq, Token: tokenOf(t, st.Held, first.Shard)}, Error: "schema mismatch", Dead: true}
+	complete(t, o, "r1", outbox.Completion{Failed: []outbox.Failure{dead}})
+	rest := fetch(t, o, "r1", st.Held, outbox.FetchRequest{})
+	if len(rest) != 1 || rest[0].Seq == first.Seq {
+		t.Fatalf("after dead-lettering the first, fetched %v, want the key's second (a dead letter does not block its key)", payloads(rest))
+	}
+	admin := o.Store.(outbox.Admin)
+	ctx := ctxT(t)
+	list, err := admin.DeadList(ctx, outbox.DeadFilter{Topic: "poison", ErrorContains: "SCHEMA"})
+	if err != nil || len(list) != 1 || list[0].ID != first.ID || list[0].LastError != "schema mismatch" || list[0].DeadAt.IsZero() {
+		t.Fatalf("DeadList = %+v, %v; want the dead letter with its error", list, err)
+	}
+	if n, err := admin.DeadCount(ctx, outbox.DeadFilter{Key: first.Key}); err != nil || n != 1 {
+		t.Fatalf("DeadCount = %d, %v", n, err)
+	}
+	if n, err := admin.DeadList(ctx, outbox.DeadFilter{Topic: "other"}); err != nil || len(n) != 0 {
+		t.Fatalf("DeadList of another topic = %v, %v", n, err)
+	}
+	if _, err := admin.DeadPurge(ctx, outbox.DeadFilter{}); !errors.Is(err, outbox.ErrEmptyDeadFilter) {
+		t.Fatalf("DeadPurge with an empty filter = %v, want ErrEmptyDeadFilter", err)
+	}
+	if s := status(t, o); s.Dead != 1 {
+		t.Errorf("status dead = %d", s.Dead)
+	}
+	if n, err := admin.DeadReplay(ctx, outbox.DeadFilter{IDs: []outbox.ID{first.ID}}); err != nil || n != 1 {
+		t.Fatalf("DeadReplay = %d, %v", n, err)
+	}
+	again := fetch(t, o, "r1", st.Held, outbox.FetchRequest{Exclude: []int64{rest[0].Seq}})
+	if len(again) != 1 || again[0].ID != first.ID || again[0].DedupKey != first.DedupKey || again[0].Attempts != 0 {
+		t.Fatalf("after replay fetched %+v, want the original message with its id and no attempts", again)
+	}
+	// Dead again, then purged.
+	dead.Token = tokenOf(t, st.Held, first.Shard)
+	complete(t, o, "r1", outbox.Completion{Failed: []outbox.Failure{dead}})
+	if n, err := admin.DeadPurge(ctx, outbox.DeadFilter{Topic: "poison"}); err != nil || n != 1 {
+		t.Fatalf("DeadPurge = %d, %v", n, err)
+	}
+	if n, err := admin.DeadCount(ctx, outbox.DeadFilter{}); err != nil || n != 0 {
+		t.Fatalf("DeadCount after purge = %d, %v", n, err)
+	}
+}
+
+func dedupKey(t *testing.T, o Outbox) {
+	write(t, o, []outbox.Message{{Topic: "t", Key: "a", DedupKey: "order-1-placed", Payload: []byte(`{"v":1}`)}})
+	err := o.Write(ctxT(t), []outbox.Message{
+		{Topic: "t", Key: "a", DedupKey: "order-1-placed", Payload: []byte(`{"v":2}`)},
+		{Topic: "t", Key: "b", DedupKey: "order-2-placed", Payload: []byte(`{"v":3}`)},
+	}, false)
+	var de *outbox.DuplicateError
+	if !errors.As(err, &de) || !errors.Is(err, outbox.ErrDuplicate) || !slices.Equal(de.DedupKeys, []string{"order-1-placed"}) {
+		t.Fatalf("second write with a taken dedup key: %v, want a *DuplicateError naming it", err)
+	}
+	st := sync(t, o, "r1", ttl, nil, nil)
+	got := payloads(fetch(t, o, "r1", st.Held, outbox.FetchRequest{}))
+	if !slices.Equal(got, []string{`{"v":1}`, `{"v":3}`}) {
+		t.Fatalf("fetched %v, want the first write and the non-duplicate of the second", got)
+	}
+}
+
+func retention(t *testing.T, o Outbox) {
+	write(t, o, msgs("t", 10, 1))
+	st := sync(t, o, "r1", ttl, nil, nil)
+	got := fetch(t, o, "r1", st.Held, outbox.FetchRequest{})
+	complete(t, o, "r1", published(t, o, st.Held, got...))
+	ctx := ctxT(t)
+	if n, err := o.Store.DeletePublished(ctx, time.Hour, 100); err != nil || n != 0 {
+		t.Fatalf("DeletePublished of rows younger than the retention = %d, %v", n, err)
+	}
+	time.Sleep(1100 * time.Millisecond)
+	total := 0
+	for range 20 {
+		n, err := o.Store.DeletePublished(ctx, time.Second, 3)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n > 3+10 { // dedup bookkeeping may count too, but a batch stays bounded
+			t.Fatalf("one DeletePublished call deleted %d rows with limit 3", n)
+		}
+		if n == 0 {
+			break
+		}
+		total += n
+	}
+	if s := status(t, o); s.Published != 0 || total < 10 {
+		t.Fatalf("after retention: %d published left, %d rows deleted", s.Published, total)
+	}
+	// The dedup keys of deleted messages are free again.
+	again := got[0]
+	if err := o.Write(ctx, []outbox.Message{{Topic: "t", Key: "x", DedupKey: again.DedupKey, Payload: []byte(`{}`)}}, false); err != nil {
+		t.Fatalf("dedup key of a message past retention is still taken: %v", err)
+	}
+}
+
+// relaysDrainInOrder runs two relays on the store until they drained a backlog whose
+// messages of every fifth key are rejected twice first.
+func relaysDrainInOrder(t *testing.T, o Outbox) {
+	const keys, perKey = 40, 25
+	write(t, o, msgs("t", keys, perKey))
+	rejects := map[string]int{}
+	pub := &outboxtest.Publisher{}
+	mu := make(chan struct{}, 1)
+	pub.Fail = func(m *outbox.Message) error {
+		mu <- struct{}{}
+		defer func() { <-mu }()
+		if n, _ := strconv.Atoi(m.Key[1:]); n%5 == 0 && rejects[m.ID.String()] < 2 {
+			rejects[m.ID.String()]++
+			return errors.New("rejected for the test")
+		}
+		return nil
+	}
+	cfg := outbox.RelayConfig{RetryMinDelay: 10 * time.Millisecond, RetryMaxDelay: 50 * time.Millisecond, PollInterval: 20 * time.Millisecond, BatchSize: 100}
+	ctx := ctxT(t)
+	var relays []*outbox.Relay
+	for i := range 2 {
+		c := cfg
+		c.ID = "drain-" + strconv.Itoa(i)
+		r, err := outbox.NewRelay(o.Store, pub, c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := r.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		relays = append(relays, r)
+	}
+	got, err := pub.WaitFor(ctx, keys*perKey)
+	for _, r := range relays {
+		if err := r.Stop(ctx); err != nil {
+			t.Errorf("stop: %v", err)
+		}
+	}
+	if err != nil {
+		t.Fatalf("%d of %d published: %v", len(got), keys*perKey, err)
+	}
+	last := map[string]int{}
+	seen := map[outbox.ID]bool{}
+	for _, m := range got {
+		if seen[m.ID] {
+			t.Errorf("published twice: %s", m.ID)
+		}
+		seen[m.ID] = true
+		var body struct{ N int }
+		if err := json.Unmarshal(m.Payload, &body); err != nil {
+			t.Fatalf("payload %q: %v", m.Payload, err)
+		}
+		n := body.N
+		if prev, ok := last[m.Key]; ok && n != prev+1 {
+			t.Fatalf("key %s: message %d published after %d", m.Key, n, prev)
+		}
+		last[m.Key] = n
+	}
+	if s := status(t, o); s.Pending != 0 || s.Dead != 0 {
+		t.Fatalf("after the drain: %+v", s)
+	}
+}

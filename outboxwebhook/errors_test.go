@@ -1,0 +1,161 @@
+package outboxwebhook
+
+import (
+	"net/http"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestStatusOutage pins the status table of the package documentation, every family.
+func TestStatusOutage(t *testing.T) {
+	t.Parallel()
+	outages := []int{100, 101, 103, 300, 301, 302, 303, 304, 307, 308,
+		401, 403, 408, 409, 425, 429, 500, 501, 502, 503, 504, 505, 507, 599}
+	rejections := []int{400, 402, 404, 405, 406, 407, 410, 411, 412, 413, 414, 415, 416, 417, 418,
+		421, 422, 423, 424, 426, 428, 431, 451, 499}
+	for _, code := range outages {
+		if !statusOutage(code) {
+			t.Errorf("status %d is a rejection, want an outage", code)
+		}
+	}
+	for _, code := range rejections {
+		if statusOutage(code) {
+			t.Errorf("status %d is an outage, want a rejection", code)
+		}
+	}
+	// Ping: only "not ready" answers are outages.
+	for code, outage := range map[int]bool{200: false, 204: false, 301: false, 401: false, 403: false,
+		404: false, 405: false, 409: false, 408: true, 429: true, 500: true, 503: true} {
+		if pingOutage(code) != outage {
+			t.Errorf("pingOutage(%d) = %v, want %v", code, !outage, outage)
+		}
+	}
+}
+
+func TestParseRetryAfter(t *testing.T) {
+	t.Parallel()
+	now := time.Date(2026, 5, 6, 7, 8, 9, 0, time.UTC)
+	for in, want := range map[string]time.Duration{
+		"":                              0,
+		"0":                             0,
+		"120":                           120 * time.Second,
+		" 7 ":                           7 * time.Second,
+		"-5":                            0,
+		"1.5":                           0,
+		"soon":                          0,
+		"99999999999":                   0, // over 32 bits: unreadable, not a century
+		"Wed, 06 May 2026 07:09:09 GMT": time.Minute,
+		"Wed, 06 May 2026 07:08:00 GMT": 0, // past
+	} {
+		if got := parseRetryAfter(in, now); got != want {
+			t.Errorf("parseRetryAfter(%q) = %v, want %v", in, got, want)
+		}
+	}
+}
+
+func TestOneLine(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]string{
+		"":                         "",
+		"plain":                    "plain",
+		"  two\r\n lines\t\x00x  ": "two lines x",
+		"bad \xff utf8":            "bad \uFFFD utf8",
+		"sep\u2028arator\u0085":    "sep arator",
+	} {
+		if got := oneLine([]byte(in)); got != want {
+			t.Errorf("oneLine(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+func TestRedactURL(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]string{
+		"https://h/p":                   "https://h/p",
+		"https://u:p4ss@h:8443/p?x=1#f": "https://REDACTED@h:8443/p?REDACTED",
+		"http://t0ken@h/p?token=secret": "http://REDACTED@h/p?REDACTED",
+	} {
+		u, err := url.Parse(in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := redactURL(u); got != want {
+			t.Errorf("redactURL(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+func TestResolve(t *testing.T) {
+	t.Parallel()
+	base, _ := url.Parse("https://u:p@h.example/hooks/?token=t")
+	for _, tc := range []struct{ dest, want, err string }{
+		{"orders", "https://u:p@h.example/hooks/orders?token=t", ""},
+		{"/orders", "https://u:p@h.example/hooks/orders?token=t", ""},
+		{"order.placed/v1", "https://u:p@h.example/hooks/order.placed/v1?token=t", ""},
+		{"a b?c#d%e", "https://u:p@h.example/hooks/a%20b%3Fc%23d%25e?token=t", ""},
+		{"ünï", "https://u:p@h.example/hooks/%C3%BCn%C3%AF?token=t", ""},
+		{"HTTPS://other.example/x#frag", "https://other.example/x", ""},
+		{"http://other.example:8080", "http://other.example:8080", ""},
+		{"..", "", `".." segment`},
+		{"a/./b", "", `"." segment`},
+		{"a/../../admin", "", `".." segment`},
+		{"https:///nohost", "", "no host"},
+		{"http://bad host/", "", "not a valid URL"},
+	} {
+		u, err := resolve(base, tc.dest)
+		switch {
+		case tc.err != "":
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("resolve(%q) = %v, %v; want an error with %q", tc.dest, u, err, tc.err)
+			}
+		case err != nil:
+			t.Errorf("resolve(%q): %v", tc.dest, err)
+		case u.String() != tc.want:
+			t.Errorf("resolve(%q) = %q, want %q", tc.dest, u, tc.want)
+		}
+	}
+}
+
+func TestCheckHeader(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name, value string
+		ok          bool
+	}{
+		{"X-Trace", "abc", true},
+		{"traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", true},
+		{"X-Tenant", "tenant 7 / ü", true},
+		{"Empty", "", true},
+		{"Tabbed", "a\tb", true},
+		{"!#$%&'*+-.^_`|~", "x", true},
+		{"", "x", false},
+		{"Bad Name", "x", false},
+		{"Bad:Name", "x", false},
+		{"Bad\x00", "x", false},
+		{"X-Ctl", "a\x01b", false},
+		{"X-Del", "a\x7fb", false},
+		{"X-Nl", "a\nb", false},
+		{"Host", "evil.example", false},
+		{"transfer-encoding", "chunked", false},
+		{"Connection", "close", false},
+		{"content-length", "5", false},
+	} {
+		if got := checkHeader(tc.name, tc.value) == ""; got != tc.ok {
+			t.Errorf("checkHeader(%q, %q) ok = %v, want %v (%s)", tc.name, tc.value, got, tc.ok, checkHeader(tc.name, tc.value))
+		}
+	}
+}
+
+func TestStatusErrorText(t *testing.T) {
+	t.Parallel()
+	e := &StatusError{Method: http.MethodPost, URL: "https://h/x", StatusCode: 308, Location: "https://new/x", Body: "moved"}
+	if got, want := e.Error(), "outboxwebhook: POST https://h/x: 308 Permanent Redirect (redirect to https://new/x, not followed: point the URL or the route at the final address): moved"; got != want {
+		t.Errorf("Error() =\n%s\nwant\n%s", got, want)
+	}
+	e = &StatusError{Method: http.MethodPost, URL: "https://h/x", StatusCode: 429, RetryAfter: 30 * time.Second}
+	if got, want := e.Error(), "outboxwebhook: POST https://h/x: 429 Too Many Requests (Retry-After 30s)"; got != want {
+		t.Errorf("Error() = %s, want %s", got, want)
+	}
+}
