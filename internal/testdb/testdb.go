@@ -11,13 +11,13 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/outboxpgx"
 )
 
@@ -27,11 +27,17 @@ func URL() string {
 }
 
 // Pool returns a pool on the test database, closed when the test ends.
-func Pool(t testing.TB) *pgxpool.Pool {
+func Pool(t testenv.TB) *pgxpool.Pool {
 	t.Helper()
-	cfg, err := pgxpool.ParseConfig(URL())
+	return PoolAt(t, URL())
+}
+
+// PoolAt returns a pool on the database at url, closed when the test ends.
+func PoolAt(t testenv.TB, url string) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
-		t.Fatalf("testdb: parse %s: %v", "OUTBOX_TEST_DATABASE_URL", err)
+		t.Fatalf("testdb: parse the database URL: %v", err) // the URL may hold a password
 	}
 	cfg.MaxConns = 16
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -48,7 +54,7 @@ func Pool(t testing.TB) *pgxpool.Pool {
 }
 
 // NewSchema returns a fresh schema name, dropped with everything in it when the test ends.
-func NewSchema(t testing.TB, pool *pgxpool.Pool) string {
+func NewSchema(t testenv.TB, pool *pgxpool.Pool) string {
 	t.Helper()
 	var b [6]byte
 	_, _ = rand.Read(b[:])
@@ -64,9 +70,13 @@ func NewSchema(t testing.TB, pool *pgxpool.Pool) string {
 }
 
 // Setup returns a pool and a driver on a fresh, migrated schema.
-func Setup(t testing.TB) (*pgxpool.Pool, *outboxpgx.Driver, string) {
+func Setup(t testenv.TB) (*pgxpool.Pool, *outboxpgx.Driver, string) {
 	t.Helper()
-	pool := Pool(t)
+	return setup(t, Pool(t))
+}
+
+func setup(t testenv.TB, pool *pgxpool.Pool) (*pgxpool.Pool, *outboxpgx.Driver, string) {
+	t.Helper()
 	schema := NewSchema(t, pool)
 	drv, err := outboxpgx.New(pool, outboxpgx.Config{Schema: schema})
 	if err != nil {
@@ -90,16 +100,27 @@ type DB struct {
 }
 
 // NewDB returns a pool and a fresh, empty schema (not migrated).
-func NewDB(t testing.TB) *DB {
+func NewDB(t testenv.TB) *DB {
 	t.Helper()
 	pool := Pool(t)
 	return &DB{Pool: pool, Schema: NewSchema(t, pool)}
 }
 
 // Migrated returns a DB whose schema holds a migrated outbox, with its driver and writer.
-func Migrated(t testing.TB) *DB {
+func Migrated(t testenv.TB) *DB {
 	t.Helper()
-	pool, drv, schema := Setup(t)
+	return migrated(t, Pool(t))
+}
+
+// MigratedAt is Migrated on the database at url.
+func MigratedAt(t testenv.TB, url string) *DB {
+	t.Helper()
+	return migrated(t, PoolAt(t, url))
+}
+
+func migrated(t testenv.TB, pool *pgxpool.Pool) *DB {
+	t.Helper()
+	pool, drv, schema := setup(t, pool)
 	d := &DB{Pool: pool, Schema: schema, Driver: drv}
 	d.writer(t)
 	return d
@@ -107,7 +128,7 @@ func Migrated(t testing.TB) *DB {
 
 // writer returns the DB's writer, making it (and its driver) on first use for a schema
 // migrated by other means (the CLI's own `migrate up`).
-func (d *DB) writer(t testing.TB) *outbox.Writer[pgx.Tx] {
+func (d *DB) writer(t testenv.TB) *outbox.Writer[pgx.Tx] {
 	t.Helper()
 	if d.Writer != nil {
 		return d.Writer
@@ -129,7 +150,7 @@ func (d *DB) writer(t testing.TB) *outbox.Writer[pgx.Tx] {
 
 // Write commits msgs in one transaction. It is not safe for concurrent use before the
 // DB has a writer (Migrated makes one up front).
-func (d *DB) Write(t testing.TB, msgs ...outbox.Message) {
+func (d *DB) Write(t testenv.TB, msgs ...outbox.Message) {
 	t.Helper()
 	w := d.writer(t)
 	ctx := context.Background()
@@ -139,7 +160,7 @@ func (d *DB) Write(t testing.TB, msgs ...outbox.Message) {
 }
 
 // Exec runs q with %[1]s replaced by the quoted schema.
-func (d *DB) Exec(t testing.TB, q string, args ...any) {
+func (d *DB) Exec(t testenv.TB, q string, args ...any) {
 	t.Helper()
 	if _, err := d.Pool.Exec(context.Background(), fmt.Sprintf(q, `"`+d.Schema+`"`), args...); err != nil {
 		t.Fatalf("%s: %v", q, err)
@@ -148,7 +169,7 @@ func (d *DB) Exec(t testing.TB, q string, args ...any) {
 
 // CountIn counts the rows of one of the schema's tables (e.g. "outbox_dead") that match
 // where.
-func (d *DB) CountIn(t testing.TB, table, where string) int {
+func (d *DB) CountIn(t testenv.TB, table, where string) int {
 	t.Helper()
 	var n int
 	q := fmt.Sprintf(`SELECT count(*) FROM "%s".%s WHERE %s`, d.Schema, table, where)
@@ -160,14 +181,14 @@ func (d *DB) CountIn(t testing.TB, table, where string) int {
 
 // CountAll counts the messages that match where in all three message tables: pending,
 // published and dead.
-func (d *DB) CountAll(t testing.TB, where string) int {
+func (d *DB) CountAll(t testenv.TB, where string) int {
 	t.Helper()
 	return d.CountIn(t, "outbox", where) + d.CountIn(t, "outbox_published", where) + d.CountIn(t, "outbox_dead", where)
 }
 
 // Kill dead-letters the pending message with id as the relay would: moved to the dead
 // table with its seq, the attempts and the last error, deadAgo before the database's now().
-func (d *DB) Kill(t testing.TB, id outbox.ID, attempts int, lastError string, deadAgo time.Duration) {
+func (d *DB) Kill(t testenv.TB, id outbox.ID, attempts int, lastError string, deadAgo time.Duration) {
 	t.Helper()
 	d.move(t, `WITH d AS (DELETE FROM %[1]s.outbox WHERE id = $1 RETURNING *)
 INSERT INTO %[1]s.outbox_dead (seq, id, topic, key, aggregate_type, event_type, content_type, payload, headers, dedup_key, shard, created_at, attempts, last_error, dead_at)
@@ -177,7 +198,7 @@ SELECT seq, id, topic, key, aggregate_type, event_type, content_type, payload, h
 
 // MarkPublished moves the pending message with id to the published table, as the relay
 // does once the broker confirmed it.
-func (d *DB) MarkPublished(t testing.TB, id outbox.ID) {
+func (d *DB) MarkPublished(t testenv.TB, id outbox.ID) {
 	t.Helper()
 	d.move(t, `WITH d AS (DELETE FROM %[1]s.outbox WHERE id = $1 RETURNING *)
 INSERT INTO %[1]s.outbox_published (seq, id, topic, key, aggregate_type, event_type, content_type, payload, headers, dedup_key, shard, created_at, attempts)
@@ -186,7 +207,7 @@ SELECT seq, id, topic, key, aggregate_type, event_type, content_type, payload, h
 
 // move runs q, which moves the message with id ($1) out of the pending table, and fails
 // the test unless it moved exactly that one row.
-func (d *DB) move(t testing.TB, q string, id outbox.ID, args ...any) {
+func (d *DB) move(t testenv.TB, q string, id outbox.ID, args ...any) {
 	t.Helper()
 	tag, err := d.Pool.Exec(context.Background(), fmt.Sprintf(q, `"`+d.Schema+`"`), append([]any{id.String()}, args...)...)
 	if err != nil {

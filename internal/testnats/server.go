@@ -11,11 +11,12 @@ import (
 	"strconv"
 	"sync"
 	"syscall"
-	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/outboxkit/outbox/internal/testenv"
 )
 
 // Server is a private nats-server child process with JetStream, for tests that stop or
@@ -23,7 +24,7 @@ import (
 // restarted server has the streams and messages it had stored. It is stopped when the
 // test ends. Its methods are safe for concurrent use.
 type Server struct {
-	t       testing.TB
+	t       testenv.TB
 	bin     string
 	port    int
 	dir     string // store directory (-sd)
@@ -37,7 +38,7 @@ type Server struct {
 // StartServer starts a private nats-server on a free port of 127.0.0.1 with JetStream
 // storing under a temporary directory, and waits until it serves JetStream requests. It
 // fails the test if the nats-server binary is missing or the server does not come up.
-func StartServer(t testing.TB) *Server {
+func StartServer(t testenv.TB) *Server {
 	t.Helper()
 	bin, err := exec.LookPath("nats-server")
 	if err != nil {

@@ -12,11 +12,12 @@ import (
 	"encoding/hex"
 	"os"
 	"strings"
-	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/outboxkit/outbox/internal/testenv"
 )
 
 // URL returns the shared test server's URL: $OUTBOX_TEST_NATS_URL or the local server.
@@ -25,7 +26,7 @@ func URL() string {
 }
 
 // Conn connects to url (URL() when empty) and closes the connection when the test ends.
-func Conn(t testing.TB, url string, opts ...nats.Option) *nats.Conn {
+func Conn(t testenv.TB, url string, opts ...nats.Option) *nats.Conn {
 	t.Helper()
 	url = cmp.Or(url, URL())
 	nc, err := nats.Connect(url, append([]nats.Option{nats.Timeout(5 * time.Second)}, opts...)...)
@@ -37,7 +38,7 @@ func Conn(t testing.TB, url string, opts ...nats.Option) *nats.Conn {
 }
 
 // JetStream returns a JetStream context on a new connection to url (URL() when empty).
-func JetStream(t testing.TB, url string, opts ...nats.Option) jetstream.JetStream {
+func JetStream(t testenv.TB, url string, opts ...nats.Option) jetstream.JetStream {
 	t.Helper()
 	js, err := jetstream.New(Conn(t, url, opts...))
 	if err != nil {
@@ -49,7 +50,7 @@ func JetStream(t testing.TB, url string, opts ...nats.Option) jetstream.JetStrea
 // Stream creates a uniquely named memory stream capturing "<unique>.>" and deletes it when
 // the test ends. It returns the stream's name and the subject prefix ("<unique>.") to
 // publish under.
-func Stream(t testing.TB, js jetstream.JetStream) (name string, subjectPrefix string) {
+func Stream(t testenv.TB, js jetstream.JetStream) (name string, subjectPrefix string) {
 	t.Helper()
 	unique := Unique()
 	name = strings.ToUpper(unique)

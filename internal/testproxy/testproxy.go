@@ -8,12 +8,13 @@ import (
 	"fmt"
 	"io"
 	"strings"
-	"testing"
 	"time"
 
 	toxiproxy "github.com/Shopify/toxiproxy/v2"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
+
+	"github.com/outboxkit/outbox/internal/testenv"
 )
 
 // Proxy forwards a local port to an upstream address. It is closed when the test ends.
@@ -22,7 +23,7 @@ type Proxy struct {
 }
 
 // New starts a proxy on a free port of 127.0.0.1 forwarding to upstream ("host:port").
-func New(t testing.TB, upstream string) *Proxy {
+func New(t testenv.TB, upstream string) *Proxy {
 	t.Helper()
 	srv := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(prometheus.NewRegistry()), zerolog.New(io.Discard))
 	p := toxiproxy.NewProxy(srv, t.Name(), "127.0.0.1:0", upstream)
@@ -40,7 +41,7 @@ func (p *Proxy) Addr() string { return p.p.Listen }
 func (p *Proxy) Cut() { p.p.Stop() }
 
 // Restore listens again on the same address.
-func (p *Proxy) Restore(t testing.TB) {
+func (p *Proxy) Restore(t testenv.TB) {
 	t.Helper()
 	var err error
 	for range 50 { // the port may linger a moment after Cut
@@ -54,7 +55,7 @@ func (p *Proxy) Restore(t testing.TB) {
 
 // Latency delays data in both directions by d (plus up to jitter) until the returned
 // function is called.
-func (p *Proxy) Latency(t testing.TB, d, jitter time.Duration) (remove func()) {
+func (p *Proxy) Latency(t testenv.TB, d, jitter time.Duration) (remove func()) {
 	t.Helper()
 	var names []string
 	for _, dir := range []string{"upstream", "downstream"} {

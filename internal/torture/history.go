@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -71,8 +72,9 @@ type Txn struct {
 // History is everything the writers attempted and what became of it. It is safe for
 // concurrent use: writers Record into it while the run goes on.
 type History struct {
-	mu   sync.Mutex
-	txns []*Txn
+	mu     sync.Mutex
+	txns   []*Txn
+	events atomic.Int64
 }
 
 // Record appends a finished transaction.
@@ -80,7 +82,11 @@ func (h *History) Record(t Txn) {
 	h.mu.Lock()
 	h.txns = append(h.txns, &t)
 	h.mu.Unlock()
+	h.events.Add(int64(len(t.Events)))
 }
+
+// Events returns the number of events recorded so far, whatever their outcome.
+func (h *History) Events() int { return int(h.events.Load()) }
 
 // Txns returns a copy of the recorded transactions.
 func (h *History) Txns() []Txn {

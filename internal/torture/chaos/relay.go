@@ -13,21 +13,21 @@ import (
 	"strings"
 	"sync"
 	"syscall"
-	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxkit/outbox"
-	"github.com/outboxkit/outbox/internal/testdb"
+	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/internal/torture"
-	"github.com/outboxkit/outbox/outboxnats"
 	"github.com/outboxkit/outbox/outboxpgx"
 )
 
 // Child relay configuration travels in the environment.
 const (
 	envChild    = "OUTBOX_TORTURE_RELAY"
+	envDatabase = "OUTBOX_TORTURE_DATABASE_URL"
+	envKind     = "OUTBOX_TORTURE_BROKER_KIND"
 	envSchema   = "OUTBOX_TORTURE_SCHEMA"
 	envBroker   = "OUTBOX_TORTURE_BROKER"
 	envRoute    = "OUTBOX_TORTURE_ROUTE"
@@ -38,12 +38,11 @@ const (
 	envAttempts = "OUTBOX_TORTURE_MAX_ATTEMPTS"
 )
 
-func TestMain(m *testing.M) {
-	if os.Getenv(envChild) == "1" {
-		os.Exit(childRelay())
-	}
-	os.Exit(m.Run())
-}
+// IsRelay reports whether this process was started as a relay of a run. A program that
+// runs torture runs (a test binary's TestMain, the outbox command) must check it first
+// thing and, if so, exit with RelayMain's code: relays are the same executable started
+// again with their configuration in the environment.
+func IsRelay() bool { return os.Getenv(envChild) == "1" }
 
 // errPoison is the rejection the broker side gives a poison event.
 var errPoison = errors.New("torture: poison refused by the broker side")
@@ -83,12 +82,12 @@ func (p refusePoison) Ping(ctx context.Context) error {
 	return nil
 }
 
-// childRelay runs a relay until SIGTERM, logging JSON to stderr.
-func childRelay() int {
+// RelayMain runs a relay until SIGTERM, logging JSON to stderr, and returns the exit code.
+func RelayMain() int {
 	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	cfg, err := pgxpool.ParseConfig(testdb.URL())
+	cfg, err := pgxpool.ParseConfig(os.Getenv(envDatabase))
 	if err != nil {
 		log.Error("pool config", "err", err)
 		return 1
@@ -107,13 +106,13 @@ func childRelay() int {
 	}
 	var pub outbox.Publisher
 	for { // the broker may be cut or restarting when this relay (re)starts
-		p, err := outboxnats.Dial(ctx, os.Getenv(envBroker), outboxnats.Config{Route: os.Getenv(envRoute)})
+		p, err := dial(ctx, os.Getenv(envKind), os.Getenv(envBroker), os.Getenv(envRoute))
 		if err == nil {
 			defer p.Close()
 			pub = p
 			break
 		}
-		log.Warn("nats dial", "err", err)
+		log.Warn("broker dial", "err", err)
 		select {
 		case <-ctx.Done():
 			return 0
@@ -143,15 +142,16 @@ func childRelay() int {
 
 // relayConfig is what every relay process of a run shares.
 type relayConfig struct {
-	schema, broker, route, appName string
-	ttl                            time.Duration
-	inFlight, maxAttempts          int
+	databaseURL, schema, kind, broker, route, appName string
+	ttl                                               time.Duration
+	inFlight, maxAttempts                             int
+	env                                               []string // extra environment
 }
 
 // relay is one relay slot: a child process, restarted (as a new incarnation with a new
 // ID) after a SIGKILL.
 type relay struct {
-	t    *testing.T
+	t    testenv.TB
 	cfg  relayConfig
 	slot int
 
@@ -182,7 +182,7 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-func startRelay(t *testing.T, cfg relayConfig, slot int) *relay {
+func startRelay(t testenv.TB, cfg relayConfig, slot int) *relay {
 	r := &relay{t: t, cfg: cfg, slot: slot}
 	if err := r.start(); err != nil {
 		t.Fatal(err)
@@ -205,11 +205,17 @@ func (r *relay) start() error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.gen++
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command(self)
 	c := r.cfg
-	cmd.Env = append(os.Environ(), envChild+"=1", envSchema+"="+c.schema, envBroker+"="+c.broker, envRoute+"="+c.route,
+	cmd.Env = append(os.Environ(), envChild+"=1", envDatabase+"="+c.databaseURL, envSchema+"="+c.schema,
+		envKind+"="+c.kind, envBroker+"="+c.broker, envRoute+"="+c.route,
 		envTTL+"="+c.ttl.String(), envID+"="+r.id(), envInFlight+"="+strconv.Itoa(c.inFlight),
 		envAppName+"="+c.appName, envAttempts+"="+strconv.Itoa(c.maxAttempts))
+	cmd.Env = append(cmd.Env, c.env...)
 	if r.stderr != nil {
 		r.logs = append(r.logs, tail(r.stderr.String(), 20))
 	}

@@ -1,0 +1,71 @@
+package chaos
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestMain(m *testing.M) {
+	if IsRelay() {
+		os.Exit(RelayMain())
+	}
+	os.Exit(m.Run())
+}
+
+// seed returns OUTBOX_TORTURE_SEED, or a random seed.
+func seed(t *testing.T) uint64 {
+	if s := os.Getenv("OUTBOX_TORTURE_SEED"); s != "" {
+		v, err := strconv.ParseUint(s, 10, 64)
+		if err != nil {
+			t.Fatalf("OUTBOX_TORTURE_SEED=%q: %v", s, err)
+		}
+		return v
+	}
+	return RandomSeed()
+}
+
+// artifacts returns the run's directory under OUTBOX_TORTURE_ARTIFACTS, or "" for a
+// temporary one.
+func artifacts(t *testing.T) string {
+	dir := os.Getenv("OUTBOX_TORTURE_ARTIFACTS")
+	if dir == "" {
+		return ""
+	}
+	return filepath.Join(dir, strings.ReplaceAll(t.Name(), "/", "_")+"-"+time.Now().UTC().Format("20060102T150405"))
+}
+
+// runAndCheck runs cfg (with the seed and artifacts of the environment), prints its summary
+// line and fails t on any anomaly.
+func runAndCheck(t *testing.T, cfg Config) {
+	cfg.Seed = seed(t)
+	cfg.Artifacts = artifacts(t)
+	if cfg.Duration == 0 {
+		cfg.Duration = 45 * time.Second
+		if testing.Short() {
+			cfg.Duration = 12 * time.Second
+		}
+	}
+	rep := Run(t, cfg)
+	t.Log(rep.String())
+	fmt.Println(rep.String())
+	if !rep.OK() {
+		t.Errorf("run failed (replay with OUTBOX_TORTURE_SEED=%d)", cfg.Seed)
+	}
+}
+
+// TestTortureNATS runs the workload against 1 and 3 relay processes publishing to a
+// private NATS JetStream server, while the nemesis kills, pauses and cuts off relays,
+// restarts the broker and terminates the relays' database sessions; then it checks the
+// complete read-back. Replay a failure with OUTBOX_TORTURE_SEED.
+func TestTortureNATS(t *testing.T) {
+	for _, relays := range []int{1, 3} {
+		t.Run(fmt.Sprintf("relays=%d", relays), func(t *testing.T) {
+			runAndCheck(t, Config{Broker: "nats", Relays: relays})
+		})
+	}
+}

@@ -1,0 +1,348 @@
+package chaos
+
+import (
+	"cmp"
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"encoding/hex"
+	"fmt"
+	mrand "math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxkit/outbox/internal/testdb"
+	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/internal/torture"
+	"github.com/outboxkit/outbox/internal/torture/nemesis"
+)
+
+// Config is one torture run. The zero value (but for Seed) is a 45-second NATS run with
+// one relay and every fault kind.
+type Config struct {
+	// Broker names the broker kind (see Brokers); default "nats".
+	Broker string
+	// Relays is the number of relay processes; default 1.
+	Relays int
+	// Duration is how long the load runs; default 45 s. Ignored when Events is set.
+	Duration time.Duration
+	// Events, when set, runs the load until this many events were attempted.
+	Events int
+	// MinFaults keeps the load running until the nemesis has injected each listed kind
+	// at least this often. Every run injects every kind it uses at least once.
+	MinFaults map[string]int
+	// Kinds restricts the fault kinds; default all that the broker and the database
+	// support.
+	Kinds []string
+	// Seed drives the workload and the nemesis; print it, replay with it.
+	Seed uint64
+	// Writers and Rate shape the workload: concurrent writers (default 8) and
+	// transactions per second over all of them (default 300; each writes 1–3 events).
+	Writers int
+	Rate    float64
+	// MinGap and MaxGap bound the quiet time between faults (default 0.3–1.5 s).
+	MinGap, MaxGap time.Duration
+	// DatabaseURL is the PostgreSQL server; default the test database. The run works in
+	// a fresh schema, dropped at the end.
+	DatabaseURL string
+	// Artifacts is a directory for nemesis.jsonl and, on failure, history.jsonl; default
+	// a temporary directory.
+	Artifacts string
+	// RelayEnv is extra environment for the relay processes.
+	RelayEnv []string
+	// Progress, when set, receives a line every ProgressEvery (default 10 s) while the
+	// load runs.
+	Progress      func(format string, args ...any)
+	ProgressEvery time.Duration
+}
+
+const (
+	leaseTTL    = 3 * time.Second
+	maxInFlight = 500
+	maxAttempts = 3
+	drainBound  = 2 * time.Minute
+)
+
+func (c Config) withDefaults() Config {
+	c.Broker = cmp.Or(c.Broker, "nats")
+	c.Relays = cmp.Or(c.Relays, 1)
+	c.Duration = cmp.Or(c.Duration, 45*time.Second)
+	c.Writers = cmp.Or(c.Writers, 8)
+	c.Rate = cmp.Or(c.Rate, 300)
+	c.MinGap = cmp.Or(c.MinGap, 300*time.Millisecond)
+	c.MaxGap = cmp.Or(c.MaxGap, 1500*time.Millisecond)
+	c.DatabaseURL = cmp.Or(c.DatabaseURL, testdb.URL())
+	c.ProgressEvery = cmp.Or(c.ProgressEvery, 10*time.Second)
+	return c
+}
+
+// Run runs one torture run and returns the checker's report; the caller prints its line
+// and decides on rep.OK(). Run fails tb when the run is invalid (the broker cannot be
+// read back completely, a fault cannot be injected, an outcome cannot be resolved) or a
+// relay exits on its own; an anomaly the checker finds is the report's business, not a
+// failure of tb, so that canary runs can assert it.
+func Run(tb testenv.TB, cfg Config) torture.Report {
+	tb.Helper()
+	cfg = cfg.withDefaults()
+	kind, err := lookup(cfg.Broker)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Logf("seed=%d (replay with OUTBOX_TORTURE_SEED=%d)", cfg.Seed, cfg.Seed)
+	dir := cfg.Artifacts
+	if dir == "" {
+		dir = tb.TempDir()
+	} else if err := os.MkdirAll(dir, 0o755); err != nil {
+		tb.Fatal(err)
+	}
+	ctx := context.Background()
+
+	broker := kind.new()
+	broker.Start(tb)
+
+	// Database: a fresh migrated schema and the business tables.
+	db := testdb.MigratedAt(tb, cfg.DatabaseURL)
+	connect := func(ctx context.Context) (*pgx.Conn, error) { return pgx.Connect(ctx, cfg.DatabaseURL) }
+	{
+		conn, err := connect(ctx)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		err = torture.Prepare(ctx, conn, db.Schema, torture.KeysDefault)
+		_ = conn.Close(ctx)
+		if err != nil {
+			tb.Fatal(err)
+		}
+	}
+
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	rcfg := relayConfig{databaseURL: cfg.DatabaseURL, schema: db.Schema, kind: cfg.Broker, broker: broker.RelayURL(),
+		route: broker.Route(), appName: "torture-relay-" + hex.EncodeToString(b[:]), ttl: leaseTTL,
+		inFlight: maxInFlight, maxAttempts: maxAttempts, env: cfg.RelayEnv}
+	rs := make([]*relay, cfg.Relays)
+	for i := range rs {
+		rs[i] = startRelay(tb, rcfg, i+1)
+	}
+	stopSampler := sampleRSS(tb, rs)
+
+	// The workload.
+	h := &torture.History{}
+	wl, err := torture.StartWorkload(ctx, torture.WorkloadConfig{Connect: connect, Schema: db.Schema, Writers: cfg.Writers,
+		Rate: cfg.Rate, PoisonShare: 0.002, Seed: cfg.Seed}, h)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { _ = wl.Stop(context.Background()) })
+
+	// The nemesis.
+	nlog, err := os.Create(filepath.Join(dir, "nemesis.jsonl"))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { _ = nlog.Close() }) // after the nemesis's own cleanup, which may still log
+	faults := relayFaults(rs)
+	faults = append(faults, pgTerminate(db, rcfg.appName))
+	faults = append(faults, broker.Faults(tb)...)
+	if len(cfg.Kinds) > 0 {
+		faults = slices.DeleteFunc(faults, func(f nemesis.Fault) bool { return !slices.Contains(cfg.Kinds, f.Kind) })
+		for _, k := range cfg.Kinds {
+			if !slices.Contains(kindsOf(faults), k) {
+				tb.Fatalf("chaos: fault kind %q is not available with broker %s", k, cfg.Broker)
+			}
+		}
+	}
+	nem := nemesis.Start(nemesis.Config{Seed: cfg.Seed, Faults: faults, MinGap: cfg.MinGap, MaxGap: cfg.MaxGap,
+		Log: nlog, Logf: tb.Logf})
+	tb.Cleanup(nem.Stop) // heals whatever is in progress, even on failure
+
+	// Load until the duration or event count, every kind injected at least once and
+	// MinFaults met.
+	start := time.Now()
+	lastProgress := start
+	for {
+		loaded := time.Since(start) >= cfg.Duration
+		if cfg.Events > 0 {
+			loaded = h.Events() >= cfg.Events
+		}
+		if loaded && faultsMet(nem, cfg.MinFaults) {
+			break
+		}
+		if cfg.Progress != nil && time.Since(lastProgress) >= cfg.ProgressEvery {
+			lastProgress = time.Now()
+			cfg.Progress("torture: %s events=%d faults=%d %v", time.Since(start).Round(time.Second), h.Events(), nem.Count(), nem.Kinds())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	nem.Stop()
+	for _, r := range rs { // a relay that exited on its own (it should not) comes back for the drain
+		if r.exited() {
+			tb.Errorf("relay %s exited on its own:\n%s", r.id(), tail(r.stderr.String(), 20))
+			if err := r.start(); err != nil {
+				tb.Fatal(err)
+			}
+		}
+	}
+	stopCtx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	if err := wl.Stop(stopCtx); err != nil {
+		tb.Logf("workload: %v", err)
+	}
+	cancel()
+	writing := time.Since(start)
+	for _, rec := range nem.Records() {
+		if rec.Err != "" {
+			tb.Errorf("fault %s on %s at %s failed: %s", rec.Kind, rec.Target, rec.Start.UTC().Format("15:04:05.000"), rec.Err)
+		}
+	}
+
+	// Drain: nothing pending, within a bound. A relay that cannot drain is the checker's
+	// to report (as lost events), not a reason to skip the check.
+	drainStart := time.Now()
+	var pending int
+	for {
+		q := fmt.Sprintf(`SELECT count(*) FROM %s.outbox`, pgx.Identifier{db.Schema}.Sanitize())
+		if err := db.Pool.QueryRow(ctx, q).Scan(&pending); err != nil {
+			tb.Fatal(err)
+		}
+		if pending == 0 || time.Since(drainStart) > drainBound {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	drained := time.Now()
+	recovery := drained.Sub(nem.LastHealed()).Seconds()
+	if pending > 0 {
+		tb.Logf("%d events still pending %s after everything healed and the workload stopped: the relays did not drain", pending, drainBound)
+		recovery = -1
+	}
+	stopSampler()
+
+	// Complete read-back.
+	log := &torture.DeliveryLog{}
+	broker.ReadBack(tb, log)
+	if err := log.LoadDead(ctx, db.Pool, db.Schema); err != nil {
+		tb.Fatal(err)
+	}
+	if err := h.Resolve(ctx, db.Pool, db.Schema); err != nil {
+		tb.Fatal(err)
+	}
+	var peak int64
+	for _, r := range rs {
+		peak = max(peak, r.peakKiB())
+	}
+	rep := torture.Check(h, log, torture.Bounds{InFlight: cfg.Relays * maxInFlight, Faults: nem.Count()})
+	rep.Label = fmt.Sprintf("chaos %s relays=%d", cfg.Broker, cfg.Relays)
+	rep.Seed = cfg.Seed
+	rep.RecoverySeconds = recovery
+	rep.RSSMiB = float64(peak) / 1024
+	tb.Logf("writing %s, drain %s, copies %d, faults %v", writing.Round(time.Millisecond), drained.Sub(drainStart).Round(time.Millisecond), rep.Copies, nem.Kinds())
+	if !rep.OK() {
+		for _, ex := range rep.Examples {
+			tb.Logf("%s", ex)
+		}
+		if f, err := os.Create(filepath.Join(dir, "history.jsonl")); err == nil {
+			_ = h.WriteJSONL(f)
+			_ = f.Close()
+		}
+		tb.Logf("artifacts in %s", dir)
+	}
+	if rep.Delivered == 0 {
+		tb.Errorf("nothing was delivered: the run proves nothing")
+	}
+	return rep
+}
+
+// faultsMet reports whether the nemesis finished a round of every kind and injected each
+// kind of min at least that often.
+func faultsMet(nem *nemesis.Nemesis, min map[string]int) bool {
+	select {
+	case <-nem.RoundDone():
+	default:
+		return false
+	}
+	kinds := nem.Kinds()
+	for k, n := range min {
+		if kinds[k] < n {
+			return false
+		}
+	}
+	return true
+}
+
+// relayFaults are SIGKILL (and a restart) and SIGSTOP past the lease (then SIGCONT) of a
+// relay picked by the nemesis.
+func relayFaults(rs []*relay) []nemesis.Fault {
+	pick := func(rnd *mrand.Rand) *relay { return rs[rnd.IntN(len(rs))] }
+	return []nemesis.Fault{
+		{Kind: KindRelayKill, MinHold: 200 * time.Millisecond, MaxHold: time.Second,
+			Inject: func(rnd *mrand.Rand) (string, func() error, error) {
+				r := pick(rnd)
+				id := r.sigkill()
+				return id, r.start, nil
+			}},
+		{Kind: KindRelayStop, MinHold: leaseTTL + time.Second, MaxHold: 2 * leaseTTL,
+			Inject: func(rnd *mrand.Rand) (string, func() error, error) {
+				r := pick(rnd)
+				id, err := r.signal(syscall.SIGSTOP)
+				return id, func() error { _, err := r.signal(syscall.SIGCONT); return err }, err
+			}},
+	}
+}
+
+// pgTerminate is pg_terminate_backend on every database session of the relays.
+func pgTerminate(db *testdb.DB, appName string) nemesis.Fault {
+	return nemesis.Fault{Kind: KindPGTerminate,
+		Inject: func(*mrand.Rand) (string, func() error, error) {
+			var n int
+			err := db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1 AND pid <> pg_backend_pid()) k`, appName).Scan(&n)
+			return fmt.Sprintf("%s sessions=%d", appName, n), nil, err
+		}}
+}
+
+// sampleRSS samples every relay incarnation's peak RSS while it lives, until the
+// returned function is called.
+func sampleRSS(tb testenv.TB, rs []*relay) (stop func()) {
+	quit := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		tk := time.NewTicker(250 * time.Millisecond)
+		defer tk.Stop()
+		for {
+			select {
+			case <-quit:
+				return
+			case <-tk.C:
+				for _, r := range rs {
+					r.sample()
+				}
+			}
+		}
+	}()
+	var once bool
+	stop = func() {
+		if once {
+			return
+		}
+		once = true
+		close(quit)
+		<-done
+		for _, r := range rs {
+			r.sample()
+		}
+	}
+	tb.Cleanup(stop)
+	return stop
+}
+
+// RandomSeed returns a random seed.
+func RandomSeed() uint64 {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return binary.LittleEndian.Uint64(b[:]) >> 1
+}
