@@ -55,6 +55,11 @@ type Config struct {
 	Artifacts string
 	// RelayEnv is extra environment for the relay processes.
 	RelayEnv []string
+	// MaxAttempts is the relays' attempt limit before a dead letter; default 3.
+	MaxAttempts int
+	// DrainTimeout bounds the final drain; default 2 minutes. Events still pending then
+	// are reported lost.
+	DrainTimeout time.Duration
 	// Progress, when set, receives a line every ProgressEvery (default 10 s) while the
 	// load runs.
 	Progress      func(format string, args ...any)
@@ -64,8 +69,6 @@ type Config struct {
 const (
 	leaseTTL    = 3 * time.Second
 	maxInFlight = 500
-	maxAttempts = 3
-	drainBound  = 2 * time.Minute
 )
 
 func (c Config) withDefaults() Config {
@@ -78,6 +81,8 @@ func (c Config) withDefaults() Config {
 	c.MaxGap = cmp.Or(c.MaxGap, 1500*time.Millisecond)
 	c.DatabaseURL = cmp.Or(c.DatabaseURL, testdb.URL())
 	c.ProgressEvery = cmp.Or(c.ProgressEvery, 10*time.Second)
+	c.MaxAttempts = cmp.Or(c.MaxAttempts, 3)
+	c.DrainTimeout = cmp.Or(c.DrainTimeout, 2*time.Minute)
 	return c
 }
 
@@ -124,7 +129,7 @@ func Run(tb testenv.TB, cfg Config) torture.Report {
 	_, _ = rand.Read(b[:])
 	rcfg := relayConfig{databaseURL: cfg.DatabaseURL, schema: db.Schema, kind: cfg.Broker, broker: broker.RelayURL(),
 		route: broker.Route(), appName: "torture-relay-" + hex.EncodeToString(b[:]), ttl: leaseTTL,
-		inFlight: maxInFlight, maxAttempts: maxAttempts, env: cfg.RelayEnv}
+		inFlight: maxInFlight, maxAttempts: cfg.MaxAttempts, env: cfg.RelayEnv}
 	rs := make([]*relay, cfg.Relays)
 	for i := range rs {
 		rs[i] = startRelay(tb, rcfg, i+1)
@@ -209,7 +214,7 @@ func Run(tb testenv.TB, cfg Config) torture.Report {
 		if err := db.Pool.QueryRow(ctx, q).Scan(&pending); err != nil {
 			tb.Fatal(err)
 		}
-		if pending == 0 || time.Since(drainStart) > drainBound {
+		if pending == 0 || time.Since(drainStart) > cfg.DrainTimeout {
 			break
 		}
 		time.Sleep(100 * time.Millisecond)
@@ -217,7 +222,7 @@ func Run(tb testenv.TB, cfg Config) torture.Report {
 	drained := time.Now()
 	recovery := drained.Sub(nem.LastHealed()).Seconds()
 	if pending > 0 {
-		tb.Logf("%d events still pending %s after everything healed and the workload stopped: the relays did not drain", pending, drainBound)
+		tb.Logf("%d events still pending %s after everything healed and the workload stopped: the relays did not drain", pending, cfg.DrainTimeout)
 		recovery = -1
 	}
 	stopSampler()

@@ -1,0 +1,29 @@
+// Package broken switches on deliberate bugs, for the correctness suite's canaries: a
+// suite that passes a relay with one of these bugs proves nothing. The bugs exist only in
+// builds with the outbox_broken build tag, and then only when OUTBOX_BROKEN names them; in
+// every other build Has is a constant false and the compiler drops the broken branches.
+package broken
+
+// Bug names one deliberate bug.
+type Bug string
+
+// The bugs the suite must catch.
+const (
+	// MarkBeforeConfirm records a message as published whatever the broker answered.
+	MarkBeforeConfirm Bug = "mark-before-confirm"
+	// CursorPolling fetches only rows above the highest sequence seen so far ("id >
+	// cursor" polling), so a transaction that commits after a later one is skipped.
+	CursorPolling Bug = "cursor-polling"
+	// NoKeyGate lets every relay fetch every key, ignoring shard leases and held keys.
+	NoKeyGate Bug = "no-key-gate"
+	// LocalClockLeases judges lease expiry by the relay's own clock (skewed by
+	// OUTBOX_BROKEN_CLOCK_SKEW) instead of the database's.
+	LocalClockLeases Bug = "local-clock-leases"
+	// IgnoreReturns counts a RabbitMQ confirm as success even when the message was
+	// returned as unroutable.
+	IgnoreReturns Bug = "ignore-returns"
+)
+
+// EnvVar names the environment variable that lists the bugs to switch on, separated by
+// commas.
+const EnvVar = "OUTBOX_BROKEN"
