@@ -38,6 +38,7 @@ var commands = []*command{
 	natsCommand,
 	rabbitmqCommand,
 	benchCommand,
+	tortureCommand,
 	versionCommand,
 }
 
@@ -68,6 +69,7 @@ type invocation struct {
 }
 
 func main() {
+	tortureRelay()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	go func() {
 		// After the first signal, a second one kills the process the default way,

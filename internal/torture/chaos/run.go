@@ -64,6 +64,9 @@ type Config struct {
 	// load runs.
 	Progress      func(format string, args ...any)
 	ProgressEvery time.Duration
+	// Done, when closed, ends the load early (an interrupted long run): the run still
+	// heals, drains, reads back and checks what was written.
+	Done <-chan struct{}
 }
 
 const (
@@ -162,6 +165,11 @@ func Run(tb testenv.TB, cfg Config) torture.Report {
 			}
 		}
 	}
+	for k := range cfg.MinFaults {
+		if !slices.Contains(kindsOf(faults), k) {
+			tb.Fatalf("chaos: fault kind %q is not available in this run (available: %v)", k, kindsOf(faults))
+		}
+	}
 	nem := nemesis.Start(nemesis.Config{Seed: cfg.Seed, Faults: faults, MinGap: cfg.MinGap, MaxGap: cfg.MaxGap,
 		Log: nlog, Logf: tb.Logf})
 	tb.Cleanup(nem.Stop) // heals whatever is in progress, even on failure
@@ -176,6 +184,10 @@ func Run(tb testenv.TB, cfg Config) torture.Report {
 			loaded = h.Events() >= cfg.Events
 		}
 		if loaded && faultsMet(nem, cfg.MinFaults) {
+			break
+		}
+		if interrupted(cfg.Done) {
+			tb.Logf("interrupted: the load ends early; healing, draining and checking what was written")
 			break
 		}
 		if cfg.Progress != nil && time.Since(lastProgress) >= cfg.ProgressEvery {
@@ -260,6 +272,15 @@ func Run(tb testenv.TB, cfg Config) torture.Report {
 		tb.Errorf("nothing was delivered: the run proves nothing")
 	}
 	return rep
+}
+
+func interrupted(done <-chan struct{}) bool {
+	select {
+	case <-done:
+		return true
+	default:
+		return false
+	}
 }
 
 // faultsMet reports whether the nemesis finished a round of every kind and injected each

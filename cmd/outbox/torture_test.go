@@ -1,0 +1,43 @@
+package main
+
+import (
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/outboxkit/outbox/internal/testdb"
+)
+
+func TestMain(m *testing.M) {
+	tortureRelay() // `outbox torture` starts its relays as this executable
+	os.Exit(m.Run())
+}
+
+func TestTortureUsage(t *testing.T) {
+	for _, args := range [][]string{
+		{"torture", "--broker", "kafkaesque"},
+		{"torture", "--faults", "relay-kill"},
+		{"torture", "--faults", "relay-kill=0"},
+		{"torture", "--relays", "0"},
+	} {
+		r := must(t, 2, nil, args...)
+		if !strings.Contains(r.stderr, "--") {
+			t.Errorf("outbox %s: the error does not name the flag:\n%s", strings.Join(args, " "), r)
+		}
+	}
+}
+
+// TestTortureCommand runs a short torture run end to end: relay processes started as
+// this executable, a private NATS server, two fault kinds, the check's summary line.
+func TestTortureCommand(t *testing.T) {
+	r := must(t, 0, nil, "torture", "--duration", "1s", "--kinds", "relay-kill,pg-terminate",
+		"--faults", "relay-kill=2", "--database-url", testdb.URL())
+	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+	last := lines[len(lines)-1]
+	if !strings.HasPrefix(last, "chaos nats relays=1 seed=") || !strings.HasSuffix(last, " result=ok") {
+		t.Fatalf("the last line is not a passing summary: %q\n%s", last, r)
+	}
+	if !strings.Contains(r.stderr, "nemesis: relay-kill") {
+		t.Errorf("the progress output does not show the faults:\n%s", r.stderr)
+	}
+}
