@@ -137,15 +137,18 @@ need_pkg pgbouncer pgbouncer
 short=
 for a in "$@"; do [ "$a" = -short ] && short=-short; done
 
-# Fast packages under the race detector; the end-to-end fault tests (child processes,
-# broker restarts) run without it, since race mode slows them 5-10x and they test
-# processes, not memory.
-fast=$(go list ./... | grep -v -e '/e2e$')
+# Fast packages under the race detector; the end-to-end fault tests and the torture runs
+# (child processes, broker and database restarts) run without it, since race mode slows
+# them 5-10x and they test processes, not memory.
+fast=$(go list ./... | grep -v -e '/e2e$' -e '/internal/torture/chaos$')
 log "go vet"
 go vet ./...
+go vet -tags outbox_broken ./internal/...
 log "unit and integration tests (-race)"
 go test -race -count=1 -timeout 15m $short $fast
-if go list ./e2e >/dev/null 2>&1; then
-  log "end-to-end fault tests"
-  go test -count=1 -timeout 20m $short ./e2e
-fi
+log "end-to-end fault tests and torture runs"
+go test -count=1 -timeout 30m $short ./e2e ./internal/torture/chaos
+# The canaries: relays broken on purpose (build tag outbox_broken) that the torture runs
+# must catch.
+log "torture canaries"
+go test -tags outbox_broken -count=1 -timeout 20m $short -run '^TestCanar' ./internal/torture/chaos
