@@ -12,6 +12,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/outboxkit/outbox/internal/broken"
 )
 
 // Relay publishes committed messages from a Store to a Publisher. Several relays may run
@@ -508,6 +510,9 @@ func countTrue(m map[int]bool) int {
 
 // sendable reports whether messages of shard may be sent now.
 func (l *loop) sendable(shard int) bool {
+	if broken.Has(broken.NoKeyGate) {
+		return true // canary: leases ignored
+	}
 	_, held := l.leases[shard]
 	return held && !l.draining[shard] && time.Now().Before(l.leaseUntil)
 }
@@ -582,6 +587,9 @@ func (l *loop) onPublished(res pubResult) {
 		var err error
 		if res.errs != nil {
 			err = res.errs[i]
+		}
+		if broken.Has(broken.MarkBeforeConfirm) {
+			err = nil // canary: recorded as published whatever the broker answered
 		}
 		switch {
 		case err == nil:
@@ -885,6 +893,10 @@ func (l *loop) startFetch(ctx context.Context) {
 		return
 	}
 	full := l.cursor == 0 || !l.moreLikely || (l.wantFetch && time.Since(l.lastFull) >= fullFetchEvery)
+	if broken.Has(broken.CursorPolling) && l.maxSeq > 0 {
+		// Canary: "id > cursor" polling, never below the highest seq seen.
+		full, l.cursor, l.wantFetch = false, l.maxSeq, false
+	}
 	req := &FetchRequest{RelayID: l.cfg.ID, Limit: min(room, l.cfg.BatchSize)}
 	for shard, token := range l.leases {
 		if !l.draining[shard] {
@@ -965,6 +977,9 @@ func (l *loop) onFetch(res fetchResult) {
 			continue
 		}
 		token, ok := tokens[m.Shard]
+		if broken.Has(broken.NoKeyGate) {
+			token, ok = l.leases[m.Shard], true // canary: rows of any shard taken
+		}
 		if !ok || l.leases[m.Shard] != token || l.draining[m.Shard] {
 			continue // lease changed while fetching
 		}
@@ -994,7 +1009,7 @@ func (l *loop) wantLeaseSoon() {
 }
 
 func laneKey(m *Message) string {
-	if m.Key == "" {
+	if m.Key == "" || broken.Has(broken.NoKeyGate) { // the canary gives every message a lane
 		return "\x00" + strconv.FormatInt(m.Seq, 10)
 	}
 	return m.Key

@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/broken"
 	"github.com/outboxkit/outbox/internal/pgsql"
 )
 
@@ -228,6 +229,11 @@ func (d *Driver) SyncLeases(ctx context.Context, req outbox.LeaseRequest) (outbo
 	err := pgx.BeginFunc(ctx, d.pool, func(tx pgx.Tx) error {
 		n := d.names
 		ttl := req.TTL.Milliseconds()
+		if broken.Has(broken.LocalClockLeases) { // canary: the lease statements use the relay's clock
+			if _, err := tx.Exec(ctx, "SELECT set_config('"+pgsql.ClockSetting+"', $1, true)", pgsql.RelayClock(req.RelayID)); err != nil {
+				return err
+			}
+		}
 		if len(req.Release) > 0 {
 			if _, err := tx.Exec(ctx, n.LeaseRelease(), req.RelayID, pgsql.Tokens(req.Release)); err != nil {
 				return err

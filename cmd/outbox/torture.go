@@ -47,14 +47,16 @@ checks what was written. Replay a run with its --seed.
 		fs.StringVar(&kinds, "kinds", "", "fault kinds to inject, `kind,...` (default: all the broker supports)")
 		fs.IntVar(&cfg.Writers, "writers", 8, "concurrent writers")
 		fs.Float64Var(&cfg.Rate, "rate", 300, "transactions per second over all writers (1-3 events each)")
+		fs.IntVar(&cfg.Keys, "keys", 64, "aggregates (ordering keys); with few, long transactions hold up the writers")
 		fs.StringVar(&cfg.DatabaseURL, "database-url", "", "PostgreSQL `URL` (default: the local test database); a throwaway schema is made there")
+		fs.BoolVar(&cfg.PrivatePostgres, "private-postgres", false, "run the database on a private PostgreSQL server instead of --database-url (initdb in a\ntemporary directory; needs the PostgreSQL server binaries) and add pg-restart faults")
 		fs.StringVar(&cfg.Artifacts, "artifacts", "", "`directory` that keeps the fault log and, on failure, the history")
 		return func(ctx context.Context, inv *invocation, args []string) error {
 			if err := noArgs(args); err != nil {
 				return err
 			}
-			if cfg.Relays < 1 || cfg.Writers < 1 || cfg.Rate <= 0 || cfg.Events < 0 || cfg.Duration <= 0 {
-				return usageErrorf("--relays, --writers, --rate and --duration must be positive, --events not negative")
+			if cfg.Relays < 1 || cfg.Writers < 1 || cfg.Keys < 1 || cfg.Rate <= 0 || cfg.Events < 0 || cfg.Duration <= 0 {
+				return usageErrorf("--relays, --writers, --keys, --rate and --duration must be positive, --events not negative")
 			}
 			if !slices.Contains(chaos.Brokers(), cfg.Broker) {
 				return usageErrorf("--broker %q: not one of %s", cfg.Broker, strings.Join(chaos.Brokers(), ", "))

@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"strconv"
 	"strings"
+
+	"github.com/outboxkit/outbox/internal/broken"
 )
 
 // ReadColumns lists the columns read back for a pending message, in scan order, each
@@ -111,6 +113,9 @@ func (n *Names) Fetch() string {
 // go of, a shard it just gained, a transaction that committed after the fetch that set
 // the cursor) would be overtaken by a newer one.
 func (n *Names) FetchAfter() string {
+	if broken.Has(broken.NoKeyGate) {
+		return n.fetch(`o.seq > $3 AND $5::jsonb IS NOT NULL`) // canary: held keys ignored
+	}
 	return n.fetch(`o.seq > $3
   AND (o.key = '' OR NOT EXISTS (
         SELECT 1 FROM {{outbox}} e WHERE e.key = o.key AND e.seq <= $3
@@ -127,10 +132,14 @@ func HeldKeys(held map[string]int64) (string, error) {
 }
 
 func (n *Names) fetch(cond string) string {
+	leased := `o.shard = ANY(ARRAY(SELECT l.shard FROM {{leases}} l WHERE l.owner = $1 AND l.expires_at > now() AND l.shard = ANY($2::smallint[])))`
+	if broken.Has(broken.NoKeyGate) {
+		leased = `$1::text IS NOT NULL AND $2::smallint[] IS NOT NULL` // canary: every shard's rows
+	}
 	return n.r(`SELECT ` + ReadColumns("o.") + `
 FROM {{outbox}} o
 WHERE o.next_attempt_at <= now()
-  AND o.shard = ANY(ARRAY(SELECT l.shard FROM {{leases}} l WHERE l.owner = $1 AND l.expires_at > now() AND l.shard = ANY($2::smallint[])))
+  AND ` + leased + `
   AND ` + cond + `
   AND (o.key = '' OR NOT EXISTS (
         SELECT 1 FROM {{outbox}} w
@@ -219,34 +228,44 @@ RETURNING seq`)
 }
 
 // Lease statements, run in one transaction by SyncLeases.
+//
+// Under the canary broken.LocalClockLeases they judge time by the relay's clock, which
+// the driver sets first in the transaction (ClockSetting, RelayClock).
+func (n *Names) lease(s string) string {
+	if broken.Has(broken.LocalClockLeases) {
+		return relayClock(n.r(s))
+	}
+	return n.r(s)
+}
+
 func (n *Names) LeaseHeartbeat() string {
-	return n.r(`INSERT INTO {{relays}} (id, hostname, pid, expires_at) VALUES ($1, $2, $3, now() + $4 * interval '1 millisecond')
+	return n.lease(`INSERT INTO {{relays}} (id, hostname, pid, expires_at) VALUES ($1, $2, $3, now() + $4 * interval '1 millisecond')
 ON CONFLICT (id) DO UPDATE SET heartbeat_at = now(), expires_at = excluded.expires_at, hostname = excluded.hostname, pid = excluded.pid`)
 }
 
-func (n *Names) LeaseForgetRelay() string { return n.r(`DELETE FROM {{relays}} WHERE id = $1`) }
+func (n *Names) LeaseForgetRelay() string { return n.lease(`DELETE FROM {{relays}} WHERE id = $1`) }
 
 func (n *Names) LeasePruneRelays() string {
-	return n.r(`DELETE FROM {{relays}} WHERE expires_at < now() - interval '1 hour'`)
+	return n.lease(`DELETE FROM {{relays}} WHERE expires_at < now() - interval '1 hour'`)
 }
 
 func (n *Names) LeaseRelease() string {
-	return n.r(`UPDATE {{leases}} SET owner = NULL, expires_at = '-infinity' WHERE owner = $1 AND token = ANY($2::bigint[])`)
+	return n.lease(`UPDATE {{leases}} SET owner = NULL, expires_at = '-infinity' WHERE owner = $1 AND token = ANY($2::bigint[])`)
 }
 
 func (n *Names) LeaseRenew() string {
-	return n.r(`UPDATE {{leases}} SET expires_at = now() + $2 * interval '1 millisecond' WHERE owner = $1 AND token = ANY($3::bigint[])`)
+	return n.lease(`UPDATE {{leases}} SET expires_at = now() + $2 * interval '1 millisecond' WHERE owner = $1 AND token = ANY($3::bigint[])`)
 }
 
 func (n *Names) LeaseCounts() string {
-	return n.r(`SELECT (SELECT count(*) FROM {{leases}}), (SELECT count(*) FROM {{relays}} WHERE expires_at > now())`)
+	return n.lease(`SELECT (SELECT count(*) FROM {{leases}}), (SELECT count(*) FROM {{relays}} WHERE expires_at > now())`)
 }
 
 func (n *Names) LeaseAcquire() string {
-	return n.r(`UPDATE {{leases}} SET owner = $1, token = nextval('{{token_seq}}'), expires_at = now() + $2 * interval '1 millisecond'
+	return n.lease(`UPDATE {{leases}} SET owner = $1, token = nextval('{{token_seq}}'), expires_at = now() + $2 * interval '1 millisecond'
 WHERE shard IN (SELECT shard FROM {{leases}} WHERE owner IS NULL OR expires_at <= now() ORDER BY shard LIMIT $3 FOR UPDATE SKIP LOCKED)`)
 }
 
 func (n *Names) LeaseHeld() string {
-	return n.r(`SELECT shard, token FROM {{leases}} WHERE owner = $1 AND expires_at > now() ORDER BY shard`)
+	return n.lease(`SELECT shard, token FROM {{leases}} WHERE owner = $1 AND expires_at > now() ORDER BY shard`)
 }

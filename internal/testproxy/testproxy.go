@@ -57,12 +57,25 @@ func (p *Proxy) Restore(t testenv.TB) {
 // function is called.
 func (p *Proxy) Latency(t testenv.TB, d, jitter time.Duration) (remove func()) {
 	t.Helper()
+	return p.toxics(t, fmt.Sprintf(`{"type":"latency","stream":%%q,"attributes":{"latency":%d,"jitter":%d}}`, d.Milliseconds(), jitter.Milliseconds()))
+}
+
+// Blackhole stops data in both directions, without closing any connection (TCP stays up,
+// nothing arrives: a hung peer or a silent network drop), until the returned function is
+// called; then the delayed data flows again.
+func (p *Proxy) Blackhole(t testenv.TB) (remove func()) {
+	t.Helper()
+	return p.toxics(t, `{"type":"timeout","stream":%q,"attributes":{"timeout":0}}`)
+}
+
+// toxics adds the toxic spec (with %q for the stream) in both directions.
+func (p *Proxy) toxics(t testenv.TB, spec string) (remove func()) {
+	t.Helper()
 	var names []string
 	for _, dir := range []string{"upstream", "downstream"} {
-		spec := fmt.Sprintf(`{"type":"latency","stream":%q,"attributes":{"latency":%d,"jitter":%d}}`, dir, d.Milliseconds(), jitter.Milliseconds())
-		tx, err := p.p.Toxics.AddToxicJson(strings.NewReader(spec))
+		tx, err := p.p.Toxics.AddToxicJson(strings.NewReader(fmt.Sprintf(spec, dir)))
 		if err != nil {
-			t.Fatalf("testproxy: add latency: %v", err)
+			t.Fatalf("testproxy: add toxic: %v", err)
 		}
 		names = append(names, tx.Name)
 	}

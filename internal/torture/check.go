@@ -47,6 +47,9 @@ type Report struct {
 	Poison         int // committed poison events
 	DeadUnexpected int // dead-lettered events that are not committed poison
 	PoisonAlive    int // committed poison events not dead-lettered
+	// LeaseSteals counts shards that changed owner before their lease expired in
+	// database time (filled by the runner, which watches the lease table).
+	LeaseSteals int
 
 	Faults          int
 	RecoverySeconds float64
@@ -73,7 +76,7 @@ func (r Report) DupWithinBound() bool { return r.Dup <= r.DupBound }
 // injected poison dead, and recovery time and RSS within their limits.
 func (r Report) OK() bool {
 	return r.Unresolved == 0 && r.Lost == 0 && r.Phantom == 0 && r.Order == 0 && r.Mismatch == 0 &&
-		r.DupWithinBound() && r.DeadUnexpected == 0 && r.PoisonAlive == 0 &&
+		r.DupWithinBound() && r.DeadUnexpected == 0 && r.PoisonAlive == 0 && r.LeaseSteals == 0 &&
 		(r.Bounds.MaxRecoverySeconds == 0 || r.RecoverySeconds <= r.Bounds.MaxRecoverySeconds) &&
 		(r.Bounds.MaxRSSMiB == 0 || r.RSSMiB <= r.Bounds.MaxRSSMiB)
 }
@@ -97,6 +100,9 @@ func (r Report) String() string {
 	}
 	if r.PoisonAlive > 0 {
 		fmt.Fprintf(&b, " poison_alive=%d", r.PoisonAlive)
+	}
+	if r.LeaseSteals > 0 {
+		fmt.Fprintf(&b, " lease_steals=%d", r.LeaseSteals)
 	}
 	if r.OK() {
 		b.WriteString(" result=ok")

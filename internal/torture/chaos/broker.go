@@ -43,6 +43,9 @@ type Publisher interface {
 type brokerKind struct {
 	new  func() Broker
 	dial func(ctx context.Context, url, route string) (Publisher, error)
+	// maxAttempts is the relays' attempt limit in this broker's runs when Config has
+	// none; 0 means the common default.
+	maxAttempts int
 }
 
 var brokers = map[string]brokerKind{}

@@ -59,13 +59,15 @@ func runAndCheck(t *testing.T, cfg Config) {
 }
 
 // TestTortureNATS runs the workload against 1 and 3 relay processes publishing to a
-// private NATS JetStream server, while the nemesis kills, pauses and cuts off relays,
-// restarts the broker and terminates the relays' database sessions; then it checks the
-// complete read-back. Replay a failure with OUTBOX_TORTURE_SEED.
+// private NATS JetStream server, with a private PostgreSQL server, while the nemesis
+// injects every fault kind: relays killed, paused past their lease, cut off from the
+// broker and the database or slowed down, their database sessions terminated, the broker
+// and the database restarted; then it checks the complete read-back. Replay a failure
+// with OUTBOX_TORTURE_SEED.
 func TestTortureNATS(t *testing.T) {
 	for _, relays := range []int{1, 3} {
 		t.Run(fmt.Sprintf("relays=%d", relays), func(t *testing.T) {
-			runAndCheck(t, Config{Broker: "nats", Relays: relays})
+			runAndCheck(t, Config{Broker: "nats", Relays: relays, PrivatePostgres: true})
 		})
 	}
 }

@@ -59,14 +59,13 @@ func (b *natsBroker) RelayURL() string { return "nats://" + b.proxy.Addr() }
 func (b *natsBroker) Route() string    { return natsSubject + ".{topic}" }
 
 func (b *natsBroker) Faults(tb testenv.TB) []nemesis.Fault {
-	return []nemesis.Fault{
+	return append([]nemesis.Fault{
 		{Kind: KindBrokerRestart, MinHold: 200 * time.Millisecond, MaxHold: 1500 * time.Millisecond,
 			Inject: func(*rand.Rand) (string, func() error, error) {
 				b.srv.Stop()
 				return "nats " + b.srv.URL(), func() error { b.srv.Start(); return nil }, nil
 			}},
-		proxyCut(tb, b.proxy),
-	}
+	}, brokerProxyFaults(tb, b.proxy)...)
 }
 
 // proxyCut is the broker-cut fault: every connection through the proxy reset, new ones

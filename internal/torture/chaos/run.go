@@ -18,6 +18,7 @@ import (
 
 	"github.com/outboxkit/outbox/internal/testdb"
 	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/internal/testpg"
 	"github.com/outboxkit/outbox/internal/torture"
 	"github.com/outboxkit/outbox/internal/torture/nemesis"
 )
@@ -45,17 +46,25 @@ type Config struct {
 	// transactions per second over all of them (default 300; each writes 1–3 events).
 	Writers int
 	Rate    float64
+	// Keys is the number of aggregates (ordering keys); default 64. A long transaction
+	// holds its aggregate's row lock, so few keys slow the writers down.
+	Keys int
 	// MinGap and MaxGap bound the quiet time between faults (default 0.3–1.5 s).
 	MinGap, MaxGap time.Duration
 	// DatabaseURL is the PostgreSQL server; default the test database. The run works in
 	// a fresh schema, dropped at the end.
 	DatabaseURL string
+	// PrivatePostgres runs the database on a private PostgreSQL server (package testpg),
+	// started for the run and removed after it, instead of DatabaseURL, and adds the
+	// pg-restart fault, which the shared server must never suffer. Default false.
+	PrivatePostgres bool
 	// Artifacts is a directory for nemesis.jsonl and, on failure, history.jsonl; default
 	// a temporary directory.
 	Artifacts string
 	// RelayEnv is extra environment for the relay processes.
 	RelayEnv []string
-	// MaxAttempts is the relays' attempt limit before a dead letter; default 3.
+	// MaxAttempts is the relays' attempt limit before a dead letter; default 3, or the
+	// broker's own (RabbitMQ's returns burn attempts: RabbitMaxAttempts).
 	MaxAttempts int
 	// DrainTimeout bounds the final drain; default 2 minutes. Events still pending then
 	// are reported lost.
@@ -79,12 +88,12 @@ func (c Config) withDefaults() Config {
 	c.Relays = cmp.Or(c.Relays, 1)
 	c.Duration = cmp.Or(c.Duration, 45*time.Second)
 	c.Writers = cmp.Or(c.Writers, 8)
+	c.Keys = cmp.Or(c.Keys, torture.KeysDefault)
 	c.Rate = cmp.Or(c.Rate, 300)
 	c.MinGap = cmp.Or(c.MinGap, 300*time.Millisecond)
 	c.MaxGap = cmp.Or(c.MaxGap, 1500*time.Millisecond)
 	c.DatabaseURL = cmp.Or(c.DatabaseURL, testdb.URL())
 	c.ProgressEvery = cmp.Or(c.ProgressEvery, 10*time.Second)
-	c.MaxAttempts = cmp.Or(c.MaxAttempts, 3)
 	c.DrainTimeout = cmp.Or(c.DrainTimeout, 2*time.Minute)
 	return c
 }
@@ -101,6 +110,7 @@ func Run(tb testenv.TB, cfg Config) torture.Report {
 	if err != nil {
 		tb.Fatal(err)
 	}
+	cfg.MaxAttempts = cmp.Or(cfg.MaxAttempts, kind.maxAttempts, 3)
 	tb.Logf("seed=%d (replay with OUTBOX_TORTURE_SEED=%d)", cfg.Seed, cfg.Seed)
 	dir := cfg.Artifacts
 	if dir == "" {
@@ -113,6 +123,12 @@ func Run(tb testenv.TB, cfg Config) torture.Report {
 	broker := kind.new()
 	broker.Start(tb)
 
+	var pg *testpg.Server
+	if cfg.PrivatePostgres {
+		pg = testpg.StartServer(tb)
+		cfg.DatabaseURL = pg.URL()
+	}
+
 	// Database: a fresh migrated schema and the business tables.
 	db := testdb.MigratedAt(tb, cfg.DatabaseURL)
 	connect := func(ctx context.Context) (*pgx.Conn, error) { return pgx.Connect(ctx, cfg.DatabaseURL) }
@@ -121,16 +137,22 @@ func Run(tb testenv.TB, cfg Config) torture.Report {
 		if err != nil {
 			tb.Fatal(err)
 		}
-		err = torture.Prepare(ctx, conn, db.Schema, torture.KeysDefault)
+		err = torture.Prepare(ctx, conn, db.Schema, cfg.Keys)
 		_ = conn.Close(ctx)
 		if err != nil {
 			tb.Fatal(err)
 		}
 	}
+	if err := watchLeases(ctx, db); err != nil {
+		tb.Fatal(err)
+	}
+
+	// Relays reach the database through a proxy of their own (the writers do not).
+	dbProxy, relayDatabaseURL := proxyDatabase(tb, cfg.DatabaseURL)
 
 	var b [4]byte
 	_, _ = rand.Read(b[:])
-	rcfg := relayConfig{databaseURL: cfg.DatabaseURL, schema: db.Schema, kind: cfg.Broker, broker: broker.RelayURL(),
+	rcfg := relayConfig{databaseURL: relayDatabaseURL, schema: db.Schema, kind: cfg.Broker, broker: broker.RelayURL(),
 		route: broker.Route(), appName: "torture-relay-" + hex.EncodeToString(b[:]), ttl: leaseTTL,
 		inFlight: maxInFlight, maxAttempts: cfg.MaxAttempts, env: cfg.RelayEnv}
 	rs := make([]*relay, cfg.Relays)
@@ -142,7 +164,7 @@ func Run(tb testenv.TB, cfg Config) torture.Report {
 	// The workload.
 	h := &torture.History{}
 	wl, err := torture.StartWorkload(ctx, torture.WorkloadConfig{Connect: connect, Schema: db.Schema, Writers: cfg.Writers,
-		Rate: cfg.Rate, PoisonShare: 0.002, Seed: cfg.Seed}, h)
+		Keys: cfg.Keys, Rate: cfg.Rate, PoisonShare: 0.002, Seed: cfg.Seed}, h)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -156,18 +178,22 @@ func Run(tb testenv.TB, cfg Config) torture.Report {
 	tb.Cleanup(func() { _ = nlog.Close() }) // after the nemesis's own cleanup, which may still log
 	faults := relayFaults(rs)
 	faults = append(faults, pgTerminate(db, rcfg.appName))
+	faults = append(faults, proxyFaults(tb, dbProxy, KindDBCut, KindDBLatency, KindDBBlackhole)...)
+	if pg != nil {
+		faults = append(faults, pgRestart(pg, db.Pool))
+	}
 	faults = append(faults, broker.Faults(tb)...)
 	if len(cfg.Kinds) > 0 {
 		faults = slices.DeleteFunc(faults, func(f nemesis.Fault) bool { return !slices.Contains(cfg.Kinds, f.Kind) })
 		for _, k := range cfg.Kinds {
 			if !slices.Contains(kindsOf(faults), k) {
-				tb.Fatalf("chaos: fault kind %q is not available with broker %s", k, cfg.Broker)
+				tb.Fatalf("chaos: fault kind %q is not available with broker %s (pg-restart needs the private PostgreSQL server)", k, cfg.Broker)
 			}
 		}
 	}
 	for k := range cfg.MinFaults {
 		if !slices.Contains(kindsOf(faults), k) {
-			tb.Fatalf("chaos: fault kind %q is not available in this run (available: %v)", k, kindsOf(faults))
+			tb.Fatalf("chaos: fault kind %q is not available in this run (available: %v; pg-restart needs the private PostgreSQL server)", k, kindsOf(faults))
 		}
 	}
 	nem := nemesis.Start(nemesis.Config{Seed: cfg.Seed, Faults: faults, MinGap: cfg.MinGap, MaxGap: cfg.MaxGap,
@@ -257,6 +283,9 @@ func Run(tb testenv.TB, cfg Config) torture.Report {
 	rep.Seed = cfg.Seed
 	rep.RecoverySeconds = recovery
 	rep.RSSMiB = float64(peak) / 1024
+	if rep.LeaseSteals, err = leaseSteals(ctx, db, &rep); err != nil {
+		tb.Fatal(err)
+	}
 	tb.Logf("writing %s, drain %s, copies %d, faults %v", writing.Round(time.Millisecond), drained.Sub(drainStart).Round(time.Millisecond), rep.Copies, nem.Kinds())
 	if !rep.OK() {
 		for _, ex := range rep.Examples {
@@ -371,4 +400,38 @@ func RandomSeed() uint64 {
 	var b [8]byte
 	_, _ = rand.Read(b[:])
 	return binary.LittleEndian.Uint64(b[:]) >> 1
+}
+
+// watchLeases records every lease that changes owner before it expired in database
+// time: a relay took a live relay's shard. Releases (owner NULL) and takeovers of
+// expired or released leases are what correct relays do. The trigger's now() is the
+// transaction's, the same instant the lease statement judged expiry by.
+func watchLeases(ctx context.Context, db *testdb.DB) error {
+	s := pgx.Identifier{db.Schema}.Sanitize()
+	_, err := db.Pool.Exec(ctx, `CREATE TABLE `+s+`.torture_lease_steals (
+    shard smallint, old_owner text, new_owner text, left_ms float8, at timestamptz DEFAULT now());
+CREATE FUNCTION `+s+`.torture_lease_steal() RETURNS trigger LANGUAGE plpgsql AS $fn$
+BEGIN
+    IF OLD.owner IS NOT NULL AND NEW.owner IS NOT NULL AND NEW.owner <> OLD.owner AND OLD.expires_at > now() THEN
+        INSERT INTO `+s+`.torture_lease_steals (shard, old_owner, new_owner, left_ms)
+        VALUES (OLD.shard, OLD.owner, NEW.owner, extract(epoch FROM OLD.expires_at - now()) * 1000);
+    END IF;
+    RETURN NEW;
+END
+$fn$;
+CREATE TRIGGER torture_lease_steal BEFORE UPDATE ON `+s+`.outbox_leases
+    FOR EACH ROW EXECUTE FUNCTION `+s+`.torture_lease_steal();`)
+	return err
+}
+
+// leaseSteals counts what watchLeases recorded, with an example for the report.
+func leaseSteals(ctx context.Context, db *testdb.DB, rep *torture.Report) (int, error) {
+	s := pgx.Identifier{db.Schema}.Sanitize()
+	var n int
+	var ex string
+	err := db.Pool.QueryRow(ctx, `SELECT count(*), coalesce(min(format('lease: shard %s taken from %s by %s %s ms before it expired', shard, old_owner, new_owner, round(left_ms::numeric))), '') FROM `+s+`.torture_lease_steals`).Scan(&n, &ex)
+	if n > 0 {
+		rep.Examples = append(rep.Examples, ex)
+	}
+	return n, err
 }
