@@ -171,7 +171,11 @@ func (r *Relay) Run(ctx context.Context, grace time.Duration) error {
 //   - a rejected message's key is held back in the store only once the failure is
 //     recorded. Rows of that key a fetch returns are ignored until then (lane.failed),
 //     and a fetch already running when the failure is recorded may predate it: its rows
-//     of that key are ignored too (taint).
+//     of that key are ignored too (taint);
+//   - a message dropped from hand unsent (its shard lost or draining, or its leases
+//     lapsed locally) was excluded, as in hand, by a fetch running at that moment, which
+//     may return its key's later messages: that fetch's rows of the key are ignored too
+//     (taint), and the next full fetch returns the key from the dropped message on.
 
 type item struct {
 	m     *Message
@@ -711,7 +715,9 @@ func (l *loop) enqueue(ln *lane) {
 	}
 }
 
-// dropLane forgets ln's unsent messages; its in-flight head, if any, stays.
+// dropLane forgets ln's unsent messages; its in-flight head, if any, stays. A fetch
+// running meanwhile excluded them as in hand and may return the key's later messages:
+// its rows of the key are ignored (taint), or they would overtake the dropped ones.
 func (l *loop) dropLane(ln *lane) {
 	if ln.failed {
 		return // settles when its failure is recorded
@@ -719,6 +725,9 @@ func (l *loop) dropLane(ln *lane) {
 	keep := 0
 	if ln.inFlight {
 		keep = 1
+	}
+	if l.fetching && len(ln.queue) > keep {
+		l.taint[ln.key] = true
 	}
 	for _, it := range ln.queue[keep:] {
 		l.forget(it.m.Seq)

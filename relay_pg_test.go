@@ -465,3 +465,100 @@ func TestRelayHardKillTakeover(t *testing.T) {
 		t.Fatalf("%d per-key order violations after a takeover", violations)
 	}
 }
+
+// heldFetchStore holds the first Fetch that returns rows, once armed, until released,
+// and fails lease renewals on demand.
+type heldFetchStore struct {
+	outbox.Store
+	mu         sync.Mutex
+	hold       chan struct{} // armed: the next Fetch with rows waits for it to close
+	holding    chan struct{} // closed when a Fetch is being held
+	failLeases atomic.Bool
+}
+
+func (s *heldFetchStore) arm() (holding, release chan struct{}) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.hold, s.holding = make(chan struct{}), make(chan struct{})
+	return s.holding, s.hold
+}
+
+func (s *heldFetchStore) Fetch(ctx context.Context, req outbox.FetchRequest) ([]*outbox.Message, error) {
+	rows, err := s.Store.Fetch(ctx, req)
+	s.mu.Lock()
+	hold, holding := s.hold, s.holding
+	if len(rows) > 0 {
+		s.hold, s.holding = nil, nil
+	}
+	s.mu.Unlock()
+	if hold != nil && len(rows) > 0 {
+		close(holding)
+		<-hold
+	}
+	return rows, err
+}
+
+func (s *heldFetchStore) SyncLeases(ctx context.Context, r outbox.LeaseRequest) (outbox.LeaseState, error) {
+	if s.failLeases.Load() {
+		return outbox.LeaseState{}, errors.New("test: lease renewal fails")
+	}
+	return s.Store.SyncLeases(ctx, r)
+}
+
+// TestRelayDropDuringFetchKeepsOrder: a key's message in flight is dropped from hand (a
+// broker outage after the relay's leases lapsed locally) while a fetch that excluded it
+// runs and returns the key's next messages. Those must not be sent before it.
+func TestRelayDropDuringFetchKeepsOrder(t *testing.T) {
+	t.Parallel()
+	b := setupRelay(t)
+	inFlight1, release1 := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	pub := &outboxtest.Publisher{Fail: func(m *outbox.Message) error {
+		var first bool
+		if string(m.Payload) == "1" {
+			once.Do(func() { first = true })
+		}
+		if first {
+			close(inFlight1)
+			<-release1 // in flight until the test lets it fail (the publisher is locked meanwhile)
+			return outbox.Outage(errors.New("test: broker outage"))
+		}
+		return nil
+	}}
+	store := &heldFetchStore{Store: b.Driver}
+	ttl := 1500 * time.Millisecond
+	r := b.relay(t, store, pub, outbox.RelayConfig{ID: "r", LeaseTTL: ttl, OutageMinDelay: 10 * time.Millisecond, OutageMaxDelay: 50 * time.Millisecond})
+	waitUntil(t, 10*time.Second, "the relay holds every shard", func() bool { return r.Stats().Shards == 64 })
+
+	b.Write(t, outbox.Message{Topic: "t", Key: "k", Payload: []byte("1")})
+	select {
+	case <-inFlight1:
+	case <-time.After(10 * time.Second):
+		t.Fatal("message 1 was not sent")
+	}
+	holding, release := store.arm()
+	b.Write(t, outbox.Message{Topic: "t", Key: "k", Payload: []byte("2")}, outbox.Message{Topic: "t", Key: "k", Payload: []byte("3")})
+	select {
+	case <-holding: // a fetch that excluded message 1 (in hand) returned 2 and 3
+	case <-time.After(10 * time.Second):
+		t.Fatal("no fetch returned messages 2 and 3")
+	}
+	store.failLeases.Store(true)
+	time.Sleep(ttl) // the leases lapse locally: nothing may be sent
+	close(release1) // message 1 fails with an outage and is dropped from hand
+	waitUntil(t, 10*time.Second, "the outage", func() bool { return r.Stats().Outages >= 1 })
+	time.Sleep(50 * time.Millisecond)
+	close(release) // the fetch returns 2 and 3
+	store.failLeases.Store(false)
+	waitUntil(t, 20*time.Second, "everything published", func() bool {
+		return b.scalar(t, `SELECT count(*) FROM %s`) == 0
+	})
+	got := pub.Messages()
+	var order []string
+	for _, m := range got {
+		order = append(order, string(m.Payload))
+	}
+	if _, violations := orderCheck(got); violations != 0 {
+		t.Fatalf("published out of order: %v", order)
+	}
+}
