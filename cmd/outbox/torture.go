@@ -45,6 +45,8 @@ checks what was written. Replay a run with its --seed.
 		fs.Uint64Var(&cfg.Seed, "seed", 0, "seed for the workload and the nemesis (0: random; the summary prints it)")
 		fs.StringVar(&faults, "faults", "", "minimum fault counts, `kind=n,...` (e.g. relay-kill=50,broker-restart=10)")
 		fs.StringVar(&kinds, "kinds", "", "fault kinds to inject, `kind,...` (default: all the broker supports)")
+		fs.DurationVar(&cfg.MinGap, "min-gap", 300*time.Millisecond, "shortest quiet time between faults")
+		fs.DurationVar(&cfg.MaxGap, "max-gap", 1500*time.Millisecond, "longest quiet time between faults")
 		fs.IntVar(&cfg.Writers, "writers", 8, "concurrent writers")
 		fs.Float64Var(&cfg.Rate, "rate", 300, "transactions per second over all writers (1-3 events each)")
 		fs.IntVar(&cfg.Keys, "keys", 64, "aggregates (ordering keys); with few, long transactions hold up the writers")
@@ -54,6 +56,9 @@ checks what was written. Replay a run with its --seed.
 		return func(ctx context.Context, inv *invocation, args []string) error {
 			if err := noArgs(args); err != nil {
 				return err
+			}
+			if cfg.MinGap <= 0 || cfg.MaxGap < cfg.MinGap {
+				return usageErrorf("--min-gap must be positive and --max-gap at least --min-gap")
 			}
 			if cfg.Relays < 1 || cfg.Writers < 1 || cfg.Keys < 1 || cfg.Rate <= 0 || cfg.Events < 0 || cfg.Duration <= 0 {
 				return usageErrorf("--relays, --writers, --keys, --rate and --duration must be positive, --events not negative")

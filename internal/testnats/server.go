@@ -2,9 +2,6 @@ package testnats
 
 import (
 	"context"
-	"errors"
-	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -47,14 +44,7 @@ func StartServer(t testenv.TB) *Server {
 			t.Fatalf("testnats: the nats-server binary is needed for this test and is neither on PATH nor at %s: install it (apt-get install nats-server, or go install github.com/nats-io/nats-server/v2@latest)", bin)
 		}
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("testnats: find a free port: %v", err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	_ = l.Close()
-
-	s := &Server{t: t, bin: bin, port: port, dir: t.TempDir()}
+	s := &Server{t: t, bin: bin, port: testenv.FreePort(t), dir: t.TempDir()}
 	s.logPath = filepath.Join(t.TempDir(), "nats-server.log")
 	// Registered after the TempDir cleanups, so it runs before them.
 	t.Cleanup(s.Stop)
@@ -102,20 +92,7 @@ func (s *Server) Start() {
 
 // waitReady polls until a client can connect and get JetStream account info.
 func (s *Server) waitReady(exited <-chan struct{}, timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
-	var last error
-	for time.Now().Before(deadline) {
-		select {
-		case <-exited:
-			return errors.New("the process exited")
-		default:
-		}
-		if last = s.ping(); last == nil {
-			return nil
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return fmt.Errorf("still not ready after %v: %w", timeout, last)
+	return testenv.WaitReady(exited, timeout, 20*time.Millisecond, s.ping)
 }
 
 func (s *Server) ping() error {

@@ -18,7 +18,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"os/user"
@@ -99,12 +98,7 @@ func StartServer(t testenv.TB) *Server {
 	if out, err := s.run("initdb", "-D", s.dataDir(), "-U", "postgres", "-A", "trust", "-E", "UTF8", "--locale=C"); err != nil {
 		t.Fatalf("testpg: initdb: %v\n%s", err, out)
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("testpg: find a free port: %v", err)
-	}
-	s.port = l.Addr().(*net.TCPAddr).Port
-	_ = l.Close()
+	s.port = testenv.FreePort(t)
 	s.Start()
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -218,20 +212,7 @@ func (s *Server) Start() {
 
 // waitReady polls until a client can connect and run a query.
 func (s *Server) waitReady(exited <-chan struct{}) error {
-	deadline := time.Now().Add(readyTimeout)
-	var last error
-	for time.Now().Before(deadline) {
-		select {
-		case <-exited:
-			return errors.New("the process exited")
-		default:
-		}
-		if last = s.ping(); last == nil {
-			return nil
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return fmt.Errorf("still not ready after %v: %w", readyTimeout, last)
+	return testenv.WaitReady(exited, readyTimeout, 20*time.Millisecond, s.ping)
 }
 
 func (s *Server) ping() error {

@@ -8,9 +8,7 @@ package testrabbit
 import (
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -79,7 +77,7 @@ func StartServer(t testenv.TB) *Server {
 	var b [6]byte
 	_, _ = rand.Read(b[:])
 	s := &Server{t: t, script: script, node: "outbox_test_" + hex.EncodeToString(b[:]) + "@localhost",
-		port: freePort(t), distPort: freePort(t), dir: t.TempDir()}
+		port: testenv.FreePort(t), distPort: testenv.FreePort(t), dir: t.TempDir()}
 	s.consoleLog = filepath.Join(s.dir, "log", "console.log")
 	for name, text := range map[string]string{
 		"enabled_plugins":   "[].\n", // no management plugin, nor any other
@@ -97,15 +95,6 @@ func StartServer(t testenv.TB) *Server {
 	t.Cleanup(s.kill)
 	s.Start()
 	return s
-}
-
-func freePort(t testenv.TB) int {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("testrabbit: find a free port: %v", err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
 }
 
 // URL returns the node's AMQP URL, with the guest user.
@@ -195,20 +184,7 @@ func (s *Server) Start() {
 
 // waitReady polls until a client can connect and open a channel.
 func (s *Server) waitReady(exited <-chan struct{}) error {
-	deadline := time.Now().Add(bootTimeout)
-	var last error
-	for time.Now().Before(deadline) {
-		select {
-		case <-exited:
-			return errors.New("the process exited")
-		default:
-		}
-		if last = s.ping(); last == nil {
-			return nil
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	return fmt.Errorf("still not ready after %v: %w", bootTimeout, last)
+	return testenv.WaitReady(exited, bootTimeout, 50*time.Millisecond, s.ping)
 }
 
 func (s *Server) ping() error {
