@@ -68,16 +68,6 @@ func (b *natsBroker) Faults(tb testenv.TB) []nemesis.Fault {
 	}, brokerProxyFaults(tb, b.proxy)...)
 }
 
-// proxyCut is the broker-cut fault: every connection through the proxy reset, new ones
-// refused, for 1–4 s.
-func proxyCut(tb testenv.TB, p *testproxy.Proxy) nemesis.Fault {
-	return nemesis.Fault{Kind: KindBrokerCut, MinHold: time.Second, MaxHold: 4 * time.Second,
-		Inject: func(*rand.Rand) (string, func() error, error) {
-			p.Cut()
-			return "proxy " + p.Addr(), func() error { p.Restore(tb); return nil }, nil
-		}}
-}
-
 // ReadBack reads the whole stream, from its first message to its last sequence, with an
 // ordered consumer.
 func (b *natsBroker) ReadBack(tb testenv.TB, log *torture.DeliveryLog) {
