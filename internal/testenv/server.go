@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"time"
 )
 
@@ -36,4 +37,17 @@ func WaitReady(exited <-chan struct{}, timeout, interval time.Duration, ping fun
 		time.Sleep(interval)
 	}
 	return fmt.Errorf("still not ready after %v: %w", timeout, last)
+}
+
+// LogTail returns the last n bytes of the log file at path, or why it cannot be read, for
+// the failure message of a server that did not come up.
+func LogTail(path string, n int) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err.Error()
+	}
+	if len(b) > n {
+		b = b[len(b)-n:]
+	}
+	return string(b)
 }

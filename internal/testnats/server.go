@@ -111,17 +111,7 @@ func (s *Server) ping() error {
 	return err
 }
 
-func (s *Server) log() string {
-	b, err := os.ReadFile(s.logPath)
-	if err != nil {
-		return err.Error()
-	}
-	const tail = 8 << 10
-	if len(b) > tail {
-		b = b[len(b)-tail:]
-	}
-	return string(b)
-}
+func (s *Server) log() string { return testenv.LogTail(s.logPath, 8<<10) }
 
 // Stop shuts the server down gracefully (SIGTERM) and waits for it to exit, killing it
 // after 10 s. Stopping a stopped server does nothing.

@@ -271,17 +271,7 @@ func (s *Server) cleanup() {
 }
 
 // log returns the tail of the server log.
-func (s *Server) log() string {
-	b, err := os.ReadFile(s.logPath())
-	if err != nil {
-		return err.Error()
-	}
-	const tail = 8 << 10
-	if len(b) > tail {
-		b = b[len(b)-tail:]
-	}
-	return string(b)
-}
+func (s *Server) log() string { return testenv.LogTail(s.logPath(), 8<<10) }
 
 // pid returns the postmaster's process id, 0 when stopped.
 func (s *Server) pid() int {

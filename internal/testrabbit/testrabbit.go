@@ -204,16 +204,7 @@ func (s *Server) ping() error {
 func (s *Server) log() string {
 	var out strings.Builder
 	for _, p := range []string{filepath.Join(s.dir, "log", s.node+".log"), s.consoleLog} {
-		b, err := os.ReadFile(p)
-		if err != nil {
-			fmt.Fprintf(&out, "%v\n", err)
-			continue
-		}
-		const tail = 6 << 10
-		if len(b) > tail {
-			b = b[len(b)-tail:]
-		}
-		fmt.Fprintf(&out, "%s:\n%s\n", filepath.Base(p), b)
+		fmt.Fprintf(&out, "%s:\n%s\n", filepath.Base(p), testenv.LogTail(p, 6<<10))
 	}
 	return out.String()
 }
