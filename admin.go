@@ -55,6 +55,21 @@ type Status struct {
 	Relays           []RelayInfo   `json:"relays"`
 	Shards           int           `json:"shards"`
 	ShardsLeased     int           `json:"shards_leased"` // shards with an unexpired lease
+	// Partitions describes the published history's daily partitions (PostgreSQL, schema
+	// version 3); nil for a store that keeps none.
+	Partitions *PartitionStatus `json:"partitions,omitempty"`
+	// OldestTransactionAge is how long the oldest transaction that holds a snapshot in the
+	// outbox's database has been open (PostgreSQL: it pins the xmin horizon, so vacuum
+	// removes no row deleted since it began); 0 when none is open or the store cannot tell.
+	OldestTransactionAge time.Duration `json:"oldest_transaction_age"`
+}
+
+// PartitionStatus describes the daily partitions of the published history.
+type PartitionStatus struct {
+	Count     int       `json:"count"`
+	Oldest    time.Time `json:"oldest"`     // the oldest day with a partition (UTC midnight); zero when none
+	Newest    time.Time `json:"newest"`     // the newest
+	DaysAhead int       `json:"days_ahead"` // days after today (UTC) that have a partition, with none missing from today; -1 when today has none
 }
 
 // TopicStatus is Status for one topic.

@@ -3,6 +3,7 @@ package outbox_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/testdb"
+	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/outboxtest"
 )
 
@@ -89,19 +91,16 @@ func TestRelayObserver(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if err := r.Start(ctx); err != nil {
+	if err := r.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	for r.Stats().Published < 19 || r.Stats().DeadLettered < 1 {
-		if ctx.Err() != nil {
-			t.Fatalf("relay stats %+v", r.Stats())
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	if err := r.Stop(ctx); err != nil {
-		t.Fatal(err)
+	t.Cleanup(func() { _ = r.Stop(testenv.Context(t)) }) // on a failure below; stopping twice is safe
+	testenv.Await(t, "19 published and 1 dead letter", func() (any, bool) {
+		s := r.Stats()
+		return fmt.Sprintf("published %d, rejected %d, dead %d", s.Published, s.Rejected, s.DeadLettered), s.Published >= 19 && s.DeadLettered >= 1
+	})
+	if err := r.Stop(testenv.Context(t)); err != nil {
+		t.Fatalf("stop relay: %v", err)
 	}
 	rec.mu.Lock()
 	defer rec.mu.Unlock()

@@ -309,9 +309,13 @@ func (l *loop) run(ctx context.Context) {
 		bg.Add(1)
 		go func() { defer bg.Done(); l.listen(bgCtx, lis) }()
 	}
-	if l.cfg.Retention > 0 {
+	m, ok := l.r.store.(Maintainer)
+	if !ok && l.cfg.Retention > 0 {
+		m, ok = rowCleaner{l.r.store}, true
+	}
+	if ok {
 		bg.Add(1)
-		go func() { defer bg.Done(); l.clean(bgCtx) }()
+		go func() { defer bg.Done(); l.maintain(bgCtx, m) }()
 	}
 
 	poll := time.NewTicker(l.cfg.PollInterval)
@@ -1046,34 +1050,46 @@ func (l *loop) listen(ctx context.Context, lis Listener) {
 	}
 }
 
-func (l *loop) clean(ctx context.Context) {
+// maintain calls m (the store's upkeep, or a rowCleaner) at start and every
+// CleanupInterval.
+func (l *loop) maintain(ctx context.Context, m Maintainer) {
 	t := time.NewTicker(l.cfg.CleanupInterval)
 	defer t.Stop()
 	for {
-		for {
-			n, err := l.r.store.DeletePublished(ctx, l.cfg.Retention, l.cfg.CleanupBatch)
-			if err != nil {
-				if ctx.Err() == nil {
-					l.log.Error("retention cleanup failed", "err", err)
-				}
-				break
-			}
-			if n > 0 {
-				l.log.Debug("retention cleanup", "deleted", n)
-			}
-			if n < l.cfg.CleanupBatch {
-				break
-			}
-			select { // leave the database room between batches
-			case <-ctx.Done():
-				return
-			case <-time.After(10 * time.Millisecond):
-			}
+		done, err := m.Maintain(ctx, MaintainRequest{Retention: l.cfg.Retention, Limit: l.cfg.CleanupBatch})
+		switch {
+		case err != nil && ctx.Err() == nil:
+			l.log.Error("maintenance failed", "err", err)
+		case len(done.Created) > 0 || len(done.Dropped) > 0:
+			l.log.Info("maintenance", "partitions_created", len(done.Created), "partitions_dropped", len(done.Dropped), "deleted", done.Deleted)
+		case done.Deleted > 0:
+			l.log.Debug("maintenance", "deleted", done.Deleted)
 		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		}
+	}
+}
+
+// rowCleaner maintains a store that is not a Maintainer: it deletes expired published
+// rows (and whatever the store expires with them) through DeletePublished, in batches of
+// req.Limit with a short pause between them, until a batch comes back short.
+type rowCleaner struct{ store Store }
+
+func (c rowCleaner) Maintain(ctx context.Context, req MaintainRequest) (Maintenance, error) {
+	var m Maintenance
+	for {
+		n, err := c.store.DeletePublished(ctx, req.Retention, req.Limit)
+		m.Deleted += n
+		if err != nil || n < req.Limit {
+			return m, err
+		}
+		select { // leave the database room between batches
+		case <-ctx.Done():
+			return m, ctx.Err()
+		case <-time.After(10 * time.Millisecond):
 		}
 	}
 }

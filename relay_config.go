@@ -57,8 +57,9 @@ type RelayConfig struct {
 	// outcome is unknown, so the message is sent again). Defaults to 30s.
 	PublishTimeout time.Duration
 
-	// Retention is how long published messages are kept before the cleaner deletes them.
-	// -1 keeps them forever (no cleaner). Defaults to 7 days (168h).
+	// Retention is how long published messages are kept before the cleaner deletes them
+	// (or, on a store that keeps them in daily partitions, drops their day). -1 keeps them
+	// forever. Defaults to 7 days (168h).
 	Retention time.Duration
 
 	// CleanupInterval is how often the cleaner runs, and CleanupBatch how many rows one

@@ -38,6 +38,34 @@ type Store interface {
 	DeletePublished(ctx context.Context, olderThan time.Duration, limit int) (int, error)
 }
 
+// Maintainer is implemented by stores whose tables need upkeep beyond deleting old rows:
+// the PostgreSQL stores keep the published history in daily partitions, created days
+// ahead and dropped whole once expired. A relay whose store implements it calls Maintain
+// at start and every CleanupInterval instead of DeletePublished, also when Retention is
+// -1 (keep forever: nothing is dropped, days are still created). Every relay calls it:
+// the store must let one do the work at a time and return promptly in the others. An
+// error is logged and the call repeated at the next interval; steps that succeeded stay
+// done. A wrapper that embeds a Store hides this method unless it declares it too, and the
+// relay then falls back to DeletePublished: forward it.
+type Maintainer interface {
+	Maintain(ctx context.Context, req MaintainRequest) (Maintenance, error)
+}
+
+// MaintainRequest is the input of Maintainer.Maintain.
+type MaintainRequest struct {
+	// Retention is how long published messages are kept; -1 keeps them forever.
+	Retention time.Duration
+	// Limit bounds the rows one statement deletes (expired dedup keys).
+	Limit int
+}
+
+// Maintenance is what one Maintain call did.
+type Maintenance struct {
+	Created, Dropped []time.Time // days of published history whose partition was created or dropped
+	Deleted          int         // rows deleted: expired dedup keys, and published rows where the history is not partitioned
+	Skipped          bool        // another process was maintaining the store: nothing done
+}
+
 // Listener is implemented by stores that can wake the relay when messages are written
 // (PostgreSQL LISTEN/NOTIFY). Listen calls wake after each notification and returns when
 // ctx is done or the listening connection fails; the relay polls meanwhile and calls

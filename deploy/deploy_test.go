@@ -79,6 +79,9 @@ var knownMetrics = map[string]bool{
 	"outbox_relays_live":                    false,
 	"outbox_shards":                         false,
 	"outbox_shards_leased":                  false,
+	"outbox_partitions":                     false,
+	"outbox_partition_days_ahead":           false,
+	"outbox_oldest_transaction_age_seconds": false,
 }
 
 // baseMetric returns the metric a series name belongs to, and whether it is known.

@@ -121,7 +121,18 @@ func (c *confirmChannel) run(confirms <-chan amqp.Confirmation, returns <-chan a
 			c.returned(r)
 		case conf, ok := <-confirms:
 			if !ok {
-				c.shut(errChannelClosed)
+				// amqp091 sends the close reason to closes (buffered) before it closes
+				// confirms: report the broker's reason, not just that it closed, when
+				// this select saw the confirms end first.
+				var err error = errChannelClosed
+				select {
+				case e, ok := <-closes:
+					if ok && e != nil {
+						err = e
+					}
+				default:
+				}
+				c.shut(err)
 				return
 			}
 			takeReturns()

@@ -2,11 +2,11 @@ package outboxamqp_test
 
 import (
 	"testing"
-	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/internal/testproxy"
 	"github.com/outboxkit/outbox/outboxamqp"
 	"github.com/outboxkit/outbox/outboxtest/conformance"
@@ -33,7 +33,7 @@ func TestConformance(t *testing.T) {
 			return name
 		},
 		Publisher: func(t *testing.T, route string) outbox.Publisher {
-			pub, err := outboxamqp.Dial(ctxT(t, 10*time.Second), viaAddr(t, proxy.Addr()),
+			pub, err := outboxamqp.Dial(testenv.Context(t), viaAddr(t, proxy.Addr()),
 				outboxamqp.Config{Exchange: route, Route: "{topic}"})
 			if err != nil {
 				t.Fatal(err)

@@ -21,6 +21,7 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/testdb"
+	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/internal/testproxy"
 	"github.com/outboxkit/outbox/outboxamqp"
 )
@@ -48,7 +49,7 @@ func declareConsumer(t *testing.T, conn *amqp.Connection, cfg outboxamqp.Consume
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := top.Declare(ctxT(t, 10*time.Second), channel(t, conn)); err != nil {
+	if err := top.Declare(testenv.Context(t), channel(t, conn)); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -63,7 +64,10 @@ func publishN(t *testing.T, conn *amqp.Connection, queue string, n, keys int) {
 		batch = append(batch, &outbox.Message{ID: outbox.NewID(), Topic: queue, Key: "k" + strconv.Itoa(i%keys),
 			Payload: []byte(strconv.Itoa(i)), ContentType: "text/plain", EventType: "placed", AggregateType: "order"})
 		if len(batch) == 1000 || i == n-1 {
-			requireNoErrs(t, pub.Publish(ctxT(t, 30*time.Second), batch))
+			ctx, cancel := testenv.CallContext() // per batch: a hang bound, not a budget on all n
+			errs := pub.Publish(ctx, batch)
+			cancel()
+			requireNoErrs(t, errs)
 			batch = nil
 		}
 	}
@@ -88,14 +92,9 @@ func startConsumer(t *testing.T, conn *amqp.Connection, cfg outboxamqp.ConsumerC
 func (r *consumerRun) stop(t *testing.T) error {
 	t.Helper()
 	r.cancel()
-	select {
-	case err := <-r.errc:
-		r.errc <- err // for a second stop
-		return err
-	case <-time.After(60 * time.Second):
-		t.Fatal("Consume did not return within a minute of its context ending")
-		return nil
-	}
+	err := testenv.AwaitRecv(t, "Consume to return once its context ended", r.errc)
+	r.errc <- err // for a second stop
+	return err
 }
 
 // depth counts the messages ready in queue (queueLen keeps a channel per call open until
@@ -114,6 +113,15 @@ func depth(t *testing.T, conn *amqp.Connection, queue string) int {
 	return q.Messages
 }
 
+// awaitDepth waits until queue holds n ready messages.
+func awaitDepth(t *testing.T, conn *amqp.Connection, queue string, n int) {
+	t.Helper()
+	testenv.Await(t, fmt.Sprintf("%d messages in %s", n, queue), func() (any, bool) {
+		got := depth(t, conn, queue)
+		return got, got == n
+	})
+}
+
 // syncBuffer is a bytes.Buffer safe for a logger writing while the test reads.
 type syncBuffer struct {
 	mu sync.Mutex
@@ -130,18 +138,6 @@ func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
-}
-
-// waitFor polls cond until it holds, failing the test after a minute.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }
 
 func TestConsumeOrderAndAck(t *testing.T) {
@@ -171,7 +167,11 @@ func TestConsumeOrderAndAck(t *testing.T) {
 		got++
 		return nil
 	})
-	waitFor(t, "every message handled", func() bool { mu.Lock(); defer mu.Unlock(); return got == n })
+	testenv.Await(t, "every message handled", func() (any, bool) {
+		mu.Lock()
+		defer mu.Unlock()
+		return fmt.Sprintf("%d of %d handled", got, n), got == n
+	})
 	if err := run.stop(t); err != nil {
 		t.Fatal(err)
 	}
@@ -228,11 +228,12 @@ func testRetryAndDeadLetter(t *testing.T, kind string) {
 		return nil
 	})
 	dead := cfg.Queue.Name + ".dead"
-	waitFor(t, "two dead letters", func() bool { return depth(t, conn, dead) == 2 })
-	waitFor(t, "every message handled", func() bool {
+	awaitDepth(t, conn, dead, 2)
+	testenv.Await(t, "every message handled", func() (any, bool) {
 		mu.Lock()
 		defer mu.Unlock()
-		return len(attempts) == 53 && len(attempts["0"]) == 2
+		return fmt.Sprintf("%d of 53 messages handled, %q attempted %v", len(attempts), "0", attempts["0"]),
+			len(attempts) == 53 && len(attempts["0"]) == 2
 	})
 	if err := run.stop(t); err != nil {
 		t.Fatal(err)
@@ -253,7 +254,7 @@ func testRetryAndDeadLetter(t *testing.T, kind string) {
 		}
 	}
 
-	letters, err := outboxamqp.ListDead(ctxT(t, 10*time.Second), conn, dead, 0)
+	letters, err := outboxamqp.ListDead(testenv.Context(t), conn, dead, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -314,8 +315,8 @@ func TestConsumePanicIsPermanent(t *testing.T) {
 		panic("boom")
 	})
 	dead := cfg.Queue.Name + ".dead"
-	waitFor(t, "the dead letter", func() bool { return depth(t, conn, dead) == 1 })
-	letters, err := outboxamqp.ListDead(ctxT(t, 10*time.Second), conn, dead, 0)
+	awaitDepth(t, conn, dead, 1)
+	letters, err := outboxamqp.ListDead(testenv.Context(t), conn, dead, 0)
 	if err != nil || len(letters) != 1 || !strings.Contains(letters[0].Reason, "handler panicked: boom") || calls.Load() != 1 {
 		t.Fatalf("dead letters %+v, %v; %d calls", letters, err, calls.Load())
 	}
@@ -341,9 +342,9 @@ func TestConsumeGracefulShutdown(t *testing.T) {
 		handled = append(handled, string(d.Payload))
 		return nil
 	})
-	<-started
+	testenv.AwaitChan(t, "the first delivery", started, func() any { return "no delivery yet" })
 	run.cancel()
-	close(release)
+	close(release) // Consume has seen its context end: the lanes start nothing more
 	if err := run.stop(t); err != nil {
 		t.Fatal(err)
 	}
@@ -418,7 +419,7 @@ func TestConsumeRefusesQueueWithoutDLX(t *testing.T) {
 	declareQueue(t, conn, cfg.Queue.Name, nil)
 	publishN(t, conn, cfg.Queue.Name, 1, 1)
 	called := false
-	err := outboxamqp.Consume(ctxT(t, 10*time.Second), conn, cfg, func(context.Context, *outbox.Delivery) error {
+	err := outboxamqp.Consume(testenv.Context(t), conn, cfg, func(context.Context, *outbox.Delivery) error {
 		called = true
 		return nil
 	})
@@ -431,7 +432,7 @@ func TestConsumeRefusesQueueWithoutDLX(t *testing.T) {
 
 	// NoDeclare only checks that the queues exist.
 	cfg.NoDeclare = true
-	err = outboxamqp.Consume(ctxT(t, 10*time.Second), conn, cfg, func(context.Context, *outbox.Delivery) error { return nil })
+	err = outboxamqp.Consume(testenv.Context(t), conn, cfg, func(context.Context, *outbox.Delivery) error { return nil })
 	if err == nil || !strings.Contains(err.Error(), cfg.Queue.Name+".retry") || !strings.Contains(err.Error(), "NoDeclare") {
 		t.Fatalf("Consume with NoDeclare and no retry queue = %v", err)
 	}
@@ -460,7 +461,7 @@ func TestConsumeMalformedHeaders(t *testing.T) {
 	}
 	ch := channel(t, conn)
 	for _, m := range msgs {
-		if err := ch.PublishWithContext(ctxT(t, 5*time.Second), "", q, false, false, m); err != nil {
+		if err := ch.PublishWithContext(testenv.Context(t), "", q, false, false, m); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -474,7 +475,11 @@ func TestConsumeMalformedHeaders(t *testing.T) {
 		traces[string(d.Payload)] = outbox.TraceparentFromContext(ctx)
 		return nil
 	})
-	waitFor(t, "every message handled", func() bool { mu.Lock(); defer mu.Unlock(); return len(got) == len(msgs) })
+	testenv.Await(t, "every message handled", func() (any, bool) {
+		mu.Lock()
+		defer mu.Unlock()
+		return fmt.Sprintf("%d of %d handled", len(got), len(msgs)), len(got) == len(msgs)
+	})
 	mu.Lock()
 	defer mu.Unlock()
 	if got["a"].ID != "m-1" {
@@ -617,26 +622,29 @@ func TestConsumeInboxExactlyOnce(t *testing.T) {
 		rctx, cancel := context.WithCancel(ctx)
 		errc := make(chan error, 1)
 		go func() { errc <- outboxamqp.Consume(rctx, c, cfg, h) }()
-		for stopped := false; !stopped; {
+		testenv.Await(t, fmt.Sprintf("%d effects and an empty queue, or a crash", n), func() (any, bool) {
 			select {
 			case err := <-errc:
 				if err == nil {
 					t.Fatal("Consume returned nil with its context live")
 				}
 				crashes++
-				stopped = true
-			case <-time.After(100 * time.Millisecond):
-				if rows, _ := count(); rows >= n && depth(t, conn, cfg.Queue.Name) == 0 {
-					// Stop; what is in flight is acked or goes back to the queue.
-					cancel()
-					if err := <-errc; err != nil {
-						t.Fatal(err)
-					}
-					stopped = true
-					finished = depth(t, conn, cfg.Queue.Name) == 0
-				}
+				return nil, true
+			default:
 			}
-		}
+			rows, _ := count()
+			left := depth(t, conn, cfg.Queue.Name)
+			if rows >= n && left == 0 {
+				// Stop; what is in flight is acked or goes back to the queue.
+				cancel()
+				if err := testenv.AwaitRecv(t, "Consume to return once its context ended", errc); err != nil {
+					t.Fatal(err)
+				}
+				finished = depth(t, conn, cfg.Queue.Name) == 0
+				return nil, true
+			}
+			return fmt.Sprintf("%d of %d effects, %d in the queue, %d crashes", rows, n, left, crashes), false
+		})
 		cancel()
 		_ = c.Close()
 	}
@@ -677,21 +685,29 @@ func TestDialConsumeReconnects(t *testing.T) {
 		})
 	}()
 	publishN(t, conn, cfg.Queue.Name, 1, 1)
-	waitFor(t, "the first delivery", func() bool { mu.Lock(); defer mu.Unlock(); return seen["0"] == 1 })
+	awaitSeen := func(what, payload string, n int) {
+		t.Helper()
+		testenv.Await(t, what, func() (any, bool) {
+			mu.Lock()
+			defer mu.Unlock()
+			return fmt.Sprint("deliveries ", seen), seen[payload] == n
+		})
+	}
+	awaitSeen("the first delivery", "0", 1)
 	proxy.Cut()
 	close(cut)
 	proxy.Restore(t)
-	waitFor(t, "the redelivery", func() bool { mu.Lock(); defer mu.Unlock(); return seen["0"] == 2 })
+	awaitSeen("the redelivery", "0", 2)
 	publishN(t, conn, cfg.Queue.Name, 2, 1) // payloads 0 and 1 again: 1 is new
-	waitFor(t, "a message after the reconnect", func() bool { mu.Lock(); defer mu.Unlock(); return seen["1"] == 1 })
+	awaitSeen("a message after the reconnect", "1", 1)
 	cancel()
-	if err := <-errc; err != nil {
+	if err := testenv.AwaitRecv(t, "DialConsume to return once its context ended", errc); err != nil {
 		t.Fatal(err)
 	}
 
 	// The first connection failing is an error, not a retry loop.
 	bad := viaAddr(t, "127.0.0.1:1")
-	if err := outboxamqp.DialConsume(ctxT(t, 5*time.Second), bad, cfg, func(context.Context, *outbox.Delivery) error { return nil }); err == nil {
+	if err := outboxamqp.DialConsume(testenv.Context(t), bad, cfg, func(context.Context, *outbox.Delivery) error { return nil }); err == nil {
 		t.Fatal("DialConsume to a closed port returned nil")
 	} else if strings.Contains(err.Error(), "guest:guest") {
 		t.Fatalf("credentials in the error: %v", err)

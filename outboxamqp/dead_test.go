@@ -8,11 +8,11 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/outboxamqp"
 )
 
@@ -39,7 +39,7 @@ func parkSetup(t *testing.T, conn *amqp.Connection, n int) parked {
 	for i := range n {
 		batch = append(batch, &outbox.Message{ID: outbox.NewID(), Topic: "orders.placed", Key: "k", Payload: []byte(strconv.Itoa(i)), EventType: "placed"})
 	}
-	requireNoErrs(t, pub.Publish(ctxT(t, 10*time.Second), batch))
+	requireNoErrs(t, pub.Publish(testenv.Context(t), batch))
 	ch := channel(t, conn)
 	if _, err := ch.QueuePurge(p.other, false); err != nil {
 		t.Fatal(err)
@@ -53,7 +53,7 @@ func parkSetup(t *testing.T, conn *amqp.Connection, n int) parked {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, "the dead letters", func() bool { return depth(t, conn, p.parking) == n })
+	awaitDepth(t, conn, p.parking, n)
 	return p
 }
 
@@ -71,7 +71,7 @@ func TestListDead(t *testing.T) {
 	t.Parallel()
 	conn := dialTest(t)
 	p := parkSetup(t, conn, 5)
-	ctx := ctxT(t, 10*time.Second)
+	ctx := testenv.Context(t)
 
 	first, err := outboxamqp.ListDead(ctx, conn, p.parking, 0)
 	if err != nil {
@@ -109,7 +109,7 @@ func TestReplayDead(t *testing.T) {
 	t.Parallel()
 	conn := dialTest(t)
 	p := parkSetup(t, conn, 5)
-	ctx := ctxT(t, 20*time.Second)
+	ctx := testenv.Context(t)
 
 	dry, err := outboxamqp.ReplayDead(ctx, conn, p.parking, outboxamqp.ReplayOptions{DryRun: true})
 	if err != nil || payloads(dry) != "0,1,2,3,4" {
@@ -162,12 +162,12 @@ func TestReplayDeadNeverLoses(t *testing.T) {
 			outboxamqp.HeaderDeadQueue: p.work, outboxamqp.HeaderDeadExchange: p.exchange, outboxamqp.HeaderDeadRoutingKey: "nobody.binds.this",
 		}},
 	} {
-		if err := ch.PublishWithContext(ctxT(t, 5*time.Second), "", p.parking, false, false, m); err != nil {
+		if err := ch.PublishWithContext(testenv.Context(t), "", p.parking, false, false, m); err != nil {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, "3 dead letters", func() bool { return depth(t, conn, p.parking) == 3 })
-	moved, err := outboxamqp.ReplayDead(ctxT(t, 20*time.Second), conn, p.parking, outboxamqp.ReplayOptions{})
+	awaitDepth(t, conn, p.parking, 3)
+	moved, err := outboxamqp.ReplayDead(testenv.Context(t), conn, p.parking, outboxamqp.ReplayOptions{})
 	if payloads(moved) != "0" || err == nil || !strings.Contains(err.Error(), "2 left in the queue") ||
 		!strings.Contains(err.Error(), "no-origin") || !strings.Contains(err.Error(), "unroutable") {
 		t.Fatalf("ReplayDead = %q, %v", payloads(moved), err)
@@ -175,7 +175,7 @@ func TestReplayDeadNeverLoses(t *testing.T) {
 	if n := depth(t, conn, p.parking); n != 2 {
 		t.Fatalf("%d left in the parking queue, want 2", n)
 	}
-	if _, err := outboxamqp.ReplayDead(ctxT(t, 5*time.Second), conn, p.parking, outboxamqp.ReplayOptions{Limit: -1}); err == nil {
+	if _, err := outboxamqp.ReplayDead(testenv.Context(t), conn, p.parking, outboxamqp.ReplayOptions{Limit: -1}); err == nil {
 		t.Fatal("a negative limit was accepted")
 	}
 }
@@ -202,8 +202,8 @@ func TestConsumeDeadLetterReplay(t *testing.T) {
 		return nil
 	})
 	dead := cfg.Queue.Name + ".dead"
-	waitFor(t, "the dead letter", func() bool { return depth(t, conn, dead) == 1 })
-	letters, err := outboxamqp.ListDead(ctxT(t, 10*time.Second), conn, dead, 0)
+	awaitDepth(t, conn, dead, 1)
+	letters, err := outboxamqp.ListDead(testenv.Context(t), conn, dead, 0)
 	if err != nil || len(letters) != 1 || string(letters[0].Payload) != "1" || letters[0].Reason != "permanent: poison" || letters[0].Queue != cfg.Queue.Name {
 		t.Fatalf("dead letters %+v, %v", letters, err)
 	}
@@ -211,11 +211,15 @@ func TestConsumeDeadLetterReplay(t *testing.T) {
 	mu.Lock()
 	poisoned = false // the fix is deployed
 	mu.Unlock()
-	if moved, err := outboxamqp.ReplayDead(ctxT(t, 10*time.Second), conn, dead, outboxamqp.ReplayOptions{}); err != nil || len(moved) != 1 {
+	if moved, err := outboxamqp.ReplayDead(testenv.Context(t), conn, dead, outboxamqp.ReplayOptions{}); err != nil || len(moved) != 1 {
 		t.Fatalf("ReplayDead = %v, %v", moved, err)
 	}
-	waitFor(t, "the replayed message handled", func() bool { mu.Lock(); defer mu.Unlock(); return handled["1"] == 1 })
-	waitFor(t, "the work queue drained", func() bool { return depth(t, conn, cfg.Queue.Name) == 0 })
+	testenv.Await(t, "the replayed message handled", func() (any, bool) {
+		mu.Lock()
+		defer mu.Unlock()
+		return fmt.Sprint("handled ", handled), handled["1"] == 1
+	})
+	awaitDepth(t, conn, cfg.Queue.Name, 0)
 	mu.Lock()
 	defer mu.Unlock()
 	if handled["0"] != 1 || handled["1"] != 1 || depth(t, conn, dead) != 0 {

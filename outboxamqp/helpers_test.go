@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"net"
 	"os"
 	"strconv"
@@ -13,6 +14,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/outboxamqp"
 )
 
@@ -134,8 +136,9 @@ func bind(t *testing.T, conn *amqp.Connection, queue, key, exchange string) {
 }
 
 // readQueue reads the messages of queue without taking them (they are requeued when it
-// returns): it waits until n are there or 10 s have passed, then for stragglers a moment
-// longer, and returns them in queue order.
+// returns), in queue order. It waits until n are there, or until their number has stopped
+// growing for testenv.Stall() (then it returns those, for the caller to report what is
+// missing), and then 300 ms more for messages beyond n.
 func readQueue(t *testing.T, conn *amqp.Connection, queue string, n int) []amqp.Delivery {
 	t.Helper()
 	ch, err := conn.Channel()
@@ -148,20 +151,39 @@ func readQueue(t *testing.T, conn *amqp.Connection, queue string, n int) []amqp.
 		t.Fatalf("consume %s: %v", queue, err)
 	}
 	var out []amqp.Delivery
-	deadline := time.After(10 * time.Second)
-	for {
-		wait := 300 * time.Millisecond
-		if len(out) < n {
-			wait = 10 * time.Second
+	receive := func(d amqp.Delivery, ok bool) {
+		if !ok {
+			t.Fatalf("consume %s: the channel closed after %d messages", queue, len(out))
 		}
-		select {
-		case d := <-deliveries:
-			out = append(out, d)
-			continue
-		case <-deadline:
-		case <-time.After(wait):
+		out = append(out, d)
+	}
+	err = testenv.Progress(context.Background(), fmt.Sprintf("%d messages in queue %s", n, queue), testenv.Stall(), func() (any, bool) {
+		// Receive for a while: the client hands messages over one at a time.
+		timer := time.NewTimer(100 * time.Millisecond)
+		defer timer.Stop()
+		for len(out) < n {
+			select {
+			case d, ok := <-deliveries:
+				receive(d, ok)
+			case <-timer.C:
+				return len(out), false
+			}
 		}
+		return len(out), true
+	})
+	if err != nil {
+		t.Logf("reading what there is: %v", err)
 		return out
+	}
+	// Messages beyond n would be a fault (a duplicate, a phantom): the pause gives them the
+	// chance to show.
+	for {
+		select {
+		case d, ok := <-deliveries:
+			receive(d, ok)
+		case <-time.After(300 * time.Millisecond):
+			return out
+		}
 	}
 }
 
@@ -173,12 +195,6 @@ func queueLen(t *testing.T, conn *amqp.Connection, queue string) int {
 		t.Fatalf("inspect queue %s: %v", queue, err)
 	}
 	return q.Messages
-}
-
-func ctxT(t *testing.T, d time.Duration) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	t.Cleanup(cancel)
-	return ctx
 }
 
 func newMsg(topic, key string, payload []byte) *outbox.Message {
@@ -205,14 +221,25 @@ func newPublisher(t *testing.T, conn *amqp.Connection, cfg outboxamqp.Config) *o
 
 func requireNoErrs(t *testing.T, errs []error) {
 	t.Helper()
-	if errs != nil {
-		for i, err := range errs {
-			if err != nil {
-				t.Errorf("message %d: %v", i, err)
-			}
-		}
-		t.Fatalf("Publish returned a non-nil slice (%d entries)", len(errs))
+	if !checkNoErrs(t, errs) {
+		t.FailNow()
 	}
+}
+
+// checkNoErrs is requireNoErrs for a goroutine other than the test's: it reports with
+// t.Errorf and returns whether errs is nil.
+func checkNoErrs(t *testing.T, errs []error) bool {
+	t.Helper()
+	if errs == nil {
+		return true
+	}
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("message %d: %v", i, err)
+		}
+	}
+	t.Errorf("Publish returned a non-nil slice (%d entries)", len(errs))
+	return false
 }
 
 func requireAllOutages(t *testing.T, errs []error, n int) {

@@ -15,6 +15,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/outboxamqp"
 )
 
@@ -38,7 +39,7 @@ func TestPublishRoundTrip(t *testing.T) {
 	plain.DedupKey = ""
 	plain.ContentType = ""
 
-	requireNoErrs(t, pub.Publish(ctxT(t, 10*time.Second), []*outbox.Message{m, plain}))
+	requireNoErrs(t, pub.Publish(testenv.Context(t), []*outbox.Message{m, plain}))
 
 	got := readQueue(t, conn, q, 2)
 	if len(got) != 2 {
@@ -92,7 +93,7 @@ func TestPublishPriorityFunc(t *testing.T) {
 	high := newMsg(q, "b", []byte("high"))
 	high.EventType = "payment.failed"
 	high.Headers = map[string]string{outboxamqp.HeaderPriority: "not used when Config.Priority is set"}
-	requireNoErrs(t, pub.Publish(ctxT(t, 5*time.Second), []*outbox.Message{low, high}))
+	requireNoErrs(t, pub.Publish(testenv.Context(t), []*outbox.Message{low, high}))
 	got := readQueue(t, conn, q, 2)
 	if len(got) != 2 || string(got[0].Body) != "high" || got[0].Priority != 9 || got[1].Priority != 1 {
 		t.Fatalf("deliveries = %v, want the high priority one first", got)
@@ -122,7 +123,7 @@ func TestPublishRoute(t *testing.T) {
 	noEvent.AggregateType = "billing"
 	batch = append(batch, noEvent)
 
-	errs := pub.Publish(ctxT(t, 5*time.Second), batch)
+	errs := pub.Publish(testenv.Context(t), batch)
 	if len(errs) != 4 || errs[0] != nil || errs[1] != nil || errs[2] != nil {
 		t.Fatalf("errs = %v, want only the last to fail", errs)
 	}
@@ -160,7 +161,7 @@ func TestPublishUnroutableIsRejected(t *testing.T) {
 	pub := newPublisher(t, conn, outboxamqp.Config{})
 	missing := unique("no-such-queue")
 	batch := []*outbox.Message{newMsg(q, "1", []byte("a")), newMsg(missing, "2", []byte("b")), newMsg(q, "3", []byte("c"))}
-	errs := pub.Publish(ctxT(t, 5*time.Second), batch)
+	errs := pub.Publish(testenv.Context(t), batch)
 	if len(errs) != 3 || errs[0] != nil || errs[2] != nil {
 		t.Fatalf("errs = %v, want only the unroutable one to fail", errs)
 	}
@@ -201,7 +202,9 @@ func TestUnroutableNeverConfirmed(t *testing.T) {
 					}
 					batch[i] = newMsg(topic, fmt.Sprintf("w%d-%d", w, i), []byte("x"))
 				}
-				errs := pub.Publish(ctxT(t, 20*time.Second), batch)
+				ctx, cancel := testenv.CallContext() // per call: a hang bound, not a budget on the rounds
+				errs := pub.Publish(ctx, batch)
+				cancel()
 				for i, m := range batch {
 					var err error
 					if errs != nil {
@@ -245,7 +248,7 @@ func TestAlternateExchange(t *testing.T) {
 	parking := declareQueue(t, conn, unique("unroutable"), nil)
 	bind(t, conn, parking, "", ae)
 	pub := newPublisher(t, conn, outboxamqp.Config{Exchange: ex})
-	requireNoErrs(t, pub.Publish(ctxT(t, 5*time.Second), []*outbox.Message{newMsg("nobody.binds.this", "k", []byte("x"))}))
+	requireNoErrs(t, pub.Publish(testenv.Context(t), []*outbox.Message{newMsg("nobody.binds.this", "k", []byte("x"))}))
 	got := readQueue(t, conn, parking, 1)
 	if len(got) != 1 || got[0].RoutingKey != "nobody.binds.this" {
 		t.Fatalf("parking queue holds %v, want the message", got)
@@ -259,7 +262,7 @@ func TestNackIsOutage(t *testing.T) {
 	conn := dialTest(t)
 	q := declareQueue(t, conn, unique("full"), amqp.Table{"x-max-length": 1, "x-overflow": "reject-publish"})
 	pub := newPublisher(t, conn, outboxamqp.Config{})
-	errs := pub.Publish(ctxT(t, 5*time.Second), []*outbox.Message{newMsg(q, "1", []byte("fits")), newMsg(q, "2", []byte("over"))})
+	errs := pub.Publish(testenv.Context(t), []*outbox.Message{newMsg(q, "1", []byte("fits")), newMsg(q, "2", []byte("over"))})
 	if len(errs) != 2 || errs[0] != nil {
 		t.Fatalf("errs = %v, want the second to fail", errs)
 	}
@@ -269,7 +272,7 @@ func TestNackIsOutage(t *testing.T) {
 	}
 	// The channel survives a nack.
 	_, _ = channel(t, conn).QueuePurge(q, false)
-	requireNoErrs(t, pub.Publish(ctxT(t, 5*time.Second), []*outbox.Message{newMsg(q, "3", []byte("room again"))}))
+	requireNoErrs(t, pub.Publish(testenv.Context(t), []*outbox.Message{newMsg(q, "3", []byte("room again"))}))
 }
 
 // TestMissingExchangeIsOutage: a missing exchange closes the channel (404): every
@@ -281,21 +284,21 @@ func TestMissingExchangeIsOutage(t *testing.T) {
 	ex := unique("later")
 	pub := newPublisher(t, conn, outboxamqp.Config{Exchange: ex, MaxChannels: 1})
 	batch := []*outbox.Message{newMsg("a", "1", []byte("a")), newMsg("b", "2", []byte("b")), newMsg("c", "3", []byte("c"))}
-	errs := pub.Publish(ctxT(t, 5*time.Second), batch)
+	errs := pub.Publish(testenv.Context(t), batch)
 	requireAllOutages(t, errs, 3)
 	var ae *amqp.Error
 	if !errors.As(errs[0], &ae) || ae.Code != amqp.NotFound || !strings.Contains(errs[0].Error(), ex) {
 		t.Errorf("missing exchange: %v, want the 404 naming the exchange", errs[0])
 	}
-	if err := pub.Ping(ctxT(t, 5*time.Second)); !outbox.IsOutage(err) || !strings.Contains(err.Error(), ex) {
+	if err := pub.Ping(testenv.Context(t)); !outbox.IsOutage(err) || !strings.Contains(err.Error(), ex) {
 		t.Errorf("Ping with a missing exchange = %v, want an outage naming it", err)
 	}
 
 	declareExchange(t, conn, ex, amqp.ExchangeDirect, nil)
 	q := declareQueue(t, conn, unique("later"), nil)
 	bind(t, conn, q, "a", ex)
-	requireNoErrs(t, pub.Publish(ctxT(t, 5*time.Second), batch[:1]))
-	if err := pub.Ping(ctxT(t, 5*time.Second)); err != nil {
+	requireNoErrs(t, pub.Publish(testenv.Context(t), batch[:1]))
+	if err := pub.Ping(testenv.Context(t)); err != nil {
 		t.Errorf("Ping: %v", err)
 	}
 }
@@ -325,7 +328,7 @@ func TestRejectedBeforeSending(t *testing.T) {
 	ok := newMsg(q, "7", make([]byte, 1000))
 
 	batch := []*outbox.Message{longKey, big, badPriority, longDedup, hugeHeaders, noTopic, ok}
-	errs := pub.Publish(ctxT(t, 5*time.Second), batch)
+	errs := pub.Publish(testenv.Context(t), batch)
 	if len(errs) != len(batch) || errs[6] != nil {
 		t.Fatalf("errs = %v, want all but the last to fail", errs)
 	}
@@ -380,7 +383,7 @@ func TestHeaderFrameLimit(t *testing.T) {
 	}
 	fits := build(0)
 	over := build(1)
-	errs := pub.Publish(ctxT(t, 5*time.Second), []*outbox.Message{fits, over})
+	errs := pub.Publish(testenv.Context(t), []*outbox.Message{fits, over})
 	if len(errs) != 2 || errs[0] != nil {
 		t.Fatalf("errs = %v, want only the second to fail", errs)
 	}
@@ -426,7 +429,7 @@ func TestPublishWaitsForFreeChannel(t *testing.T) {
 			for i := range batch {
 				batch[i] = newMsg(q, fmt.Sprintf("%d-%d", w, i), []byte("x"))
 			}
-			requireNoErrs(t, pub.Publish(ctxT(t, 20*time.Second), batch))
+			checkNoErrs(t, pub.Publish(testenv.Context(t), batch)) // not require: t.Fatal is for the test's goroutine
 		})
 	}
 	wg.Wait()
@@ -438,7 +441,7 @@ func TestPublishWaitsForFreeChannel(t *testing.T) {
 func TestPublishEmptyBatch(t *testing.T) {
 	t.Parallel()
 	pub := newPublisher(t, dialTest(t), outboxamqp.Config{})
-	if errs := pub.Publish(ctxT(t, time.Second), nil); errs != nil {
+	if errs := pub.Publish(testenv.Context(t), nil); errs != nil {
 		t.Errorf("Publish(nil) = %v", errs)
 	}
 }
@@ -446,7 +449,7 @@ func TestPublishEmptyBatch(t *testing.T) {
 func TestPing(t *testing.T) {
 	t.Parallel()
 	pub := newPublisher(t, dialTest(t), outboxamqp.Config{})
-	if err := pub.Ping(ctxT(t, 5*time.Second)); err != nil {
+	if err := pub.Ping(testenv.Context(t)); err != nil {
 		t.Fatal(err)
 	}
 	if err := pub.Ping(context.Background()); err != nil {
@@ -502,14 +505,14 @@ func TestClose(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	requireNoErrs(t, pub.Publish(ctxT(t, 5*time.Second), []*outbox.Message{newMsg(q, "1", []byte("a"))}))
+	requireNoErrs(t, pub.Publish(testenv.Context(t), []*outbox.Message{newMsg(q, "1", []byte("a"))}))
 	pub.Close()
 	pub.Close()
 	if conn.IsClosed() {
 		t.Error("Close closed the caller's connection")
 	}
-	requireAllOutages(t, pub.Publish(ctxT(t, time.Second), []*outbox.Message{newMsg(q, "2", []byte("b"))}), 1)
-	if err := pub.Ping(ctxT(t, time.Second)); !outbox.IsOutage(err) {
+	requireAllOutages(t, pub.Publish(testenv.Context(t), []*outbox.Message{newMsg(q, "2", []byte("b"))}), 1)
+	if err := pub.Ping(testenv.Context(t)); !outbox.IsOutage(err) {
 		t.Errorf("Ping after Close = %v, want an outage", err)
 	}
 }
@@ -520,7 +523,8 @@ func TestCloseDuringPublish(t *testing.T) {
 	t.Parallel()
 	conn := dialTest(t)
 	q := declareQueue(t, conn, unique("closing"), nil)
-	pub, err := outboxamqp.Dial(ctxT(t, 5*time.Second), testURL(), outboxamqp.Config{})
+	ctx := testenv.Context(t)
+	pub, err := outboxamqp.Dial(ctx, testURL(), outboxamqp.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -532,7 +536,7 @@ func TestCloseDuringPublish(t *testing.T) {
 				for i := range batch {
 					batch[i] = newMsg(q, fmt.Sprintf("%d-%d", w, i), make([]byte, 1024))
 				}
-				errs := pub.Publish(ctxT(t, 10*time.Second), batch)
+				errs := pub.Publish(ctx, batch)
 				for i, err := range errs {
 					if err != nil && !outbox.IsOutage(err) {
 						t.Errorf("message %d: %v, want success or an outage", i, err)
@@ -544,7 +548,7 @@ func TestCloseDuringPublish(t *testing.T) {
 			}
 		})
 	}
-	time.Sleep(100 * time.Millisecond)
+	time.Sleep(100 * time.Millisecond) // shapes the fault: let the publishers get going first
 	go pub.Close()
 	pub.Close()
 	wg.Wait()
@@ -560,23 +564,20 @@ func TestCallerConnectionLost(t *testing.T) {
 	}
 	pub := newPublisher(t, conn, outboxamqp.Config{})
 	_ = conn.Close()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		errs := pub.Publish(ctxT(t, time.Second), []*outbox.Message{newMsg("q", "1", []byte("a"))})
+	// The publisher learns of the close asynchronously: until then a Publish may fail
+	// otherwise, as an outage too.
+	testenv.Await(t, "Publish to say the caller must replace the publisher", func() (any, bool) {
+		ctx, cancel := testenv.CallContext() // per poll
+		defer cancel()
+		errs := pub.Publish(ctx, []*outbox.Message{newMsg("q", "1", []byte("a"))})
 		requireAllOutages(t, errs, 1)
-		if strings.Contains(errs[0].Error(), "caller owns the connection") {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after the connection closed: %v, want it to say the caller must replace the publisher", errs[0])
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return errs[0], strings.Contains(errs[0].Error(), "caller owns the connection")
+	})
 }
 
 func TestDialRedactsCredentials(t *testing.T) {
 	t.Parallel()
-	ctx := ctxT(t, 5*time.Second)
+	ctx := testenv.Context(t)
 	for _, u := range []string{
 		"amqp://alice:s3cret@127.0.0.1:1/",            // nothing listens
 		"amqp://alice:s3cret@127.0.0.1:5672/no-vhost", // refused by the broker
@@ -606,7 +607,7 @@ func TestCheckRoute(t *testing.T) {
 	conn := dialTest(t)
 	q := declareQueue(t, conn, unique("check"), nil)
 	pub := newPublisher(t, conn, outboxamqp.Config{})
-	ctx := ctxT(t, 5*time.Second)
+	ctx := testenv.Context(t)
 	if err := pub.CheckRoute(ctx, &outbox.Message{Topic: q}); err != nil {
 		t.Errorf("existing queue: %v", err)
 	}

@@ -13,6 +13,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/outboxamqp"
 )
 
@@ -64,7 +65,7 @@ func TestTopologyExample(t *testing.T) {
 	prefix := unique("top") + "."
 	top := exampleTopology(t, prefix)
 	for range 2 {
-		if err := top.Declare(ctxT(t, 10*time.Second), channel(t, conn)); err != nil {
+		if err := top.Declare(testenv.Context(t), channel(t, conn)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -80,7 +81,7 @@ func TestTopologyExample(t *testing.T) {
 	for topic := range topics {
 		batch = append(batch, newMsg(topic, topic, []byte(topic)))
 	}
-	requireNoErrs(t, pub.Publish(ctxT(t, 10*time.Second), batch))
+	requireNoErrs(t, pub.Publish(testenv.Context(t), batch))
 	for topic, queue := range topics {
 		got := readQueue(t, conn, prefix+queue, 1)
 		if len(got) != 1 || string(got[0].Body) != topic {
@@ -113,7 +114,7 @@ func TestTopologyConflict(t *testing.T) {
 	conn := dialTest(t)
 	q := declareQueue(t, conn, unique("conflict"), amqp.Table{"x-message-ttl": int32(1000)})
 	top := &outboxamqp.Topology{Queues: []outboxamqp.Queue{{Name: q, MessageTTL: outboxamqp.Duration(2 * time.Second)}}}
-	err := top.Declare(ctxT(t, 5*time.Second), channel(t, conn))
+	err := top.Declare(testenv.Context(t), channel(t, conn))
 	var ae *amqp.Error
 	if err == nil || !errors.As(err, &ae) || ae.Code != amqp.PreconditionFailed ||
 		!strings.Contains(err.Error(), `queue "`+q+`"`) || !strings.Contains(err.Error(), "other settings") {
@@ -121,26 +122,26 @@ func TestTopologyConflict(t *testing.T) {
 	}
 	// The same settings (the TTL as another integer type) are no conflict.
 	top.Queues[0].MessageTTL = outboxamqp.Duration(time.Second)
-	if err := top.Declare(ctxT(t, 5*time.Second), channel(t, conn)); err != nil {
+	if err := top.Declare(testenv.Context(t), channel(t, conn)); err != nil {
 		t.Errorf("equivalent queue: %v", err)
 	}
 
 	ex := unique("conflict")
 	declareExchange(t, conn, ex, amqp.ExchangeDirect, nil)
 	top = &outboxamqp.Topology{Exchanges: []outboxamqp.Exchange{{Name: ex, Type: amqp.ExchangeTopic}}}
-	if err := top.Declare(ctxT(t, 5*time.Second), channel(t, conn)); err == nil || !strings.Contains(err.Error(), `exchange "`+ex+`"`) {
+	if err := top.Declare(testenv.Context(t), channel(t, conn)); err == nil || !strings.Contains(err.Error(), `exchange "`+ex+`"`) {
 		t.Errorf("conflicting exchange type: %v, want an error naming the exchange", err)
 	}
 
 	bad := unique("invalid")
 	t.Cleanup(func() { deleteQueue(bad) })
 	top = &outboxamqp.Topology{Queues: []outboxamqp.Queue{{Name: bad, Arguments: map[string]any{"x-max-length": "five"}}}}
-	if err := top.Declare(ctxT(t, 5*time.Second), channel(t, conn)); err == nil || !strings.Contains(err.Error(), "refuses its settings") {
+	if err := top.Declare(testenv.Context(t), channel(t, conn)); err == nil || !strings.Contains(err.Error(), "refuses its settings") {
 		t.Errorf("invalid argument: %v, want an error saying RabbitMQ refuses the settings", err)
 	}
 
 	top = &outboxamqp.Topology{Bindings: []outboxamqp.Binding{{Exchange: unique("missing"), Queue: q}}}
-	if err := top.Declare(ctxT(t, 5*time.Second), channel(t, conn)); err == nil || !strings.Contains(err.Error(), "binding of queue") {
+	if err := top.Declare(testenv.Context(t), channel(t, conn)); err == nil || !strings.Contains(err.Error(), "binding of queue") {
 		t.Errorf("binding to a missing exchange: %v, want an error naming the binding", err)
 	}
 }
@@ -212,10 +213,10 @@ queues:
 	fromJSON.Queues[0].Name = name
 	fromJSON.Queues[0].Type = "quorum"
 	t.Cleanup(func() { deleteQueue(name) })
-	if err := fromJSON.Declare(ctxT(t, 5*time.Second), channel(t, conn)); err != nil {
+	if err := fromJSON.Declare(testenv.Context(t), channel(t, conn)); err != nil {
 		t.Fatal(err)
 	}
-	if err := fromJSON.Declare(ctxT(t, 5*time.Second), channel(t, conn)); err != nil {
+	if err := fromJSON.Declare(testenv.Context(t), channel(t, conn)); err != nil {
 		t.Fatalf("again: %v", err)
 	}
 }

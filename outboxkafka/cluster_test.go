@@ -14,6 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/internal/testproxy"
 	"github.com/outboxkit/outbox/outboxkafka"
 	"github.com/outboxkit/outbox/outboxtest/conformance"
@@ -108,7 +109,7 @@ func (tc *testCluster) createTopic(t *testing.T, partitions int32, configs map[s
 		rt.Configs = append(rt.Configs, c)
 	}
 	req.Topics = append(req.Topics, rt)
-	resp, err := req.RequestWith(ctxT(t, 10*time.Second), tc.admin)
+	resp, err := req.RequestWith(testenv.Context(t), tc.admin)
 	if err == nil {
 		err = kerr.ErrorForCode(resp.Topics[0].ErrorCode)
 	}
@@ -121,7 +122,7 @@ func (tc *testCluster) createTopic(t *testing.T, partitions int32, configs map[s
 // dial returns a publisher of the cluster, closed when t ends.
 func (tc *testCluster) dial(t *testing.T, cfg outboxkafka.Config, opts ...kgo.Opt) *outboxkafka.Publisher {
 	t.Helper()
-	pub, err := outboxkafka.Dial(ctxT(t, 10*time.Second), tc.seeds, cfg, opts...)
+	pub, err := outboxkafka.Dial(testenv.Context(t), tc.seeds, cfg, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -130,14 +131,17 @@ func (tc *testCluster) dial(t *testing.T, cfg outboxkafka.Config, opts ...kgo.Op
 }
 
 // read reads topic from the start over all partitions with a client of its own,
-// waiting up to 10 s until n records are there, then returning every record there is.
-// Records come in partition order: per key, in the order Kafka stored them.
+// waiting until n records are there, then returning every record there is. It stops
+// waiting early only when no new record has come for testenv.Stall(), and then returns
+// what it has, for the caller to say what is missing. Records come in partition order:
+// per key, in the order Kafka stored them.
 func (tc *testCluster) read(t *testing.T, topic string, n int) []*kgo.Record {
 	t.Helper()
 	cl := tc.client(t, kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
 		kgo.FetchMaxWait(100*time.Millisecond))
 	defer cl.Close()
 	var out []*kgo.Record
+	// poll fetches for up to d: the records that came within it, the rest at the next.
 	poll := func(d time.Duration) int {
 		ctx, cancel := context.WithTimeout(context.Background(), d)
 		defer cancel()
@@ -151,11 +155,18 @@ func (tc *testCluster) read(t *testing.T, topic string, n int) []*kgo.Record {
 		fs.EachRecord(func(r *kgo.Record) { out = append(out, r); got++ })
 		return got
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for len(out) < n && time.Now().Before(deadline) {
-		poll(time.Until(deadline))
+	err := testenv.Progress(context.Background(), fmt.Sprintf("%d records in %s", n, topic), testenv.Stall(), func() (any, bool) {
+		for len(out) < n && poll(time.Second) > 0 {
+		}
+		return fmt.Sprintf("%d of %d records", len(out), n), len(out) >= n
+	})
+	if err != nil {
+		t.Logf("read %s: %v", topic, err)
+		return out
 	}
-	for poll(300*time.Millisecond) > 0 { // whatever came after the n-th, duplicates included
+	// Whatever came after the n-th, duplicates included. A slow machine may leave some
+	// for no one to see: that only weakens a check for extra records, never fails one.
+	for poll(300*time.Millisecond) > 0 {
 	}
 	return out
 }
@@ -184,6 +195,9 @@ func headerMap(r *kgo.Record) map[string]string {
 	return h
 }
 
+// ctxT returns a context that ends after d, for a deadline that is itself the input
+// under test (a Publish while the broker is cut off gives up at it). A context that only
+// bounds a hang is testenv.Context(t).
 func ctxT(t *testing.T, d time.Duration) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	t.Cleanup(cancel)

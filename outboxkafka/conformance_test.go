@@ -6,11 +6,11 @@ import (
 	"strconv"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/outboxkafka"
 	"github.com/outboxkit/outbox/outboxtest/conformance"
 )
@@ -23,9 +23,9 @@ import (
 // The suite cuts the broker off for 2 s while its Publish calls wait up to 5 s, and
 // expects an outage to be reported. franz-go retries a produce until the Publish gives
 // up, so a cut shorter than the Publish's ctx is ridden out without one. Restore
-// therefore first waits (up to 30 s) until a Publish has reported an outage: the suite
-// then checks that nothing was lost, duplicated beyond what was in flight, or
-// reordered across a real outage.
+// therefore first waits until a Publish has reported an outage: the suite then checks
+// that nothing was lost, duplicated beyond what was in flight, or reordered across a
+// real outage.
 func TestConformance(t *testing.T) {
 	t.Parallel()
 	tc := startCluster(t, kfake.NumBrokers(3))
@@ -50,10 +50,7 @@ func TestConformance(t *testing.T) {
 			tc.Cut()
 		},
 		Restore: func(t *testing.T) {
-			deadline := time.Now().Add(30 * time.Second)
-			for outages.Load() == 0 && time.Now().Before(deadline) {
-				time.Sleep(50 * time.Millisecond)
-			}
+			testenv.AwaitCond(t, "a Publish to report an outage while the cluster is cut off", func() bool { return outages.Load() > 0 })
 			tc.Restore(t)
 		},
 	})

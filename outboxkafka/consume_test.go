@@ -25,6 +25,7 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/testdb"
+	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/outboxkafka"
 )
 
@@ -54,7 +55,7 @@ func (tc *testCluster) produce(t *testing.T, records ...*kgo.Record) {
 	cl := tc.client(t, kgo.RecordPartitioner(kgo.ManualPartitioner()))
 	defer cl.Close()
 	for chunk := range slices.Chunk(records, 1000) {
-		if err := cl.ProduceSync(ctxT(t, 30*time.Second), chunk...).FirstErr(); err != nil {
+		if err := cl.ProduceSync(testenv.Context(t), chunk...).FirstErr(); err != nil {
 			t.Fatalf("produce: %v", err)
 		}
 	}
@@ -98,26 +99,24 @@ func (c *consumer) stop(t *testing.T) error {
 	t.Helper()
 	c.once.Do(func() {
 		c.cancel()
-		select {
-		case c.err = <-c.errc:
-		case <-time.After(60 * time.Second):
-			t.Fatal("Consume did not return within a minute of its ctx being cancelled")
-		}
+		c.err = testenv.AwaitRecv(t, "Consume to return once its ctx was cancelled", c.errc)
 	})
 	return c.err
 }
 
-// waitFor polls cond until it holds, failing the test after a minute (a guard against a
-// hang, not a timing assertion).
-func waitFor(t *testing.T, what string, cond func() bool) {
+// committedAll waits until the group has committed offset at on every partition of
+// topic, failing the test when the offsets stop moving for testenv.Stall().
+func (tc *testCluster) committedAll(t *testing.T, what, group, topic string, partitions int, at int64) {
 	t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
+	testenv.Await(t, what, func() (any, bool) {
+		offsets := tc.committed(t, group, topic, partitions)
+		for _, o := range offsets {
+			if o != at {
+				return fmt.Sprint("committed ", offsets), false
+			}
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return nil, true
+	})
 }
 
 // committed returns the group's committed offset per partition of topic (-1: none).
@@ -135,7 +134,9 @@ func (tc *testCluster) committed(t *testing.T, group, topic string, partitions i
 	for p := range partitions {
 		out[int32(p)] = -1
 	}
-	resp, err := req.RequestWith(ctxT(t, 10*time.Second), tc.admin)
+	ctx, cancel := testenv.CallContext() // committed is polled
+	defer cancel()
+	resp, err := req.RequestWith(ctx, tc.admin)
 	if err == nil {
 		err = kerr.ErrorForCode(resp.ErrorCode)
 	}
@@ -158,7 +159,7 @@ func (tc *testCluster) describeGroup(t *testing.T, group string) (string, int) {
 	t.Helper()
 	req := kmsg.NewPtrDescribeGroupsRequest()
 	req.Groups = []string{group}
-	resp, err := req.RequestWith(ctxT(t, 10*time.Second), tc.admin)
+	resp, err := req.RequestWith(testenv.Context(t), tc.admin)
 	if err == nil {
 		err = kerr.ErrorForCode(resp.Groups[0].ErrorCode)
 	}
@@ -198,10 +199,13 @@ func (d *crashDialer) crash() {
 	}
 }
 
-// crashOpts are the options of a consumer a test kills: it is removed from the group a
-// second after its crash (the cluster must allow such a short session timeout).
-func crashOpts(d *crashDialer) []kgo.Opt {
-	return []kgo.Opt{kgo.Dialer(d.dial), kgo.SessionTimeout(time.Second), kgo.RequestRetries(2)}
+// crashOpts are the options of a consumer a test kills: it is removed from the group
+// session after its crash (the cluster must allow so short a session timeout). Until the
+// crash it heartbeats every 100 ms: a session of a second is lost only if the process
+// stalls for most of one, which a loaded machine can do; a test that a lost session would
+// fail takes a longer one, and waits that long after the crash.
+func crashOpts(d *crashDialer, session time.Duration) []kgo.Opt {
+	return []kgo.Opt{kgo.Dialer(d.dial), kgo.SessionTimeout(session), kgo.RequestRetries(2)}
 }
 
 var groupSeq atomic.Int64
@@ -246,14 +250,7 @@ func TestConsumePartitionOrder(t *testing.T) {
 	}
 	group := newGroup()
 	c := tc.startConsumer(t, outboxkafka.ConsumerConfig{Group: group, Topics: []string{topic}, QueueSize: 16}, h)
-	waitFor(t, "every record handled and committed", func() bool {
-		for _, o := range tc.committed(t, group, topic, partitions) {
-			if o != per {
-				return false
-			}
-		}
-		return true
-	})
+	tc.committedAll(t, "every record handled and committed", group, topic, partitions, per)
 	if err := c.stop(t); err != nil {
 		t.Fatal(err)
 	}
@@ -295,17 +292,29 @@ func TestConsumeCommitsOnlyHandled(t *testing.T) {
 		return nil
 	}
 	dialer := &crashDialer{}
-	ca := tc.startConsumer(t, cfg, a, crashOpts(dialer)...)
-	inFlight.Wait()
-	waitFor(t, "offsets committed up to the records in flight", func() bool {
-		for p, o := range tc.committed(t, group, topic, partitions) {
-			if o < k {
-				return false
-			} else if o > k {
+	// A session lost before the crash would make the first member handle record k
+	// again: 10 s, far beyond any stall of its heartbeats.
+	ca := tc.startConsumer(t, cfg, a, crashOpts(dialer, 10*time.Second)...)
+	inFlightDone := make(chan struct{})
+	go func() { inFlight.Wait(); close(inFlightDone) }()
+	testenv.AwaitChan(t, "record k of every partition in the first member's handler", inFlightDone, func() any {
+		mu.Lock()
+		defer mu.Unlock()
+		return fmt.Sprint("handled per partition ", seen["a"])
+	})
+	testenv.Await(t, "offsets committed up to the records in flight", func() (any, bool) {
+		offsets := tc.committed(t, group, topic, partitions)
+		for p, o := range offsets {
+			if o > k {
 				t.Fatalf("partition %d: offset %d committed while record %d is in its handler", p, o, k)
 			}
 		}
-		return true
+		for _, o := range offsets {
+			if o < k {
+				return fmt.Sprint("committed ", offsets), false
+			}
+		}
+		return nil, true
 	})
 	dialer.crash()
 
@@ -314,15 +323,19 @@ func TestConsumeCommitsOnlyHandled(t *testing.T) {
 		return nil
 	}
 	cb := tc.startConsumer(t, cfg, b)
-	waitFor(t, "the new member to handle every record", func() bool {
+	testenv.Await(t, "the new member to handle every record", func() (any, bool) {
 		mu.Lock()
 		defer mu.Unlock()
-		for _, s := range seen["b"] {
-			if len(s) == 0 || s[len(s)-1] != per-1 {
-				return false
+		last := make([]int, partitions) // per partition, the last record b handled
+		done := true
+		for p, s := range seen["b"] {
+			last[p] = -1
+			if len(s) > 0 {
+				last[p] = s[len(s)-1]
 			}
+			done = done && last[p] == per-1
 		}
-		return true
+		return fmt.Sprint("last handled per partition ", last), done
 	})
 	if err := cb.stop(t); err != nil {
 		t.Fatal(err)
@@ -375,7 +388,11 @@ func TestConsumeRetryInPlace(t *testing.T) {
 	}
 	group := newGroup()
 	c := tc.startConsumer(t, outboxkafka.ConsumerConfig{Group: group, Topics: []string{topic}, RetryDelay: time.Millisecond}, h)
-	<-done
+	testenv.AwaitChan(t, "the last record to be handled", done, func() any {
+		mu.Lock()
+		defer mu.Unlock()
+		return strings.Join(calls, " ")
+	})
 	if err := c.stop(t); err != nil {
 		t.Fatal(err)
 	}
@@ -433,14 +450,7 @@ func TestConsumeDeadLetter(t *testing.T) {
 	cfg := outboxkafka.ConsumerConfig{Group: group, Topics: []string{topic}, DeadLetterTopic: dlt,
 		MaxAttempts: 3, RetryDelay: time.Millisecond, QueueSize: 4}
 	c := tc.startConsumer(t, cfg, h)
-	waitFor(t, "every partition committed", func() bool {
-		for _, o := range tc.committed(t, group, topic, partitions) {
-			if o != per {
-				return false
-			}
-		}
-		return true
-	})
+	tc.committedAll(t, "every partition committed", group, topic, partitions, per)
 	if err := c.stop(t); err != nil {
 		t.Fatal(err)
 	}
@@ -518,7 +528,11 @@ func TestConsumeNoDeadLetterTopic(t *testing.T) {
 	cfg := outboxkafka.ConsumerConfig{Group: group, Topics: []string{topic}, RetryDelay: time.Millisecond,
 		Logger: slog.New(slog.NewTextHandler(&logs, nil))}
 	c := tc.startConsumer(t, cfg, h)
-	<-done
+	testenv.AwaitChan(t, "the last record to be handled", done, func() any {
+		mu.Lock()
+		defer mu.Unlock()
+		return fmt.Sprint("handled ", handled)
+	})
 	if err := c.stop(t); err != nil {
 		t.Fatal(err)
 	}
@@ -575,7 +589,7 @@ func TestConsumeGracefulShutdown(t *testing.T) {
 		return nil
 	}
 	c := tc.startConsumer(t, cfg, h)
-	<-started
+	testenv.AwaitChan(t, "the first record to reach the handler", started, func() any { return "not yet" })
 	c.cancel()
 	close(proceed)
 	if err := c.stop(t); err != nil {
@@ -599,7 +613,7 @@ func TestConsumeGracefulShutdown(t *testing.T) {
 		}
 		return nil
 	})
-	<-done
+	testenv.AwaitChan(t, "the next member to handle the other two records", done, func() any { return "not yet" })
 	if err := c2.stop(t); err != nil {
 		t.Fatal(err)
 	}
@@ -623,14 +637,14 @@ func TestConsumeConcurrency(t *testing.T) {
 		defer running.Add(-1)
 		for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
 		}
-		time.Sleep(100 * time.Microsecond)
+		time.Sleep(100 * time.Microsecond) // pacing: lets handlers overlap, so that a missing cap shows
 		if handled.Add(1) == partitions*per {
 			close(done)
 		}
 		return nil
 	}
 	c := tc.startConsumer(t, outboxkafka.ConsumerConfig{Group: newGroup(), Topics: []string{topic}, Concurrency: 2}, h)
-	<-done
+	testenv.AwaitChan(t, "every record to be handled", done, func() any { return fmt.Sprintf("%d of %d handled", handled.Load(), partitions*per) })
 	if err := c.stop(t); err != nil {
 		t.Fatal(err)
 	}
@@ -684,7 +698,7 @@ func TestConsumeConfig(t *testing.T) {
 		{Group: "g", Topics: []string{topic, "missing-topic"}},
 		{Group: "g", Topics: []string{topic}, DeadLetterTopic: "missing-dead-letters"},
 	} {
-		err := outboxkafka.Consume(ctxT(t, 30*time.Second), tc.seeds, cfg, h)
+		err := outboxkafka.Consume(testenv.Context(t), tc.seeds, cfg, h)
 		if !errors.Is(err, outboxkafka.ErrNoTopic) || !strings.Contains(err.Error(), "missing-") {
 			t.Errorf("Consume(%+v) = %v, want ErrNoTopic naming the topic", cfg, err)
 		}
@@ -730,7 +744,7 @@ func TestConsumeMalformed(t *testing.T) {
 		return nil
 	}
 	c := tc.startConsumer(t, outboxkafka.ConsumerConfig{Group: newGroup(), Topics: []string{topic}, DeadLetterTopic: dlt}, h)
-	<-done
+	testenv.AwaitChan(t, "the last record to be handled", done, func() any { return "not yet" })
 	if err := c.stop(t); err != nil {
 		t.Fatal(err)
 	}
@@ -845,21 +859,20 @@ func TestConsumeInboxExactlyOnce(t *testing.T) {
 			}
 			return nil
 		}
-		lives = append(lives, tc.startConsumer(t, cfg, h, crashOpts(dialer)...))
+		// A session lost early only adds redeliveries, which the inbox absorbs.
+		lives = append(lives, tc.startConsumer(t, cfg, h, crashOpts(dialer, time.Second)...))
 		if life < crashes {
-			<-crashNow
+			testenv.AwaitChan(t, fmt.Sprintf("crash %d", life+1), crashNow, func() any { return fmt.Sprintf("%d handled", handled.Load()) })
 			continue
 		}
-		waitFor(t, "every record handled and committed", func() bool {
-			if rows, _ := count(); rows < n {
-				return false
+		testenv.Await(t, "every record handled and committed", func() (any, bool) {
+			rows, _ := count()
+			offsets := tc.committed(t, group, topic, partitions)
+			done := rows >= n
+			for _, o := range offsets {
+				done = done && o == int64(n/partitions)
 			}
-			for _, o := range tc.committed(t, group, topic, partitions) {
-				if o != int64(n/partitions) {
-					return false
-				}
-			}
-			return true
+			return fmt.Sprintf("%d of %d effects, committed %v", rows, n, offsets), done
 		})
 		break
 	}
@@ -915,18 +928,26 @@ func TestConsumeRebalance(t *testing.T) {
 			return nil
 		}
 	}
+	progress := func(want int) func() (any, bool) {
+		return func() (any, bool) {
+			mu.Lock()
+			defer mu.Unlock()
+			return fmt.Sprintf("%d of %d handled, by member %v", handled.Load(), n, byMember), handled.Load() >= int64(want)
+		}
+	}
 	a := tc.startConsumer(t, cfg, handler("a"))
-	waitFor(t, "the first member to start", func() bool { return handled.Load() >= int64(n/6) })
+	testenv.Await(t, "the first member to start", progress(n/6))
 	b := tc.startConsumer(t, cfg, handler("b"))
-	waitFor(t, "both members to handle records", func() bool {
+	testenv.Await(t, "both members to handle records", func() (any, bool) {
+		seen, enough := progress(n / 2)()
 		mu.Lock()
 		defer mu.Unlock()
-		return byMember["b"] > 0 && handled.Load() >= int64(n/2)
+		return seen, enough && byMember["b"] > 0
 	})
 	if err := a.stop(t); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "every record handled", func() bool { return handled.Load() >= int64(n) })
+	testenv.Await(t, "every record handled", progress(n))
 	if err := b.stop(t); err != nil {
 		t.Fatal(err)
 	}
@@ -938,7 +959,7 @@ func TestConsumeRebalance(t *testing.T) {
 }
 
 func ExampleConsume() {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	// An in-process cluster with an outbox message in "events.orders", for the example.
 	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(3, "events.orders", "billing.dead"))
@@ -999,9 +1020,11 @@ func TestDeadLetterReplay(t *testing.T) {
 	c := tc.startConsumer(t, outboxkafka.ConsumerConfig{Group: group, Topics: []string{topic}, DeadLetterTopic: dlt}, h)
 
 	var dead []outboxkafka.DeadLetter
-	waitFor(t, "the dead letter", func() bool {
+	testenv.AwaitCond(t, "the dead letter", func() bool {
+		ctx, cancel := testenv.CallContext() // per poll
+		defer cancel()
 		var err error
-		if dead, err = outboxkafka.ListDead(ctxT(t, 10*time.Second), tc.seeds, dlt, 0); err != nil {
+		if dead, err = outboxkafka.ListDead(ctx, tc.seeds, dlt, 0); err != nil {
 			t.Fatal(err)
 		}
 		return len(dead) > 0
@@ -1012,22 +1035,22 @@ func TestDeadLetterReplay(t *testing.T) {
 		d.Attempts != 1 || d.Time.IsZero() {
 		t.Fatalf("dead letters %+v", dead)
 	}
-	if limited, err := outboxkafka.ListDead(ctxT(t, 10*time.Second), tc.seeds, dlt, 1); err != nil || len(limited) != 1 {
+	if limited, err := outboxkafka.ListDead(testenv.Context(t), tc.seeds, dlt, 1); err != nil || len(limited) != 1 {
 		t.Fatalf("ListDead with limit 1 = %v, %v", limited, err)
 	}
 
 	mu.Lock()
 	poisoned = false // the fix is deployed
 	mu.Unlock()
-	if n, err := outboxkafka.ReplayDead(ctxT(t, 10*time.Second), tc.seeds, dead); err != nil || n != 1 {
+	if n, err := outboxkafka.ReplayDead(testenv.Context(t), tc.seeds, dead); err != nil || n != 1 {
 		t.Fatalf("ReplayDead = %d, %v", n, err)
 	}
-	waitFor(t, "the replayed record", func() bool {
+	testenv.AwaitCond(t, "the replayed record", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return handled["0/1"] > 0
 	})
-	waitFor(t, "the replayed record's offset committed", func() bool { return tc.committed(t, group, topic, 1)[0] == 3 })
+	tc.committedAll(t, "the replayed record's offset committed", group, topic, 1, 3)
 	if err := c.stop(t); err != nil {
 		t.Fatal(err)
 	}
@@ -1044,10 +1067,10 @@ func TestDeadLetterReplay(t *testing.T) {
 		t.Errorf("replayed record headers %v", headerMap(replayed))
 	}
 
-	if _, err := outboxkafka.ListDead(ctxT(t, 10*time.Second), tc.seeds, "no-such-topic", 0); !errors.Is(err, outboxkafka.ErrNoTopic) {
+	if _, err := outboxkafka.ListDead(testenv.Context(t), tc.seeds, "no-such-topic", 0); !errors.Is(err, outboxkafka.ErrNoTopic) {
 		t.Errorf("ListDead of a missing topic = %v, want ErrNoTopic", err)
 	}
-	if _, err := outboxkafka.ReplayDead(ctxT(t, 10*time.Second), tc.seeds, []outboxkafka.DeadLetter{{Payload: []byte("x")}}); err == nil {
+	if _, err := outboxkafka.ReplayDead(testenv.Context(t), tc.seeds, []outboxkafka.DeadLetter{{Payload: []byte("x")}}); err == nil {
 		t.Error("ReplayDead of a record without Outbox-Dead-Topic succeeded")
 	}
 }

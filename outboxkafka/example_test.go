@@ -13,7 +13,7 @@ import (
 )
 
 func Example() {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 
 	// An in-process Kafka cluster with the topic "events.orders", for the example;

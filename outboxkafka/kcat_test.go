@@ -7,12 +7,12 @@ import (
 	"os/exec"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/outboxkafka"
 )
 
@@ -32,7 +32,7 @@ func kcat(t *testing.T, broker, topic string) []kcatRecord {
 	if err != nil {
 		t.Skip("kcat is not installed (apt-get install kcat): the read-back by an outside client is not checked")
 	}
-	ctx := ctxT(t, 30*time.Second)
+	ctx := testenv.Context(t)
 	out, err := exec.CommandContext(ctx, path, "-C", "-b", broker, "-t", topic, "-o", "beginning", "-e", "-J", "-q").Output()
 	if err != nil {
 		var stderr []byte
@@ -86,7 +86,7 @@ func TestKcatReadsBack(t *testing.T) {
 				m.Headers = map[string]string{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}
 				batch = append(batch, m)
 			}
-			requireNoErrs(t, pub.Publish(ctxT(t, 10*time.Second), batch))
+			requireNoErrs(t, pub.Publish(testenv.Context(t), batch))
 			if compressed.Hits() == 0 {
 				t.Errorf("no record batch was compressed with %s", codec)
 			}

@@ -4,9 +4,9 @@ import (
 	"context"
 	"database/sql"
 	"testing"
-	"time"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/internal/testmysql"
 	"github.com/outboxkit/outbox/outboxmysql"
 )
@@ -24,7 +24,7 @@ type testBundle struct {
 func setup(t testing.TB) *testBundle {
 	t.Helper()
 	b := open(t, testmysql.NewDatabase(t))
-	if _, err := b.drv.MigrateUp(ctx(t), 0); err != nil {
+	if _, err := b.drv.MigrateUp(testenv.Context(t), 0); err != nil {
 		t.Fatalf("migrate: %v", err)
 	}
 	return b
@@ -46,12 +46,6 @@ func open(t testing.TB, dsn string) *testBundle {
 	return &testBundle{dsn: dsn, db: db, drv: drv, w: w}
 }
 
-func ctx(t testing.TB) context.Context {
-	c, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	t.Cleanup(cancel)
-	return c
-}
-
 // inTx runs fn in a transaction of db, committing when it returns nil.
 func inTx(ctx context.Context, db *sql.DB, fn func(*sql.Tx) error) error {
 	tx, err := db.BeginTx(ctx, nil)
@@ -68,7 +62,7 @@ func inTx(ctx context.Context, db *sql.DB, fn func(*sql.Tx) error) error {
 // write commits msgs in one transaction.
 func (b *testBundle) write(t testing.TB, msgs ...outbox.Message) {
 	t.Helper()
-	c := ctx(t)
+	c := testenv.Context(t)
 	if err := inTx(c, b.db, func(tx *sql.Tx) error { return b.w.Write(c, tx, msgs...) }); err != nil {
 		t.Fatalf("write: %v", err)
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/go-sql-driver/mysql"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/internal/testmysql"
 	"github.com/outboxkit/outbox/outboxmysql"
 	"github.com/outboxkit/outbox/outboxtest"
@@ -29,7 +30,7 @@ func TestShardMatchesServerMD5(t *testing.T) {
 		msgs = append(msgs, outbox.Message{Topic: "t", Key: k, Payload: []byte(`{}`)})
 	}
 	b.write(t, msgs...)
-	rows, err := b.db.QueryContext(ctx(t), "SELECT `key`, shard, CAST(CONV(LEFT(MD5(CASE WHEN `key` = '' THEN "+
+	rows, err := b.db.QueryContext(testenv.Context(t), "SELECT `key`, shard, CAST(CONV(LEFT(MD5(CASE WHEN `key` = '' THEN "+
 		"LOWER(CONCAT_WS('-', HEX(SUBSTR(id, 1, 4)), HEX(SUBSTR(id, 5, 2)), HEX(SUBSTR(id, 7, 2)), HEX(SUBSTR(id, 9, 2)), HEX(SUBSTR(id, 11, 6)))) "+
 		"ELSE `key` END), 8), 16, 10) AS UNSIGNED) & 63 FROM outbox ORDER BY seq")
 	if err != nil {
@@ -70,11 +71,11 @@ func TestStoreConformanceAnyDSN(t *testing.T) {
 		cfg.ClientFoundRows = true
 		cfg.Params = map[string]string{"time_zone": "'-07:00'"}
 		b := open(t, cfg.FormatDSN())
-		if _, err := b.drv.MigrateUp(ctx(t), 0); err != nil {
+		if _, err := b.drv.MigrateUp(testenv.Context(t), 0); err != nil {
 			t.Fatal(err)
 		}
 		var tz string
-		if err := b.db.QueryRowContext(ctx(t), "SELECT @@session.time_zone").Scan(&tz); err != nil || tz != "-07:00" {
+		if err := b.db.QueryRowContext(testenv.Context(t), "SELECT @@session.time_zone").Scan(&tz); err != nil || tz != "-07:00" {
 			t.Fatalf("session time zone %q, %v", tz, err)
 		}
 		return conformanceOutbox(b)
@@ -91,7 +92,7 @@ func TestTimesAreUTC(t *testing.T) {
 	}
 	cfg.Params = map[string]string{"time_zone": "'+09:30'"}
 	b := open(t, cfg.FormatDSN())
-	c := ctx(t)
+	c := testenv.Context(t)
 	if _, err := b.drv.MigrateUp(c, 0); err != nil {
 		t.Fatal(err)
 	}
@@ -162,36 +163,38 @@ func conformanceOutbox(b *testBundle) storetest.Outbox {
 func TestCommitOrderTrap(t *testing.T) {
 	b := setup(t)
 	t.Parallel()
-	c := ctx(t)
 	pub := &outboxtest.Publisher{}
 	r, err := outbox.NewRelay(b.drv, pub, outbox.RelayConfig{ID: "trap", PollInterval: 20 * time.Millisecond, Logger: testLogger()})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := r.Start(c); err != nil {
+	if err := r.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	defer r.Stop(c)
-	late, err := b.db.BeginTx(c, nil)
+	defer func() {
+		if err := r.Stop(testenv.Context(t)); err != nil {
+			t.Errorf("stop relay: %v", err)
+		}
+	}()
+	// The late transaction stays open across the wait below, however long that takes:
+	// its context must not end on a clock (a transaction's context rolls it back).
+	late, err := b.db.BeginTx(context.Background(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer late.Rollback()
-	if err := b.w.Write(c, late, outbox.Message{Topic: "t", Key: "late", Payload: []byte(`{}`)}); err != nil {
+	if err := b.w.Write(testenv.Context(t), late, outbox.Message{Topic: "t", Key: "late", Payload: []byte(`{}`)}); err != nil {
 		t.Fatal(err)
 	}
 	b.write(t, outbox.Message{Topic: "t", Key: "early", Payload: []byte(`{}`)})
-	got, err := pub.WaitFor(c, 1)
-	if err != nil || got[0].Key != "early" {
-		t.Fatalf("first published %v, %v; want the committed message", got, err)
+	got := pub.Await(t, 1)
+	if got[0].Key != "early" {
+		t.Fatalf("first published %v; want the committed message", got)
 	}
 	if err := late.Commit(); err != nil {
 		t.Fatal(err)
 	}
-	got, err = pub.WaitFor(c, 2)
-	if err != nil {
-		t.Fatal(err)
-	}
+	got = pub.Await(t, 2) // a relay that skipped the late commit stalls here
 	if got[1].Key != "late" || got[1].Seq >= got[0].Seq {
 		t.Fatalf("published %q (seq %d) after %q (seq %d); want the late commit with the lower seq", got[1].Key, got[1].Seq, got[0].Key, got[0].Seq)
 	}
@@ -209,7 +212,7 @@ func testLogger() *slog.Logger {
 func TestStatusEstimatesLargePublished(t *testing.T) {
 	b := setup(t)
 	t.Parallel()
-	c := ctx(t)
+	c := testenv.Context(t)
 	if _, err := b.db.ExecContext(c, "INSERT INTO outbox_published (seq, id, topic, `key`, aggregate_type, event_type, content_type, payload, headers, dedup_key, shard, created_at, attempts, published_at) "+
 		"VALUES (1, UNHEX(REPEAT('00', 16)), 't', '', '', '', 'application/json', '{}', '{}', 'd1', 0, UTC_TIMESTAMP(6), 0, UTC_TIMESTAMP(6))"); err != nil {
 		t.Fatal(err)

@@ -1,12 +1,12 @@
 package outboxmysql_test
 
 import (
-	"context"
 	"database/sql"
 	"testing"
 	"time"
 
 	"github.com/outboxkit/outbox/internal/sqlstore/sqlstoretest"
+	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/internal/testmysql"
 	"github.com/outboxkit/outbox/outboxmysql"
 )
@@ -33,22 +33,21 @@ func TestSQLStore(t *testing.T) {
 // waitLockWait waits until a transaction on db's database waits for a row lock.
 func waitLockWait(t *testing.T, db *sql.DB) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+	ctx := testenv.Context(t) // a bound on a hang: one event awaited
 	for {
 		var n int
 		err := db.QueryRowContext(ctx, `SELECT COUNT(*) FROM information_schema.INNODB_TRX t
 JOIN information_schema.PROCESSLIST p ON p.ID = t.trx_mysql_thread_id
 WHERE t.trx_state = 'LOCK WAIT' AND p.DB = DATABASE()`).Scan(&n)
 		if err != nil {
-			t.Fatal(err)
+			t.Fatalf("waiting for a transaction to wait for the dedup key's lock: %v", err)
 		}
 		if n > 0 {
 			return
 		}
 		select {
 		case <-ctx.Done():
-			t.Fatal("no transaction started waiting for the dedup key's lock")
+			t.Fatalf("no transaction started waiting for the dedup key's lock within %v", testenv.Stall())
 		// InnoDB refreshes information_schema.INNODB_TRX only when it was last read more
 		// than 100 ms ago: polling faster would read the same stale rows forever.
 		case <-time.After(200 * time.Millisecond):

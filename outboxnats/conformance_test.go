@@ -3,15 +3,16 @@ package outboxnats_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/internal/testnats"
 	"github.com/outboxkit/outbox/internal/testproxy"
 	"github.com/outboxkit/outbox/outboxnats"
@@ -33,9 +34,7 @@ func TestConformance(t *testing.T) {
 			return prefix + "conformance"
 		},
 		Publisher: func(t *testing.T, route string) outbox.Publisher {
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			pub, err := outboxnats.Dial(ctx, "nats://"+proxy.Addr(), outboxnats.Config{Route: route})
+			pub, err := outboxnats.Dial(testenv.Context(t), "nats://"+proxy.Addr(), outboxnats.Config{Route: route})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -59,22 +58,26 @@ func TestConformance(t *testing.T) {
 	})
 }
 
-// readStream reads every message of stream in stream order, waiting up to 10 s for n.
+// readStream reads every message of stream in stream order, once it holds n or their
+// number has stopped growing for testenv.Stall() (then the suite reports what is missing).
 func readStream(t *testing.T, js jetstream.JetStream, stream string, n int) []conformance.Received {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	for {
+	// Progress gets no deadline of its own: the stall detector is the bound, and each poll
+	// has a context of its own.
+	err := testenv.Progress(context.Background(), fmt.Sprintf("%d messages in stream %s", n, stream), testenv.Stall(), func() (any, bool) {
+		ctx, cancel := testenv.CallContext()
+		defer cancel()
 		info, err := js.Stream(ctx, stream)
 		if err != nil {
 			t.Fatalf("stream %s: %v", stream, err)
 		}
-		if int(info.CachedInfo().State.Msgs) >= n || ctx.Err() != nil {
-			break
-		}
-		time.Sleep(50 * time.Millisecond)
+		got := info.CachedInfo().State.Msgs
+		return got, got >= uint64(n)
+	})
+	if err != nil {
+		t.Logf("reading what there is: %v", err)
 	}
-	cons, err := js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{})
+	cons, err := js.OrderedConsumer(testenv.Context(t), stream, jetstream.OrderedConsumerConfig{})
 	if err != nil {
 		t.Fatalf("ordered consumer on %s: %v", stream, err)
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/internal/testnats"
 	"github.com/outboxkit/outbox/outboxnats"
 )
@@ -30,31 +31,46 @@ func consumeSetup(t *testing.T, js jetstream.JetStream, n, keys int) (stream, pr
 		batch = append(batch, &outbox.Message{ID: outbox.NewID(), Topic: "orders", Key: "k" + strconv.Itoa(i%keys),
 			Payload: []byte(strconv.Itoa(i)), ContentType: "text/plain", EventType: "placed"})
 		if len(batch) == keys || i == n-1 {
-			requireNoErrs(t, pub.Publish(ctxT(t, 10*time.Second), batch))
+			ctx, cancel := testenv.CallContext() // per batch: a hang bound, not a budget on all n
+			errs := pub.Publish(ctx, batch)
+			cancel()
+			requireNoErrs(t, errs)
 			batch = nil
 		}
 	}
 	return stream, prefix
 }
 
-// consumeUntil runs Consume until stop says so, and returns its error.
-func consumeUntil(t *testing.T, js jetstream.JetStream, cfg outboxnats.ConsumerConfig, h outbox.Handler, stop <-chan struct{}) error {
+// consumeUntil runs Consume until stop closes, and returns its error. seen reports the
+// handler's progress (a count): the test fails if it stops changing for testenv.Stall(),
+// however long the whole run takes on a slow machine.
+func consumeUntil(t *testing.T, js jetstream.JetStream, cfg outboxnats.ConsumerConfig, h outbox.Handler, stop <-chan struct{}, seen func() any) error {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
 	errc := make(chan error, 1)
 	go func() { errc <- outboxnats.Consume(ctx, js, cfg, h) }()
-	select {
-	case <-stop:
-	case err := <-errc:
-		cancel()
-		return err
-	case <-time.After(60 * time.Second):
-		cancel()
-		<-errc
-		t.Fatal("consumer did not finish within a minute")
-	}
+	var err error
+	ended := false
+	werr := testenv.Progress(context.Background(), "the consumer to handle every message", testenv.Stall(), func() (any, bool) {
+		select {
+		case <-stop:
+			return nil, true
+		case err = <-errc:
+			ended = true
+			return nil, true
+		default:
+			return seen(), false
+		}
+	})
 	cancel()
-	return <-errc
+	if !ended {
+		err = testenv.AwaitRecv(t, "Consume to return once its context ended", errc)
+	}
+	if werr != nil {
+		t.Fatal(werr)
+	}
+	return err
 }
 
 func TestConsumeOrderAndAck(t *testing.T) {
@@ -82,7 +98,11 @@ func TestConsumeOrderAndAck(t *testing.T) {
 		}
 		return nil
 	}
-	if err := consumeUntil(t, js, outboxnats.ConsumerConfig{Stream: stream, Durable: "order", Concurrency: 4}, h, done); err != nil {
+	if err := consumeUntil(t, js, outboxnats.ConsumerConfig{Stream: stream, Durable: "order", Concurrency: 4}, h, done, func() any {
+		mu.Lock()
+		defer mu.Unlock()
+		return fmt.Sprintf("%d of %d handled", got, n)
+	}); err != nil {
 		t.Fatal(err)
 	}
 	info, err := js.Consumer(context.Background(), stream, "order")
@@ -109,6 +129,10 @@ func TestConsumeRetryAndDeadLetter(t *testing.T) {
 		a0, a1, a2 := len(attempts["0"]), len(attempts["1"]), len(attempts["2"])
 		mu.Unlock()
 		if a0 >= 2 && a1 >= 3 && a2 >= 1 {
+			// Every expected delivery has come. Stop 300 ms later: the pause gives a wrong
+			// extra delivery (a third of "0", a fourth of "1", a second of "2") the chance
+			// to show. Nothing below depends on its length: Consume settles the message in
+			// hand before it returns.
 			defer once.Do(func() { time.AfterFunc(300*time.Millisecond, func() { close(done) }) })
 		}
 		switch string(d.Payload) {
@@ -124,7 +148,12 @@ func TestConsumeRetryAndDeadLetter(t *testing.T) {
 		}
 	}
 	cfg := outboxnats.ConsumerConfig{Stream: stream, Durable: "retry", MaxDeliver: 3, RetryDelay: 10 * time.Millisecond, DeadLetterSubject: dlqPrefix + "dead"}
-	if err := consumeUntil(t, js, cfg, h, done); err != nil {
+	seen := func() any {
+		mu.Lock()
+		defer mu.Unlock()
+		return fmt.Sprint("attempts ", attempts)
+	}
+	if err := consumeUntil(t, js, cfg, h, done, seen); err != nil {
 		t.Fatal(err)
 	}
 	mu.Lock()
@@ -145,28 +174,56 @@ func TestConsumeRetryAndDeadLetter(t *testing.T) {
 	}
 }
 
+// TestConsumeGracefulShutdown cancels Consume while a handler is working: Consume must
+// wait for it, not cancel its context, and ack its message before it returns.
 func TestConsumeGracefulShutdown(t *testing.T) {
 	t.Parallel()
 	js := testnats.JetStream(t, "")
 	stream, _ := consumeSetup(t, js, 1, 1)
-	started := make(chan struct{})
-	finished := false
+	started, release := make(chan struct{}), make(chan struct{})
+	defer func() {
+		select {
+		case <-release:
+		default:
+			close(release) // on a failure below: let the handler end
+		}
+	}()
 	h := func(ctx context.Context, d *outbox.Delivery) error {
 		close(started)
-		time.Sleep(500 * time.Millisecond) // still working when the shutdown begins
+		<-release // still working when the shutdown begins
 		if ctx.Err() != nil {
 			t.Error("the handler's context was cancelled by the shutdown")
 		}
-		finished = true
 		return nil
 	}
-	if err := consumeUntil(t, js, outboxnats.ConsumerConfig{Stream: stream, Durable: "grace"}, h, started); err != nil {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	errc := make(chan error, 1)
+	go func() {
+		errc <- outboxnats.Consume(ctx, js, outboxnats.ConsumerConfig{Stream: stream, Durable: "grace"}, h)
+	}()
+	testenv.Await(t, "the first delivery", func() (any, bool) {
+		select {
+		case <-started:
+			return nil, true
+		case err := <-errc:
+			t.Fatalf("Consume returned before the first delivery: %v", err)
+		default:
+		}
+		return "no delivery yet", false
+	})
+	cancel()
+	// The pause gives a Consume that does not wait for its handlers the chance to return.
+	select {
+	case err := <-errc:
+		t.Fatalf("Consume returned (%v) while a handler was still working", err)
+	case <-time.After(200 * time.Millisecond):
+	}
+	close(release)
+	if err := testenv.AwaitRecv(t, "Consume to return once its handler finished", errc); err != nil {
 		t.Fatal(err)
 	}
-	if !finished {
-		t.Fatal("Consume returned before the handler in progress finished")
-	}
-	info, err := js.Consumer(context.Background(), stream, "grace")
+	info, err := js.Consumer(testenv.Context(t), stream, "grace")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -208,16 +265,13 @@ func TestDeadLetterReplay(t *testing.T) {
 	go func() { errc <- outboxnats.Consume(ctx, js, cfg, h) }()
 
 	var dead []outboxnats.DeadLetter
-	for range 100 {
+	testenv.Await(t, "the poison message to be dead-lettered", func() (any, bool) {
 		var err error
 		if dead, err = outboxnats.ListDead(ctx, js, dlq, 0); err != nil {
 			t.Fatal(err)
 		}
-		if len(dead) > 0 {
-			break
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return len(dead), len(dead) > 0
+	})
 	if len(dead) != 1 || string(dead[0].Payload) != "1" || dead[0].Reason != "permanent: poison" || dead[0].Stream != stream || dead[0].ID == "" || dead[0].Seq == 0 {
 		t.Fatalf("dead letters %+v", dead)
 	}
@@ -227,17 +281,13 @@ func TestDeadLetterReplay(t *testing.T) {
 	if n, err := outboxnats.ReplayDead(ctx, js, dlq, []uint64{dead[0].Seq}); err != nil || n != 1 {
 		t.Fatalf("ReplayDead = %d, %v", n, err)
 	}
-	for range 100 {
+	testenv.Await(t, "the replayed message to be handled", func() (any, bool) {
 		mu.Lock()
-		done := handled["1"] == 1
-		mu.Unlock()
-		if done {
-			break
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		defer mu.Unlock()
+		return fmt.Sprint("handled ", handled), handled["1"] == 1
+	})
 	cancel()
-	if err := <-errc; err != nil {
+	if err := testenv.AwaitRecv(t, "Consume to return once its context ended", errc); err != nil {
 		t.Fatal(err)
 	}
 	if handled["0"] != 1 || handled["1"] != 1 {

@@ -12,7 +12,7 @@ import (
 )
 
 func Example() {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 
 	natsURL := testnats.URL() // "nats://127.0.0.1:4222"; credentials may go in the URL

@@ -3,6 +3,7 @@ package outboxnats_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"strconv"
 	"sync/atomic"
@@ -19,12 +20,12 @@ import (
 // TestConsumeInboxExactlyOnce delivers n messages, and for about one in eight simulates a crash
 // after the handler's transaction committed and before the ack (the handler reports an
 // error after its commit, so the message is delivered again): every effect must happen
-// exactly once. OUTBOX_TEST_INBOX_MESSAGES sets n (default 100,000; -short 10,000).
+// exactly once. OUTBOX_TEST_INBOX_MESSAGES sets n: the default 10,000 gives about 1,000
+// redeliveries, which is what the check needs; docs/robustness.md has a 100,000-message
+// run. The test fails only when the consumer stops making progress, never on how long the
+// whole run takes.
 func TestConsumeInboxExactlyOnce(t *testing.T) {
-	n := 100_000
-	if testing.Short() {
-		n = 10_000
-	}
+	n := 10_000
 	if v, err := strconv.Atoi(os.Getenv("OUTBOX_TEST_INBOX_MESSAGES")); err == nil && v > 0 {
 		n = v
 	}
@@ -61,7 +62,8 @@ func TestConsumeInboxExactlyOnce(t *testing.T) {
 		return nil
 	}
 	cfg := outboxnats.ConsumerConfig{Stream: stream, Durable: "inbox", Concurrency: 8, RetryDelay: 1}
-	if err := consumeUntil(t, js, cfg, h, done); err != nil {
+	seen := func() any { return fmt.Sprintf("%d of %d handled, %d redelivered", handled.Load(), n, crashed.Load()) }
+	if err := consumeUntil(t, js, cfg, h, done, seen); err != nil {
 		t.Fatal(err)
 	}
 	var rows, distinct int

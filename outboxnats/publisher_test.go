@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/internal/testnats"
 	"github.com/outboxkit/outbox/outboxnats"
 )
@@ -40,12 +41,6 @@ func setup(t *testing.T, cfg outboxnats.Config) *testBundle {
 	return &testBundle{pub: pub, js: js, stream: stream, prefix: prefix}
 }
 
-func ctxT(t *testing.T, d time.Duration) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	t.Cleanup(cancel)
-	return ctx
-}
-
 func newMsg(topic, key string, payload []byte) *outbox.Message {
 	id := outbox.NewID()
 	return &outbox.Message{
@@ -59,33 +54,40 @@ func newMsg(topic, key string, payload []byte) *outbox.Message {
 }
 
 // readAll reads n messages of stream with an ordered consumer, in stream order, and
-// fails if there are fewer, or more once n have arrived.
+// fails if the stream holds more once n have arrived, or if fewer arrive and their number
+// stops growing for testenv.Stall().
 func readAll(t *testing.T, js jetstream.JetStream, stream string, n int) []jetstream.Msg {
 	t.Helper()
-	ctx := ctxT(t, 20*time.Second)
-	cons, err := js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{})
+	testenv.Await(t, fmt.Sprintf("%d messages in stream %s", n, stream), func() (any, bool) {
+		ctx, cancel := testenv.CallContext() // per poll
+		defer cancel()
+		info, err := js.Stream(ctx, stream)
+		if err != nil {
+			return err, false
+		}
+		got := info.CachedInfo().State.Msgs
+		return got, got >= uint64(n)
+	})
+	cons, err := js.OrderedConsumer(testenv.Context(t), stream, jetstream.OrderedConsumerConfig{})
 	if err != nil {
 		t.Fatalf("ordered consumer on %s: %v", stream, err)
 	}
 	var out []jetstream.Msg
-	for len(out) < n {
-		batch, err := cons.Fetch(n-len(out), jetstream.FetchMaxWait(5*time.Second))
+	testenv.Await(t, fmt.Sprintf("reading %d messages of stream %s", n, stream), func() (any, bool) {
+		// A fetch that ends empty is retried: only a read that stops advancing fails.
+		batch, err := cons.Fetch(n-len(out), jetstream.FetchMaxWait(time.Second))
 		if err != nil {
 			t.Fatalf("fetch: %v", err)
 		}
-		got := 0
 		for m := range batch.Messages() {
 			out = append(out, m)
-			got++
 		}
 		if batch.Error() != nil && !errors.Is(batch.Error(), nats.ErrTimeout) {
 			t.Fatalf("fetch: %v", batch.Error())
 		}
-		if got == 0 {
-			t.Fatalf("stream %s holds %d messages, want %d", stream, len(out), n)
-		}
-	}
-	info, err := js.Stream(ctx, stream)
+		return len(out), len(out) >= n
+	})
+	info, err := js.Stream(testenv.Context(t), stream)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -129,7 +131,7 @@ func TestPublishRoundTrip(t *testing.T) {
 	m2 := newMsg("orders.big", "", big)
 	m2.ContentType = "application/x-big"
 
-	requireNoErrs(t, b.pub.Publish(ctxT(t, 10*time.Second), []*outbox.Message{m1, m2}))
+	requireNoErrs(t, b.pub.Publish(testenv.Context(t), []*outbox.Message{m1, m2}))
 
 	got := readAll(t, b.js, b.stream, 2)
 	if s := got[0].Subject(); s != b.prefix+"orders" {
@@ -190,7 +192,7 @@ func TestPublishRoute(t *testing.T) {
 	m := newMsg("orders", "42", []byte("x"))
 	m.AggregateType = "order"
 	noType := newMsg("orders", "43", []byte("x"))
-	errs := pub.Publish(ctxT(t, 5*time.Second), []*outbox.Message{m, noType})
+	errs := pub.Publish(testenv.Context(t), []*outbox.Message{m, noType})
 	if errs == nil || errs[0] != nil || !errors.Is(errs[1], outbox.ErrUnroutable) || outbox.IsOutage(errs[1]) {
 		t.Fatalf("Publish = %v, want the first confirmed and the second rejected as unroutable", errs)
 	}
@@ -203,7 +205,7 @@ func TestPublishDedupByMsgID(t *testing.T) {
 	t.Parallel()
 	b := setup(t, outboxnats.Config{})
 	m := newMsg("orders", "k", []byte(`{"n":1}`))
-	ctx := ctxT(t, 5*time.Second)
+	ctx := testenv.Context(t)
 	requireNoErrs(t, b.pub.Publish(ctx, []*outbox.Message{m}))
 	// A relay retrying after an ambiguous outcome sends the same message again.
 	again := *m
@@ -229,7 +231,7 @@ func TestPublishBatchOrder(t *testing.T) {
 	for i := range batch {
 		batch[i] = newMsg(topics[i%len(topics)], "key-"+strconv.Itoa(i), []byte(strconv.Itoa(i)))
 	}
-	requireNoErrs(t, b.pub.Publish(ctxT(t, 20*time.Second), batch))
+	requireNoErrs(t, b.pub.Publish(testenv.Context(t), batch))
 
 	got := readAll(t, b.js, b.stream, n)
 	last := map[string]int{}
@@ -255,7 +257,7 @@ func TestPublishMaxPendingConcurrent(t *testing.T) {
 	t.Parallel()
 	b := setup(t, outboxnats.Config{MaxPending: 7})
 	const workers, per = 8, 50
-	ctx := ctxT(t, 20*time.Second)
+	ctx := testenv.Context(t)
 	var wg sync.WaitGroup
 	for w := range workers {
 		wg.Go(func() {
@@ -285,7 +287,7 @@ func TestPublishRejectsOversized(t *testing.T) {
 		newMsg("big", "3", make([]byte, limit-10)),
 		newMsg("ok2", "4", []byte("b")),
 	}
-	errs := b.pub.Publish(ctxT(t, 10*time.Second), batch)
+	errs := b.pub.Publish(testenv.Context(t), batch)
 	if len(errs) != len(batch) {
 		t.Fatalf("errs = %v, want %d entries", errs, len(batch))
 	}
@@ -315,7 +317,7 @@ func TestPublishRejectsInvalidSubject(t *testing.T) {
 	for i, topic := range topics {
 		batch[i] = newMsg(topic, strconv.Itoa(i), []byte(topic))
 	}
-	errs := b.pub.Publish(ctxT(t, 5*time.Second), batch)
+	errs := b.pub.Publish(testenv.Context(t), batch)
 	if len(errs) != len(batch) {
 		t.Fatalf("errs = %v, want %d entries", errs, len(batch))
 	}
@@ -345,7 +347,7 @@ func TestPublishRejectsInvalidSubject(t *testing.T) {
 func TestPublishAPIErrors(t *testing.T) {
 	t.Parallel()
 	js := testnats.JetStream(t, "")
-	ctx := ctxT(t, 10*time.Second)
+	ctx := testenv.Context(t)
 	name := strings.ToUpper(testnats.Unique())
 	prefix := strings.ToLower(name) + "."
 	_, err := js.CreateStream(ctx, jetstream.StreamConfig{
@@ -397,7 +399,7 @@ func TestPublishNoStreamIsOutage(t *testing.T) {
 		t.Fatal(err)
 	}
 	batch := []*outbox.Message{newMsg("orders", "1", []byte("a")), newMsg("orders", "2", []byte("b"))}
-	errs := pub.Publish(ctxT(t, 10*time.Second), batch)
+	errs := pub.Publish(testenv.Context(t), batch)
 	if len(errs) != len(batch) {
 		t.Fatalf("errs = %v, want %d entries", errs, len(batch))
 	}
@@ -425,7 +427,7 @@ func TestPublishCancelledContext(t *testing.T) {
 			t.Errorf("message %d: %v, want an outage matching context.Canceled", i, err)
 		}
 	}
-	info, err := b.js.Stream(ctxT(t, 5*time.Second), b.stream)
+	info, err := b.js.Stream(testenv.Context(t), b.stream)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -437,7 +439,7 @@ func TestPublishCancelledContext(t *testing.T) {
 func TestPublishEmptyBatch(t *testing.T) {
 	t.Parallel()
 	b := setup(t, outboxnats.Config{})
-	if errs := b.pub.Publish(ctxT(t, time.Second), nil); errs != nil {
+	if errs := b.pub.Publish(testenv.Context(t), nil); errs != nil {
 		t.Errorf("Publish(nil) = %v", errs)
 	}
 }
@@ -445,7 +447,7 @@ func TestPublishEmptyBatch(t *testing.T) {
 func TestPing(t *testing.T) {
 	t.Parallel()
 	b := setup(t, outboxnats.Config{})
-	if err := b.pub.Ping(ctxT(t, 5*time.Second)); err != nil {
+	if err := b.pub.Ping(testenv.Context(t)); err != nil {
 		t.Fatal(err)
 	}
 	// Without a deadline Ping sets its own.
@@ -457,7 +459,7 @@ func TestPing(t *testing.T) {
 func TestEnsureStreamAndCheckSubject(t *testing.T) {
 	t.Parallel()
 	js := testnats.JetStream(t, "")
-	ctx := ctxT(t, 10*time.Second)
+	ctx := testenv.Context(t)
 	pub, err := outboxnats.New(js, outboxnats.Config{})
 	if err != nil {
 		t.Fatal(err)
@@ -519,7 +521,7 @@ func TestNewValidatesConfig(t *testing.T) {
 
 func TestDialRedactsCredentials(t *testing.T) {
 	t.Parallel()
-	ctx := ctxT(t, 5*time.Second)
+	ctx := testenv.Context(t)
 	_, err := outboxnats.Dial(ctx, "nats://alice:s3cret@127.0.0.1:1", outboxnats.Config{})
 	if err == nil {
 		t.Fatal("Dial to a closed port succeeded")

@@ -70,7 +70,7 @@ func Example() {
 	if err := relay.Start(ctx); err != nil {
 		log.Fatal(err)
 	}
-	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	wctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	msgs, err := pub.WaitFor(wctx, 1)
 	if err != nil {

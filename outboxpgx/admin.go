@@ -2,6 +2,7 @@ package outboxpgx
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -56,6 +57,9 @@ func (d *Driver) Status(ctx context.Context) (outbox.Status, error) {
 		if err := d.publishedCount(ctx, tx, &st); err != nil {
 			return fmt.Errorf("count published: %w", err)
 		}
+		if err := d.storageStatus(ctx, tx, &st); err != nil {
+			return fmt.Errorf("read partitions and transactions: %w", err)
+		}
 		if err := d.relayStatus(ctx, tx, &st); err != nil {
 			return fmt.Errorf("read relays and leases: %w", err)
 		}
@@ -91,15 +95,16 @@ func (d *Driver) topicStatus(ctx context.Context, tx pgx.Tx, st *outbox.Status) 
 // when it is large (see Status).
 func (d *Driver) publishedCount(ctx context.Context, tx pgx.Tx, st *outbox.Status) error {
 	var relTuples, liveTuples int64
+	var legacy bool
 	q, args := d.names.StatusPublishedStats()
-	if err := tx.QueryRow(ctx, q, args...).Scan(&relTuples, &liveTuples); err != nil {
+	if err := tx.QueryRow(ctx, q, args...).Scan(&relTuples, &liveTuples, &legacy); err != nil {
 		return err
 	}
 	if n, ok := pgsql.PublishedEstimate(relTuples, liveTuples); ok {
 		st.Published = n
 		return nil
 	}
-	return tx.QueryRow(ctx, d.names.StatusPublishedCount()).Scan(&st.Published)
+	return tx.QueryRow(ctx, d.names.StatusPublishedCount(legacy)).Scan(&st.Published)
 }
 
 func (d *Driver) relayStatus(ctx context.Context, tx pgx.Tx, st *outbox.Status) error {
@@ -259,4 +264,24 @@ func (d *Driver) deadPurge(ctx context.Context, f outbox.DeadFilter) (int, error
 		return 0, fmt.Errorf("purge dead letters: %w", err)
 	}
 	return int(tag.RowsAffected()), nil
+}
+
+// storageStatus reads the published history's partitions and the age of the oldest open
+// transaction.
+func (d *Driver) storageStatus(ctx context.Context, tx pgx.Tx, st *outbox.Status) error {
+	var micros int64
+	if err := tx.QueryRow(ctx, pgsql.StatusOldestTransaction).Scan(&micros); err != nil {
+		return err
+	}
+	st.OldestTransactionAge = time.Duration(micros) * time.Microsecond
+	var count, oldest, newest, ahead int
+	q, args := d.names.StatusPartitions()
+	switch err := tx.QueryRow(ctx, q, args...).Scan(&count, &oldest, &newest, &ahead); {
+	case errors.Is(err, pgx.ErrNoRows): // not partitioned (before migration 3)
+	case err != nil:
+		return err
+	default:
+		st.Partitions = pgsql.PartitionStatus(count, oldest, newest, ahead)
+	}
+	return nil
 }

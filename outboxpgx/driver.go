@@ -188,7 +188,7 @@ func (d *Driver) Complete(ctx context.Context, c outbox.Completion) ([]int64, er
 	applied, err := queryNoJIT(ctx, d.pool, pgx.RowTo[int64], d.completeSQL, c.RelayID, a.Tokens, a.Published,
 		a.RetrySeqs, a.RetryErrors, a.RetryDelayMillis, a.DeadSeqs, a.DeadErrors)
 	if err != nil {
-		return nil, fmt.Errorf("record outcomes: %w", err)
+		return nil, pgsql.CompleteError(err)
 	}
 	return pgsql.Refused(c, applied), nil
 }
@@ -200,6 +200,58 @@ func nonNil[T any](s []T) []T {
 	}
 	return s
 }
+
+// ErrNoPartition is wrapped by Complete's error when the published history has no
+// partition for the day an outcome is recorded (schema version 3): the messages stay
+// pending, nothing is lost, and Maintain (which every relay runs) or `outbox partitions
+// create` creates the day.
+var ErrNoPartition = pgsql.ErrNoPartition
+
+// Maintain implements outbox.Maintainer: the published history's daily partitions are
+// created 7 days ahead and dropped whole once older than the retention time, and expired
+// dedup keys are deleted in batches of req.Limit. Every relay calls it; one at a time does
+// the work (an advisory lock), and DDL gives up after a short lock_timeout and is tried
+// again at the next call. Before migration 3 it deletes expired published rows instead.
+func (d *Driver) Maintain(ctx context.Context, req outbox.MaintainRequest) (outbox.Maintenance, error) {
+	m, err := d.names.Maintain(ctx, d.inTx, req)
+	if err != nil {
+		return m, fmt.Errorf("maintenance: %w", err)
+	}
+	return m, nil
+}
+
+// Partitions returns the UTC days of published history that have a partition, oldest
+// first (none before migration 3).
+func (d *Driver) Partitions(ctx context.Context) ([]time.Time, error) {
+	return d.names.ListPartitions(ctx, d.inTx)
+}
+
+// CreatePartitions makes sure every UTC day from today to today + ahead has its
+// partition, and returns the days it created (with dryRun, would create). It returns
+// ErrBusy when another process holds the maintenance lock.
+func (d *Driver) CreatePartitions(ctx context.Context, ahead int, dryRun bool) ([]time.Time, error) {
+	days, ran, err := d.names.CreatePartitions(ctx, d.inTx, ahead, dryRun)
+	if err == nil && !ran {
+		err = ErrBusy
+	}
+	return days, err
+}
+
+// DropPartitions drops the days of published history that ended more than retention ago,
+// and the history kept from before migration 3 once that migration is older than
+// retention (legacy). With dryRun it only says what it would drop. It returns ErrBusy
+// when another process holds the maintenance lock.
+func (d *Driver) DropPartitions(ctx context.Context, retention time.Duration, dryRun bool) (days []time.Time, legacy bool, err error) {
+	days, legacy, ran, err := d.names.DropPartitions(ctx, d.inTx, retention, dryRun)
+	if err == nil && !ran {
+		err = ErrBusy
+	}
+	return days, legacy, err
+}
+
+// ErrBusy: another process (a relay, most likely) is maintaining the outbox right now;
+// try again in a moment.
+var ErrBusy = errors.New("another process is maintaining the outbox; try again in a moment")
 
 // DeletePublished implements outbox.Store: it deletes up to limit published messages
 // older than olderThan, and up to limit dedup keys of that age whose message is neither

@@ -3,6 +3,7 @@ package outboxpgx_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -10,6 +11,7 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/testdb"
+	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/outboxpgx"
 	"github.com/outboxkit/outbox/outboxtest"
 )
@@ -40,19 +42,20 @@ func startRelay(t *testing.T, b *testBundle, pub outbox.Publisher, cfg outbox.Re
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-		defer cancel()
-		if err := r.Stop(ctx); err != nil {
+		if err := r.Stop(testenv.Context(t)); err != nil {
 			t.Errorf("stop relay: %v", err)
 		}
 	})
 	return r
 }
 
-func waitCtx(t *testing.T, d time.Duration) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	t.Cleanup(cancel)
-	return ctx
+// awaitCount waits until table has want rows matching where, showing the count meanwhile.
+func (b *testBundle) awaitCount(t *testing.T, table, where string, want int) {
+	t.Helper()
+	testenv.Await(t, fmt.Sprintf("%d rows in %s where %s", want, table, where), func() (any, bool) {
+		n := b.CountIn(t, table, where)
+		return fmt.Sprintf("%d rows", n), n == want
+	})
 }
 
 func TestWriteAndPublish(t *testing.T) {
@@ -65,23 +68,14 @@ func TestWriteAndPublish(t *testing.T) {
 	)
 	pub := &outboxtest.Publisher{}
 	startRelay(t, b, pub, outbox.RelayConfig{})
-	got, err := pub.WaitFor(waitCtx(t, 10*time.Second), 2)
-	if err != nil {
-		t.Fatalf("published %d of 2: %v", len(got), err)
-	}
+	got := pub.Await(t, 2)
 	if got[0].EventType != "order.placed" || got[1].EventType != "order.paid" {
 		t.Fatalf("order: got %s, %s", got[0].EventType, got[1].EventType)
 	}
 	if got[0].Headers["traceparent"] == "" || got[0].ContentType != outbox.ContentTypeJSON || got[0].DedupKey != got[0].ID.String() {
 		t.Fatalf("message not carried whole: %+v", got[0])
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for b.CountIn(t, "outbox_published", "true") != 2 {
-		if time.Now().After(deadline) {
-			t.Fatal("rows not marked published")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	b.awaitCount(t, "outbox_published", "true", 2)
 }
 
 func TestRollbackNeverPublished(t *testing.T) {
@@ -121,18 +115,14 @@ func TestRollbackNeverPublished(t *testing.T) {
 	}
 	pub := &outboxtest.Publisher{}
 	r := startRelay(t, b, pub, outbox.RelayConfig{PollInterval: 20 * time.Millisecond})
-	got, err := pub.WaitFor(waitCtx(t, 10*time.Second), 2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Give the relay time to publish anything else it (wrongly) could.
+	pub.Await(t, 2)
+	// Give the relay time to publish anything else it (wrongly) could: a chance to go
+	// wrong before the check below, not a wait for work.
 	time.Sleep(300 * time.Millisecond)
-	stopCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	if err := r.Stop(stopCtx); err != nil {
-		t.Fatal(err)
+	if err := r.Stop(testenv.Context(t)); err != nil {
+		t.Fatalf("stop relay: %v", err)
 	}
-	got = pub.Messages()
+	got := pub.Messages()
 	if len(got) != 2 || string(got[0].Payload) != `"kept-1"` || string(got[1].Payload) != `"kept-2"` {
 		var ps []string
 		for _, m := range got {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/testdb"
+	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/outboxpgx"
 	"github.com/outboxkit/outbox/outboxtest"
 )
@@ -70,19 +71,32 @@ ignore_startup_parameters = extra_float_digits
 	var log bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &log, &log
 	must(cmd.Start())
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
 	addr := fmt.Sprintf("127.0.0.1:%d", port)
-	for i := 0; ; i++ {
-		if c, err := net.Dial("tcp", addr); err == nil {
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
+	t.Cleanup(func() { _ = cmd.Process.Kill(); <-exited })
+	err = testenv.Progress(context.Background(), "pgbouncer to accept connections", testenv.Stall(), func() (any, bool) {
+		select {
+		case <-exited:
+			return "exited", true
+		default:
+		}
+		c, err := net.Dial("tcp", addr)
+		if err == nil {
 			c.Close()
-			break
+			return nil, true
 		}
-		if i > 100 {
-			_ = cmd.Process.Kill()
-			_ = cmd.Wait() // the log is complete, and no longer written, after Wait
-			t.Fatalf("pgbouncer did not come up:\n%s", log.String())
-		}
-		time.Sleep(50 * time.Millisecond)
+		return err, false
+	})
+	select {
+	case <-exited: // the log is complete, and no longer written, once it exited
+		t.Fatalf("pgbouncer exited:\n%s", log.String())
+	default:
+	}
+	if err != nil {
+		_ = cmd.Process.Kill()
+		<-exited
+		t.Fatalf("%v; pgbouncer's log:\n%s", err, log.String())
 	}
 	// PgBouncer 1.18 cannot keep prepared statements across transactions: pgx must use
 	// unnamed ones.
@@ -114,25 +128,10 @@ func TestRelayThroughPgBouncer(t *testing.T) {
 	if err := r.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		defer cancel()
-		_ = r.Stop(sctx)
-	})
+	t.Cleanup(func() { _ = r.Stop(testenv.Context(t)) })
 	for i := 0; i < 50; i++ {
 		db.Write(t, outbox.Message{Topic: "t", Key: fmt.Sprintf("k%d", i%5), Payload: []byte(`{}`)})
 	}
-	wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
-	defer cancel()
-	got, err := pub.WaitFor(wctx, 50)
-	if err != nil {
-		t.Fatalf("published %d of 50 through PgBouncer: %v", len(got), err)
-	}
-	waitFor := time.Now().Add(10 * time.Second)
-	for db.CountIn(t, "outbox", "true") != 0 {
-		if time.Now().After(waitFor) {
-			t.Fatal("outcomes not recorded through PgBouncer")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	pub.Await(t, 50)
+	(&testBundle{db}).awaitCount(t, "outbox", "true", 0) // outcomes recorded through PgBouncer
 }

@@ -63,6 +63,9 @@
 //	outbox_relays_live                      gauge  -       relays with an unexpired heartbeat
 //	outbox_shards                           gauge  -       shards the outbox is divided into
 //	outbox_shards_leased                    gauge  -       shards with an unexpired lease
+//	outbox_partitions                       gauge  -       daily partitions of the published history (PostgreSQL)
+//	outbox_partition_days_ahead             gauge  -       days after today that have a partition; below 0 outcomes cannot be recorded
+//	outbox_oldest_transaction_age_seconds   gauge  -       oldest open transaction in the database (pins vacuum)
 //
 // # Latencies
 //

@@ -71,7 +71,7 @@ func Example() {
 	if err := relay.Start(ctx); err != nil {
 		log.Fatal(err)
 	}
-	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	wctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	if _, err := pub.WaitFor(wctx, 1); err != nil {
 		log.Fatal(err)

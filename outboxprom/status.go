@@ -60,6 +60,7 @@ type StatusCollector struct {
 
 	up, pending, due, retrying, dead, oldest *prometheus.Desc
 	relaysLive, shards, shardsLeased         *prometheus.Desc
+	partitions, daysAhead, oldestTx          *prometheus.Desc
 
 	mu     sync.Mutex // held during a Status call, so that concurrent scrapes wait for it
 	at     time.Time  // when snap or err was read; zero before the first read
@@ -89,12 +90,16 @@ func NewStatusCollector(admin outbox.Admin, c StatusConfig) *StatusCollector {
 		relaysLive:   desc("relays_live", "Relays with an unexpired heartbeat."),
 		shards:       desc("shards", "Shards the outbox is divided into."),
 		shardsLeased: desc("shards_leased", "Shards with an unexpired lease."),
+		partitions:   desc("partitions", "Daily partitions of the published history (PostgreSQL; absent for a store without them)."),
+		daysAhead:    desc("partition_days_ahead", "Days after today (UTC) that already have a partition of the published history; below 0, recording outcomes fails until one is created."),
+		oldestTx:     desc("oldest_transaction_age_seconds", "Age of the oldest transaction holding a snapshot or transaction id in the outbox's database: while it is open, vacuum removes nothing deleted since it began (0 when none, or when the database does not show it)."),
 	}
 }
 
 // Describe implements prometheus.Collector.
 func (s *StatusCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{s.up, s.pending, s.due, s.retrying, s.dead, s.oldest, s.relaysLive, s.shards, s.shardsLeased} {
+	for _, d := range []*prometheus.Desc{s.up, s.pending, s.due, s.retrying, s.dead, s.oldest, s.relaysLive, s.shards, s.shardsLeased,
+		s.partitions, s.daysAhead, s.oldestTx} {
 		ch <- d
 	}
 }
@@ -131,6 +136,11 @@ func (s *StatusCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(s.relaysLive, prometheus.GaugeValue, float64(live))
 	ch <- prometheus.MustNewConstMetric(s.shards, prometheus.GaugeValue, float64(st.Shards))
 	ch <- prometheus.MustNewConstMetric(s.shardsLeased, prometheus.GaugeValue, float64(st.ShardsLeased))
+	ch <- prometheus.MustNewConstMetric(s.oldestTx, prometheus.GaugeValue, st.OldestTransactionAge.Seconds())
+	if p := st.Partitions; p != nil {
+		ch <- prometheus.MustNewConstMetric(s.partitions, prometheus.GaugeValue, float64(p.Count))
+		ch <- prometheus.MustNewConstMetric(s.daysAhead, prometheus.GaugeValue, float64(p.DaysAhead))
+	}
 }
 
 // read returns a snapshot no older than MaxAge, reading a new one if needed, and the

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/testenv"
 )
 
 // fakeAdmin answers Status with whatever the test set, counting the calls.
@@ -70,9 +71,7 @@ func TestStatusCollectorCache(t *testing.T) {
 			}
 		}()
 	}
-	for admin.calls.Load() == 0 {
-		time.Sleep(time.Millisecond) // until one scrape is inside Status
-	}
+	testenv.AwaitCond(t, "a scrape to be inside Status", func() bool { return admin.calls.Load() > 0 })
 	close(release)
 	wg.Wait()
 	if n := admin.calls.Load(); n != 1 {
@@ -109,6 +108,8 @@ func TestStatusCollectorFailure(t *testing.T) {
 		Topics: []outbox.TopicStatus{{Topic: "orders", Pending: 3, Due: 2, Retrying: 1, Dead: 4, OldestPendingAge: 90 * time.Second}},
 		Relays: []outbox.RelayInfo{{ID: "a", Live: true}, {ID: "b"}, {ID: "c", Live: true}},
 		Shards: 64, ShardsLeased: 60,
+		Partitions:           &outbox.PartitionStatus{Count: 9, DaysAhead: 6},
+		OldestTransactionAge: 42 * time.Second,
 	}}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(NewStatusCollector(admin, StatusConfig{MaxAge: -1, Timeout: 50 * time.Millisecond}))
@@ -116,6 +117,7 @@ func TestStatusCollectorFailure(t *testing.T) {
 	for name, want := range map[string]float64{
 		"outbox_status_up": 1, "outbox_pending": 3, "outbox_due": 2, "outbox_retrying": 1, "outbox_dead": 4,
 		"outbox_oldest_pending_age_seconds": 90, "outbox_relays_live": 2, "outbox_shards": 64, "outbox_shards_leased": 60,
+		"outbox_partitions": 9, "outbox_partition_days_ahead": 6, "outbox_oldest_transaction_age_seconds": 42,
 	} {
 		labels := orders
 		if !slices.Contains([]string{"outbox_pending", "outbox_due", "outbox_retrying", "outbox_dead", "outbox_oldest_pending_age_seconds"}, name) {

@@ -1,7 +1,6 @@
 package outboxprom
 
 import (
-	"context"
 	"strings"
 	"testing"
 	"time"
@@ -10,6 +9,7 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/testdb"
+	"github.com/outboxkit/outbox/internal/testenv"
 )
 
 // TestStatusCollectorPostgres reads a known outbox in PostgreSQL: two topics with due,
@@ -28,9 +28,7 @@ func TestStatusCollectorPostgres(t *testing.T) {
 	db.Exec(t, `UPDATE %[1]s.outbox SET created_at = now() - interval '1 hour' WHERE key = 'o1'`)
 	db.Exec(t, `UPDATE %[1]s.outbox SET attempts = 1, next_attempt_at = now() + interval '1 hour' WHERE key = 'o2'`)
 	db.Kill(t, dead, 3, "refused", 0)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if _, err := db.Driver.SyncLeases(ctx, outbox.LeaseRequest{RelayID: "status-test", Hostname: "h", PID: 1, TTL: time.Minute}); err != nil {
+	if _, err := db.Driver.SyncLeases(testenv.Context(t), outbox.LeaseRequest{RelayID: "status-test", Hostname: "h", PID: 1, TTL: time.Minute}); err != nil {
 		t.Fatal(err)
 	}
 
@@ -86,7 +84,10 @@ outbox_status_up 1
 	for _, mf := range mfs {
 		n += len(mf.GetMetric())
 	}
-	if n != 2*5+4 {
-		t.Fatalf("%d series, want 5 per topic and 4 others", n)
+	if n != 2*5+7 {
+		t.Fatalf("%d series, want 5 per topic and 7 others", n)
+	}
+	if p, ahead := value(t, reg, "outbox_partitions", nil), value(t, reg, "outbox_partition_days_ahead", nil); p != 8 || ahead != 7 {
+		t.Fatalf("outbox_partitions %v, outbox_partition_days_ahead %v; want 8 and 7 after the migration", p, ahead)
 	}
 }

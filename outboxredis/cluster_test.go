@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/outboxredis"
 )
 
@@ -35,13 +36,25 @@ func startCluster(t *testing.T) (masters, replicas []*server) {
 	}
 	for _, s := range nodes {
 		c := newClient(t, s.Addr)
-		waitFor(t, "cluster_state:ok on "+s.Addr, func() bool {
-			return strings.Contains(c.ClusterInfo(ctxT(t, 5*time.Second)).Val(), "cluster_state:ok")
+		testenv.Await(t, "cluster_state:ok on "+s.Addr, func() (any, bool) {
+			ctx, cancel := testenv.CallContext() // per poll
+			defer cancel()
+			clusterInfo, err := c.ClusterInfo(ctx).Result()
+			if err != nil {
+				return err, false
+			}
+			for line := range strings.SplitSeq(clusterInfo, "\r\n") {
+				if state, ok := strings.CutPrefix(line, "cluster_state:"); ok {
+					return state, state == "ok"
+				}
+			}
+			return clusterInfo, false
 		})
 		if info(t, c, "replication", "role") == "master" {
 			masters = append(masters, s)
-			waitFor(t, "the replica of "+s.Addr, func() bool {
-				return strings.Contains(info(t, c, "replication", "slave0"), "state=online")
+			testenv.Await(t, "the replica of "+s.Addr+" online", func() (any, bool) {
+				replica := info(t, c, "replication", "slave0")
+				return replica, strings.Contains(replica, "state=online")
 			})
 		} else {
 			replicas = append(replicas, s)
@@ -70,9 +83,10 @@ func TestCluster(t *testing.T) {
 	t.Cleanup(func() { _ = cc.Close() })
 	requireLen := func(t *testing.T, batch []*outbox.Message, want int64) {
 		t.Helper()
+		ctx := testenv.Context(t)
 		for _, m := range batch {
-			if n := cc.XLen(ctxT(t, 5*time.Second), m.Topic).Val(); n != want {
-				t.Errorf("stream %s holds %d entries, want %d", m.Topic, n, want)
+			if n, err := cc.XLen(ctx, m.Topic).Result(); err != nil || n != want {
+				t.Errorf("stream %s holds %d entries (%v), want %d", m.Topic, n, err, want)
 			}
 		}
 	}
@@ -83,7 +97,7 @@ func TestCluster(t *testing.T) {
 			t.Fatal(err)
 		}
 		batch := spread("pipelined-", 60)
-		requireNoErrs(t, pub.Publish(ctxT(t, 10*time.Second), batch))
+		requireNoErrs(t, pub.Publish(testenv.Context(t), batch))
 		requireLen(t, batch, 1)
 	})
 
@@ -95,15 +109,16 @@ func TestCluster(t *testing.T) {
 		// Plain names, names with a hash tag, and a "{" without a tag.
 		batch := append(spread("dedup-", 30), spread("tag{dedup}-", 5)...)
 		batch = append(batch, spread("open{-", 5)...)
-		requireNoErrs(t, pub.Publish(ctxT(t, 10*time.Second), batch))
-		requireNoErrs(t, pub.Publish(ctxT(t, 10*time.Second), batch)) // the retry: no second entries
+		requireNoErrs(t, pub.Publish(testenv.Context(t), batch))
+		requireNoErrs(t, pub.Publish(testenv.Context(t), batch)) // the retry: no second entries
 		requireLen(t, batch, 1)
 
 		// A "}" without a hash tag: the marker cannot share the stream's slot.
 		var odd *outbox.Message
+		ctx := testenv.Context(t)
 		for _, m := range spread("close}-", 20) {
 			marker := m.Topic + outboxredis.DedupMarkerInfix + m.DedupKey
-			if cc.ClusterKeySlot(ctxT(t, 5*time.Second), m.Topic).Val() != cc.ClusterKeySlot(ctxT(t, 5*time.Second), marker).Val() {
+			if cc.ClusterKeySlot(ctx, m.Topic).Val() != cc.ClusterKeySlot(ctx, marker).Val() {
 				odd = m
 				break
 			}
@@ -111,7 +126,7 @@ func TestCluster(t *testing.T) {
 		if odd == nil {
 			t.Fatal("no stream name whose marker is in another slot")
 		}
-		errs := pub.Publish(ctxT(t, 10*time.Second), []*outbox.Message{odd})
+		errs := pub.Publish(testenv.Context(t), []*outbox.Message{odd})
 		if len(errs) != 1 || errs[0] == nil || outbox.IsOutage(errs[0]) || !strings.Contains(errs[0].Error(), "CROSSSLOT") {
 			t.Errorf("stream %q: %v, want a CROSSSLOT rejection", odd.Topic, errs)
 		}
@@ -122,13 +137,13 @@ func TestCluster(t *testing.T) {
 		// loaded the machine. The master without a replica makes the second Publish wait
 		// it out.
 		url := "redis://" + masters[0].Addr + "?addr=" + masters[1].Addr + "&read_timeout=1m"
-		pub, err := outboxredis.Dial(ctxT(t, 5*time.Second), url, outboxredis.Config{Cluster: true, WaitReplicas: 1, WaitTimeout: 10 * time.Second})
+		pub, err := outboxredis.Dial(testenv.Context(t), url, outboxredis.Config{Cluster: true, WaitReplicas: 1, WaitTimeout: 10 * time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(pub.Close)
 		batch := spread("wait-", 60)
-		requireNoErrs(t, pub.Publish(ctxT(t, time.Minute), batch))
+		requireNoErrs(t, pub.Publish(testenv.Context(t), batch))
 		requireLen(t, batch, 1)
 
 		// One master loses its replica: only its streams fail, as outages.
@@ -140,14 +155,14 @@ func TestCluster(t *testing.T) {
 			r.Kill()
 		}
 		lc := newClient(t, lonely)
-		waitFor(t, "the master to lose its replica", func() bool { return info(t, lc, "replication", "connected_slaves") == "0" })
+		awaitNoReplica(t, lc)
 		batch = spread("wait-", 60)
-		errs := pub.Publish(ctxT(t, time.Minute), batch)
+		errs := pub.Publish(testenv.Context(t), batch)
 		if errs == nil {
 			t.Fatal("every message was confirmed, though one master has no replica")
 		}
 		for i, m := range batch {
-			master, err := cc.MasterForKey(ctxT(t, 5*time.Second), m.Topic)
+			master, err := cc.MasterForKey(testenv.Context(t), m.Topic)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -1,10 +1,13 @@
 package outboxredis_test
 
 import (
+	"context"
+	"fmt"
 	"testing"
 	"time"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/internal/testproxy"
 	"github.com/outboxkit/outbox/outboxredis"
 	"github.com/outboxkit/outbox/outboxtest/conformance"
@@ -39,7 +42,7 @@ func runConformance(t *testing.T, cfg outboxredis.Config) {
 			cfg := cfg
 			cfg.Route = route + ".{aggregate_type}"
 			// read_timeout: see newClient.
-			pub, err := outboxredis.Dial(ctxT(t, 5*time.Second), "redis://"+proxy.Addr()+"?read_timeout=1m", cfg)
+			pub, err := outboxredis.Dial(testenv.Context(t), "redis://"+proxy.Addr()+"?read_timeout=1m", cfg)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -49,11 +52,14 @@ func runConformance(t *testing.T, cfg outboxredis.Config) {
 		Read: func(t *testing.T, dest string, n int) []conformance.Received {
 			stream := dest + ".widget"
 			var es []outboxredis.Entry
-			for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+			// When fewer than n come and their number stops growing, the suite reports
+			// what is missing.
+			err := testenv.Progress(context.Background(), fmt.Sprintf("%d entries in %s", n, stream), testenv.Stall(), func() (any, bool) {
 				es = entries(t, direct, stream)
-				if len(es) >= n || time.Now().After(deadline) {
-					break
-				}
+				return len(es), len(es) >= n
+			})
+			if err != nil {
+				t.Logf("reading what there is: %v", err)
 			}
 			out := make([]conformance.Received, len(es))
 			for i, e := range es {
@@ -68,7 +74,7 @@ func runConformance(t *testing.T, cfg outboxredis.Config) {
 			return out
 		},
 		Reject: func(t *testing.T, dest string) *outbox.Message {
-			if err := direct.Set(ctxT(t, 5*time.Second), dest+".wrongtype", "not a stream", 0).Err(); err != nil {
+			if err := direct.Set(testenv.Context(t), dest+".wrongtype", "not a stream", 0).Err(); err != nil {
 				t.Fatal(err)
 			}
 			m := newMsg("conformance", "rejected", []byte(`{}`))

@@ -13,7 +13,7 @@ import (
 )
 
 func Example() {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 
 	redisURL := "redis://" + sharedAddr() // "redis://127.0.0.1:6379"; user:password@ may go in the URL

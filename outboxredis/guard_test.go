@@ -3,12 +3,13 @@ package outboxredis_test
 import (
 	"context"
 	"errors"
-	"sync"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/outboxredis"
 )
 
@@ -16,7 +17,7 @@ func TestGuard(t *testing.T) {
 	t.Parallel()
 	c := newClient(t, sharedAddr())
 	prefix := uniqueStream(t, c) + ":"
-	g, err := outboxredis.NewGuard(c, outboxredis.GuardConfig{Consumer: "mailer", Prefix: prefix, TTL: time.Minute, Lease: 2 * time.Second})
+	g, err := outboxredis.NewGuard(c, outboxredis.GuardConfig{Consumer: "mailer", Prefix: prefix, TTL: time.Minute, Lease: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -30,15 +31,25 @@ func TestGuard(t *testing.T) {
 	ctx := context.Background()
 	d := &outbox.Delivery{ID: "m-1"}
 
-	// Two deliveries at once: one runs, the other is told to retry later.
-	var wg sync.WaitGroup
-	errs := make([]error, 2)
-	for i := range 2 {
-		wg.Go(func() { errs[i] = h(ctx, d) })
+	// Two deliveries at once: one runs, and holds the lease until released; the other is
+	// told to retry later, while the first still runs. (The lease is long: a slow machine
+	// must not let it expire before the second delivery looks.)
+	results := make(chan error, 2)
+	for range 2 {
+		go func() { results <- h(ctx, d) }()
 	}
-	time.Sleep(100 * time.Millisecond)
+	var errs []error
+	testenv.Await(t, "one of two concurrent deliveries to return while the other runs", func() (any, bool) {
+		select {
+		case err := <-results:
+			errs = append(errs, err)
+			return nil, true
+		default:
+			return fmt.Sprintf("%d handler runs", sent.Load()), false
+		}
+	})
 	close(release)
-	wg.Wait()
+	errs = append(errs, testenv.AwaitRecv(t, "the released delivery to return", results))
 	inProgress := 0
 	for _, err := range errs {
 		if errors.Is(err, outboxredis.ErrInProgress) && outbox.RetryDelay(err, 0) > 0 {

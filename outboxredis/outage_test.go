@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/outboxredis"
 )
 
@@ -31,7 +32,7 @@ const (
 func privatePublisher(t *testing.T, s *server, cfg outboxredis.Config) *outboxredis.Publisher {
 	t.Helper()
 	cfg.Route = "events"
-	pub, err := outboxredis.Dial(ctxT(t, 5*time.Second), "redis://"+s.Addr+"?read_timeout=1m", cfg)
+	pub, err := outboxredis.Dial(testenv.Context(t), "redis://"+s.Addr+"?read_timeout=1m", cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -60,18 +61,23 @@ func TestOutageKilledServerAndReconnect(t *testing.T) {
 	bothModes(t, func(t *testing.T, cfg outboxredis.Config) {
 		s := startServer(t)
 		pub := privatePublisher(t, s, cfg)
-		requireNoErrs(t, pub.Publish(ctxT(t, 5*time.Second), batchOf("t", 3)))
+		requireNoErrs(t, pub.Publish(testenv.Context(t), batchOf("t", 3)))
 
 		s.Kill()
-		requireAll(t, pub.Publish(ctxT(t, 5*time.Second), batchOf("t", 5)), 5, true)
-		if err := pub.Ping(ctxT(t, 5*time.Second)); !outbox.IsOutage(err) {
+		requireAll(t, pub.Publish(testenv.Context(t), batchOf("t", 5)), 5, true)
+		if err := pub.Ping(testenv.Context(t)); !outbox.IsOutage(err) {
 			t.Errorf("Ping with a killed server = %v, want an outage", err)
 		}
 
 		s.Start(t) // empty: the private server keeps nothing on disk
-		waitFor(t, "Ping after the restart", func() bool { return pub.Ping(ctxT(t, 5*time.Second)) == nil })
-		requireNoErrs(t, pub.Publish(ctxT(t, 5*time.Second), batchOf("t", 4)))
-		if n := newClient(t, s.Addr).XLen(ctxT(t, 5*time.Second), "events").Val(); n != 4 {
+		testenv.Await(t, "Ping to succeed after the restart", func() (any, bool) {
+			ctx, cancel := testenv.CallContext()
+			defer cancel()
+			err := pub.Ping(ctx)
+			return err, err == nil
+		})
+		requireNoErrs(t, pub.Publish(testenv.Context(t), batchOf("t", 4)))
+		if n := newClient(t, s.Addr).XLen(testenv.Context(t), "events").Val(); n != 4 {
 			t.Errorf("the restarted server holds %d entries, want 4", n)
 		}
 	})
@@ -82,11 +88,11 @@ func TestOutageOutOfMemory(t *testing.T) {
 	bothModes(t, func(t *testing.T, cfg outboxredis.Config) {
 		s := startServer(t, "--maxmemory", "1", "--maxmemory-policy", "noeviction")
 		pub := privatePublisher(t, s, cfg)
-		requireOutagesSaying(t, pub.Publish(ctxT(t, 5*time.Second), batchOf("t", 3)), 3, "OOM")
+		requireOutagesSaying(t, pub.Publish(testenv.Context(t), batchOf("t", 3)), 3, "OOM")
 
 		// Backpressure ends when memory is freed (here: the limit raised).
-		newClient(t, s.Addr).ConfigSet(ctxT(t, 5*time.Second), "maxmemory", "0")
-		requireNoErrs(t, pub.Publish(ctxT(t, 5*time.Second), batchOf("t", 3)))
+		newClient(t, s.Addr).ConfigSet(testenv.Context(t), "maxmemory", "0")
+		requireNoErrs(t, pub.Publish(testenv.Context(t), batchOf("t", 3)))
 	})
 }
 
@@ -97,18 +103,21 @@ func TestOutageBusyScript(t *testing.T) {
 		pub := privatePublisher(t, s, cfg)
 		blocker, probe := newClient(t, s.Addr), newClient(t, s.Addr)
 		done := make(chan error, 1)
-		go func() { done <- blocker.Eval(ctxT(t, 30*time.Second), "while true do end", nil).Err() }()
-		waitFor(t, "the server to answer BUSY", func() bool {
-			return redis.HasErrorPrefix(probe.Ping(ctxT(t, 5*time.Second)).Err(), "BUSY")
+		go func() { done <- blocker.Eval(testenv.Context(t), "while true do end", nil).Err() }()
+		testenv.Await(t, "the server to answer BUSY", func() (any, bool) {
+			ctx, cancel := testenv.CallContext()
+			defer cancel()
+			err := probe.Ping(ctx).Err()
+			return err, redis.HasErrorPrefix(err, "BUSY")
 		})
 
-		requireOutagesSaying(t, pub.Publish(ctxT(t, 5*time.Second), batchOf("t", 3)), 3, "BUSY")
+		requireOutagesSaying(t, pub.Publish(testenv.Context(t), batchOf("t", 3)), 3, "BUSY")
 
-		if err := probe.ScriptKill(ctxT(t, 5*time.Second)).Err(); err != nil {
+		if err := probe.ScriptKill(testenv.Context(t)).Err(); err != nil {
 			t.Fatal(err)
 		}
-		<-done
-		requireNoErrs(t, pub.Publish(ctxT(t, 5*time.Second), batchOf("t", 3)))
+		testenv.AwaitRecv(t, "the killed script to return", done)
+		requireNoErrs(t, pub.Publish(testenv.Context(t), batchOf("t", 3)))
 	})
 }
 
@@ -116,15 +125,25 @@ func TestOutageBusyScript(t *testing.T) {
 func startReplica(t *testing.T, primary *server) *server {
 	t.Helper()
 	// Start the full sync at once, not after the default 5 s wait for more replicas.
-	if err := newClient(t, primary.Addr).ConfigSet(ctxT(t, 5*time.Second), "repl-diskless-sync-delay", "0").Err(); err != nil {
+	if err := newClient(t, primary.Addr).ConfigSet(testenv.Context(t), "repl-diskless-sync-delay", "0").Err(); err != nil {
 		t.Fatal(err)
 	}
 	r := startServer(t, "--replicaof", "127.0.0.1", primary.Port)
 	pc := newClient(t, primary.Addr)
-	waitFor(t, "the replica to sync", func() bool {
-		return strings.Contains(info(t, pc, "replication", "slave0"), "state=online")
+	testenv.Await(t, "the replica to sync", func() (any, bool) {
+		replica := info(t, pc, "replication", "slave0")
+		return replica, strings.Contains(replica, "state=online")
 	})
 	return r
+}
+
+// awaitNoReplica waits until the primary behind c has noticed that its replica is gone.
+func awaitNoReplica(t *testing.T, c redis.Cmdable) {
+	t.Helper()
+	testenv.Await(t, "the primary to lose its replica", func() (any, bool) {
+		n := info(t, c, "replication", "connected_slaves")
+		return n, n == "0"
+	})
 }
 
 func TestOutageReadOnlyReplica(t *testing.T) {
@@ -134,7 +153,7 @@ func TestOutageReadOnlyReplica(t *testing.T) {
 		replica := startReplica(t, primary)
 		// A failover moved the primary away: the address now reaches a replica.
 		pub := privatePublisher(t, replica, cfg)
-		requireOutagesSaying(t, pub.Publish(ctxT(t, 5*time.Second), batchOf("t", 3)), 3, "READONLY")
+		requireOutagesSaying(t, pub.Publish(testenv.Context(t), batchOf("t", 3)), 3, "READONLY")
 	})
 }
 
@@ -148,18 +167,18 @@ func TestWaitReplicas(t *testing.T) {
 		pub := privatePublisher(t, primary, cfg)
 
 		batch := batchOf("t", 10)
-		requireNoErrs(t, pub.Publish(ctxT(t, time.Minute), batch))
+		requireNoErrs(t, pub.Publish(testenv.Context(t), batch))
 		// WAIT returned, so the replica has every confirmed entry.
-		if n := newClient(t, replica.Addr).XLen(ctxT(t, 5*time.Second), "events").Val(); n != 10 {
+		if n := newClient(t, replica.Addr).XLen(testenv.Context(t), "events").Val(); n != 10 {
 			t.Errorf("the replica holds %d entries after a confirmed WAIT, want 10", n)
 		}
 
 		replica.Kill()
 		pc := newClient(t, primary.Addr)
-		waitFor(t, "the primary to lose its replica", func() bool { return info(t, pc, "replication", "connected_slaves") == "0" })
+		awaitNoReplica(t, pc)
 		cfg.WaitTimeout = waitShort
 		pub = privatePublisher(t, primary, cfg)
-		errs := pub.Publish(ctxT(t, time.Minute), batchOf("t", 3))
+		errs := pub.Publish(testenv.Context(t), batchOf("t", 3))
 		requireAll(t, errs, 3, true)
 		for i, err := range errs {
 			if !errors.Is(err, outboxredis.ErrNotReplicated) {
@@ -168,7 +187,7 @@ func TestWaitReplicas(t *testing.T) {
 		}
 		// The primary has them: the relay's retry adds second copies (or, with a dedup
 		// window, confirms the first ones).
-		if n := pc.XLen(ctxT(t, 5*time.Second), "events").Val(); n != 13 {
+		if n := pc.XLen(testenv.Context(t), "events").Val(); n != 13 {
 			t.Errorf("the primary holds %d entries, want 13", n)
 		}
 	})
@@ -190,20 +209,20 @@ func TestWaitCoversDuplicate(t *testing.T) {
 	// The replica stalls (it stays connected, but acknowledges nothing).
 	replica.Signal(t, syscall.SIGSTOP)
 	t.Cleanup(func() { replica.Signal(t, syscall.SIGCONT) })
-	errs := first.Publish(ctxT(t, 5*time.Second), []*outbox.Message{m})
+	errs := first.Publish(testenv.Context(t), []*outbox.Message{m})
 	if len(errs) != 1 || !errors.Is(errs[0], outboxredis.ErrNotReplicated) {
 		t.Fatalf("first attempt: %v, want ErrNotReplicated", errs)
 	}
 	// The relay retries: the script finds the marker. WAIT must still wait for the first
 	// copy, which the replica has not acknowledged.
-	errs = retry.Publish(ctxT(t, 5*time.Second), []*outbox.Message{m})
+	errs = retry.Publish(testenv.Context(t), []*outbox.Message{m})
 	if len(errs) != 1 || !errors.Is(errs[0], outboxredis.ErrNotReplicated) {
 		t.Fatalf("retry while the replica stalls: %v, want ErrNotReplicated", errs)
 	}
 
 	replica.Signal(t, syscall.SIGCONT)
-	requireNoErrs(t, last.Publish(ctxT(t, time.Minute), []*outbox.Message{m}))
-	if n := newClient(t, replica.Addr).XLen(ctxT(t, 5*time.Second), "events").Val(); n != 1 {
+	requireNoErrs(t, last.Publish(testenv.Context(t), []*outbox.Message{m}))
+	if n := newClient(t, replica.Addr).XLen(testenv.Context(t), "events").Val(); n != 1 {
 		t.Errorf("the replica holds %d entries, want the first copy only", n)
 	}
 }

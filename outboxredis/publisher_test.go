@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/outboxredis"
 )
 
@@ -48,7 +49,7 @@ type rawEntry struct {
 
 func rawEntries(t *testing.T, c *redis.Client, stream string) []rawEntry {
 	t.Helper()
-	res, err := c.Do(ctxT(t, 5*time.Second), "XRANGE", stream, "-", "+").Slice()
+	res, err := c.Do(testenv.Context(t), "XRANGE", stream, "-", "+").Slice()
 	if err != nil {
 		t.Fatalf("XRANGE %s: %v", stream, err)
 	}
@@ -82,7 +83,7 @@ func TestPublishEntryLayout(t *testing.T) {
 	m2 := &outbox.Message{ID: outbox.NewID(), Topic: "orders", Payload: nil,
 		Headers: map[string]string{outbox.HeaderID: "forged", outbox.HeaderTopic: "forged", "X-A": "a"}}
 
-	requireNoErrs(t, b.pub.Publish(ctxT(t, 5*time.Second), []*outbox.Message{m1, m2}))
+	requireNoErrs(t, b.pub.Publish(testenv.Context(t), []*outbox.Message{m1, m2}))
 
 	got := rawEntries(t, b.c, b.stream)
 	if len(got) != 2 {
@@ -144,7 +145,7 @@ func TestFieldsMatchPublish(t *testing.T) {
 	b := setup(t, outboxredis.Config{})
 	m := newMsg("orders", "k", []byte("p"))
 	m.Headers = map[string]string{"X-A": "a"}
-	requireNoErrs(t, b.pub.Publish(ctxT(t, 5*time.Second), []*outbox.Message{m}))
+	requireNoErrs(t, b.pub.Publish(testenv.Context(t), []*outbox.Message{m}))
 	var want []string
 	for _, f := range outboxredis.Fields(m) {
 		switch f := f.(type) {
@@ -165,14 +166,14 @@ func TestRoute(t *testing.T) {
 	ok := newMsg("t", b.stream, []byte("x"))
 	ok.AggregateType = "agg"
 	noAgg := newMsg("t", b.stream, []byte("x"))
-	errs := b.pub.Publish(ctxT(t, 5*time.Second), []*outbox.Message{noAgg, ok})
+	errs := b.pub.Publish(testenv.Context(t), []*outbox.Message{noAgg, ok})
 	if len(errs) != 2 || errs[1] != nil {
 		t.Fatalf("errs = %v, want only the first to fail", errs)
 	}
 	if !errors.Is(errs[0], outbox.ErrUnroutable) || outbox.IsOutage(errs[0]) {
 		t.Errorf("empty route field: %v, want a rejection matching ErrUnroutable", errs[0])
 	}
-	if n := b.c.XLen(ctxT(t, 5*time.Second), "agg."+b.stream).Val(); n != 1 {
+	if n := b.c.XLen(testenv.Context(t), "agg."+b.stream).Val(); n != 1 {
 		t.Errorf("stream agg.%s holds %d entries, want 1", b.stream, n)
 	}
 }
@@ -185,10 +186,10 @@ func TestWrongTypeRejectsOnlyItsMessage(t *testing.T) {
 			cfg.Route = "{topic}"
 			b := setup(t, cfg)
 			list := b.stream + ".list"
-			b.c.LPush(ctxT(t, 5*time.Second), list, "x")
+			b.c.LPush(testenv.Context(t), list, "x")
 			good := newMsg(b.stream, "a", []byte("x"))
 			bad := newMsg(list, "b", []byte("x"))
-			errs := b.pub.Publish(ctxT(t, 5*time.Second), []*outbox.Message{good, bad})
+			errs := b.pub.Publish(testenv.Context(t), []*outbox.Message{good, bad})
 			if len(errs) != 2 || errs[0] != nil || errs[1] == nil || outbox.IsOutage(errs[1]) {
 				t.Fatalf("errs = %v, want the second to be a rejection", errs)
 			}
@@ -213,9 +214,9 @@ func TestMaxLen(t *testing.T) {
 			t.Parallel()
 			b := setup(t, outboxredis.Config{MaxLen: 10, MaxLenExact: tc.exact})
 			for range 10 {
-				requireNoErrs(t, b.pub.Publish(ctxT(t, 5*time.Second), batchOf("t", 100)))
+				requireNoErrs(t, b.pub.Publish(testenv.Context(t), batchOf("t", 100))) // per call
 			}
-			if n := b.c.XLen(ctxT(t, 5*time.Second), b.stream).Val(); !tc.check(n) {
+			if n := b.c.XLen(testenv.Context(t), b.stream).Val(); !tc.check(n) {
 				t.Errorf("after 1000 messages the stream holds %d entries", n)
 			}
 		})
@@ -225,7 +226,7 @@ func TestMaxLen(t *testing.T) {
 func TestDedupWindow(t *testing.T) {
 	t.Parallel()
 	b := setup(t, outboxredis.Config{DedupWindow: time.Minute})
-	ctx := ctxT(t, 10*time.Second)
+	ctx := testenv.Context(t)
 	m := newMsg("t", "k", []byte("x"))
 	other := newMsg("t", "k2", []byte("y"))
 	requireNoErrs(t, b.pub.Publish(ctx, []*outbox.Message{m}))
@@ -256,8 +257,8 @@ func TestMarkerOnBrokenMarkerKey(t *testing.T) {
 	t.Parallel()
 	b := setup(t, outboxredis.Config{DedupWindow: time.Minute})
 	m := newMsg("t", "k", []byte("x"))
-	b.c.LPush(ctxT(t, 5*time.Second), "{"+b.stream+"}"+outboxredis.DedupMarkerInfix+m.DedupKey, "x")
-	errs := b.pub.Publish(ctxT(t, 5*time.Second), []*outbox.Message{m})
+	b.c.LPush(testenv.Context(t), "{"+b.stream+"}"+outboxredis.DedupMarkerInfix+m.DedupKey, "x")
+	errs := b.pub.Publish(testenv.Context(t), []*outbox.Message{m})
 	if len(errs) != 1 || errs[0] == nil || outbox.IsOutage(errs[0]) {
 		t.Fatalf("errs = %v, want a rejection (the marker key holds a list)", errs)
 	}
@@ -295,7 +296,7 @@ func TestConfigValidation(t *testing.T) {
 		if tc.newOnly {
 			continue
 		}
-		_, err = outboxredis.Dial(ctxT(t, time.Second), "redis://"+sharedAddr(), tc.cfg)
+		_, err = outboxredis.Dial(testenv.Context(t), "redis://"+sharedAddr(), tc.cfg)
 		if !errors.As(err, &ce) || ce.Field != tc.field {
 			t.Errorf("Dial(%+v) = %v, want a *outbox.ConfigError for %s", tc.cfg, err, tc.field)
 		}
@@ -321,7 +322,7 @@ func TestDialErrorsHideCredentials(t *testing.T) {
 		"redis://:s3cret@[::1%zz]:6379", // url.Parse fails and would quote it
 		"ftp://:s3cret@127.0.0.1:6379",
 	} {
-		_, err := outboxredis.Dial(ctxT(t, 2*time.Second), url, outboxredis.Config{})
+		_, err := outboxredis.Dial(testenv.Context(t), url, outboxredis.Config{})
 		if err == nil {
 			t.Errorf("Dial(%s) succeeded", url)
 			continue
@@ -336,19 +337,24 @@ func TestDialOwnsItsClient(t *testing.T) {
 	t.Parallel()
 	c := newClient(t, sharedAddr())
 	name := "outboxredis-owned-" + strings.TrimPrefix(uniqueStream(t, c), "outboxredis-test-")
-	pub, err := outboxredis.Dial(ctxT(t, 5*time.Second), "redis://"+sharedAddr()+"?client_name="+name, outboxredis.Config{})
+	pub, err := outboxredis.Dial(testenv.Context(t), "redis://"+sharedAddr()+"?client_name="+name, outboxredis.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	conns := func() int {
-		list := c.ClientList(ctxT(t, 5*time.Second)).Val()
+		ctx, cancel := testenv.CallContext()
+		defer cancel()
+		list := c.ClientList(ctx).Val()
 		return strings.Count(list, "name="+name+" ")
 	}
 	if n := conns(); n == 0 {
 		t.Fatalf("no connection named %s after Dial", name)
 	}
 	pub.Close()
-	waitFor(t, "the owned connections to close", func() bool { return conns() == 0 })
+	testenv.Await(t, "the owned connections to close", func() (any, bool) {
+		n := conns()
+		return n, n == 0
+	})
 	pub.Close()
 }
 
@@ -357,11 +363,11 @@ func TestCloseLeavesTheCallersClient(t *testing.T) {
 	b := setup(t, outboxredis.Config{})
 	b.pub.Close()
 	b.pub.Close()
-	requireAll(t, b.pub.Publish(ctxT(t, 5*time.Second), batchOf("t", 3)), 3, true)
-	if err := b.pub.Ping(ctxT(t, 5*time.Second)); !outbox.IsOutage(err) {
+	requireAll(t, b.pub.Publish(testenv.Context(t), batchOf("t", 3)), 3, true)
+	if err := b.pub.Ping(testenv.Context(t)); !outbox.IsOutage(err) {
 		t.Errorf("Ping after Close = %v, want an outage", err)
 	}
-	if err := b.c.Ping(ctxT(t, 5*time.Second)).Err(); err != nil {
+	if err := b.c.Ping(testenv.Context(t)).Err(); err != nil {
 		t.Errorf("the caller's client no longer works after Close: %v", err)
 	}
 }
@@ -370,7 +376,8 @@ func TestCloseDuringPublish(t *testing.T) {
 	t.Parallel()
 	c := newClient(t, sharedAddr())
 	stream := uniqueStream(t, c)
-	pub, err := outboxredis.Dial(ctxT(t, 5*time.Second), "redis://"+sharedAddr(), outboxredis.Config{Route: stream})
+	ctx := testenv.Context(t)
+	pub, err := outboxredis.Dial(ctx, "redis://"+sharedAddr(), outboxredis.Config{Route: stream})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -381,7 +388,7 @@ func TestCloseDuringPublish(t *testing.T) {
 		wg.Go(func() {
 			for range 50 {
 				batch := batchOf("t", 20)
-				errs := pub.Publish(ctxT(t, 5*time.Second), batch)
+				errs := pub.Publish(ctx, batch)
 				mu.Lock()
 				for i, m := range batch {
 					switch {
@@ -395,7 +402,7 @@ func TestCloseDuringPublish(t *testing.T) {
 			}
 		})
 	}
-	time.Sleep(10 * time.Millisecond)
+	time.Sleep(10 * time.Millisecond) // shapes the fault: close while the publishers are busy
 	pub.Close()
 	wg.Wait()
 	have := map[string]bool{}
@@ -419,7 +426,7 @@ func TestCancelledContext(t *testing.T) {
 	if !errors.Is(errs[0], context.Canceled) {
 		t.Errorf("%v does not wrap context.Canceled", errs[0])
 	}
-	if n := b.c.XLen(ctxT(t, 5*time.Second), b.stream).Val(); n != 0 {
+	if n := b.c.XLen(testenv.Context(t), b.stream).Val(); n != 0 {
 		t.Errorf("the stream holds %d entries: a cancelled Publish sent", n)
 	}
 }
@@ -427,7 +434,7 @@ func TestCancelledContext(t *testing.T) {
 func TestCheckStream(t *testing.T) {
 	t.Parallel()
 	b := setup(t, outboxredis.Config{Route: "{topic}"})
-	ctx := ctxT(t, 5*time.Second)
+	ctx := testenv.Context(t)
 	b.c.Set(ctx, b.stream+".string", "x", 0)
 	b.c.XAdd(ctx, &redis.XAddArgs{Stream: b.stream + ".stream", Values: []string{"f", "v"}})
 	for topic, ok := range map[string]bool{b.stream + ".none": true, b.stream + ".stream": true, b.stream + ".string": false} {

@@ -17,6 +17,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/outboxredis"
 )
 
@@ -38,16 +39,10 @@ func newClient(t testing.TB, addr string) *redis.Client {
 	t.Helper()
 	c := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true, ReadTimeout: time.Minute})
 	t.Cleanup(func() { _ = c.Close() })
-	if err := c.Ping(ctxT(t, 5*time.Second)).Err(); err != nil {
+	if err := c.Ping(testenv.Context(t)).Err(); err != nil {
 		t.Fatalf("Redis at %s is not reachable (start redis-server, or set OUTBOX_TEST_REDIS_ADDR): %v", addr, err)
 	}
 	return c
-}
-
-func ctxT(t testing.TB, d time.Duration) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	t.Cleanup(cancel)
-	return ctx
 }
 
 // uniqueStream returns a fresh stream name, and deletes every key whose name holds it
@@ -58,7 +53,7 @@ func uniqueStream(t testing.TB, c redis.UniversalClient) string {
 	_, _ = rand.Read(b)
 	name := "outboxredis-test-" + hex.EncodeToString(b)
 	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		ctx, cancel := testenv.CallContext()
 		defer cancel()
 		var cursor uint64
 		for {
@@ -75,16 +70,6 @@ func uniqueStream(t testing.TB, c redis.UniversalClient) string {
 		}
 	})
 	return name
-}
-
-// waitFor polls cond for up to 10 s.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-	}
 }
 
 func newMsg(topic, key string, payload []byte) *outbox.Message {
@@ -135,7 +120,9 @@ func requireAll(t testing.TB, errs []error, n int, outage bool) {
 // entries reads the whole stream.
 func entries(t testing.TB, c redis.Cmdable, stream string) []outboxredis.Entry {
 	t.Helper()
-	xs, err := c.XRange(ctxT(t, 5*time.Second), stream, "-", "+").Result()
+	ctx, cancel := testenv.CallContext()
+	defer cancel()
+	xs, err := c.XRange(ctx, stream, "-", "+").Result()
 	if err != nil {
 		t.Fatalf("XRANGE %s: %v", stream, err)
 	}
@@ -191,19 +178,15 @@ func (s *server) Start(t testing.TB) {
 	}
 	c := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1})
 	defer c.Close()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	err := testenv.Progress(context.Background(), "private redis-server on "+s.Addr+" to answer", testenv.Stall(), func() (any, bool) {
+		ctx, cancel := testenv.CallContext()
+		defer cancel()
 		err := c.Ping(ctx).Err()
-		cancel()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			log, _ := os.ReadFile(filepath.Join(s.Dir, "redis.log"))
-			t.Fatalf("private redis-server on %s does not answer: %v\n%s", s.Addr, err, log)
-		}
-		time.Sleep(20 * time.Millisecond)
+		return err, err == nil
+	})
+	if err != nil {
+		log, _ := os.ReadFile(filepath.Join(s.Dir, "redis.log"))
+		t.Fatalf("%v\n%s", err, log)
 	}
 }
 
@@ -226,7 +209,9 @@ func (s *server) Signal(t testing.TB, sig os.Signal) {
 // info returns the value of field in the INFO output of c, or "".
 func info(t testing.TB, c redis.Cmdable, section, field string) string {
 	t.Helper()
-	for line := range strings.SplitSeq(c.Info(ctxT(t, 5*time.Second), section).Val(), "\r\n") {
+	ctx, cancel := testenv.CallContext()
+	defer cancel()
+	for line := range strings.SplitSeq(c.Info(ctx, section).Val(), "\r\n") {
 		if v, ok := strings.CutPrefix(line, field+":"); ok {
 			return v
 		}

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/outboxredis"
 )
 
@@ -104,7 +105,7 @@ func TestDialTLS(t *testing.T) {
 	url := "rediss://127.0.0.1:" + tlsPort
 	client := ca.issue(t, 3)
 
-	pub, err := outboxredis.Dial(ctxT(t, 5*time.Second), url, outboxredis.Config{
+	pub, err := outboxredis.Dial(testenv.Context(t), url, outboxredis.Config{
 		Route: "events",
 		TLS:   &tls.Config{RootCAs: ca.pool, Certificates: []tls.Certificate{client}},
 	})
@@ -112,13 +113,13 @@ func TestDialTLS(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(pub.Close)
-	requireNoErrs(t, pub.Publish(ctxT(t, 5*time.Second), batchOf("t", 3)))
+	requireNoErrs(t, pub.Publish(testenv.Context(t), batchOf("t", 3)))
 
 	for name, cfg := range map[string]*tls.Config{
 		"system roots":          nil, // the test CA is not among them
 		"no client certificate": {RootCAs: ca.pool},
 	} {
-		if _, err := outboxredis.Dial(ctxT(t, 5*time.Second), url, outboxredis.Config{TLS: cfg}); err == nil {
+		if _, err := outboxredis.Dial(testenv.Context(t), url, outboxredis.Config{TLS: cfg}); err == nil {
 			t.Errorf("%s: Dial succeeded", name)
 		} else if !strings.Contains(err.Error(), "certificate") {
 			t.Errorf("%s: Dial error %q does not say what is wrong with the certificates", name, err)

@@ -21,6 +21,7 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/testdb"
+	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/outboxpgx"
 	"github.com/outboxkit/outbox/outboxsql"
 	"github.com/outboxkit/outbox/outboxtest"
@@ -46,7 +47,7 @@ func forEachDriver(t *testing.T, fn func(t *testing.T, b *testBundle)) {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			b := setupUnmigrated(t, name)
-			if _, err := b.drv.MigrateUp(ctx(t), 0); err != nil {
+			if _, err := b.drv.MigrateUp(testenv.Context(t), 0); err != nil {
 				t.Fatalf("migrate: %v", err)
 			}
 			fn(t, b)
@@ -76,21 +77,15 @@ func setupUnmigrated(t *testing.T, driverName string) *testBundle {
 	return &testBundle{pool: pool, db: db, drv: drv, schema: schema, w: w}
 }
 
-func ctx(t *testing.T) context.Context {
-	c, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	t.Cleanup(cancel)
-	return c
-}
-
 // write commits msgs in one transaction and returns Write's error.
 func (b *testBundle) write(t *testing.T, msgs ...outbox.Message) error {
 	t.Helper()
-	tx, err := b.db.BeginTx(ctx(t), nil)
+	tx, err := b.db.BeginTx(testenv.Context(t), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer func() { _ = tx.Rollback() }()
-	werr := b.w.Write(ctx(t), tx, msgs...)
+	werr := b.w.Write(testenv.Context(t), tx, msgs...)
 	if werr != nil && !errors.Is(werr, outbox.ErrDuplicate) {
 		return werr
 	}
@@ -115,7 +110,7 @@ type row struct {
 // rows reads every outbox row in seq order through pgx, not through the writer's driver.
 func (b *testBundle) rows(t *testing.T) []row {
 	t.Helper()
-	rs, err := b.pool.Query(ctx(t), fmt.Sprintf(`SELECT seq, id::text, topic, key, aggregate_type, event_type, content_type,
+	rs, err := b.pool.Query(testenv.Context(t), fmt.Sprintf(`SELECT seq, id::text, topic, key, aggregate_type, event_type, content_type,
        payload, headers::text, dedup_key, created_at, next_attempt_at, attempts, false, false
 FROM %q.outbox ORDER BY seq`, b.schema))
 	if err != nil {
@@ -222,7 +217,7 @@ func maps(a, b map[string]string) bool {
 
 func TestRollbackLeavesNothing(t *testing.T) {
 	forEachDriver(t, func(t *testing.T, b *testBundle) {
-		c := ctx(t)
+		c := testenv.Context(t)
 		tx, err := b.db.BeginTx(c, nil)
 		if err != nil {
 			t.Fatal(err)
@@ -326,7 +321,7 @@ func TestDuplicateSkippedTxUsable(t *testing.T) {
 		if err := b.write(t, outbox.Message{Topic: "t", DedupKey: "taken", Payload: []byte(`"first"`)}); err != nil {
 			t.Fatal(err)
 		}
-		c := ctx(t)
+		c := testenv.Context(t)
 		tx, err := b.db.BeginTx(c, nil)
 		if err != nil {
 			t.Fatal(err)
@@ -360,7 +355,7 @@ func TestDuplicateSkippedTxUsable(t *testing.T) {
 func TestConcurrentDuplicate(t *testing.T) {
 	forEachDriver(t, func(t *testing.T, b *testBundle) {
 		const n = 8
-		c := ctx(t)
+		c := testenv.Context(t)
 		// Open every transaction first so that the writes really race.
 		txs := make([]*sql.Tx, n)
 		for i := range txs {
@@ -409,7 +404,7 @@ func TestDuplicateWaitsForHolder(t *testing.T) {
 	for _, holderCommits := range []bool{false, true} {
 		t.Run(map[bool]string{false: "holder rolls back", true: "holder commits"}[holderCommits], func(t *testing.T) {
 			forEachDriver(t, func(t *testing.T, b *testBundle) {
-				c := ctx(t)
+				c := testenv.Context(t)
 				holder, err := b.db.BeginTx(c, nil)
 				if err != nil {
 					t.Fatal(err)
@@ -467,26 +462,24 @@ func TestDuplicateWaitsForHolder(t *testing.T) {
 // waitBlocked waits until backend pid waits for a lock.
 func waitBlocked(t *testing.T, pool *pgxpool.Pool, pid int, done <-chan error) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	testenv.AwaitCond(t, "the waiter's Write to block on the holder", func() bool {
+		ctx, cancel := testenv.CallContext()
+		defer cancel()
 		var blocked bool
-		err := pool.QueryRow(ctx(t), `SELECT coalesce(cardinality(pg_blocking_pids($1)) > 0, false)`, pid).Scan(&blocked)
+		err := pool.QueryRow(ctx, `SELECT coalesce(cardinality(pg_blocking_pids($1)) > 0, false)`, pid).Scan(&blocked)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if blocked {
-			return
+			return true
 		}
 		select {
 		case err := <-done:
 			t.Fatalf("the waiter's Write returned (%v) while the holder still held the dedup key", err)
 		default:
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("the waiter's Write never blocked on the holder")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return false
+	})
 }
 
 func TestInvalidMessageWritesNothing(t *testing.T) {
@@ -603,7 +596,7 @@ func TestMigrations(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			b := setupUnmigrated(t, name)
-			c := ctx(t)
+			c := testenv.Context(t)
 			status := func(want bool) {
 				t.Helper()
 				st, err := b.drv.MigrationStatus(c)
@@ -660,7 +653,7 @@ func TestMigrations(t *testing.T) {
 func TestMigrationSQLScript(t *testing.T) {
 	forEachScript := func(t *testing.T, name string) {
 		b := setupUnmigrated(t, name)
-		c := ctx(t)
+		c := testenv.Context(t)
 		script, err := b.drv.MigrationSQL()
 		if err != nil {
 			t.Fatal(err)
@@ -719,18 +712,11 @@ func TestRelayPublishesSQLWrites(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer func() {
-			sc, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-			defer cancel()
-			if err := r.Stop(sc); err != nil {
+			if err := r.Stop(testenv.Context(t)); err != nil {
 				t.Errorf("stop relay: %v", err)
 			}
 		}()
-		wc, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		got, err := pub.WaitFor(wc, 2)
-		if err != nil {
-			t.Fatalf("published %d of 2: %v", len(got), err)
-		}
+		got := pub.Await(t, 2)
 		for i, m := range got {
 			want := msgs[i]
 			if m.EventType != want.EventType || string(m.Payload) != string(want.Payload) || !maps(m.Headers, want.Headers) ||

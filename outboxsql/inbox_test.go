@@ -23,7 +23,7 @@ func TestInboxAndVersions(t *testing.T) {
 		var ran atomic.Int32
 		h := outbox.InboxHandler(in, inTx, func(ctx context.Context, tx *sql.Tx, d *outbox.Delivery) error {
 			ran.Add(1)
-			time.Sleep(30 * time.Millisecond)
+			time.Sleep(30 * time.Millisecond) // hold the claim while the others arrive (pacing; any timing passes)
 			return nil
 		})
 		var wg sync.WaitGroup

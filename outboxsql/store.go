@@ -151,9 +151,28 @@ func (d *Driver) Complete(ctx context.Context, c outbox.Completion) ([]int64, er
 		pgsql.IntArray(a.DeadSeqs), pgsql.TextArray(a.DeadErrors)}
 	applied, err := queryNoJIT(ctx, d.db, d.completeSQL, args, scanInt64)
 	if err != nil {
-		return nil, fmt.Errorf("record outcomes: %w", err)
+		return nil, pgsql.CompleteError(err)
 	}
 	return pgsql.Refused(c, applied), nil
+}
+
+// ErrNoPartition is wrapped by Complete's error when the published history has no
+// partition for the day an outcome is recorded (schema version 3): the messages stay
+// pending, nothing is lost, and Maintain (which every relay runs) or `outbox partitions
+// create` creates the day.
+var ErrNoPartition = pgsql.ErrNoPartition
+
+// Maintain implements outbox.Maintainer: the published history's daily partitions are
+// created 7 days ahead and dropped whole once older than the retention time, and expired
+// dedup keys are deleted in batches of req.Limit. Every relay calls it; one at a time does
+// the work (an advisory lock), and DDL gives up after a short lock_timeout and is tried
+// again at the next call. Before migration 3 it deletes expired published rows instead.
+func (d *Driver) Maintain(ctx context.Context, req outbox.MaintainRequest) (outbox.Maintenance, error) {
+	m, err := d.names.Maintain(ctx, d.inTx, req)
+	if err != nil {
+		return m, fmt.Errorf("maintenance: %w", err)
+	}
+	return m, nil
 }
 
 // DeletePublished implements outbox.Store: it deletes up to limit published messages

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/outboxpgx"
 	"github.com/outboxkit/outbox/outboxtest"
 )
@@ -16,7 +17,7 @@ import (
 // their own transaction, so the connection goes back to the caller's pool as it was.
 func TestRelayStatementsLeaveSessionAlone(t *testing.T) {
 	forEachDriver(t, func(t *testing.T, b *testBundle) {
-		c := ctx(t)
+		c := testenv.Context(t)
 		b.db.SetMaxOpenConns(1) // every call below runs on the same session
 		if _, err := b.db.ExecContext(c, `SET jit = on`); err != nil {
 			t.Fatal(err)
@@ -53,7 +54,7 @@ func TestRelayStatementsLeaveSessionAlone(t *testing.T) {
 // keys with the literal's syntax in them must match exactly.
 func TestFetchContinuationOddKeys(t *testing.T) {
 	forEachDriver(t, func(t *testing.T, b *testBundle) {
-		c := ctx(t)
+		c := testenv.Context(t)
 		keys := []string{`a,b`, `"q"`, `NULL`, `{x}`, `back\slash`, ` `, `é`}
 		var first, second []outbox.Message
 		for _, k := range keys {
@@ -94,7 +95,6 @@ func TestFetchContinuationOddKeys(t *testing.T) {
 // the shards of one outbox between them and publish it whole, once, in key order.
 func TestRelaysOnBothDriversShareOutbox(t *testing.T) {
 	forEachDriver(t, func(t *testing.T, b *testBundle) {
-		c := ctx(t)
 		const keys, perKey = 20, 10
 		batch := func(round int) []outbox.Message {
 			var out []outbox.Message
@@ -112,24 +112,30 @@ func TestRelaysOnBothDriversShareOutbox(t *testing.T) {
 			t.Fatal(err)
 		}
 		pub := &outboxtest.Publisher{}
-		cfg := outbox.RelayConfig{PollInterval: 20 * time.Millisecond, LeaseTTL: 3 * time.Second}
+		// A lease lost to a stall of the machine may duplicate messages by design, and
+		// this test fails on a duplicate: the TTL is far above any stall.
+		cfg := outbox.RelayConfig{PollInterval: 20 * time.Millisecond, LeaseTTL: time.Minute}
 		cfg.ID = "on-sql"
 		startRelay(t, b.drv, pub, cfg)
 		cfg.ID = "on-pgx"
 		startRelay(t, pgxStore, pub, cfg)
 
-		waitFor(t, 15*time.Second, "the shards split between the two relays", func() bool {
-			st, err := b.drv.Status(c)
-			if err != nil || len(st.Relays) != 2 {
-				return false
+		testenv.Await(t, "the shards to split between the two relays", func() (any, bool) {
+			ctx, cancel := testenv.CallContext()
+			defer cancel()
+			st, err := b.drv.Status(ctx)
+			if err != nil {
+				t.Fatalf("status: %v", err)
 			}
-			return st.Relays[0].Live && st.Relays[1].Live && st.Relays[0].Shards == st.Shards/2 && st.Relays[1].Shards == st.Shards/2
+			var seen []string
+			for _, r := range st.Relays {
+				seen = append(seen, fmt.Sprintf("%s live=%v shards=%d", r.ID, r.Live, r.Shards))
+			}
+			return seen, len(st.Relays) == 2 && st.Relays[0].Live && st.Relays[1].Live &&
+				st.Relays[0].Shards == st.Shards/2 && st.Relays[1].Shards == st.Shards/2
 		})
 		b.mustWrite(t, batch(1)...)
-		got, err := pub.WaitFor(c, 2*keys*perKey)
-		if err != nil {
-			t.Fatalf("published %d of %d: %v", len(got), 2*keys*perKey, err)
-		}
+		got := pub.Await(t, 2*keys*perKey)
 		last := map[string]int{}
 		seen := map[outbox.ID]bool{}
 		for _, m := range got {

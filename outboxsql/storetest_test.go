@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/outboxtest/storetest"
 )
 
@@ -21,7 +22,7 @@ func runStoreConformance(t *testing.T, driverName string) {
 	t.Parallel()
 	storetest.Run(t, func(t *testing.T) storetest.Outbox {
 		b := setupUnmigrated(t, driverName)
-		if _, err := b.drv.MigrateUp(ctx(t), 0); err != nil {
+		if _, err := b.drv.MigrateUp(testenv.Context(t), 0); err != nil {
 			t.Fatalf("migrate: %v", err)
 		}
 		return storetest.Outbox{

@@ -8,9 +8,9 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
-	"time"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/outboxsqlite"
 )
 
@@ -27,7 +27,7 @@ type testBundle struct {
 func setup(t testing.TB) *testBundle {
 	t.Helper()
 	b := open(t, filepath.Join(t.TempDir(), "outbox.db"))
-	if _, err := b.drv.MigrateUp(ctx(t), 0); err != nil {
+	if _, err := b.drv.MigrateUp(testenv.Context(t), 0); err != nil {
 		t.Fatalf("migrate: %v", err)
 	}
 	return b
@@ -53,12 +53,6 @@ func open(t testing.TB, path string) *testBundle {
 	return &testBundle{path: path, db: db, drv: drv, w: w}
 }
 
-func ctx(t testing.TB) context.Context {
-	c, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	t.Cleanup(cancel)
-	return c
-}
-
 // inTx runs fn in a transaction of db, committing when it returns nil.
 func inTx(ctx context.Context, db *sql.DB, fn func(*sql.Tx) error) error {
 	tx, err := db.BeginTx(ctx, nil)
@@ -75,10 +69,17 @@ func inTx(ctx context.Context, db *sql.DB, fn func(*sql.Tx) error) error {
 // write commits msgs in one transaction.
 func (b *testBundle) write(t testing.TB, msgs ...outbox.Message) {
 	t.Helper()
-	c := ctx(t)
-	if err := inTx(c, b.db, func(tx *sql.Tx) error { return b.w.Write(c, tx, msgs...) }); err != nil {
+	if err := b.tryWrite(msgs...); err != nil {
 		t.Fatalf("write: %v", err)
 	}
+}
+
+// tryWrite commits msgs in one transaction and returns what failed: for goroutines other
+// than the test's, which must not call t.Fatal.
+func (b *testBundle) tryWrite(msgs ...outbox.Message) error {
+	c, cancel := testenv.CallContext()
+	defer cancel()
+	return inTx(c, b.db, func(tx *sql.Tx) error { return b.w.Write(c, tx, msgs...) })
 }
 
 func logger() *slog.Logger {

@@ -1,6 +1,7 @@
 package outboxsqlite_test
 
 import (
+	"context"
 	"database/sql"
 	"fmt"
 	"path/filepath"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/outboxsqlite"
 	"github.com/outboxkit/outbox/outboxtest"
 )
@@ -22,7 +24,7 @@ func TestOpenSettings(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer db.Close()
-	c := ctx(t)
+	c := testenv.Context(t)
 	for pragma, want := range map[string]string{
 		"journal_mode": "wal",
 		"synchronous":  "2", // FULL
@@ -68,7 +70,7 @@ func TestForeignPool(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := ctx(t)
+	c := testenv.Context(t)
 	if _, err := drv.MigrateUp(c, 0); err != nil {
 		t.Fatal(err)
 	}
@@ -78,25 +80,29 @@ func TestForeignPool(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := r.Start(c); err != nil {
+	if err := r.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { _ = r.Stop(testenv.Context(t)) }) // on a failure below; stopping twice is safe
 	const n, each = 8, 25
 	var wg sync.WaitGroup
 	for w := range n {
 		wg.Go(func() {
 			for i := range each {
-				writers.write(t, outbox.Message{Topic: "t", Key: fmt.Sprint("w", w), Payload: fmt.Appendf(nil, `{"n":%d}`, i)})
+				if err := writers.tryWrite(outbox.Message{Topic: "t", Key: fmt.Sprint("w", w), Payload: fmt.Appendf(nil, `{"n":%d}`, i)}); err != nil {
+					t.Errorf("writer %d: %v", w, err)
+					return
+				}
 			}
 		})
 	}
 	wg.Wait()
-	got, err := pub.WaitFor(c, n*each)
-	if serr := r.Stop(c); serr != nil {
-		t.Error(serr)
+	if t.Failed() {
+		t.FailNow()
 	}
-	if err != nil {
-		t.Fatalf("%d of %d published: %v", len(got), n*each, err)
+	pub.Await(t, n*each)
+	if err := r.Stop(testenv.Context(t)); err != nil {
+		t.Errorf("stop relay: %v", err)
 	}
 }
 
@@ -107,7 +113,7 @@ func TestForeignPool(t *testing.T) {
 func TestReadThenWriteTransactions(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	c := ctx(t)
+	c := testenv.Context(t)
 	const n = 12
 	errs := make(chan error, n)
 	var wg sync.WaitGroup

@@ -3,15 +3,16 @@ package outboxsqs_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/internal/testproxy"
 	"github.com/outboxkit/outbox/internal/testsqs"
 	"github.com/outboxkit/outbox/outboxsqs"
@@ -41,9 +42,7 @@ func TestConformance(t *testing.T) {
 					return name
 				},
 				Publisher: func(t *testing.T, route string) outbox.Publisher {
-					ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-					defer cancel()
-					pub, err := outboxsqs.Dial(ctx, "sqs://?endpoint=http://"+proxy.Addr(), outboxsqs.Config{Route: route}, testsqs.ConfigOptions()...)
+					pub, err := outboxsqs.Dial(testenv.Context(t), "sqs://?endpoint=http://"+proxy.Addr(), outboxsqs.Config{Route: route}, testsqs.ConfigOptions()...)
 					if err != nil {
 						t.Fatal(err)
 					}
@@ -87,8 +86,9 @@ func (r *reader) add(name, url string, fifo bool) {
 	r.queues[name] = &readQueue{url: url, fifo: fifo}
 }
 
-// read receives from queue name until it has read n messages and the queue is empty,
-// or 10 s have passed.
+// read receives from queue name until it has read n messages and the queue is empty.
+// It stops early only when no message has come for testenv.Stall(), and then returns
+// what it has, for the suite to say what is missing.
 func (r *reader) read(t *testing.T, name string, n int) []conformance.Received {
 	t.Helper()
 	r.mu.Lock()
@@ -97,30 +97,38 @@ func (r *reader) read(t *testing.T, name string, n int) []conformance.Received {
 	if q == nil {
 		t.Fatalf("read: unknown queue %q", name)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	for ctx.Err() == nil {
-		msgs := receive(t, ctx, r.c, q.url)
-		for _, m := range msgs {
-			q.got = append(q.got, received(t, m, q.fifo))
+	err := testenv.Progress(context.Background(), fmt.Sprintf("%d messages in queue %s", n, name), testenv.Stall(), func() (any, bool) {
+		for { // until a receive finds the queue empty
+			ctx, cancel := testenv.CallContext() // per receive
+			msgs := receive(t, ctx, r.c, q.url)
+			cancel()
+			if len(msgs) == 0 {
+				break
+			}
+			for _, m := range msgs {
+				q.got = append(q.got, received(t, m, q.fifo))
+			}
 		}
-		if len(msgs) == 0 && len(q.got) >= n {
-			break
-		}
+		return fmt.Sprintf("%d of %d messages", len(q.got), n), len(q.got) >= n
+	})
+	if err != nil {
+		t.Logf("read %s: %v", name, err)
 	}
 	return q.got
 }
 
 // receive receives up to 10 messages with every attribute, waiting up to a second, and
-// deletes them. They stay invisible for 3 s only: should a response be lost and the
-// SDK retry, the messages it held (and, on a FIFO queue, their group) come back soon.
+// deletes them. They stay invisible for 30 s: long enough that a loaded machine deletes
+// them before they come back (a duplicate the test would blame on the publisher), short
+// enough that, should a response be lost and the SDK retry, the messages it held (and,
+// on a FIFO queue, their group) come back well within testenv.Stall().
 func receive(t *testing.T, ctx context.Context, c *sqs.Client, url string) []types.Message {
 	t.Helper()
 	out, err := c.ReceiveMessage(ctx, &sqs.ReceiveMessageInput{
 		QueueUrl:                    aws.String(url),
 		MaxNumberOfMessages:         10,
 		WaitTimeSeconds:             1,
-		VisibilityTimeout:           3,
+		VisibilityTimeout:           30,
 		MessageAttributeNames:       []string{"All"},
 		MessageSystemAttributeNames: []types.MessageSystemAttributeName{types.MessageSystemAttributeNameAll},
 	})

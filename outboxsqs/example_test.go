@@ -15,7 +15,7 @@ import (
 )
 
 func Example() {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 
 	// Here an SQS emulator (fauxqs) and fixed credentials; in production

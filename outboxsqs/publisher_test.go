@@ -23,6 +23,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/internal/testproxy"
 	"github.com/outboxkit/outbox/internal/testsqs"
 	"github.com/outboxkit/outbox/outboxsqs"
@@ -46,6 +47,9 @@ func setup(t *testing.T, cfg outboxsqs.Config) *testBundle {
 	return &testBundle{client: client, pub: pub}
 }
 
+// ctxT returns a context that ends after d, for a deadline that is itself the input
+// under test (a Publish while the queue is cut off gives up at it). A context that only
+// bounds a hang is testenv.Context(t).
 func ctxT(t *testing.T, d time.Duration) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	t.Cleanup(cancel)
@@ -59,30 +63,46 @@ func newMsg(topic, key string, payload []byte) *outbox.Message {
 
 func requireNoErrs(t *testing.T, errs []error) {
 	t.Helper()
-	if errs != nil {
-		for i, err := range errs {
-			if err != nil {
-				t.Errorf("message %d: %v", i, err)
-			}
-		}
-		t.Fatalf("Publish returned a non-nil slice (%d entries)", len(errs))
+	if !checkNoErrs(t, errs) {
+		t.FailNow()
 	}
 }
 
-// readN receives until it has n messages from url, and fails if there are fewer, or
-// more once n have arrived.
+// checkNoErrs is requireNoErrs for a goroutine other than the test's: it reports with
+// t.Errorf and returns whether errs is nil.
+func checkNoErrs(t *testing.T, errs []error) bool {
+	t.Helper()
+	if errs == nil {
+		return true
+	}
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("message %d: %v", i, err)
+		}
+	}
+	t.Errorf("Publish returned a non-nil slice (%d entries)", len(errs))
+	return false
+}
+
+// readN receives until it has n messages from url, and fails if no more come for
+// testenv.Stall() before then, or if there are more once n have arrived.
 func readN(t *testing.T, c *sqs.Client, url string, n int) []types.Message {
 	t.Helper()
-	ctx := ctxT(t, 20*time.Second)
 	var out []types.Message
-	for len(out) < n {
-		msgs := receive(t, ctx, c, url)
-		if len(msgs) == 0 && ctx.Err() != nil {
-			t.Fatalf("queue %s holds %d messages, want %d", url, len(out), n)
+	testenv.Await(t, fmt.Sprintf("%d messages in queue %s", n, url), func() (any, bool) {
+		for len(out) < n {
+			ctx, cancel := testenv.CallContext() // per receive
+			msgs := receive(t, ctx, c, url)
+			cancel()
+			if len(msgs) == 0 {
+				break
+			}
+			out = append(out, msgs...)
 		}
-		out = append(out, msgs...)
-	}
-	if extra := receive(t, ctxT(t, 5*time.Second), c, url); len(extra) > 0 {
+		return fmt.Sprintf("%d of %d messages", len(out), n), len(out) >= n
+	})
+	// One more receive, which waits up to a second (WaitTimeSeconds) for an extra.
+	if extra := receive(t, testenv.Context(t), c, url); len(extra) > 0 {
 		t.Fatalf("queue %s holds %d messages or more, want %d", url, len(out)+len(extra), n)
 	}
 	return out
@@ -101,10 +121,10 @@ func TestPublishFIFO(t *testing.T) {
 	keyed.DedupKey = "dedup " + keyed.ID.String() // a space: hashed for MessageDeduplicationId
 	keyless := newMsg(name, "", []byte(`{"n":1}`))
 	empty := newMsg(name, "k2", []byte{})
-	requireNoErrs(t, b.pub.Publish(ctxT(t, 10*time.Second), []*outbox.Message{keyed, keyless, empty}))
+	requireNoErrs(t, b.pub.Publish(testenv.Context(t), []*outbox.Message{keyed, keyless, empty}))
 	// A retry after an unknown outcome carries the same MessageDeduplicationId: dropped.
 	again := *keyed
-	requireNoErrs(t, b.pub.Publish(ctxT(t, 10*time.Second), []*outbox.Message{&again}))
+	requireNoErrs(t, b.pub.Publish(testenv.Context(t), []*outbox.Message{&again}))
 
 	got := map[string]types.Message{}
 	for _, m := range readN(t, b.client, url, 3) {
@@ -169,7 +189,7 @@ func TestPublishBatching(t *testing.T) {
 		}
 		batch[i] = newMsg(names[i%3], "key-"+strconv.Itoa(i), payload)
 	}
-	requireNoErrs(t, b.pub.Publish(ctxT(t, 30*time.Second), batch))
+	requireNoErrs(t, b.pub.Publish(testenv.Context(t), batch))
 	for q, url := range urls {
 		seen := map[string]bool{}
 		for _, m := range readN(t, b.client, url, n/3) {
@@ -195,7 +215,7 @@ func TestPublishQueueURLRoute(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	requireNoErrs(t, pub.Publish(ctxT(t, 10*time.Second), []*outbox.Message{newMsg("ignored", "k", []byte("x"))}))
+	requireNoErrs(t, pub.Publish(testenv.Context(t), []*outbox.Message{newMsg("ignored", "k", []byte("x"))}))
 	readN(t, b.client, url, 1)
 }
 
@@ -205,7 +225,7 @@ func TestPublishMissingQueue(t *testing.T) {
 	t.Parallel()
 	b := setup(t, outboxsqs.Config{Route: "{topic}"})
 	name := testsqs.Unique()
-	errs := b.pub.Publish(ctxT(t, 10*time.Second), []*outbox.Message{newMsg(name, "a", []byte("1")), newMsg(name, "b", []byte("2"))})
+	errs := b.pub.Publish(testenv.Context(t), []*outbox.Message{newMsg(name, "a", []byte("1")), newMsg(name, "b", []byte("2"))})
 	for i, err := range errs {
 		if !outbox.IsOutage(err) || !errors.Is(err, outboxsqs.ErrNoQueue) || !strings.Contains(err.Error(), name) {
 			t.Errorf("message %d: %v, want an outage naming the missing queue", i, err)
@@ -214,14 +234,14 @@ func TestPublishMissingQueue(t *testing.T) {
 	if len(errs) != 2 {
 		t.Fatalf("errs = %v", errs)
 	}
-	out, err := b.client.CreateQueue(ctxT(t, 5*time.Second), &sqs.CreateQueueInput{QueueName: aws.String(name)})
+	out, err := b.client.CreateQueue(testenv.Context(t), &sqs.CreateQueueInput{QueueName: aws.String(name)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
 		_, _ = b.client.DeleteQueue(context.Background(), &sqs.DeleteQueueInput{QueueUrl: out.QueueUrl})
 	})
-	requireNoErrs(t, b.pub.Publish(ctxT(t, 10*time.Second), []*outbox.Message{newMsg(name, "a", []byte("1"))}))
+	requireNoErrs(t, b.pub.Publish(testenv.Context(t), []*outbox.Message{newMsg(name, "a", []byte("1"))}))
 }
 
 // TestPublishEntryRejected: SQS refuses one entry of a call (over the queue's
@@ -231,7 +251,7 @@ func TestPublishEntryRejected(t *testing.T) {
 	b := setup(t, outboxsqs.Config{Route: "{topic}"})
 	name, url := testsqs.Queue(t, b.client, false, map[string]string{"MaximumMessageSize": "1024"})
 	batch := []*outbox.Message{newMsg(name, "a", []byte("1")), newMsg(name, "b", make([]byte, 2000)), newMsg(name, "c", []byte("3"))}
-	errs := b.pub.Publish(ctxT(t, 10*time.Second), batch)
+	errs := b.pub.Publish(testenv.Context(t), batch)
 	if len(errs) != 3 || errs[0] != nil || errs[2] != nil {
 		t.Fatalf("errs = %v, want only message 1 to fail", errs)
 	}
@@ -255,7 +275,7 @@ func TestPublishCallRejected(t *testing.T) {
 		newMsg(name, "c", []byte("c")),
 		newMsg(name, "d", bytes.Repeat([]byte("d"), 1100<<10)),
 	}
-	errs := b.pub.Publish(ctxT(t, 20*time.Second), batch)
+	errs := b.pub.Publish(testenv.Context(t), batch)
 	if len(errs) != 4 || errs[0] != nil || errs[1] != nil || errs[2] != nil {
 		t.Fatalf("errs = %v, want only message 3 to fail", errs)
 	}
@@ -277,7 +297,7 @@ func TestPublishRejectsBeforeSending(t *testing.T) {
 	badName.EventType = "order.placed"
 	tooLarge := newMsg("t", "d", bytes.Repeat([]byte("x"), outboxsqs.MaxMessageBytesDefault))
 	tooLarge.EventType = name
-	errs := b.pub.Publish(ctxT(t, 10*time.Second), []*outbox.Message{ok, noField, badName, tooLarge})
+	errs := b.pub.Publish(testenv.Context(t), []*outbox.Message{ok, noField, badName, tooLarge})
 	if len(errs) != 4 || errs[0] != nil {
 		t.Fatalf("errs = %v, want message 0 confirmed", errs)
 	}
@@ -301,7 +321,7 @@ func TestPublishConcurrent(t *testing.T) {
 			for i := range perWorker {
 				batch = append(batch, newMsg(name, fmt.Sprintf("w%d-%d", w, i), []byte("x")))
 			}
-			requireNoErrs(t, b.pub.Publish(ctxT(t, 20*time.Second), batch))
+			checkNoErrs(t, b.pub.Publish(testenv.Context(t), batch)) // not require: t.Fatal is for the test's goroutine
 		})
 	}
 	wg.Wait()
@@ -322,7 +342,7 @@ func TestPing(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		err = pub.Ping(ctxT(t, 5*time.Second))
+		err = pub.Ping(testenv.Context(t))
 		if wantErr == nil && err != nil {
 			t.Errorf("route %q: Ping = %v", route, err)
 		}
@@ -337,14 +357,14 @@ func TestPing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	requireNoErrs(t, pub.Publish(ctxT(t, 5*time.Second), []*outbox.Message{newMsg(other, "k", []byte("x"))}))
-	if err := pub.Ping(ctxT(t, 5*time.Second)); err != nil {
+	requireNoErrs(t, pub.Publish(testenv.Context(t), []*outbox.Message{newMsg(other, "k", []byte("x"))}))
+	if err := pub.Ping(testenv.Context(t)); err != nil {
 		t.Errorf("Ping after a send = %v", err)
 	}
-	if _, err := b.client.DeleteQueue(ctxT(t, 5*time.Second), &sqs.DeleteQueueInput{QueueUrl: aws.String(otherURL)}); err != nil {
+	if _, err := b.client.DeleteQueue(testenv.Context(t), &sqs.DeleteQueueInput{QueueUrl: aws.String(otherURL)}); err != nil {
 		t.Fatal(err)
 	}
-	if err := pub.Ping(ctxT(t, 5*time.Second)); !outbox.IsOutage(err) || !errors.Is(err, outboxsqs.ErrNoQueue) {
+	if err := pub.Ping(testenv.Context(t)); !outbox.IsOutage(err) || !errors.Is(err, outboxsqs.ErrNoQueue) {
 		t.Errorf("Ping after the queue last sent to was deleted = %v, want an outage matching ErrNoQueue", err)
 	}
 }
@@ -353,7 +373,7 @@ func TestCheckQueue(t *testing.T) {
 	t.Parallel()
 	b := setup(t, outboxsqs.Config{Route: "{topic}{key}"})
 	name, _ := testsqs.Queue(t, b.client, false, nil)
-	ctx := ctxT(t, 10*time.Second)
+	ctx := testenv.Context(t)
 	if err := b.pub.CheckQueue(ctx, &outbox.Message{Topic: name[:5], Key: name[5:]}); err != nil {
 		t.Errorf("existing queue: %v", err)
 	}
@@ -373,7 +393,7 @@ func dialProxied(t *testing.T, cfg outboxsqs.Config) (*testproxy.Proxy, *outboxs
 	t.Helper()
 	srv := testsqs.Shared(t)
 	proxy := testproxy.New(t, srv.Addr())
-	pub, err := outboxsqs.Dial(ctxT(t, 10*time.Second), "sqs://?endpoint=http://"+proxy.Addr(), cfg, testsqs.ConfigOptions()...)
+	pub, err := outboxsqs.Dial(testenv.Context(t), "sqs://?endpoint=http://"+proxy.Addr(), cfg, testsqs.ConfigOptions()...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -398,18 +418,19 @@ func TestOutageCutAndHeal(t *testing.T) {
 	client := testsqs.Client(testsqs.Shared(t).Endpoint())
 	name, url := testsqs.Queue(t, client, true, nil)
 	proxy, pub, _ := dialProxied(t, outboxsqs.Config{Route: name})
-	requireNoErrs(t, pub.Publish(ctxT(t, 10*time.Second), []*outbox.Message{newMsg("t", "a", []byte("1"))}))
+	requireNoErrs(t, pub.Publish(testenv.Context(t), []*outbox.Message{newMsg("t", "a", []byte("1"))}))
 
 	proxy.Cut()
+	// Inputs: cut off, Publish and Ping give up by these deadlines at the latest.
 	requireAllOutages(t, pub.Publish(ctxT(t, 2*time.Second), []*outbox.Message{newMsg("t", "a", []byte("2")), newMsg("t", "b", []byte("3"))}), 2, nil)
 	if err := pub.Ping(ctxT(t, time.Second)); !outbox.IsOutage(err) {
 		t.Errorf("Ping with the connection cut = %v, want an outage", err)
 	}
 	proxy.Restore(t)
-	if err := pub.Ping(ctxT(t, 5*time.Second)); err != nil {
+	if err := pub.Ping(testenv.Context(t)); err != nil {
 		t.Fatalf("Ping after the cut healed = %v", err)
 	}
-	requireNoErrs(t, pub.Publish(ctxT(t, 10*time.Second), []*outbox.Message{newMsg("t", "a", []byte("4"))}))
+	requireNoErrs(t, pub.Publish(testenv.Context(t), []*outbox.Message{newMsg("t", "a", []byte("4"))}))
 	readN(t, client, url, 2) // nothing of the cut batch reached the queue: no connection was left
 }
 
@@ -421,6 +442,7 @@ func TestOutageSlowBroker(t *testing.T) {
 	proxy, pub, _ := dialProxied(t, outboxsqs.Config{Route: name})
 	remove := proxy.Latency(t, 2*time.Second, 0)
 	defer remove()
+	// The deadline is the input: no answer can come before it, however fast the machine.
 	errs := pub.Publish(ctxT(t, 300*time.Millisecond), []*outbox.Message{newMsg("t", "a", []byte("1")), newMsg("t", "b", []byte("2"))})
 	requireAllOutages(t, errs, 2, context.DeadlineExceeded)
 }
@@ -438,7 +460,7 @@ func TestCloseDuringPublish(t *testing.T) {
 		var pub *outboxsqs.Publisher
 		var err error
 		if dial {
-			pub, err = outboxsqs.Dial(ctxT(t, 10*time.Second), "sqs://?endpoint=http://"+proxy.Addr(), outboxsqs.Config{Route: name}, testsqs.ConfigOptions()...)
+			pub, err = outboxsqs.Dial(testenv.Context(t), "sqs://?endpoint=http://"+proxy.Addr(), outboxsqs.Config{Route: name}, testsqs.ConfigOptions()...)
 		} else {
 			pub, err = outboxsqs.New(testsqs.Client("http://"+proxy.Addr()), outboxsqs.Config{Route: name})
 		}
@@ -448,7 +470,7 @@ func TestCloseDuringPublish(t *testing.T) {
 		remove := proxy.Latency(t, 5*time.Second, 0)
 		done := make(chan []error)
 		go func() {
-			done <- pub.Publish(ctxT(t, 30*time.Second), []*outbox.Message{newMsg("t", "a", []byte("1"))})
+			done <- pub.Publish(testenv.Context(t), []*outbox.Message{newMsg("t", "a", []byte("1"))})
 		}()
 		time.Sleep(200 * time.Millisecond) // let the call start; either way the result is an outage
 		var wg sync.WaitGroup
@@ -457,7 +479,7 @@ func TestCloseDuringPublish(t *testing.T) {
 		}
 		wg.Wait()
 		// Had Close not cancelled the call, it would succeed once the latency passed.
-		requireAllOutages(t, <-done, 1, outboxsqs.ErrClosed)
+		requireAllOutages(t, testenv.AwaitRecv(t, "Publish to return after Close", done), 1, outboxsqs.ErrClosed)
 		requireAllOutages(t, pub.Publish(context.Background(), []*outbox.Message{newMsg("t", "a", []byte("1"))}), 1, outboxsqs.ErrClosed)
 		if err := pub.Ping(context.Background()); !outbox.IsOutage(err) || !errors.Is(err, outboxsqs.ErrClosed) {
 			t.Errorf("Ping after Close = %v", err)
@@ -483,13 +505,13 @@ func TestDial(t *testing.T) {
 	srv := testsqs.Shared(t)
 	url := "sqs://?region=" + testsqs.Region + "&endpoint=" + srv.Endpoint()
 	// A missing queue does not fail Dial: Publish pauses on it.
-	pub, err := outboxsqs.Dial(ctxT(t, 10*time.Second), url, outboxsqs.Config{Route: testsqs.Unique()}, testsqs.ConfigOptions()...)
+	pub, err := outboxsqs.Dial(testenv.Context(t), url, outboxsqs.Config{Route: testsqs.Unique()}, testsqs.ConfigOptions()...)
 	if err != nil {
 		t.Fatalf("Dial with a missing queue = %v", err)
 	}
-	requireAllOutages(t, pub.Publish(ctxT(t, 10*time.Second), []*outbox.Message{newMsg("t", "a", []byte("1"))}), 1, outboxsqs.ErrNoQueue)
+	requireAllOutages(t, pub.Publish(testenv.Context(t), []*outbox.Message{newMsg("t", "a", []byte("1"))}), 1, outboxsqs.ErrNoQueue)
 	pub.Close()
-	// Nothing answers.
+	// Nothing answers: Dial gives up by its deadline (the input) at the latest.
 	proxy := testproxy.New(t, srv.Addr())
 	proxy.Cut()
 	_, err = outboxsqs.Dial(ctxT(t, 2*time.Second), "sqs://?endpoint=http://"+proxy.Addr(), outboxsqs.Config{}, testsqs.ConfigOptions()...)
@@ -498,10 +520,10 @@ func TestDial(t *testing.T) {
 	}
 	// Bad configuration fails before any I/O.
 	var ce *outbox.ConfigError
-	if _, err := outboxsqs.Dial(ctxT(t, time.Second), url, outboxsqs.Config{Route: "a.b"}); !errors.As(err, &ce) || ce.Field != "Route" {
+	if _, err := outboxsqs.Dial(testenv.Context(t), url, outboxsqs.Config{Route: "a.b"}); !errors.As(err, &ce) || ce.Field != "Route" {
 		t.Errorf("Dial with a bad route = %v", err)
 	}
-	if _, err := outboxsqs.Dial(ctxT(t, time.Second), "amqp://x", outboxsqs.Config{}); !errors.As(err, &ce) {
+	if _, err := outboxsqs.Dial(testenv.Context(t), "amqp://x", outboxsqs.Config{}); !errors.As(err, &ce) {
 		t.Errorf("Dial with a bad URL = %v", err)
 	}
 	if _, err := outboxsqs.New(nil, outboxsqs.Config{}); err == nil {
@@ -526,18 +548,18 @@ func TestDialTLS(t *testing.T) {
 	name, queueURL := testsqs.Queue(t, client, false, nil)
 	sqsURL := "sqs://?endpoint=" + front.URL
 
-	_, err = outboxsqs.Dial(ctxT(t, 5*time.Second), sqsURL, outboxsqs.Config{Route: name}, testsqs.ConfigOptions()...)
+	_, err = outboxsqs.Dial(testenv.Context(t), sqsURL, outboxsqs.Config{Route: name}, testsqs.ConfigOptions()...)
 	if err == nil || !strings.Contains(err.Error(), "certificate") {
 		t.Errorf("Dial without the CA = %v, want a certificate error", err)
 	}
 
 	pool := x509.NewCertPool()
 	pool.AddCert(front.Certificate())
-	pub, err := outboxsqs.Dial(ctxT(t, 5*time.Second), sqsURL, outboxsqs.Config{Route: name, TLS: &tls.Config{RootCAs: pool}}, testsqs.ConfigOptions()...)
+	pub, err := outboxsqs.Dial(testenv.Context(t), sqsURL, outboxsqs.Config{Route: name, TLS: &tls.Config{RootCAs: pool}}, testsqs.ConfigOptions()...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(pub.Close)
-	requireNoErrs(t, pub.Publish(ctxT(t, 5*time.Second), []*outbox.Message{newMsg("t", "k", []byte("over TLS"))}))
+	requireNoErrs(t, pub.Publish(testenv.Context(t), []*outbox.Message{newMsg("t", "k", []byte("over TLS"))}))
 	readN(t, client, queueURL, 1)
 }

@@ -4,9 +4,11 @@ package outboxtest
 
 import (
 	"context"
+	"fmt"
 	"sync"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/testenv"
 )
 
 // Publisher is an in-memory outbox.Publisher. It confirms every message unless Fail says
@@ -88,4 +90,31 @@ func (p *Publisher) WaitFor(ctx context.Context, n int) ([]outbox.Message, error
 			return p.Messages(), ctx.Err()
 		}
 	}
+}
+
+// Await waits until at least n messages were confirmed and returns the confirmed
+// messages. It fails t only when no new message was confirmed for OUTBOX_TEST_STALL (a Go
+// duration, default 2 minutes), however long the whole wait takes: a slow machine passes,
+// a stuck relay fails with the count it reached. Call it from the test's goroutine.
+func (p *Publisher) Await(t interface {
+	Helper()
+	Fatal(args ...any)
+}, n int) []outbox.Message {
+	t.Helper()
+	var got []outbox.Message
+	err := testenv.Progress(context.Background(), fmt.Sprintf("%d messages published", n), testenv.Stall(), func() (any, bool) {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		if len(p.msgs) >= n {
+			got = append([]outbox.Message(nil), p.msgs...)
+			return nil, true
+		}
+		// Only confirmations count: a relay that retries a rejected message forever
+		// makes attempts but no progress.
+		return fmt.Sprintf("%d published", len(p.msgs)), false
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return got
 }

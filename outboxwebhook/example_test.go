@@ -27,7 +27,7 @@ func Example() {
 		})), 4<<20))
 	defer receiver.Close()
 
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	pub, err := outboxwebhook.Dial(ctx, receiver.URL+"/outbox", outboxwebhook.Config{Secrets: [][]byte{secret}})
 	if err != nil {

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/outboxtest/conformance"
 	"github.com/outboxkit/outbox/outboxwebhook"
 )
@@ -65,7 +66,7 @@ func (s *statusServer) hitsOf(path string) int {
 func (s *statusServer) publisher(t *testing.T, cfg outboxwebhook.Config) *outboxwebhook.Publisher {
 	t.Helper()
 	cfg.Unsigned = len(cfg.Secrets) == 0
-	pub, err := outboxwebhook.Dial(ctxT(t, 5*time.Second), s.srv.URL, cfg)
+	pub, err := outboxwebhook.Dial(testenv.Context(t), s.srv.URL, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -90,7 +91,7 @@ func TestStatuses(t *testing.T) {
 			batch = append(batch, newMsg(strconv.Itoa(code), strconv.Itoa(code), "{}"))
 		}
 	}
-	errs := pub.Publish(ctxT(t, 10*time.Second), batch)
+	errs := pub.Publish(testenv.Context(t), batch)
 	if len(errs) != len(batch) {
 		t.Fatalf("errs = %v", errs)
 	}
@@ -194,15 +195,15 @@ func TestRetryAfter(t *testing.T) {
 	if !strings.Contains(err.Error(), "Retry-After") {
 		t.Errorf("while held: %v", err)
 	}
-	requireOutage(t, "Ping while held", pub.Ping(ctxT(t, 5*time.Second)))
+	requireOutage(t, "Ping while held", pub.Ping(testenv.Context(t)))
 	if n := s.hitsOf("/200"); n != 0 {
 		t.Errorf("%d requests sent while held", n)
 	}
 	advance(2 * time.Minute)
-	if err := pub.Ping(ctxT(t, 5*time.Second)); err != nil {
+	if err := pub.Ping(testenv.Context(t)); err != nil {
 		t.Errorf("Ping after the Retry-After: %v", err)
 	}
-	requireNoErrs(t, pub.Publish(ctxT(t, 5*time.Second), []*outbox.Message{newMsg("200", "k", "{}")}))
+	requireNoErrs(t, pub.Publish(testenv.Context(t), []*outbox.Message{newMsg("200", "k", "{}")}))
 
 	// An HTTP date; a day is capped at 5 minutes.
 	if se := throttle(now.Add(90 * time.Second).Format(http.TimeFormat)); se.RetryAfter != 90*time.Second {
@@ -213,12 +214,12 @@ func TestRetryAfter(t *testing.T) {
 	advance(5*time.Minute - time.Second)
 	requireOutage(t, "before the cap", publishOne(t, pub, newMsg("200", "k", "{}")))
 	advance(time.Second)
-	requireNoErrs(t, pub.Publish(ctxT(t, 5*time.Second), []*outbox.Message{newMsg("200", "k", "{}")}))
+	requireNoErrs(t, pub.Publish(testenv.Context(t), []*outbox.Message{newMsg("200", "k", "{}")}))
 	// A rejection's Retry-After holds nothing back.
 	m := newMsg("422", "k", "{}")
 	m.Headers = map[string]string{"X-Test-Retry-After": "60"}
 	requireRejection(t, "422", publishOne(t, pub, m))
-	requireNoErrs(t, pub.Publish(ctxT(t, 5*time.Second), []*outbox.Message{newMsg("200", "k", "{}")}))
+	requireNoErrs(t, pub.Publish(testenv.Context(t), []*outbox.Message{newMsg("200", "k", "{}")}))
 }
 
 // hangServer holds every request until the client gives up, and says when one arrived.
@@ -240,7 +241,7 @@ func hangServer(t *testing.T) (*httptest.Server, <-chan struct{}) {
 func TestTimeout(t *testing.T) {
 	t.Parallel()
 	srv, _ := hangServer(t)
-	pub, err := outboxwebhook.Dial(ctxT(t, 5*time.Second), srv.URL, outboxwebhook.Config{Unsigned: true, Timeout: 50 * time.Millisecond})
+	pub, err := outboxwebhook.Dial(testenv.Context(t), srv.URL, outboxwebhook.Config{Unsigned: true, Timeout: 50 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -255,7 +256,7 @@ func TestTimeout(t *testing.T) {
 func TestCancelInFlight(t *testing.T) {
 	t.Parallel()
 	srv, arrived := hangServer(t)
-	pub, err := outboxwebhook.Dial(ctxT(t, 5*time.Second), srv.URL, outboxwebhook.Config{Unsigned: true})
+	pub, err := outboxwebhook.Dial(testenv.Context(t), srv.URL, outboxwebhook.Config{Unsigned: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -263,10 +264,10 @@ func TestCancelInFlight(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan []error)
 	go func() { done <- pub.Publish(ctx, []*outbox.Message{newMsg("t", "a", "{}"), newMsg("t", "b", "{}")}) }()
-	<-arrived
-	<-arrived
+	testenv.AwaitRecv(t, "the first request to arrive", arrived)
+	testenv.AwaitRecv(t, "the second request to arrive", arrived)
 	cancel()
-	for i, err := range <-done {
+	for i, err := range testenv.AwaitRecv(t, "Publish to return once its ctx was cancelled", done) {
 		requireOutage(t, fmt.Sprint("message ", i), err)
 		if !errors.Is(err, context.Canceled) {
 			t.Errorf("message %d: %v, want context.Canceled", i, err)
@@ -279,25 +280,29 @@ func TestCancelInFlight(t *testing.T) {
 func TestClose(t *testing.T) {
 	t.Parallel()
 	srv, arrived := hangServer(t)
-	pub, err := outboxwebhook.Dial(ctxT(t, 5*time.Second), srv.URL, outboxwebhook.Config{Unsigned: true})
+	// Close must not return before the Publish it cancels. The Publish's own return is
+	// seen only by the goroutine that called it, after Close may have returned; its
+	// request's end is seen by the transport, while Publish still runs, so before Close
+	// can return.
+	transport := &endTransport{RoundTripper: srv.Client().Transport}
+	pub, err := outboxwebhook.New(&http.Client{Transport: transport}, outboxwebhook.Config{URL: srv.URL, Unsigned: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	done := make(chan []error, 1)
 	go func() { done <- pub.Publish(context.Background(), []*outbox.Message{newMsg("t", "k", "{}")}) }()
-	<-arrived
+	testenv.AwaitRecv(t, "the request to arrive", arrived)
 	pub.Close()
-	select {
-	case errs := <-done:
-		requireOutage(t, "in flight at Close", errs[0])
-		if !errors.Is(errs[0], outboxwebhook.ErrClosed) {
-			t.Errorf("in flight at Close: %v, want ErrClosed", errs[0])
-		}
-	default:
-		t.Fatal("Close returned before Publish")
+	if n := transport.ended.Load(); n != 1 {
+		t.Fatalf("Close returned with %d of 1 requests ended: it did not wait for Publish", n)
+	}
+	errs := testenv.AwaitRecv(t, "Publish to return", done)
+	requireOutage(t, "in flight at Close", errs[0])
+	if !errors.Is(errs[0], outboxwebhook.ErrClosed) {
+		t.Errorf("in flight at Close: %v, want ErrClosed", errs[0])
 	}
 	pub.Close()
-	errs := pub.Publish(context.Background(), []*outbox.Message{newMsg("t", "a", "{}"), newMsg("t", "b", "{}")})
+	errs = pub.Publish(context.Background(), []*outbox.Message{newMsg("t", "a", "{}"), newMsg("t", "b", "{}")})
 	if len(errs) != 2 {
 		t.Fatalf("after Close: %v", errs)
 	}
@@ -309,6 +314,17 @@ func TestClose(t *testing.T) {
 	}
 }
 
+// endTransport counts the requests that have ended.
+type endTransport struct {
+	http.RoundTripper
+	ended atomic.Int32
+}
+
+func (e *endTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	defer e.ended.Add(1)
+	return e.RoundTripper.RoundTrip(r)
+}
+
 func TestConnectionRefused(t *testing.T) {
 	t.Parallel()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -317,7 +333,7 @@ func TestConnectionRefused(t *testing.T) {
 	}
 	url := "http://user:pa55word@" + ln.Addr().String() + "/hooks?token=t0ken"
 	ln.Close()
-	_, errDial := outboxwebhook.Dial(ctxT(t, 5*time.Second), url, outboxwebhook.Config{Secrets: testSecrets})
+	_, errDial := outboxwebhook.Dial(testenv.Context(t), url, outboxwebhook.Config{Secrets: testSecrets})
 	requireOutage(t, "Dial", errDial)
 	pub, err := outboxwebhook.New(&http.Client{}, outboxwebhook.Config{URL: url, Secrets: testSecrets})
 	if err != nil {
@@ -326,7 +342,7 @@ func TestConnectionRefused(t *testing.T) {
 	t.Cleanup(pub.Close)
 	errPub := publishOne(t, pub, newMsg("t", "k", "{}"))
 	requireOutage(t, "Publish", errPub)
-	errPing := pub.Ping(ctxT(t, 5*time.Second))
+	errPing := pub.Ping(testenv.Context(t))
 	requireOutage(t, "Ping", errPing)
 	for _, err := range []error{errDial, errPub, errPing} {
 		if text := err.Error(); !strings.Contains(text, "connection refused") || strings.Contains(text, "pa55word") ||
@@ -357,7 +373,7 @@ func TestConcurrentBatch(t *testing.T) {
 		}
 	}))
 	t.Cleanup(srv.Close)
-	pub, err := outboxwebhook.Dial(ctxT(t, 5*time.Second), srv.URL, outboxwebhook.Config{Unsigned: true, MaxConcurrency: n})
+	pub, err := outboxwebhook.Dial(testenv.Context(t), srv.URL, outboxwebhook.Config{Unsigned: true, MaxConcurrency: n})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -366,7 +382,7 @@ func TestConcurrentBatch(t *testing.T) {
 	for i := range batch {
 		batch[i] = newMsg("t", strconv.Itoa(i), "{}")
 	}
-	requireNoErrs(t, pub.Publish(ctxT(t, 10*time.Second), batch))
+	requireNoErrs(t, pub.Publish(testenv.Context(t), batch))
 }
 
 // TestMaxConcurrency runs batches larger than MaxConcurrency from several goroutines: the
@@ -383,7 +399,7 @@ func TestMaxConcurrency(t *testing.T) {
 		time.Sleep(time.Millisecond) // let requests overlap
 	}))
 	t.Cleanup(srv.Close)
-	pub, err := outboxwebhook.Dial(ctxT(t, 5*time.Second), srv.URL, outboxwebhook.Config{Unsigned: true, MaxConcurrency: limit})
+	pub, err := outboxwebhook.Dial(testenv.Context(t), srv.URL, outboxwebhook.Config{Unsigned: true, MaxConcurrency: limit})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -396,7 +412,7 @@ func TestMaxConcurrency(t *testing.T) {
 				for i := range batch {
 					batch[i] = newMsg("t", fmt.Sprint(w, r, i), "{}")
 				}
-				for i, err := range pub.Publish(ctxT(t, 10*time.Second), batch) {
+				for i, err := range pub.Publish(testenv.Context(t), batch) {
 					if err != nil {
 						t.Errorf("worker %d round %d message %d: %v", w, r, i, err)
 					}
@@ -446,7 +462,7 @@ func TestConnectionReuse(t *testing.T) {
 	}
 	srv.Start()
 	t.Cleanup(srv.Close)
-	pub, err := outboxwebhook.Dial(ctxT(t, 5*time.Second), srv.URL, outboxwebhook.Config{Unsigned: true, MaxConcurrency: limit})
+	pub, err := outboxwebhook.Dial(testenv.Context(t), srv.URL, outboxwebhook.Config{Unsigned: true, MaxConcurrency: limit})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -456,7 +472,7 @@ func TestConnectionReuse(t *testing.T) {
 		for i := range batch {
 			batch[i] = newMsg("t", fmt.Sprint(r, i), "{}")
 		}
-		requireNoErrs(t, pub.Publish(ctxT(t, 10*time.Second), batch))
+		requireNoErrs(t, pub.Publish(testenv.Context(t), batch))
 	}
 	// A client keeping net/http's default of 2 idle connections per host would open
 	// limit + (rounds-1)*(limit-2) = 42; allow one extra for a dial racing a freed one.
@@ -474,7 +490,7 @@ func TestTLS(t *testing.T) {
 	t.Cleanup(srv.Close)
 
 	// Without the CA, the handshake fails: an outage naming the certificate.
-	_, err := outboxwebhook.Dial(ctxT(t, 5*time.Second), srv.URL, outboxwebhook.Config{Secrets: testSecrets})
+	_, err := outboxwebhook.Dial(testenv.Context(t), srv.URL, outboxwebhook.Config{Secrets: testSecrets})
 	requireOutage(t, "unknown CA", err)
 	if !strings.Contains(err.Error(), "certificate") {
 		t.Errorf("unknown CA: %v", err)
@@ -482,7 +498,7 @@ func TestTLS(t *testing.T) {
 
 	roots := x509.NewCertPool()
 	roots.AddCert(srv.Certificate())
-	pub, err := outboxwebhook.Dial(ctxT(t, 5*time.Second), srv.URL+"/tls", outboxwebhook.Config{
+	pub, err := outboxwebhook.Dial(testenv.Context(t), srv.URL+"/tls", outboxwebhook.Config{
 		Secrets: testSecrets,
 		TLS:     &tls.Config{RootCAs: roots},
 	})
@@ -490,7 +506,7 @@ func TestTLS(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(pub.Close)
-	requireNoErrs(t, pub.Publish(ctxT(t, 5*time.Second), []*outbox.Message{newMsg("orders", "k", `{"tls":true}`)}))
+	requireNoErrs(t, pub.Publish(testenv.Context(t), []*outbox.Message{newMsg("orders", "k", `{"tls":true}`)}))
 	if got := rc.read("/tls/orders", 1); len(got) != 1 || string(got[0].Payload) != `{"tls":true}` {
 		t.Errorf("deliveries: %v", got)
 	}

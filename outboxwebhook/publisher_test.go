@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/internal/testproxy"
 	"github.com/outboxkit/outbox/outboxtest/conformance"
 	"github.com/outboxkit/outbox/outboxwebhook"
@@ -77,18 +78,17 @@ func (rc *receiver) store(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
-// read returns the deliveries to path once there are n, or all there are after 10 s.
+// read returns the deliveries to path once there are n, or all there are once none has
+// come for testenv.Stall(), for the caller to say what is missing.
 func (rc *receiver) read(path string, n int) []conformance.Received {
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	var got []conformance.Received
+	_ = testenv.Progress(context.Background(), "deliveries to "+path, testenv.Stall(), func() (any, bool) {
 		rc.mu.Lock()
-		got := slices.Clone(rc.got[path])
+		got = slices.Clone(rc.got[path])
 		rc.mu.Unlock()
-		if len(got) >= n || time.Now().After(deadline) {
-			return got
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return len(got), len(got) >= n
+	})
+	return got
 }
 
 var testSecrets = [][]byte{[]byte("test-secret-0123456789abcdef0123")}
@@ -101,7 +101,7 @@ func TestConformance(t *testing.T) {
 	conformance.Run(t, conformance.Broker{
 		Destination: func(t *testing.T) string { return fmt.Sprintf("conformance/%d", dests.Add(1)) },
 		Publisher: func(t *testing.T, route string) outbox.Publisher {
-			pub, err := outboxwebhook.Dial(ctxT(t, 5*time.Second), base, outboxwebhook.Config{Route: route, Secrets: testSecrets})
+			pub, err := outboxwebhook.Dial(testenv.Context(t), base, outboxwebhook.Config{Route: route, Secrets: testSecrets})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -119,12 +119,6 @@ func TestConformance(t *testing.T) {
 		Cut:     func(t *testing.T) { proxy.Cut() },
 		Restore: func(t *testing.T) { proxy.Restore(t) },
 	})
-}
-
-func ctxT(t *testing.T, d time.Duration) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	t.Cleanup(cancel)
-	return ctx
 }
 
 func newMsg(topic, key, payload string) *outbox.Message {
@@ -152,7 +146,7 @@ func requireNoErrs(t *testing.T, errs []error) {
 // publishOne publishes m and returns its error.
 func publishOne(t *testing.T, pub *outboxwebhook.Publisher, m *outbox.Message) error {
 	t.Helper()
-	errs := pub.Publish(ctxT(t, 10*time.Second), []*outbox.Message{m})
+	errs := pub.Publish(testenv.Context(t), []*outbox.Message{m})
 	if errs == nil {
 		return nil
 	}
@@ -184,7 +178,7 @@ func requireRejection(t *testing.T, what string, err error) {
 func TestRequest(t *testing.T) {
 	t.Parallel()
 	rc := newReceiver(t, testSecrets)
-	pub, err := outboxwebhook.Dial(ctxT(t, 5*time.Second), rc.srv.URL+"/in/", outboxwebhook.Config{
+	pub, err := outboxwebhook.Dial(testenv.Context(t), rc.srv.URL+"/in/", outboxwebhook.Config{
 		Route:   "{aggregate_type}/{event_type}",
 		Secrets: testSecrets,
 	})
@@ -204,7 +198,7 @@ func TestRequest(t *testing.T) {
 		outboxwebhook.HeaderSignature:      "forged",     // the real signature wins
 		"Empty":                            "",
 	}
-	requireNoErrs(t, pub.Publish(ctxT(t, 5*time.Second), []*outbox.Message{m}))
+	requireNoErrs(t, pub.Publish(testenv.Context(t), []*outbox.Message{m}))
 
 	got := rc.read("/in/order/order placed/ü", 1)
 	if len(got) != 1 {
@@ -238,7 +232,7 @@ func TestRoute(t *testing.T) {
 	t.Parallel()
 	rc := newReceiver(t, testSecrets)
 	dial := func(route string) *outboxwebhook.Publisher {
-		pub, err := outboxwebhook.Dial(ctxT(t, 5*time.Second), rc.srv.URL+"/base", outboxwebhook.Config{Route: route, Secrets: testSecrets})
+		pub, err := outboxwebhook.Dial(testenv.Context(t), rc.srv.URL+"/base", outboxwebhook.Config{Route: route, Secrets: testSecrets})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -248,7 +242,7 @@ func TestRoute(t *testing.T) {
 
 	// A full URL replaces the base.
 	full := dial(rc.srv.URL + "/full/{topic}")
-	requireNoErrs(t, full.Publish(ctxT(t, 5*time.Second), []*outbox.Message{newMsg("orders", "k", "{}")}))
+	requireNoErrs(t, full.Publish(testenv.Context(t), []*outbox.Message{newMsg("orders", "k", "{}")}))
 	if n := len(rc.read("/full/orders", 1)); n != 1 {
 		t.Errorf("full URL route: %d deliveries", n)
 	}
@@ -257,7 +251,7 @@ func TestRoute(t *testing.T) {
 	noKey := newMsg("orders", "", "{}")
 	dots := newMsg("orders", "..", "{}")
 	ok := newMsg("orders", "a?b#c", "{}")
-	errs := byKey.Publish(ctxT(t, 5*time.Second), []*outbox.Message{noKey, dots, ok})
+	errs := byKey.Publish(testenv.Context(t), []*outbox.Message{noKey, dots, ok})
 	if len(errs) != 3 {
 		t.Fatalf("errs = %v", errs)
 	}
@@ -279,7 +273,7 @@ func TestRoute(t *testing.T) {
 func TestHeaderRejections(t *testing.T) {
 	t.Parallel()
 	rc := newReceiver(t, testSecrets)
-	pub, err := outboxwebhook.Dial(ctxT(t, 5*time.Second), rc.srv.URL, outboxwebhook.Config{Route: "h", Secrets: testSecrets})
+	pub, err := outboxwebhook.Dial(testenv.Context(t), rc.srv.URL, outboxwebhook.Config{Route: "h", Secrets: testSecrets})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -296,7 +290,7 @@ func TestHeaderRejections(t *testing.T) {
 		m.Headers = h
 		batch = append(batch, m)
 	}
-	errs := pub.Publish(ctxT(t, 5*time.Second), batch)
+	errs := pub.Publish(testenv.Context(t), batch)
 	if len(errs) != len(batch) || errs[0] != nil {
 		t.Fatalf("errs = %v", errs)
 	}
@@ -385,7 +379,7 @@ func TestUnsigned(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	requireNoErrs(t, pub.Publish(ctxT(t, 5*time.Second), []*outbox.Message{newMsg("t", "k", "{}")}))
+	requireNoErrs(t, pub.Publish(testenv.Context(t), []*outbox.Message{newMsg("t", "k", "{}")}))
 	if got := sig.Load().([]string); len(got) != 0 {
 		t.Errorf("unsigned request carried %v", got)
 	}
@@ -405,7 +399,7 @@ func TestWrongSecret(t *testing.T) {
 	t.Parallel()
 	rc := newReceiver(t, [][]byte{newSecret})
 	dial := func(secrets ...[]byte) *outboxwebhook.Publisher {
-		pub, err := outboxwebhook.Dial(ctxT(t, 5*time.Second), rc.srv.URL, outboxwebhook.Config{Route: "r", Secrets: secrets})
+		pub, err := outboxwebhook.Dial(testenv.Context(t), rc.srv.URL, outboxwebhook.Config{Route: "r", Secrets: secrets})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -422,7 +416,7 @@ func TestWrongSecret(t *testing.T) {
 		t.Errorf("the error shows a secret: %v", err)
 	}
 	// Rotation: the publisher signs with the old and the new secret.
-	requireNoErrs(t, dial(oldSecret, newSecret).Publish(ctxT(t, 5*time.Second), []*outbox.Message{newMsg("t", "k", "{}")}))
+	requireNoErrs(t, dial(oldSecret, newSecret).Publish(testenv.Context(t), []*outbox.Message{newMsg("t", "k", "{}")}))
 	if n := len(rc.read("/r", 1)); n != 1 {
 		t.Errorf("%d deliveries, want 1", n)
 	}

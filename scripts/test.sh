@@ -7,6 +7,16 @@
 #   scripts/test.sh            # everything (race detector on the fast packages)
 #   scripts/test.sh -short     # the same, with the broker outage shortened from 30 s to 5 s
 #
+# The suite runs in phases (vet, the race phase, end-to-end and torture runs, canaries). A
+# failed phase does not stop the later ones; at the end the script prints each phase's
+# duration and result, the packages and tests that failed, and the ten slowest tests, and
+# exits 1 if anything failed. The go test -json output of each phase is kept in
+# OUTBOX_TEST_RESULTS (default: a new directory under $TMPDIR), for `go tool gotestsum tool
+# slowest --jsonfile`.
+#
+# No test has a budget for how long its work takes: waits fail only when nothing has
+# progressed for OUTBOX_TEST_STALL (default 2m), so a slow or loaded machine passes.
+#
 # Environment: OUTBOX_TEST_DATABASE_URL (default postgres://postgres@127.0.0.1:5432/test),
 # OUTBOX_TEST_NATS_URL (default nats://127.0.0.1:4222), OUTBOX_TEST_AMQP_URL,
 # OUTBOX_TEST_REDIS_ADDR, OUTBOX_TEST_MYSQL_DSN: a server named by one is used as it is.
@@ -117,38 +127,127 @@ ensure_fauxqs() {
   (cd "$dir" && npm ci --silent --no-fund --no-audit >/dev/null)
 }
 
-ensure_postgres
-ensure_nats
-ensure_rabbitmq
-ensure_redis
-ensure_mariadb
-ensure_fauxqs
-# The Kafka tests read back with kcat, an outside client.
-need_pkg kcat kcat
-# The alert rules are checked and unit-tested with promtool; the web console is tested in
-# headless Chromium.
-need_pkg promtool prometheus
-need_pkg chromium chromium
-# The deploy examples' systemd unit is checked with systemd-analyze verify.
-need_pkg systemd-analyze systemd
-# The PgBouncer test runs a private pgbouncer in transaction pooling mode.
-need_pkg pgbouncer pgbouncer
+results=${OUTBOX_TEST_RESULTS:-$(mktemp -d "${TMPDIR:-/tmp}/outbox-test.XXXXXX")}
+mkdir -p "$results"
+rm -f "$results"/*.json "$results"/all.json.txt
+phases=()
+failed=0
+started=$SECONDS
+
+duration() { printf '%dm%02ds' $(($1 / 60)) $(($1 % 60)); }
+
+# record name seconds result: one line of the summary's phase table.
+record() { phases+=("$(printf '%-30s %7s  %s' "$1" "$2" "$3")"); }
+
+# phase name command...: runs one phase, records its duration and result, and goes on.
+phase() {
+  local name=$1 start=$SECONDS rc=0
+  shift
+  log "$name"
+  current=$name
+  "$@" || rc=$?
+  current=
+  local result=ok
+  if [ "$rc" != 0 ]; then result="FAILED (exit $rc)"; failed=1; fi
+  record "$name" "$(duration $((SECONDS - start)))" "$result"
+}
+
+# gotest name go-test-args...: go test through gotestsum, one line per package, failures in
+# full, the -json stream kept as $results/name.json.
+gotest() {
+  local name=$1
+  shift
+  go tool gotestsum --format pkgname-and-test-fails --hide-summary=skipped \
+    --jsonfile "$results/$name.json" -- "$@"
+}
+
+summary() {
+  local rc=$?
+  [ "$rc" = 0 ] || failed=1
+  {
+    if [ -n "${current:-}" ]; then
+      record "$current" "" "FAILED (exit $rc): nothing after it ran"
+    fi
+    echo
+    echo "test.sh summary ($(duration $((SECONDS - started))) in all; go test -json in $results)"
+    local p
+    for p in "${phases[@]}"; do echo "  $p"; done
+    if ls "$results"/*.json >/dev/null 2>&1; then
+      # A package's own fail line has no "Test" field; a test's has one.
+      local fails
+      fails=$(cat "$results"/*.json | grep -h '"Action":"fail"' |
+        sed -nE 's/.*"Package":"([^"]*)"(,"Test":"([^"]*)")?.*/\1 \3/p' | sort -u || true)
+      if [ -n "$fails" ]; then
+        echo "failed packages and tests:"
+        printf '%s\n' "$fails" | sed 's/^/  /'
+      fi
+      echo "slowest tests (top-level):"
+      cat "$results"/*.json > "$results/all.json.txt"
+      go tool gotestsum tool slowest --jsonfile "$results/all.json.txt" --threshold 100ms 2>/dev/null |
+        awk '$2 !~ /\// { sub("^github.com/outboxkit/outbox", ".", $1); printf "  %-40s %-48s %s\n", $1, $2, $3 }' |
+        head -10 || true
+    fi
+    if [ "$failed" = 0 ]; then echo "test.sh: PASS"; else echo "test.sh: FAIL"; fi
+  } >&2
+  [ "$rc" = 0 ] || exit "$rc"
+  [ "$failed" = 0 ] || exit 1
+}
+trap summary EXIT
+# go test and gotestsum exit with status 1 on Ctrl-C, like a failure: stop here instead of
+# starting the next phase.
+trap 'log "interrupted"; exit 130' INT TERM
+
+setup() {
+  ensure_postgres
+  ensure_nats
+  ensure_rabbitmq
+  ensure_redis
+  ensure_mariadb
+  ensure_fauxqs
+  # The Kafka tests read back with kcat, an outside client.
+  need_pkg kcat kcat
+  # The alert rules are checked and unit-tested with promtool; the web console is tested in
+  # headless Chromium.
+  need_pkg promtool prometheus
+  need_pkg chromium chromium
+  # The deploy examples' systemd unit is checked with systemd-analyze verify.
+  need_pkg systemd-analyze systemd
+  # The PgBouncer test runs a private pgbouncer in transaction pooling mode.
+  need_pkg pgbouncer pgbouncer
+  # Build gotestsum (a tool in go.mod) and every test binary up front (-exec /bin/true
+  # links them and runs nothing), so download and compile time is counted here and the
+  # phases' times are the tests'.
+  go tool gotestsum --version >/dev/null
+  fast=$(go list ./... | grep -v -e '/e2e$' -e '/internal/torture/chaos$')
+  # shellcheck disable=SC2086 # $fast is a list of packages
+  go test -race -count=1 -exec /bin/true $fast >/dev/null
+  go test -count=1 -exec /bin/true ./e2e ./internal/torture/chaos >/dev/null
+  go test -tags outbox_broken -count=1 -exec /bin/true ./internal/torture/chaos >/dev/null
+}
+
+vet() {
+  go vet ./... && go vet -tags outbox_broken ./internal/...
+}
 
 short=
 for a in "$@"; do [ "$a" = -short ] && short=-short; done
 
-# Fast packages under the race detector; the end-to-end fault tests and the torture runs
-# (child processes, broker and database restarts) run without it, since race mode slows
-# them 5-10x and they test processes, not memory.
-fast=$(go list ./... | grep -v -e '/e2e$' -e '/internal/torture/chaos$')
-log "go vet"
-go vet ./...
-go vet -tags outbox_broken ./internal/...
-log "unit and integration tests (-race)"
-go test -race -count=1 -timeout 15m $short $fast
-log "end-to-end fault tests and torture runs"
-go test -count=1 -timeout 30m $short ./e2e ./internal/torture/chaos
+# Set-up runs under set -e: any failure ends the script (the summary says where).
+log "set-up"
+current="set-up"
+setup
+record "set-up" "$(duration $((SECONDS - started)))" ok
+current=
+phase "go vet" vet
+# Fast packages ($fast, listed by setup) under the race detector; the end-to-end fault
+# tests and the torture runs (child processes, broker and database restarts) run without
+# it, since race mode slows them 5-10x and they test processes, not memory. -timeout bounds
+# a hang of a whole package, not how long its tests may take: waits inside tests have
+# their own stall detection.
+# shellcheck disable=SC2086 # $fast is a list of packages
+phase "unit and integration (-race)" gotest race -race -count=1 -timeout 20m $short $fast
+phase "end-to-end and torture" gotest e2e -count=1 -timeout 30m $short ./e2e ./internal/torture/chaos
 # The canaries: relays broken on purpose (build tag outbox_broken) that the torture runs
 # must catch.
-log "torture canaries"
-go test -tags outbox_broken -count=1 -timeout 20m $short -run '^TestCanar' ./internal/torture/chaos
+phase "torture canaries" gotest canaries -tags outbox_broken -count=1 -timeout 20m $short \
+  -run '^TestCanar' ./internal/torture/chaos

@@ -22,6 +22,12 @@ var benchCommand = &command{
   3. latency: --rate events per second for --duration, each in its own transaction,
      woken by LISTEN/NOTIFY on PostgreSQL (the other stores poll every 50 ms here);
      p50/p95/p99 are COMMIT returned -> broker confirmed.
+With --pin-xmin, phases 1 to 3 run a second time with a snapshot held open in the bench's
+database (PostgreSQL: REPEATABLE READ, which pins the xmin horizon; MySQL: a consistent
+snapshot, which holds back purge; SQLite: a read transaction, which holds back
+checkpoints), and the line adds pinned_eps, pinned_p99_ms and their ratios to the
+unpinned figures of the same run (pinned_eps_x, pinned_p99_x). A latency phase of two
+minutes or more prints each minute's p50 and p99, so a trend shows.
 With --runs N, phases 1 and 2 are repeated N times and eps, raw_eps and ratio are the
 medians (ratio is the median of the per-run ratios). It uses a throwaway outbox and
 destinations (streams, queues, topics), dropped at the end. Progress goes to stderr; the
@@ -38,6 +44,7 @@ last line on stdout is "bench: key=value ...". With no flags it uses the local s
 		fs.IntVar(&cfg.Rate, "rate", 1_000, "events per second in the latency phase")
 		fs.DurationVar(&cfg.Duration, "duration", 10*time.Second, "length of the latency phase (-1s skips it)")
 		fs.IntVar(&cfg.Runs, "runs", 1, "raw + drain measurements to take; the figures are their medians")
+		fs.BoolVar(&cfg.PinXmin, "pin-xmin", false, "measure the drain and latency phases again with a snapshot held open in the\nbench's database (a long transaction), and report them as pinned_*")
 		fs.IntVar(&cfg.Relay.BatchSize, "batch-size", 0, "relay fetch size (0: the relay's default)")
 		fs.IntVar(&cfg.Relay.MaxInFlight, "max-in-flight", 0, "relay in-flight cap (0: the relay's default)")
 		fs.IntVar(&cfg.Relay.PublishBatchSize, "publish-batch-size", 0, "relay publish batch size (0: the relay's default)")

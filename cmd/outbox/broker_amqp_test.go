@@ -4,15 +4,16 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"net/url"
 	"os"
 	"strings"
 	"testing"
-	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/testenv"
 )
 
 // amqpURL is the RabbitMQ of the tests: OUTBOX_TEST_AMQP_URL, or the local server.
@@ -155,8 +156,7 @@ func TestRelayRabbitMQ(t *testing.T) {
 
 	conn := amqpConn(t)
 	var d amqp.Delivery
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	if err := testenv.Progress(context.Background(), "a message in "+queue, testenv.Stall(), func() (any, bool) {
 		// A fresh channel each time: until the relay declared the queue, Get fails with
 		// a 404, which closes the channel.
 		ch, err := conn.Channel()
@@ -167,18 +167,17 @@ func TestRelayRabbitMQ(t *testing.T) {
 		_ = ch.Close()
 		if err == nil && ok {
 			d = got
-			break
+			return nil, true
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no message in %s after 20 s; relay log:\n%s", queue, stderr.String())
-		}
-		time.Sleep(50 * time.Millisecond)
+		return fmt.Sprintf("ok=%t err=%v", ok, err), false
+	}); err != nil {
+		t.Fatalf("%v; relay log:\n%s", err, stderr.String())
 	}
 	if string(d.Body) != `{"n":1}` || d.MessageId != "order-1-placed" || d.RoutingKey != "orders.placed" || d.DeliveryMode != amqp.Persistent {
 		t.Errorf("delivery: body %s, message_id %q, routing key %q, delivery mode %d", d.Body, d.MessageId, d.RoutingKey, d.DeliveryMode)
 	}
 	cancel()
-	if code := <-done; code != 0 {
+	if code := testenv.AwaitRecv(t, "the relay to stop after its context ended", done); code != 0 {
 		t.Fatalf("relay exited %d\n%s", code, stderr.String())
 	}
 	logs := stderr.String()

@@ -4,13 +4,13 @@ import (
 	"context"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/sasl/plain"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/testenv"
 )
 
 // TestRelayKafka runs the relay against an in-process Kafka cluster (kfake) that requires
@@ -51,14 +51,14 @@ func TestRelayKafka(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cl.Close()
-	pctx, pcancel := context.WithTimeout(ctx, 20*time.Second)
-	defer pcancel()
+	// One record awaited: the poll's context bounds a hang, not how long the relay takes.
+	pctx := testenv.Context(t)
 	var got *kgo.Record
 	for got == nil && pctx.Err() == nil {
 		cl.PollFetches(pctx).EachRecord(func(r *kgo.Record) { got = r })
 	}
 	if got == nil {
-		t.Fatalf("no record in events.orders\n%s", stderr.String())
+		t.Fatalf("no record in events.orders within %v\n%s", testenv.Stall(), stderr.String())
 	}
 	headers := map[string]string{}
 	for _, h := range got.Headers {
@@ -68,7 +68,7 @@ func TestRelayKafka(t *testing.T) {
 		t.Errorf("record: key %q, value %s, headers %v", got.Key, got.Value, headers)
 	}
 	cancel()
-	if code := <-done; code != 0 {
+	if code := testenv.AwaitRecv(t, "the relay to stop after its context ended", done); code != 0 {
 		t.Fatalf("relay exited %d\n%s", code, stderr.String())
 	}
 	logs := stderr.String()

@@ -4,14 +4,15 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/outboxredis"
 )
 
@@ -29,16 +30,14 @@ func redisPrefix(t *testing.T) (*redis.Client, string) {
 	t.Helper()
 	c := redis.NewClient(&redis.Options{Addr: redisAddr()})
 	t.Cleanup(func() { _ = c.Close() })
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if err := c.Ping(ctx).Err(); err != nil {
+	if err := c.Ping(testenv.Context(t)).Err(); err != nil {
 		t.Fatalf("Redis is needed (set OUTBOX_TEST_REDIS_ADDR, or start redis-server): %v", err)
 	}
 	b := make([]byte, 5)
 	_, _ = rand.Read(b)
 	prefix := "cli-" + hex.EncodeToString(b) + "."
 	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		ctx, cancel := testenv.CallContext()
 		defer cancel()
 		keys, _ := c.Keys(ctx, prefix+"*").Result()
 		for _, k := range keys {
@@ -78,13 +77,13 @@ func TestRelayRedis(t *testing.T) {
 	}()
 
 	var got []outboxredis.Entry
-	waitFor(t, 20*time.Second, "2 entries in "+prefix+"orders", func() bool {
-		xs, _ := c.XRange(ctx, prefix+"orders", "-", "+").Result()
+	testenv.Await(t, "2 entries in "+prefix+"orders", func() (any, bool) {
+		xs, err := c.XRange(ctx, prefix+"orders", "-", "+").Result()
 		got = got[:0]
 		for _, x := range xs {
 			got = append(got, outboxredis.ParseEntry(x))
 		}
-		return len(got) >= 2
+		return fmt.Sprintf("%d entries (%v)", len(got), err), len(got) >= 2
 	})
 	for i, m := range msgs[:2] {
 		if string(got[i].Payload) != string(m.Payload) || got[i].Headers[outbox.HeaderID] != m.ID.String() {
@@ -94,18 +93,13 @@ func TestRelayRedis(t *testing.T) {
 	if got[0].DedupKey() != "order-1-placed" {
 		t.Errorf("dedup key %q", got[0].DedupKey())
 	}
-	waitFor(t, 10*time.Second, "the warning about "+prefix+"blocked", func() bool {
+	testenv.AwaitCond(t, "the warning about "+prefix+"blocked", func() bool {
 		return strings.Contains(stderr.String(), "cannot be added to their stream") && strings.Contains(stderr.String(), prefix+"blocked")
 	})
 
 	cancel()
-	select {
-	case code := <-done:
-		if code != 0 {
-			t.Fatalf("relay exited %d after a graceful stop\nstderr:\n%s", code, stderr.String())
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("relay did not stop within 30s of its context ending")
+	if code := testenv.AwaitRecv(t, "the relay to stop after its context ended", done); code != 0 {
+		t.Fatalf("relay exited %d after a graceful stop\nstderr:\n%s", code, stderr.String())
 	}
 }
 

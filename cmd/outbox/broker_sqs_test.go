@@ -2,15 +2,16 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/internal/testsqs"
 	"github.com/outboxkit/outbox/outboxsqs"
 )
@@ -61,7 +62,7 @@ func TestRelaySQS(t *testing.T) {
 	}()
 
 	var got []types.Message
-	waitFor(t, 20*time.Second, "2 messages in "+prefix+"q.fifo", func() bool {
+	testenv.Await(t, "2 messages in "+prefix+"q.fifo", func() (any, bool) {
 		out, err := client.ReceiveMessage(context.Background(), &sqs.ReceiveMessageInput{
 			QueueUrl: aws.String(url), MaxNumberOfMessages: 10, VisibilityTimeout: 60,
 			MessageAttributeNames:       []string{"All"},
@@ -73,7 +74,7 @@ func TestRelaySQS(t *testing.T) {
 				_, _ = client.DeleteMessage(context.Background(), &sqs.DeleteMessageInput{QueueUrl: aws.String(url), ReceiptHandle: m.ReceiptHandle})
 			}
 		}
-		return len(got) >= 2
+		return fmt.Sprintf("%d messages (%v)", len(got), err), len(got) >= 2
 	})
 	for i, m := range msgs[:2] {
 		payload, headers, err := outboxsqs.Decode(got[i])
@@ -84,18 +85,13 @@ func TestRelaySQS(t *testing.T) {
 	if d := got[0].Attributes["MessageDeduplicationId"]; d != "order-1-placed" {
 		t.Errorf("dedup id %q", d)
 	}
-	waitFor(t, 10*time.Second, "the warning about "+prefix+"missing.fifo", func() bool {
+	testenv.AwaitCond(t, "the warning about "+prefix+"missing.fifo", func() bool {
 		return strings.Contains(stderr.String(), "until their queue exists") && strings.Contains(stderr.String(), prefix+"missing.fifo")
 	})
 
 	cancel()
-	select {
-	case code := <-done:
-		if code != 0 {
-			t.Fatalf("relay exited %d after a graceful stop\nstderr:\n%s", code, stderr.String())
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("relay did not stop within 30s of its context ending")
+	if code := testenv.AwaitRecv(t, "the relay to stop after its context ended", done); code != 0 {
+		t.Fatalf("relay exited %d after a graceful stop\nstderr:\n%s", code, stderr.String())
 	}
 }
 

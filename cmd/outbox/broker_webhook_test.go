@@ -8,9 +8,9 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/outboxwebhook"
 )
 
@@ -59,11 +59,11 @@ func TestRelayWebhook(t *testing.T) {
 			"--log-format", "json"}, func(k string) string { return env[k] }, &stdout, &stderr)
 	}()
 	var reqs []delivery
-	waitFor(t, 20*time.Second, "2 webhooks at /hooks/events/orders", func() bool {
+	testenv.Await(t, "2 webhooks at /hooks/events/orders", func() (any, bool) {
 		mu.Lock()
 		defer mu.Unlock()
 		reqs = got["/hooks/events/orders"]
-		return len(reqs) >= 2
+		return len(reqs), len(reqs) >= 2
 	})
 	mu.Lock()
 	for i, m := range msgs {
@@ -79,13 +79,8 @@ func TestRelayWebhook(t *testing.T) {
 	mu.Unlock()
 
 	cancel()
-	select {
-	case code := <-done:
-		if code != 0 {
-			t.Fatalf("relay exited %d after a graceful stop\nstderr:\n%s", code, stderr.String())
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("relay did not stop within 30s of its context ending")
+	if code := testenv.AwaitRecv(t, "the relay to stop after its context ended", done); code != 0 {
+		t.Fatalf("relay exited %d after a graceful stop\nstderr:\n%s", code, stderr.String())
 	}
 	for _, secret := range []string{newSecret, oldSecret, token} {
 		if strings.Contains(stdout.String()+stderr.String(), secret) {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/testdb"
+	"github.com/outboxkit/outbox/internal/testenv"
 )
 
 // startConsole runs `outbox console` with args in the background and returns the URL it
@@ -24,21 +25,21 @@ func startConsole(t *testing.T, env map[string]string, args ...string) (string, 
 	done := make(chan int, 1)
 	args = append([]string{"console", "--log-format", "json"}, args...)
 	go func() { done <- run(ctx, args, func(k string) string { return env[k] }, &stdout, &stderr) }()
+	exited := false
 	t.Cleanup(func() {
 		cancel()
-		select {
-		case code := <-done:
-			if code != 0 {
-				t.Errorf("outbox console exited %d:\n%s", code, stderr.String())
-			}
-		case <-time.After(30 * time.Second):
-			t.Errorf("outbox console did not stop")
+		if exited {
+			return
+		}
+		if code := testenv.AwaitRecv(t, "outbox console to stop", done); code != 0 {
+			t.Errorf("outbox console exited %d:\n%s", code, stderr.String())
 		}
 	})
 	var u string
-	waitFor(t, 20*time.Second, "the console to listen", func() bool {
+	testenv.AwaitCond(t, "the console to listen", func() bool {
 		select {
 		case code := <-done:
+			exited = true
 			t.Fatalf("outbox console exited %d:\n%s", code, stderr.String())
 		default:
 		}
@@ -72,7 +73,7 @@ func httpGet(t *testing.T, u string, header ...string) (int, http.Header, string
 	c := &http.Client{
 		Transport:     &http.Transport{DisableKeepAlives: true},
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
-		Timeout:       20 * time.Second,
+		Timeout:       testenv.Stall(), // bounds a hang
 	}
 	resp, err := c.Do(req)
 	if err != nil {

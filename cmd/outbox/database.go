@@ -117,30 +117,36 @@ func (o *dbFlags) openMigrated(ctx context.Context, appName string) (*pgxpool.Po
 	if err != nil {
 		return nil, nil, err
 	}
-	if err := o.checkMigrated(ctx, drv); err != nil {
+	if _, err := o.checkMigrated(ctx, drv); err != nil {
 		pool.Close()
 		return nil, nil, err
 	}
 	return pool, drv, nil
 }
 
-// checkMigrated fails with advice when the outbox schema is missing or behind.
-func (o *dbFlags) checkMigrated(ctx context.Context, drv *outboxpgx.Driver) error {
+// checkMigrated fails with advice when the outbox schema is missing or behind. A
+// missing migration that this code runs without (Deferrable: relays are upgraded before
+// it is applied) is accepted and reported in deferred.
+func (o *dbFlags) checkMigrated(ctx context.Context, drv *outboxpgx.Driver) (deferred []int, err error) {
 	st, err := drv.MigrationStatus(ctx)
 	if err != nil {
-		return fmt.Errorf("read the outbox schema version: %w", err)
+		return nil, fmt.Errorf("read the outbox schema version: %w", err)
 	}
 	var missing []int
 	for _, m := range st {
-		if !m.Applied {
+		switch {
+		case m.Applied:
+		case m.Deferrable:
+			deferred = append(deferred, m.Version)
+		default:
 			missing = append(missing, m.Version)
 		}
 	}
 	if len(missing) > 0 {
-		return fmt.Errorf("the outbox schema in %q (prefix %q) is not migrated (missing versions %v): run 'outbox migrate up' with the same --database-url, --schema and --prefix",
+		return nil, fmt.Errorf("the outbox schema in %q (prefix %q) is not migrated (missing versions %v): run 'outbox migrate up' with the same --database-url, --schema and --prefix",
 			o.schema, o.prefix, missing)
 	}
-	return nil
+	return deferred, nil
 }
 
 // flagError turns a *outbox.ConfigError into a usage error naming the flag that set the

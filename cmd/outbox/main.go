@@ -33,6 +33,7 @@ var commands = []*command{
 	relayCommand,
 	migrateCommand,
 	statusCommand,
+	partitionsCommand,
 	deadCommand,
 	consoleCommand,
 	natsCommand,

@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"flag"
 	"fmt"
 	"os"
@@ -10,9 +9,9 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/outboxkit/outbox/internal/testdb"
+	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/outboxpgx"
 )
 
@@ -44,10 +43,11 @@ func (r result) String() string {
 }
 
 // cli runs the command line in-process with exactly the environment env (the test
-// process's own environment is never read).
+// process's own environment is never read). Its context bounds a hang (testenv.Stall()),
+// not how long the command may take; it ends with the call, since polls call cli too.
 func cli(t *testing.T, env map[string]string, args ...string) result {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	ctx, cancel := testenv.CallContext()
 	defer cancel()
 	var stdout, stderr syncBuffer
 	code := run(ctx, args, func(k string) string { return env[k] }, &stdout, &stderr)

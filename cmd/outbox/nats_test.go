@@ -3,12 +3,13 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/internal/testnats"
 	"github.com/outboxkit/outbox/outboxnats"
 )
@@ -38,14 +39,12 @@ func TestNATSDeadListAndReplay(t *testing.T) {
 				return outbox.Permanent(errors.New("schema v2 expected"))
 			})
 	}()
-	for range 200 {
-		if dead, _ := outboxnats.ListDead(context.Background(), js, dlq, 0); len(dead) == 3 {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testenv.Await(t, "3 messages dead-lettered to "+dlq, func() (any, bool) {
+		dead, err := outboxnats.ListDead(context.Background(), js, dlq, 0)
+		return fmt.Sprintf("%d (%v)", len(dead), err), len(dead) == 3
+	})
 	cancel()
-	if err := <-done; err != nil {
+	if err := testenv.AwaitRecv(t, "the consumer to stop after its context ended", done); err != nil {
 		t.Fatal(err)
 	}
 

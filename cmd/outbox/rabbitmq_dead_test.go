@@ -8,9 +8,10 @@ import (
 	"fmt"
 	"strings"
 	"testing"
-	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/outboxkit/outbox/internal/testenv"
 )
 
 // amqpParking makes a parking queue that RabbitMQ filled: a topic exchange routes
@@ -48,16 +49,16 @@ func amqpParking(t *testing.T, n int) (exchange, work, parking string) {
 			Headers: amqp.Table{"Outbox-Id": fmt.Sprintf("id-%d", i)},
 		}))
 	}
-	for i := 0; i < n; {
+	rejected := 0
+	testenv.Await(t, fmt.Sprintf("%d messages rejected from %s", n, work), func() (any, bool) {
 		d, ok, err := ch.Get(work, false)
 		must0(err)
-		if !ok {
-			time.Sleep(10 * time.Millisecond)
-			continue
+		if ok {
+			must0(d.Reject(false))
+			rejected++
 		}
-		must0(d.Reject(false))
-		i++
-	}
+		return rejected, rejected == n
+	})
 	waitDepth(t, parking, n)
 	return exchange, work, parking
 }
@@ -83,13 +84,10 @@ func amqpDepth(t *testing.T, queue string) int {
 
 func waitDepth(t *testing.T, queue string, n int) {
 	t.Helper()
-	for range 500 {
-		if amqpDepth(t, queue) == n {
-			return
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Fatalf("queue %s does not hold %d messages", queue, n)
+	testenv.Await(t, fmt.Sprintf("queue %s to hold %d messages", queue, n), func() (any, bool) {
+		d := amqpDepth(t, queue)
+		return d, d == n
+	})
 }
 
 func TestRabbitMQDeadList(t *testing.T) {

@@ -195,8 +195,13 @@ func (o *relayFlags) run(ctx context.Context, inv *invocation) error {
 		return err
 	}
 	defer pool.Close()
-	if err := o.db.checkMigrated(ctx, drv); err != nil {
+	deferred, err := o.db.checkMigrated(ctx, drv)
+	if err != nil {
 		return err
+	}
+	if len(deferred) > 0 {
+		log.Warn("the outbox schema lacks migrations this relay can run without: run 'outbox migrate up' once every relay is of this version",
+			"missing_versions", fmt.Sprint(deferred))
 	}
 
 	log.Info("connecting to the broker", "broker", kind.name, "url", redactBroker(bs.url), "route", bs.route)

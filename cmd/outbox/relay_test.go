@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -13,11 +14,11 @@ import (
 	"strings"
 	"syscall"
 	"testing"
-	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/internal/testnats"
 )
 
@@ -28,7 +29,7 @@ func natsStream(t *testing.T, js jetstream.JetStream) (name, prefix string) {
 	unique := testnats.Unique()
 	name, prefix = "CLI_"+strings.ToUpper(unique), unique+"."
 	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		ctx, cancel := testenv.CallContext()
 		defer cancel()
 		if err := js.DeleteStream(ctx, name); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
 			t.Logf("delete stream %s: %v", name, err)
@@ -40,41 +41,34 @@ func natsStream(t *testing.T, js jetstream.JetStream) (name, prefix string) {
 // streamMessages waits until stream holds n messages and returns them in order.
 func streamMessages(t *testing.T, js jetstream.JetStream, stream string, n int) []*jetstream.RawStreamMsg {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	for {
-		s, err := js.Stream(ctx, stream)
-		if err == nil {
-			info, err := s.Info(ctx)
-			if err == nil && info.State.Msgs >= uint64(n) {
-				var out []*jetstream.RawStreamMsg
-				for seq := info.State.FirstSeq; len(out) < int(info.State.Msgs); seq++ {
-					m, err := s.GetMsg(ctx, seq)
-					if err != nil {
-						t.Fatalf("get message %d: %v", seq, err)
-					}
-					out = append(out, m)
-				}
-				return out
-			}
+	var s jetstream.Stream
+	testenv.Await(t, fmt.Sprintf("%d messages in stream %s", n, stream), func() (any, bool) {
+		ctx, cancel := testenv.CallContext()
+		defer cancel()
+		var err error
+		if s, err = js.Stream(ctx, stream); err != nil {
+			return err, false
 		}
-		select {
-		case <-ctx.Done():
-			t.Fatalf("stream %s did not get %d messages: %v", stream, n, err)
-		case <-time.After(50 * time.Millisecond):
+		info, err := s.Info(ctx)
+		if err != nil {
+			return err, false
 		}
+		return fmt.Sprintf("%d messages", info.State.Msgs), info.State.Msgs >= uint64(n)
+	})
+	ctx := testenv.Context(t)
+	info, err := s.Info(ctx)
+	if err != nil {
+		t.Fatalf("stream %s: %v", stream, err)
 	}
-}
-
-func waitFor(t *testing.T, d time.Duration, what string, ok func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !ok() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
+	var out []*jetstream.RawStreamMsg
+	for seq := info.State.FirstSeq; len(out) < int(info.State.Msgs); seq++ {
+		m, err := s.GetMsg(ctx, seq)
+		if err != nil {
+			t.Fatalf("get message %d: %v", seq, err)
 		}
-		time.Sleep(50 * time.Millisecond)
+		out = append(out, m)
 	}
+	return out
 }
 
 func statusJSON(t *testing.T, b *testBundle) outbox.Status {
@@ -142,20 +136,22 @@ func TestRelayEndToEnd(t *testing.T) {
 	}
 
 	// While it runs, status shows the relay holding every shard, and the messages published.
-	waitFor(t, 10*time.Second, "status to show 3 published", func() bool {
+	testenv.Await(t, "status to show 3 published and the relay holding every shard", func() (any, bool) {
 		st := statusJSON(t, b)
-		return st.Published == 3 && st.Pending == 0 && len(st.Relays) == 1 && st.Relays[0].ID == "cli-e2e" &&
+		// Only what moves toward the goal: a relay's heartbeat changes on every renewal,
+		// and would make a stuck relay look like progress.
+		var relays []string
+		for _, r := range st.Relays {
+			relays = append(relays, fmt.Sprintf("%s live=%v shards=%d", r.ID, r.Live, r.Shards))
+		}
+		seen := fmt.Sprintf("published %d, pending %d, %d shards leased, relays %v", st.Published, st.Pending, st.ShardsLeased, relays)
+		return seen, st.Published == 3 && st.Pending == 0 && len(st.Relays) == 1 && st.Relays[0].ID == "cli-e2e" &&
 			st.Relays[0].Live && st.Relays[0].Shards == 64 && st.ShardsLeased == 64
 	})
 
 	cancel()
-	select {
-	case code := <-done:
-		if code != 0 {
-			t.Fatalf("relay exited %d after a graceful stop\nstderr:\n%s", code, stderr.String())
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("relay did not stop within 30s of its context ending")
+	if code := testenv.AwaitRecv(t, "the relay to stop after its context ended", done); code != 0 {
+		t.Fatalf("relay exited %d after a graceful stop\nstderr:\n%s", code, stderr.String())
 	}
 	// Its leases were given back.
 	if st := statusJSON(t, b); st.ShardsLeased != 0 {
@@ -199,11 +195,11 @@ func TestRelayWarnsAboutUncapturedTopics(t *testing.T) {
 		done <- run(ctx, []string{"relay", "--broker", testnats.URL(), "--route", prefix + "{topic}"},
 			func(k string) string { return b.env[k] }, &syncBuffer{}, &stderr)
 	}()
-	waitFor(t, 10*time.Second, "a warning about the uncaptured subject", func() bool {
+	testenv.AwaitCond(t, "a warning about the uncaptured subject", func() bool {
 		return strings.Contains(stderr.String(), "subject="+prefix+"orphans")
 	})
 	cancel()
-	if code := <-done; code != 0 {
+	if code := testenv.AwaitRecv(t, "the relay to stop after its context ended", done); code != 0 {
 		t.Fatalf("relay exited %d\n%s", code, stderr.String())
 	}
 }
@@ -282,16 +278,22 @@ func TestRelayExportsTraces(t *testing.T) {
 			"--nats-create-stream", stream, "--otel", "--log-format", "json"},
 			func(k string) string { return env[k] }, &stdout, &stderr)
 	}()
-	select {
-	case req := <-got:
-		if !strings.HasPrefix(req, "/v1/traces Bearer "+token) || !strings.Contains(req, "publish traced") {
-			t.Errorf("collector got %.200q", req)
+	var req string
+	if err := testenv.Progress(context.Background(), "spans exported to the collector", testenv.Stall(), func() (any, bool) {
+		select {
+		case req = <-got:
+			return nil, true
+		default:
+			return "none yet", false
 		}
-	case <-time.After(30 * time.Second):
-		t.Fatalf("no spans exported; log:\n%s", stderr.String())
+	}); err != nil {
+		t.Fatalf("%v; log:\n%s", err, stderr.String())
+	}
+	if !strings.HasPrefix(req, "/v1/traces Bearer "+token) || !strings.Contains(req, "publish traced") {
+		t.Errorf("collector got %.200q", req)
 	}
 	cancel()
-	if code := <-done; code != 0 {
+	if code := testenv.AwaitRecv(t, "the relay to stop after its context ended", done); code != 0 {
 		t.Fatalf("relay exited %d:\n%s", code, stderr.String())
 	}
 	if strings.Contains(stderr.String(), token) || !strings.Contains(stderr.String(), "exporting traces over OTLP/HTTP") {

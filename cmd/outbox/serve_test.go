@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -17,13 +18,14 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/testdb"
+	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/internal/testnats"
 )
 
 // opsGet returns the status and body of a GET, or 0 and the error's text.
 func opsGet(t *testing.T, u string) (int, string) {
 	t.Helper()
-	c := http.Client{Timeout: 10 * time.Second}
+	c := http.Client{Timeout: testenv.Stall()} // bounds a hang
 	resp, err := c.Get(u)
 	if err != nil {
 		return 0, err.Error()
@@ -62,7 +64,10 @@ func TestRelayMetricsAndHealth(t *testing.T) {
 		dbPassword = "dbSecretPw-3Zr"
 		dbURL.User = url.UserPassword(dbURL.User.Username(), dbPassword)
 	}
-	env := with(b.env, "OUTBOX_DATABASE_URL", dbURL.String(), "OUTBOX_POLL_INTERVAL", "50ms", "OUTBOX_LEASE_TTL", "3s",
+	// The default lease TTL (15 s): a renewal may take a third of it, and a short TTL on a
+	// loaded machine could lose and retake the leases, which the exact shards_gained_total
+	// below would take for a bug.
+	env := with(b.env, "OUTBOX_DATABASE_URL", dbURL.String(), "OUTBOX_POLL_INTERVAL", "50ms",
 		"OUTBOX_METRICS_ADDR", "127.0.0.1:0")
 
 	// An uncommitted row of the relay's id in the relays table makes its first lease round
@@ -90,13 +95,13 @@ func TestRelayMetricsAndHealth(t *testing.T) {
 	defer func() {
 		if !exited {
 			cancel()
-			<-done
+			testenv.AwaitRecv(t, "the relay to stop", done)
 		}
 	}()
 
 	var base string
 	addrLine := regexp.MustCompile(`"msg":"serving metrics and health checks","addr":"([^"]+)"`)
-	waitFor(t, 20*time.Second, "the metrics server's address in the log", func() bool {
+	testenv.AwaitCond(t, "the metrics server's address in the log", func() bool {
 		if m := addrLine.FindStringSubmatch(stderr.String()); m != nil {
 			base = "http://" + m[1]
 		}
@@ -112,9 +117,9 @@ func TestRelayMetricsAndHealth(t *testing.T) {
 		t.Helper()
 		var code int
 		var body string
-		waitFor(t, 30*time.Second, what, func() bool {
+		testenv.Await(t, what, func() (any, bool) {
 			code, body = get("/readyz")
-			return code == want && strings.Contains(body, wantText)
+			return fmt.Sprintf("%d %q", code, body), code == want && strings.Contains(body, wantText)
 		})
 		return body
 	}
@@ -148,17 +153,12 @@ func TestRelayMetricsAndHealth(t *testing.T) {
 		"process_start_time_seconds ",
 	}
 	var metrics string
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	if err := testenv.Progress(context.Background(), "/metrics to show the publish", testenv.Stall(), func() (any, bool) {
 		_, metrics = get("/metrics")
 		missing := slices.DeleteFunc(slices.Clone(wantMetrics), func(w string) bool { return strings.Contains(metrics, w) })
-		if len(missing) == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("/metrics lacks %q:\n%s", missing, grepLines(metrics, "outbox_"))
-		}
-		time.Sleep(50 * time.Millisecond)
+		return fmt.Sprintf("lacks %q", missing), len(missing) == 0
+	}); err != nil {
+		t.Fatalf("%v:\n%s", err, grepLines(metrics, "outbox_"))
 	}
 
 	nsrv.Stop()
@@ -170,10 +170,11 @@ func TestRelayMetricsAndHealth(t *testing.T) {
 	waitReady("ready once the broker is back", 200, "ready: holds 64")
 
 	cancel()
-	if code := <-done; code != 0 {
+	code := testenv.AwaitRecv(t, "the relay to stop after its context ended", done)
+	exited = true // its status is received: the deferred wait must not wait for another
+	if code != 0 {
 		t.Fatalf("relay exited %d\n%s", code, stderr.String())
 	}
-	exited = true
 	if code, body := opsGet(t, base+"/healthz"); code != 0 {
 		t.Errorf("the server still answers after the relay exited: %d %q", code, body)
 	}

@@ -62,6 +62,15 @@ func printStatus(w io.Writer, st outbox.Status, now time.Time) error {
 	fmt.Fprintf(tw, "published\t%d\t(kept for retention; estimated on large tables)\n", st.Published)
 	fmt.Fprintf(tw, "oldest pending\t%s\n", age(st.OldestPendingAge, st.Pending))
 	fmt.Fprintf(tw, "shards leased\t%d of %d\n", st.ShardsLeased, st.Shards)
+	if p := st.Partitions; p != nil {
+		switch {
+		case p.DaysAhead < 0:
+			fmt.Fprintf(tw, "partitions\t%d\t(none for today: recording outcomes fails; run 'outbox partitions create')\n", p.Count)
+		default:
+			fmt.Fprintf(tw, "partitions\t%d\t(%s to %s, %d days ahead)\n", p.Count, p.Oldest.Format(time.DateOnly), p.Newest.Format(time.DateOnly), p.DaysAhead)
+		}
+	}
+	fmt.Fprintf(tw, "oldest transaction\t%s\t(holds back vacuum while open)\n", st.OldestTransactionAge.Round(time.Second))
 	if err := tw.Flush(); err != nil {
 		return err
 	}

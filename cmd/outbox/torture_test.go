@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"os"
 	"strings"
 	"testing"
@@ -30,8 +31,16 @@ func TestTortureUsage(t *testing.T) {
 // TestTortureCommand runs a short torture run end to end: relay processes started as
 // this executable, a private NATS server, two fault kinds, the check's summary line.
 func TestTortureCommand(t *testing.T) {
-	r := must(t, 0, nil, "torture", "--duration", "1s", "--kinds", "relay-kill,pg-terminate",
-		"--faults", "relay-kill=2", "--database-url", testdb.URL())
+	// Not through cli: a context that ends would end the load early (as Ctrl-C does).
+	// The run detects its own stalls; -timeout bounds the rest.
+	args := []string{"torture", "--duration", "1s", "--kinds", "relay-kill,pg-terminate",
+		"--faults", "relay-kill=2", "--database-url", testdb.URL()}
+	var stdout, stderr syncBuffer
+	code := run(context.Background(), args, func(string) string { return "" }, &stdout, &stderr)
+	r := result{code: code, stdout: stdout.String(), stderr: stderr.String()}
+	if r.code != 0 {
+		t.Fatalf("outbox %s: want exit 0, got %s", strings.Join(args, " "), r)
+	}
 	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
 	last := lines[len(lines)-1]
 	if !strings.HasPrefix(last, "chaos nats relays=1 seed=") || !strings.HasSuffix(last, " result=ok") {

@@ -39,8 +39,14 @@ type Config struct {
 	Rate         int           // Events per second in the latency phase. Defaults to 1,000.
 	Runs         int           // Raw + drain measurements; the result is their median. Defaults to 1.
 	Duration     time.Duration // Length of the latency phase. Defaults to 10s; -1 skips it.
-	Relay        outbox.RelayConfig
-	Progress     io.Writer // Progress lines; nil for none.
+	// PinXmin, when set, measures the drain and latency phases a second time with a
+	// snapshot held open in the bench's database for their whole length (PostgreSQL: a
+	// REPEATABLE READ transaction, which pins the xmin horizon so vacuum removes nothing;
+	// MySQL: a consistent snapshot, which holds back purge; SQLite: a read transaction,
+	// which holds back checkpoints). The result gets the Pinned figures.
+	PinXmin  bool
+	Relay    outbox.RelayConfig
+	Progress io.Writer // Progress lines; nil for none.
 }
 
 // Result is what a run measured.
@@ -48,13 +54,21 @@ type Result struct {
 	DB             string
 	Events, Relays int
 	Runs           int
-	EPS, RawEPS    float64
-	Ratio          float64 // median of the runs' eps/raw_eps
-	DrainSeconds   float64
-	P50, P95, P99  time.Duration
-	LatencyEvents  int
 	Rate           int
-	RSSMiB         float64 // peak resident memory while the relays drained
+	Phases
+	// Pinned holds the same figures measured with a snapshot held open (Config.PinXmin),
+	// nil without it.
+	Pinned *Phases
+}
+
+// Phases is what the drain and latency phases measured.
+type Phases struct {
+	EPS, RawEPS   float64
+	Ratio         float64 // median of the runs' eps/raw_eps
+	DrainSeconds  float64
+	P50, P95, P99 time.Duration
+	LatencyEvents int
+	RSSMiB        float64 // peak resident memory while the relays drained
 }
 
 // String is the one-line summary, `bench: key=value ...`.
@@ -66,8 +80,19 @@ func (r Result) String() string {
 	ms := func(d time.Duration) string {
 		return strconv.FormatFloat(float64(d)/float64(time.Millisecond), 'f', 2, 64)
 	}
-	return fmt.Sprintf("bench: db=%s events=%d relays=%d runs=%d eps=%.0f raw_eps=%.0f ratio=%.2f drain_s=%.2f rate=%d latency_events=%d p50_ms=%s p95_ms=%s p99_ms=%s rss_mib=%.0f",
+	line := fmt.Sprintf("bench: db=%s events=%d relays=%d runs=%d eps=%.0f raw_eps=%.0f ratio=%.2f drain_s=%.2f rate=%d latency_events=%d p50_ms=%s p95_ms=%s p99_ms=%s rss_mib=%.0f",
 		r.DB, r.Events, r.Relays, max(r.Runs, 1), r.EPS, r.RawEPS, ratio, r.DrainSeconds, r.Rate, r.LatencyEvents, ms(r.P50), ms(r.P95), ms(r.P99), r.RSSMiB)
+	if p := r.Pinned; p != nil {
+		div := func(a, b float64) float64 {
+			if b == 0 {
+				return 0
+			}
+			return a / b
+		}
+		line += fmt.Sprintf(" pinned_eps=%.0f pinned_raw_eps=%.0f pinned_ratio=%.2f pinned_p50_ms=%s pinned_p95_ms=%s pinned_p99_ms=%s pinned_eps_x=%.2f pinned_p99_x=%.2f",
+			p.EPS, p.RawEPS, p.Ratio, ms(p.P50), ms(p.P95), ms(p.P99), div(p.EPS, r.EPS), div(float64(p.P99), float64(r.P99)))
+	}
+	return line
 }
 
 func (c Config) withDefaults() Config {
@@ -138,12 +163,51 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		defer func() { pprof.StopCPUProfile(); f.Close() }()
 	}
 
-	// Each run measures the reference and then the relays draining a fresh backlog, so
-	// every ratio compares two rates taken minutes apart at most; the result is the median.
 	rss := &rssSampler{}
 	rss.start()
 	defer rss.stop()
-	confirmed := &confirmLog{}
+	m := &measurer{cfg: cfg, target: target, db: db, payload: payload, rawDest: rawDest, dest: dest, tag: tag,
+		rss: rss, confirmed: &confirmLog{}, say: say}
+	if res.Phases, err = m.phases(ctx, ""); err != nil {
+		return res, err
+	}
+	res.Runs = cfg.Runs
+	if cfg.PinXmin {
+		say("pinning: a snapshot is held open in the bench's database from here to the end")
+		release, err := db.pin(ctx)
+		if err != nil {
+			return res, fmt.Errorf("hold a snapshot open: %w", err)
+		}
+		pinned, err := m.phases(ctx, "pinned ")
+		release()
+		if err != nil {
+			return res, err
+		}
+		res.Pinned = &pinned
+	}
+	return res, nil
+}
+
+// measurer runs the raw, drain and latency phases on one database and broker.
+type measurer struct {
+	cfg                Config
+	target             Target
+	db                 database
+	payload            []byte
+	rawDest, dest, tag string
+	rss                *rssSampler
+	confirmed          *confirmLog
+	say                func(format string, args ...any)
+	pass               int
+}
+
+// phases measures cfg.Runs times the reference and then the relays draining a fresh
+// backlog, so every ratio compares two rates taken minutes apart at most, and then the
+// latency phase; label prefixes the progress lines.
+func (m *measurer) phases(ctx context.Context, label string) (Phases, error) {
+	cfg, say := m.cfg, m.say
+	m.pass++
+	var ph Phases
 	var eps, raws, ratios, drains []float64
 	var running *relaySet
 	defer func() {
@@ -158,59 +222,61 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		}
 		// Phase 1: the reference. Same client, same messages, same stream settings, no
 		// database.
-		say("run %d/%d: raw publish of %d messages", run, cfg.Runs, cfg.Events)
-		raw, err := rawPublish(ctx, target, rawDest, payload, cfg.Events, cfg.Keys)
+		say("%srun %d/%d: raw publish of %d messages", label, run, cfg.Runs, cfg.Events)
+		raw, err := rawPublish(ctx, m.target, m.rawDest, m.payload, cfg.Events, cfg.Keys)
 		if err != nil {
-			return res, fmt.Errorf("raw publish: %w", err)
+			return ph, fmt.Errorf("raw publish: %w", err)
 		}
-		say("raw: %.0f msgs/s", raw)
+		say("%sraw: %.0f msgs/s", label, raw)
 
 		// Phase 2: drain a backlog with the relays.
-		say("writing a backlog of %d events over %d keys", cfg.Events, cfg.Keys)
-		if err := writeBacklog(ctx, db, cfg, payload, say); err != nil {
-			return res, err
+		say("%swriting a backlog of %d events over %d keys", label, cfg.Events, cfg.Keys)
+		if err := writeBacklog(ctx, m.db, cfg, m.payload, say); err != nil {
+			return ph, err
 		}
-		if err := db.settle(ctx); err != nil {
-			return res, err
+		if err := m.db.settle(ctx); err != nil {
+			return ph, err
 		}
 		// rss_mib is the relays' memory while draining: give back what the raw phase and
 		// the backlog writers used, and measure from here.
 		debug.FreeOSMemory()
-		rss.reset()
-		running, err = startRelays(ctx, cfg, target, db, dest, fmt.Sprintf("%s-%d", tag, run), confirmed)
+		m.rss.reset()
+		running, err = startRelays(ctx, cfg, m.target, m.db, m.dest, fmt.Sprintf("%s-%d-%d", m.tag, m.pass, run), m.confirmed)
 		if err != nil {
-			return res, err
+			return ph, err
 		}
 		d, err := running.waitPublished(ctx, int64(cfg.Events), func(n int64, elapsed time.Duration) {
-			say("drained %d/%d (%.0f/s), rss %.0f MiB", n, cfg.Events, float64(n)/elapsed.Seconds(), rss.peakMiB())
+			say("%sdrained %d/%d (%.0f/s), rss %.0f MiB", label, n, cfg.Events, float64(n)/elapsed.Seconds(), m.rss.peakMiB())
 		})
 		if err != nil {
-			return res, err
+			return ph, err
 		}
 		e := float64(cfg.Events) / d.Seconds()
-		say("drain: %.0f events/s (%.2f of raw), peak rss %.0f MiB", e, e/raw, rss.peakMiB())
-		res.RSSMiB = max(res.RSSMiB, rss.peakMiB())
+		say("%sdrain: %.0f events/s (%.2f of raw), peak rss %.0f MiB", label, e, e/raw, m.rss.peakMiB())
+		ph.RSSMiB = max(ph.RSSMiB, m.rss.peakMiB())
 		eps, raws, ratios, drains = append(eps, e), append(raws, raw), append(ratios, e/raw), append(drains, d.Seconds())
 	}
-	res.Runs = cfg.Runs
-	res.EPS, res.RawEPS, res.Ratio, res.DrainSeconds = median(eps), median(raws), median(ratios), median(drains)
+	ph.EPS, ph.RawEPS, ph.Ratio, ph.DrainSeconds = median(eps), median(raws), median(ratios), median(drains)
 
 	// Phase 3: commit-to-confirm latency at a fixed rate, woken by LISTEN/NOTIFY.
 	if cfg.Duration > 0 {
-		say("latency: %d events/s for %s", cfg.Rate, cfg.Duration)
-		lat, err := steadyLatency(ctx, db, cfg, payload, confirmed)
+		say("%slatency: %d events/s for %s", label, cfg.Rate, cfg.Duration)
+		lat, err := steadyLatency(ctx, m.db, cfg, m.payload, m.confirmed, func(format string, args ...any) { say(label+format, args...) })
 		if err != nil {
-			return res, err
+			return ph, err
 		}
-		res.LatencyEvents = len(lat)
+		ph.LatencyEvents = len(lat)
 		if len(lat) > 0 {
-			slices.Sort(lat)
-			res.P50 = lat[len(lat)*50/100]
-			res.P95 = lat[len(lat)*95/100]
-			res.P99 = lat[len(lat)*99/100]
+			ph.P50, ph.P95, ph.P99 = percentiles(lat)
 		}
 	}
-	return res, nil
+	return ph, nil
+}
+
+// percentiles returns the 50th, 95th and 99th percentiles of lat, which it sorts.
+func percentiles(lat []time.Duration) (p50, p95, p99 time.Duration) {
+	slices.Sort(lat)
+	return lat[len(lat)*50/100], lat[len(lat)*95/100], lat[len(lat)*99/100]
 }
 
 // relaySet is the relays of one drain run, each with its own pool and NATS connection.
@@ -406,8 +472,10 @@ func (p *timedPublisher) Publish(ctx context.Context, batch []*outbox.Message) [
 }
 
 // steadyLatency commits one event at a time at cfg.Rate and returns, for each, the time
-// from the moment its COMMIT returned to the moment the broker confirmed it.
-func steadyLatency(ctx context.Context, db database, cfg Config, payload []byte, confirmed *confirmLog) ([]time.Duration, error) {
+// from the moment its COMMIT returned to the moment the broker confirmed it. A phase of
+// two minutes or more also reports each minute's percentiles through say, so a trend
+// shows.
+func steadyLatency(ctx context.Context, db database, cfg Config, payload []byte, confirmed *confirmLog, say func(string, ...any)) ([]time.Duration, error) {
 	confirmed.begin()
 	n := int(cfg.Duration.Seconds() * float64(cfg.Rate))
 	committedAt := make(map[outbox.ID]time.Time, n)
@@ -435,6 +503,7 @@ func steadyLatency(ctx context.Context, db database, cfg Config, payload []byte,
 			}
 		}()
 	}
+	start := time.Now()
 	tick := time.NewTicker(interval)
 	for i := 0; i < n; i++ {
 		<-tick.C
@@ -450,16 +519,28 @@ func steadyLatency(ctx context.Context, db database, cfg Config, payload []byte,
 	}
 	deadline := time.Now().Add(30 * time.Second)
 	var lat []time.Duration
+	perMinute := map[int][]time.Duration{}
 	for id, c := range committedAt {
 		for {
 			if t, ok := confirmed.get(id); ok {
 				lat = append(lat, max(t.Sub(c), 0))
+				minute := int(c.Sub(start) / time.Minute)
+				perMinute[minute] = append(perMinute[minute], max(t.Sub(c), 0))
 				break
 			}
 			if time.Now().After(deadline) {
 				return nil, fmt.Errorf("event %s committed but not confirmed within 30s", id)
 			}
 			time.Sleep(time.Millisecond)
+		}
+	}
+	if cfg.Duration >= 2*time.Minute {
+		for minute := 0; minute < len(perMinute); minute++ {
+			if l := perMinute[minute]; len(l) > 0 {
+				p50, _, p99 := percentiles(l)
+				say("latency minute %d: %d events, p50 %.2f ms, p99 %.2f ms", minute+1, len(l),
+					float64(p50)/float64(time.Millisecond), float64(p99)/float64(time.Millisecond))
+			}
 		}
 	}
 	return lat, nil

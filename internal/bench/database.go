@@ -28,6 +28,9 @@ type database interface {
 	store(ctx context.Context) (outbox.Store, func(), error)
 	// settle runs after a backlog is written (statistics).
 	settle(ctx context.Context) error
+	// pin holds a snapshot open on a connection of its own until release is called: the
+	// long transaction that keeps the database from cleaning up behind the relay.
+	pin(ctx context.Context) (release func(), err error)
 	// drop deletes the outbox and closes what the database holds.
 	drop()
 }
@@ -105,6 +108,21 @@ func (p *postgres) settle(ctx context.Context) error {
 	return err
 }
 
+// pin opens a REPEATABLE READ transaction and takes its snapshot: until it ends, the xmin
+// horizon of the bench's database stays where it is and vacuum removes no row deleted
+// after it.
+func (p *postgres) pin(ctx context.Context) (func(), error) {
+	conn, err := pgx.Connect(ctx, p.url)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := conn.Exec(ctx, `BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT 1`); err != nil {
+		_ = conn.Close(ctx)
+		return nil, err
+	}
+	return func() { _ = conn.Close(context.Background()) }, nil
+}
+
 func (p *postgres) drop() {
 	_, _ = p.pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS "`+p.schema+`" CASCADE`)
 	p.pool.Close()
@@ -117,6 +135,8 @@ type sqlDatabase struct {
 	newPool func() (*sql.DB, error)
 	newDrv  func(*sql.DB) (sqlDriver, error)
 	cleanup func()
+	// pinSQL opens a transaction and takes a snapshot (see database.pin).
+	pinSQL []string
 }
 
 // sqlDriver is what the SQLite and MySQL drivers have in common here.
@@ -167,6 +187,25 @@ func (s *sqlDatabase) store(context.Context) (outbox.Store, func(), error) {
 
 func (s *sqlDatabase) settle(context.Context) error { return nil }
 
+// pin runs pinSQL on a connection of its own and keeps the connection, with the snapshot
+// it opened, until release.
+func (s *sqlDatabase) pin(ctx context.Context) (func(), error) {
+	conn, err := s.db.Conn(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for _, q := range s.pinSQL {
+		if _, err := conn.ExecContext(ctx, q); err != nil {
+			_ = conn.Close()
+			return nil, err
+		}
+	}
+	return func() {
+		_, _ = conn.ExecContext(context.Background(), "ROLLBACK")
+		_ = conn.Close()
+	}, nil
+}
+
 func (s *sqlDatabase) drop() {
 	_ = s.db.Close()
 	s.cleanup()
@@ -183,6 +222,9 @@ func openSQLite(ctx context.Context, tag string) (*sqlDatabase, error) {
 		newPool: func() (*sql.DB, error) { return outboxsqlite.Open(path) },
 		newDrv:  func(db *sql.DB) (sqlDriver, error) { return outboxsqlite.New(db, outboxsqlite.Config{}) },
 		cleanup: func() { _ = os.RemoveAll(dir) },
+		// A read transaction keeps its WAL snapshot: checkpoints cannot move past it, so
+		// the WAL file grows for as long as it is open.
+		pinSQL: []string{"BEGIN", "SELECT count(*) FROM outbox"},
 	}
 	return s.open(ctx, "SQLite")
 }
@@ -210,6 +252,9 @@ func openMySQL(ctx context.Context, dsn, tag string) (*sqlDatabase, error) {
 	s := &sqlDatabase{
 		newPool: func() (*sql.DB, error) { return sql.Open("mysql", target) },
 		newDrv:  func(db *sql.DB) (sqlDriver, error) { return outboxmysql.New(db, outboxmysql.Config{}) },
+		// A consistent snapshot keeps its read view: InnoDB's purge cannot remove a
+		// delete-marked row newer than it.
+		pinSQL: []string{"START TRANSACTION WITH CONSISTENT SNAPSHOT", "SELECT count(*) FROM outbox"},
 		cleanup: func() {
 			_, _ = adminDB.ExecContext(context.Background(), "DROP DATABASE IF EXISTS `"+strings.ReplaceAll(name, "`", "")+"`")
 			adminDB.Close()

@@ -16,6 +16,7 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/testdb"
+	"github.com/outboxkit/outbox/internal/testenv"
 )
 
 const testToken = "console-test-token-0123456789"
@@ -173,8 +174,11 @@ func TestOverviewShowsRelaysAndLeases(t *testing.T) {
 	db := testdb.Migrated(t)
 	relay, _ := startRelay(t, db, "overview-relay")
 	b := serve(t, db, Config{RelayID: relay.ID(), RelayStats: relay.Stats})
-	waitFor(t, "the relay to lease every shard", func() bool {
-		return strings.Contains(b.mustGet(t, "/"), `data-stat="shards-leased">64<`)
+	testenv.Await(t, "the relay to lease every shard", func() (any, bool) {
+		body := b.mustGet(t, "/")
+		_, leased, _ := strings.Cut(body, `data-stat="shards-leased">`)
+		leased, _, _ = strings.Cut(leased, "<")
+		return "shards leased: " + leased, leased == "64"
 	})
 	body := b.mustGet(t, "/")
 	for _, want := range []string{`<tr data-relay="overview-relay">`, `this relay</span>`, `<span class="ok">live</span>`} {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/testdb"
+	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/outboxtest"
 )
 
@@ -31,25 +32,11 @@ func startRelay(t *testing.T, db *testdb.DB, id string) (*outbox.Relay, *outboxt
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if err := relay.Stop(ctx); err != nil {
+		if err := relay.Stop(testenv.Context(t)); err != nil {
 			t.Errorf("stop relay: %v", err)
 		}
 	})
 	return relay, pub
-}
-
-// waitFor polls ok until it holds, for at most 20 seconds.
-func waitFor(t *testing.T, what string, ok func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !ok() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
 }
 
 // syncWriter serializes writes to w, for a logger the handler writes to while the test

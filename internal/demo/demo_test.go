@@ -4,19 +4,53 @@ import (
 	"bytes"
 	"context"
 	"strings"
+	"sync"
 	"testing"
-	"time"
 
 	"github.com/outboxkit/outbox/internal/testdb"
+	"github.com/outboxkit/outbox/internal/testenv"
 )
+
+// lockedBuffer is a bytes.Buffer that the demo writes while the test reads it.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// lastLine returns the last non-empty line of s.
+func lastLine(s string) string {
+	s = strings.TrimRight(s, "\n")
+	return s[strings.LastIndexByte(s, '\n')+1:]
+}
 
 func run(t *testing.T, cfg Config) Result {
 	t.Helper()
-	var out bytes.Buffer
-	cfg.Out = &out
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	res, err := Run(ctx, cfg)
+	out := &lockedBuffer{}
+	cfg.Out = out
+	ctx, cancel := context.WithCancel(context.Background())
+	var res Result
+	var err error
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		res, err = Run(ctx, cfg)
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	// The demo prints its counts (written, published, handled) every 500 ms: the same
+	// line for testenv.Stall() means it stopped moving.
+	testenv.AwaitChan(t, "the demo to handle every committed event", done, func() any { return lastLine(out.String()) })
 	if err != nil {
 		t.Fatalf("demo: %v\n%s", err, out.String())
 	}

@@ -58,16 +58,26 @@ func AddTopics(st *outbox.Status, topics []outbox.TopicStatus) {
 	st.Topics = append(st.Topics, topics...)
 }
 
-// StatusPublishedStats returns PostgreSQL's two row counts of the published table: the
-// planner's estimate (reltuples) and the statistics collector's live rows (n_live_tup).
+// StatusPublishedStats returns PostgreSQL's two row counts of the published history: the
+// planner's estimate (reltuples) and the statistics collector's live rows (n_live_tup),
+// each summed over the published table's partitions (migration 3) and the history kept
+// from before it; and whether that kept history exists (for StatusPublishedCount).
 func (n *Names) StatusPublishedStats() (string, []any) {
-	return `SELECT greatest(c.reltuples, 0)::bigint, coalesce(s.n_live_tup, 0)
+	return `SELECT coalesce(sum(greatest(c.reltuples, 0)), 0)::bigint, coalesce(sum(s.n_live_tup), 0)::bigint,
+       to_regclass($2) IS NOT NULL
 FROM pg_catalog.pg_class c LEFT JOIN pg_catalog.pg_stat_user_tables s ON s.relid = c.oid
-WHERE c.oid = to_regclass($1)`, []any{n.Published}
+WHERE c.relkind = 'r' AND (c.oid IN (SELECT relid FROM pg_partition_tree(to_regclass($1))) OR c.oid = to_regclass($2))`,
+		[]any{n.Published, n.PublishedLegacy}
 }
 
-// StatusPublishedCount counts the published table exactly.
-func (n *Names) StatusPublishedCount() string { return n.r(`SELECT count(*) FROM {{published}}`) }
+// StatusPublishedCount counts the published history exactly, with the history kept from
+// before migration 3 when legacy says it exists.
+func (n *Names) StatusPublishedCount(legacy bool) string {
+	if legacy {
+		return n.r(`SELECT (SELECT count(*) FROM {{published}}) + (SELECT count(*) FROM `) + n.PublishedLegacy + `)`
+	}
+	return n.r(`SELECT count(*) FROM {{published}}`)
+}
 
 // PublishedEstimate decides from the two counts of StatusPublishedStats whether the
 // published table is small enough to count exactly (ok false: run StatusPublishedCount)
@@ -211,3 +221,43 @@ DELETE FROM ` + n.Dead + ` x USING m WHERE x.seq = m.seq`, q.args, nil
 func (n *Names) Notify() (string, []any) {
 	return `SELECT pg_notify($1, '')`, []any{n.Channel}
 }
+
+// StatusPartitions returns, when the published history is partitioned (migration 3), the
+// number of daily partitions, the oldest and newest day (YYYYMMDD), and the days after
+// today (UTC, by the database's clock) that have a partition with no gap from today, -1
+// when today has none; no row before migration 3.
+func (n *Names) StatusPartitions() (string, []any) {
+	return `WITH p AS (
+    SELECT oid FROM pg_catalog.pg_class WHERE oid = to_regclass($1) AND relkind = 'p'
+), d AS (
+    SELECT to_date(right(c.relname, 8), 'YYYYMMDD') AS day
+    FROM pg_catalog.pg_inherits i JOIN pg_catalog.pg_class c ON c.oid = i.inhrelid JOIN p ON i.inhparent = p.oid
+    WHERE c.relname ~ '^` + n.prefix + `outbox_published_[0-9]{8}$'
+)
+SELECT (SELECT count(*)::int FROM d),
+       coalesce((SELECT to_char(min(day), 'YYYYMMDD')::int FROM d), 0),
+       coalesce((SELECT to_char(max(day), 'YYYYMMDD')::int FROM d), 0),
+       (SELECT min(g)::int - 1 FROM generate_series(0, 1000) g
+        WHERE NOT EXISTS (SELECT 1 FROM d WHERE d.day = (now() AT TIME ZONE 'UTC')::date + g))
+FROM p`, []any{n.Published}
+}
+
+// PartitionStatus makes StatusPartitions' row an outbox.PartitionStatus.
+func PartitionStatus(count, oldest, newest, ahead int) *outbox.PartitionStatus {
+	ps := &outbox.PartitionStatus{Count: count, DaysAhead: ahead}
+	if count > 0 {
+		ps.Oldest, ps.Newest = dayOf(oldest), dayOf(newest)
+	}
+	return ps
+}
+
+// StatusOldestTransaction returns the age in microseconds of the oldest transaction in
+// this database that holds a snapshot or a transaction id (either pins the xmin horizon),
+// other than the caller's; vacuum's own workers are left out. Prepared transactions and
+// replication slots hold the horizon too and are not counted. Without the
+// pg_read_all_stats role PostgreSQL shows other users' sessions without their times, so
+// it can read 0.
+const StatusOldestTransaction = `SELECT coalesce((extract(epoch FROM max(now() - xact_start)) * 1000000)::bigint, 0)
+FROM pg_catalog.pg_stat_activity
+WHERE datname = current_database() AND backend_type = 'client backend'
+  AND (backend_xmin IS NOT NULL OR backend_xid IS NOT NULL) AND pid <> pg_backend_pid()`

@@ -23,7 +23,15 @@ type MigrationStatus struct {
 	Version int
 	Name    string
 	Applied bool
+	// Deferrable: this code runs correctly without the migration, so relays can be
+	// upgraded first and the migration applied once none of the old version runs (see
+	// docs/operations.md, Migrations).
+	Deferrable bool
 }
+
+// deferrable are the migrations this code runs without: version 3 (published history in
+// partitions), whose maintenance falls back to deleting expired rows on the old table.
+var deferrable = map[int]bool{3: true}
 
 func (n *Names) lockSQL() string {
 	return `SELECT pg_advisory_xact_lock(hashtext('outbox-migrate:' || ` + n.ChannelLiteral + `))`
@@ -65,7 +73,7 @@ func (n *Names) Status(ctx context.Context, inTx InTx) ([]MigrationStatus, error
 			}
 		}
 		for _, m := range all {
-			out = append(out, MigrationStatus{Version: m.Version, Name: m.Name, Applied: done[m.Version]})
+			out = append(out, MigrationStatus{Version: m.Version, Name: m.Name, Applied: done[m.Version], Deferrable: deferrable[m.Version]})
 		}
 		return nil
 	})

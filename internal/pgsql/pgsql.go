@@ -35,9 +35,9 @@ type Config struct {
 
 var identRE = regexp.MustCompile(`^[a-z_][a-z0-9_]*$`)
 
-// longestSuffix is the longest name built from Prefix (the other tables and the index
-// names stay below it).
-const longestSuffix = "outbox_dedup_created_idx"
+// longestSuffix is the longest name built from Prefix (the other tables, the days'
+// partitions and the index names stay below it).
+const longestSuffix = "outbox_published_partition"
 
 // Validate rejects names that are not plain lower-case SQL identifiers, rather than
 // quoting its way around them: a name like `x"; DROP TABLE y; --` is a mistake or an
@@ -63,12 +63,16 @@ func channel(schema, prefix string) string { return schema + "." + prefix + "out
 type Names struct {
 	Schema, Outbox, Published, Dead, Dedup, Leases, Relays, TokenSeq, Migrations, NotifyFunc string
 	Inbox, Versions                                                                          string // the consumer side (migration 2)
-	Trigger                                                                                  string // not schema-qualified
-	Channel                                                                                  string // NOTIFY channel, raw text
-	ChannelLiteral                                                                           string // Channel as an SQL string literal
-	ChannelIdent                                                                             string // Channel as a quoted identifier, for LISTEN
-	ShardMask                                                                                int
-	prefix                                                                                   string
+	// Published history in daily partitions (migration 3): the function that creates a
+	// day's partition, and the table that keeps the history from before the migration.
+	PartitionFunc, PublishedLegacy string
+	SchemaLiteral                  string // the schema as an SQL string literal
+	Trigger                        string // not schema-qualified
+	Channel                        string // NOTIFY channel, raw text
+	ChannelLiteral                 string // Channel as an SQL string literal
+	ChannelIdent                   string // Channel as a quoted identifier, for LISTEN
+	ShardMask                      int
+	prefix, schema                 string
 }
 
 // NewNames validates c and builds its names.
@@ -80,29 +84,48 @@ func NewNames(c Config) (*Names, error) {
 	q := func(name string) string { return quote(schema) + "." + quote(c.Prefix+name) }
 	ch := channel(schema, c.Prefix)
 	return &Names{
-		Schema:         quote(schema),
-		Outbox:         q("outbox"),
-		Leases:         q("outbox_leases"),
-		Relays:         q("outbox_relays"),
-		TokenSeq:       q("outbox_lease_token"),
-		Published:      q("outbox_published"),
-		Dead:           q("outbox_dead"),
-		Dedup:          q("outbox_dedup"),
-		Inbox:          q("outbox_inbox"),
-		Versions:       q("outbox_versions"),
-		Migrations:     q("outbox_migrations"),
-		NotifyFunc:     q("outbox_notify"),
-		Trigger:        quote(c.Prefix + "outbox_notify"),
-		Channel:        ch,
-		ChannelLiteral: "'" + strings.ReplaceAll(ch, "'", "''") + "'",
-		ChannelIdent:   quote(ch),
-		ShardMask:      Shards - 1,
-		prefix:         c.Prefix,
+		Schema:          quote(schema),
+		Outbox:          q("outbox"),
+		Leases:          q("outbox_leases"),
+		Relays:          q("outbox_relays"),
+		TokenSeq:        q("outbox_lease_token"),
+		Published:       q("outbox_published"),
+		Dead:            q("outbox_dead"),
+		Dedup:           q("outbox_dedup"),
+		Inbox:           q("outbox_inbox"),
+		PartitionFunc:   q("outbox_published_partition"),
+		PublishedLegacy: q("outbox_published_legacy"),
+		SchemaLiteral:   literal(schema),
+		Versions:        q("outbox_versions"),
+		Migrations:      q("outbox_migrations"),
+		NotifyFunc:      q("outbox_notify"),
+		Trigger:         quote(c.Prefix + "outbox_notify"),
+		Channel:         ch,
+		ChannelLiteral:  literal(ch),
+		ChannelIdent:    quote(ch),
+		ShardMask:       Shards - 1,
+		prefix:          c.Prefix,
+		schema:          schema,
 	}, nil
 }
 
+// Table returns the quoted, schema-qualified name of the outbox object called name
+// ("outbox_published"), with the prefix; Bare returns it without the schema (for RENAME
+// TO), TableLiteral as an SQL string literal (for to_regclass), NameLiteral the bare name
+// as a literal (for building partition names in SQL). Migrations call them.
+func (n *Names) Table(name string) string        { return quote(n.schema) + "." + quote(n.prefix+name) }
+func (n *Names) Bare(name string) string         { return quote(n.prefix + name) }
+func (n *Names) TableLiteral(name string) string { return literal(n.Table(name)) }
+func (n *Names) NameLiteral(name string) string  { return literal(n.prefix + name) }
+
 // Index returns the quoted name of one of the outbox table's indexes.
 func (n *Names) Index(name string) string { return quote(n.prefix + "outbox_" + name + "_idx") }
+
+// QualifiedIndex is Index with the schema, for statements that name an existing index.
+func (n *Names) QualifiedIndex(name string) string { return n.Schema + "." + n.Index(name) }
+
+// literal makes s an SQL string literal.
+func literal(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
 
 // quote double-quotes an identifier. Validate already allows only [a-z0-9_], so this is
 // belt and braces.

@@ -193,10 +193,14 @@ func (n *Names) Complete() string {
 SELECT seq FROM pub_moved UNION ALL SELECT seq FROM retry UNION ALL SELECT seq FROM dead_moved`)
 }
 
-// DeletePublished deletes up to $2 published rows older than $1 seconds.
+// DeletePublished deletes up to $2 published rows older than $1 seconds. A row is named
+// by its table and ctid: once the history is partitioned (migration 3), a ctid alone is
+// the same in every partition. Relays drop whole days instead (DropPartitions); this
+// serves Store.DeletePublished's callers and the layout before migration 3.
 func (n *Names) DeletePublished() string {
-	return n.r(`DELETE FROM {{published}} WHERE ctid IN (
-    SELECT ctid FROM {{published}} WHERE published_at < now() - $1 * interval '1 second' LIMIT $2 FOR UPDATE SKIP LOCKED)`)
+	return n.r(`DELETE FROM {{published}} p USING (
+    SELECT tableoid AS t, ctid AS c FROM {{published}} WHERE published_at < now() - $1 * interval '1 second' LIMIT $2 FOR UPDATE SKIP LOCKED
+) x WHERE p.tableoid = x.t AND p.ctid = x.c`)
 }
 
 // DeleteDedup deletes up to $2 dedup keys written more than $1 seconds ago whose message

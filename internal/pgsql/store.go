@@ -2,6 +2,7 @@ package pgsql
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 
@@ -105,4 +106,20 @@ func Tokens(ls []outbox.Lease) []int64 {
 		out[i] = l.Token
 	}
 	return out
+}
+
+// ErrNoPartition is wrapped by Complete's error when the published history has no
+// partition for the time an outcome is recorded: the messages stay pending (nothing is
+// lost) until the day's partition exists.
+var ErrNoPartition = errors.New("the published history has no partition for today (UTC): " +
+	"run 'outbox partitions create'; relays create 7 days ahead themselves, so check that their maintenance runs (see docs/operations.md)")
+
+// CompleteError wraps an error of Complete's statement, naming a missing partition:
+// check_violation is the only constraint the statement can break, since the outbox tables
+// have no CHECK constraint of their own; a partition bound is one.
+func CompleteError(err error) error {
+	if sqlState(err) == "23514" {
+		return fmt.Errorf("record outcomes: %w: %w", ErrNoPartition, err)
+	}
+	return fmt.Errorf("record outcomes: %w", err)
 }

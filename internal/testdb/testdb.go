@@ -40,7 +40,7 @@ func PoolAt(t testenv.TB, url string) *pgxpool.Pool {
 		t.Fatalf("testdb: parse the database URL: %v", err) // the URL may hold a password
 	}
 	cfg.MaxConns = 16
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := testenv.CallContext() // bounds a hang, not the machine's speed
 	defer cancel()
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err == nil {
@@ -60,7 +60,7 @@ func NewSchema(t testenv.TB, pool *pgxpool.Pool) string {
 	_, _ = rand.Read(b[:])
 	schema := "outbox_test_" + hex.EncodeToString(b[:])
 	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		ctx, cancel := testenv.CallContext()
 		defer cancel()
 		if _, err := pool.Exec(ctx, `DROP SCHEMA IF EXISTS "`+schema+`" CASCADE`); err != nil {
 			t.Logf("testdb: drop schema %s: %v", schema, err)
@@ -82,7 +82,7 @@ func setup(t testenv.TB, pool *pgxpool.Pool) (*pgxpool.Pool, *outboxpgx.Driver, 
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := testenv.CallContext()
 	defer cancel()
 	if _, err := drv.MigrateUp(ctx, 0); err != nil {
 		t.Fatalf("testdb: migrate: %v", err)
@@ -165,6 +165,18 @@ func (d *DB) Exec(t testenv.TB, q string, args ...any) {
 	if _, err := d.Pool.Exec(context.Background(), fmt.Sprintf(q, `"`+d.Schema+`"`), args...); err != nil {
 		t.Fatalf("%s: %v", q, err)
 	}
+}
+
+// Today returns the current UTC day by the database's clock, at midnight: what the
+// outbox's daily partitions are named after (the test's own clock may be on another day
+// around midnight).
+func (d *DB) Today(t testenv.TB) time.Time {
+	t.Helper()
+	var day time.Time
+	if err := d.Pool.QueryRow(context.Background(), `SELECT (now() AT TIME ZONE 'UTC')::date::timestamp`).Scan(&day); err != nil {
+		t.Fatal(err)
+	}
+	return day.UTC()
 }
 
 // CountIn counts the rows of one of the schema's tables (e.g. "outbox_dead") that match

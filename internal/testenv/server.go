@@ -1,11 +1,11 @@
 package testenv
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
 	"os"
-	"time"
 )
 
 // FreePort returns a TCP port of 127.0.0.1 that nothing listens on at the moment, for a
@@ -20,23 +20,30 @@ func FreePort(t TB) int {
 	return l.Addr().(*net.TCPAddr).Port
 }
 
-// WaitReady calls ping every interval until it succeeds, and fails when exited closes
-// first (the server's process is gone) or timeout passes, with ping's last error.
-func WaitReady(exited <-chan struct{}, timeout, interval time.Duration, ping func() error) error {
-	deadline := time.Now().Add(timeout)
-	var last error
-	for time.Now().Before(deadline) {
+// WaitReady polls ping until it succeeds. It gives up when exited closes (the server's
+// process is gone), or when ping's error, together with what more reports (the size of a
+// log the server writes as it boots; more may be nil), has not changed for Stall(): a start
+// that is slow on a loaded machine is waited for, a stuck one is reported with its last
+// error. what names what is awaited, for the error.
+func WaitReady(exited <-chan struct{}, what string, ping func() error, more func() any) error {
+	var exit error
+	err := Progress(context.Background(), what, Stall(), func() (any, bool) {
 		select {
 		case <-exited:
-			return errors.New("the process exited")
+			exit = errors.New("the process exited")
+			return nil, true
 		default:
 		}
-		if last = ping(); last == nil {
-			return nil
+		err := ping()
+		if more != nil {
+			return fmt.Sprintf("%v (%v)", err, more()), err == nil
 		}
-		time.Sleep(interval)
+		return err, err == nil
+	})
+	if err != nil {
+		return err
 	}
-	return fmt.Errorf("still not ready after %v: %w", timeout, last)
+	return exit
 }
 
 // LogTail returns the last n bytes of the log file at path, or why it cannot be read, for

@@ -5,15 +5,15 @@ package testmysql
 
 import (
 	"cmp"
-	"context"
 	"crypto/rand"
 	"database/sql"
 	"encoding/hex"
 	"os"
 	"testing"
-	"time"
 
 	"github.com/go-sql-driver/mysql"
+
+	"github.com/outboxkit/outbox/internal/testenv"
 )
 
 // EnvDSN names the environment variable that points the tests at a server.
@@ -45,7 +45,7 @@ func NewDatabase(t testing.TB) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := testenv.CallContext() // bounds a hang, not the machine's speed
 	defer cancel()
 	if err := admin.PingContext(ctx); err != nil {
 		admin.Close()
@@ -61,7 +61,7 @@ func NewDatabase(t testing.TB) string {
 	}
 	t.Cleanup(func() {
 		defer admin.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		ctx, cancel := testenv.CallContext()
 		defer cancel()
 		if _, err := admin.ExecContext(ctx, "DROP DATABASE IF EXISTS `"+name+"`"); err != nil {
 			t.Logf("testmysql: drop database %s: %v", name, err)

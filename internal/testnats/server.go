@@ -82,7 +82,7 @@ func (s *Server) Start() {
 	}()
 	s.cmd, s.done = cmd, done
 
-	if err := s.waitReady(done, 15*time.Second); err != nil {
+	if err := s.waitReady(done); err != nil {
 		_ = cmd.Process.Kill()
 		<-done
 		s.cmd, s.done = nil, nil
@@ -90,13 +90,17 @@ func (s *Server) Start() {
 	}
 }
 
-// waitReady polls until a client can connect and get JetStream account info.
-func (s *Server) waitReady(exited <-chan struct{}, timeout time.Duration) error {
-	return testenv.WaitReady(exited, timeout, 20*time.Millisecond, s.ping)
+// waitReady polls until a client can connect and get JetStream account info. It gives up
+// when the process exits, or when the answer (the last error) has not changed for
+// testenv.Stall(): a boot that is slow on a loaded machine is waited for.
+func (s *Server) waitReady(exited <-chan struct{}) error {
+	return testenv.WaitReady(exited, "the server to serve JetStream requests", s.ping, nil)
 }
 
+// ping makes one attempt. Its timeouts are per attempt, and generous: a slow attempt is
+// not a failure, and a server that does not listen yet refuses at once.
 func (s *Server) ping() error {
-	nc, err := nats.Connect(s.URL(), nats.Timeout(time.Second), nats.MaxReconnects(0))
+	nc, err := nats.Connect(s.URL(), nats.Timeout(10*time.Second), nats.MaxReconnects(0))
 	if err != nil {
 		return err
 	}
@@ -105,7 +109,7 @@ func (s *Server) ping() error {
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	_, err = js.AccountInfo(ctx)
 	return err
@@ -114,9 +118,10 @@ func (s *Server) ping() error {
 func (s *Server) log() string { return testenv.LogTail(s.logPath, 8<<10) }
 
 // Stop shuts the server down gracefully (SIGTERM) and waits for it to exit, killing it
-// after 10 s. Stopping a stopped server does nothing.
+// if it has not after testenv.Stall() (a hang: a loaded machine must not turn a graceful
+// stop into a kill). Stopping a stopped server does nothing.
 func (s *Server) Stop() {
-	s.stop(syscall.SIGTERM, 10*time.Second)
+	s.stop(syscall.SIGTERM, testenv.Stall())
 }
 
 // Kill kills the server (SIGKILL), as a crash or a power cut would, and waits for it to

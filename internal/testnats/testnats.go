@@ -7,12 +7,10 @@ package testnats
 
 import (
 	"cmp"
-	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"os"
 	"strings"
-	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -29,7 +27,8 @@ func URL() string {
 func Conn(t testenv.TB, url string, opts ...nats.Option) *nats.Conn {
 	t.Helper()
 	url = cmp.Or(url, URL())
-	nc, err := nats.Connect(url, append([]nats.Option{nats.Timeout(5 * time.Second)}, opts...)...)
+	// The connect timeout bounds a hang: a missing server refuses at once.
+	nc, err := nats.Connect(url, append([]nats.Option{nats.Timeout(testenv.Stall())}, opts...)...)
 	if err != nil {
 		t.Fatalf("testnats: NATS at %s is not reachable (start nats-server -js, or set OUTBOX_TEST_NATS_URL): %v", redact(url), err)
 	}
@@ -55,9 +54,7 @@ func Stream(t testenv.TB, js jetstream.JetStream) (name string, subjectPrefix st
 	unique := Unique()
 	name = strings.ToUpper(unique)
 	subjectPrefix = unique + "."
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	_, err := js.CreateStream(ctx, jetstream.StreamConfig{
+	_, err := js.CreateStream(testenv.Context(t), jetstream.StreamConfig{
 		Name:     name,
 		Subjects: []string{subjectPrefix + ">"},
 		Storage:  jetstream.MemoryStorage,
@@ -66,7 +63,7 @@ func Stream(t testenv.TB, js jetstream.JetStream) (name string, subjectPrefix st
 		t.Fatalf("testnats: create stream %s: %v", name, err)
 	}
 	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		ctx, cancel := testenv.CallContext()
 		defer cancel()
 		if err := js.DeleteStream(ctx, name); err != nil {
 			t.Logf("testnats: delete stream %s: %v", name, err)

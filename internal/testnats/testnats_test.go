@@ -1,23 +1,16 @@
 package testnats_test
 
 import (
-	"context"
 	"errors"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/internal/testnats"
 )
-
-func ctxT(t *testing.T, d time.Duration) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	t.Cleanup(cancel)
-	return ctx
-}
 
 func TestStream(t *testing.T) {
 	t.Parallel()
@@ -28,7 +21,7 @@ func TestStream(t *testing.T) {
 		if !strings.HasSuffix(prefix, ".") {
 			t.Fatalf("prefix %q does not end with a dot", prefix)
 		}
-		ack, err := js.Publish(ctxT(t, 5*time.Second), prefix+"a.b", []byte("x"))
+		ack, err := js.Publish(testenv.Context(t), prefix+"a.b", []byte("x"))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -41,7 +34,7 @@ func TestStream(t *testing.T) {
 		}
 	})
 	// The subtest has ended: its cleanup deleted the stream.
-	if _, err := js.Stream(ctxT(t, 5*time.Second), name); !errors.Is(err, jetstream.ErrStreamNotFound) {
+	if _, err := js.Stream(testenv.Context(t), name); !errors.Is(err, jetstream.ErrStreamNotFound) {
 		t.Errorf("stream %s after cleanup: %v, want ErrStreamNotFound", name, err)
 	}
 }
@@ -53,7 +46,8 @@ func TestServerStopKillStart(t *testing.T) {
 		t.Fatalf("URL = %s, want a private port on 127.0.0.1", srv.URL())
 	}
 	publish := func(t *testing.T, subj string) error {
-		nc, err := nats.Connect(srv.URL(), nats.Timeout(time.Second), nats.MaxReconnects(0))
+		// A stopped server refuses at once: the timeout only bounds a hang.
+		nc, err := nats.Connect(srv.URL(), nats.Timeout(testenv.Stall()), nats.MaxReconnects(0))
 		if err != nil {
 			return err
 		}
@@ -62,12 +56,12 @@ func TestServerStopKillStart(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		_, err = js.Publish(ctxT(t, 2*time.Second), subj, []byte("x"))
+		_, err = js.Publish(testenv.Context(t), subj, []byte("x"))
 		return err
 	}
 	count := func(t *testing.T) uint64 {
 		js := testnats.JetStream(t, srv.URL())
-		s, err := js.Stream(ctxT(t, 5*time.Second), "S")
+		s, err := js.Stream(testenv.Context(t), "S")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -75,7 +69,7 @@ func TestServerStopKillStart(t *testing.T) {
 	}
 
 	js := testnats.JetStream(t, srv.URL())
-	if _, err := js.CreateStream(ctxT(t, 5*time.Second), jetstream.StreamConfig{Name: "S", Subjects: []string{"s.>"}}); err != nil {
+	if _, err := js.CreateStream(testenv.Context(t), jetstream.StreamConfig{Name: "S", Subjects: []string{"s.>"}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := publish(t, "s.1"); err != nil {

@@ -15,7 +15,6 @@ package testpg
 import (
 	"bytes"
 	"cmp"
-	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -27,7 +26,6 @@ import (
 	"strings"
 	"sync"
 	"syscall"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -47,10 +45,6 @@ const (
 	// would: the next start replays the WAL.
 	Immediate StopMode = "immediate"
 )
-
-// readyTimeout bounds a start, crash recovery included. It is a failure bound, not a
-// performance expectation: a loaded machine may be slow.
-const readyTimeout = 2 * time.Minute
 
 // dirPrefix names the servers' directories under os.TempDir(), for the sweep.
 const dirPrefix = "outbox-testpg-"
@@ -101,8 +95,7 @@ func StartServer(t testenv.TB) *Server {
 	s.port = testenv.FreePort(t)
 	s.Start()
 
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
+	ctx := testenv.Context(t)
 	conn, err := pgx.Connect(ctx, s.url("postgres"))
 	if err == nil {
 		_, err = conn.Exec(ctx, "CREATE DATABASE "+Database)
@@ -210,13 +203,16 @@ func (s *Server) Start() {
 	}
 }
 
-// waitReady polls until a client can connect and run a query.
+// waitReady polls until a client can connect and run a query. A start, crash recovery
+// included, may take as long as it takes on a loaded machine: it fails when the process
+// exits, or when the ping's error stays the same for testenv.Stall().
 func (s *Server) waitReady(exited <-chan struct{}) error {
-	return testenv.WaitReady(exited, readyTimeout, 20*time.Millisecond, s.ping)
+	return testenv.WaitReady(exited, "the server to accept connections", s.ping, nil)
 }
 
+// ping connects and pings; its context bounds a hang, not how fast the server answers.
 func (s *Server) ping() error {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	ctx, cancel := testenv.CallContext()
 	defer cancel()
 	conn, err := pgx.Connect(ctx, s.url("postgres"))
 	if err != nil {
@@ -235,7 +231,7 @@ func (s *Server) Stop(mode StopMode) {
 	if s.cmd == nil {
 		return
 	}
-	out, err := s.run("pg_ctl", "stop", "-D", s.dataDir(), "-m", string(mode), "-w", "-t", strconv.Itoa(int(readyTimeout.Seconds())))
+	out, err := s.run("pg_ctl", "stop", "-D", s.dataDir(), "-m", string(mode), "-w", "-t", strconv.Itoa(int(testenv.Stall().Seconds())))
 	if err != nil {
 		_ = s.cmd.Process.Kill()
 	}

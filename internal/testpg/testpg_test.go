@@ -2,14 +2,12 @@ package testpg
 
 import (
 	"bufio"
-	"context"
 	"fmt"
 	"os"
 	"os/exec"
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -33,12 +31,6 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-func ctxT(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	t.Cleanup(cancel)
-	return ctx
-}
-
 func TestServerStopStart(t *testing.T) {
 	t.Parallel()
 	s := StartServer(t)
@@ -46,7 +38,7 @@ func TestServerStopStart(t *testing.T) {
 		t.Fatalf("URL = %s, want a private port on 127.0.0.1", s.URL())
 	}
 	query := func(t *testing.T, q string) error {
-		ctx := ctxT(t)
+		ctx := testenv.Context(t)
 		conn, err := pgx.Connect(ctx, s.URL())
 		if err != nil {
 			return err
@@ -56,7 +48,7 @@ func TestServerStopStart(t *testing.T) {
 		return err
 	}
 	count := func(t *testing.T) int {
-		ctx := ctxT(t)
+		ctx := testenv.Context(t)
 		conn, err := pgx.Connect(ctx, s.URL())
 		if err != nil {
 			t.Fatal(err)
@@ -74,7 +66,7 @@ func TestServerStopStart(t *testing.T) {
 
 	// A session open across an immediate stop loses its connection; what it committed
 	// before stays.
-	ctx := ctxT(t)
+	ctx := testenv.Context(t)
 	held, err := pgx.Connect(ctx, s.URL())
 	if err != nil {
 		t.Fatal(err)
@@ -139,9 +131,7 @@ func TestServerDiesWithTestProcess(t *testing.T) {
 
 	_ = cmd.Process.Kill()
 	_ = cmd.Wait()
-	for alive(pid) { // no bound: the test's -timeout is the bound
-		time.Sleep(50 * time.Millisecond)
-	}
+	testenv.AwaitCond(t, fmt.Sprintf("the orphaned postmaster %d to exit", pid), func() bool { return !alive(pid) })
 	sweep() // another test process's sweep may have been first
 
 	if _, err := os.Stat(dir); !os.IsNotExist(err) {

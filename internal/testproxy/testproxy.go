@@ -40,17 +40,17 @@ func (p *Proxy) Addr() string { return p.p.Listen }
 // Cut resets every open connection and refuses new ones until Restore.
 func (p *Proxy) Cut() { p.p.Stop() }
 
-// Restore listens again on the same address.
+// Restore listens again on the same address. The port may linger a moment after Cut:
+// Restore retries until the listen succeeds, and fails t when it has failed the same way
+// for testenv.Stall().
 func (p *Proxy) Restore(t testenv.TB) {
 	t.Helper()
-	var err error
-	for range 50 { // the port may linger a moment after Cut
-		if err = p.p.Start(); err == nil {
-			return
-		}
-		time.Sleep(20 * time.Millisecond)
+	if err := testenv.Progress(context.Background(), "listening again on "+p.Addr(), testenv.Stall(), func() (any, bool) {
+		err := p.p.Start()
+		return err, err == nil
+	}); err != nil {
+		t.Fatalf("testproxy: restore: %v", err)
 	}
-	t.Fatalf("testproxy: restore %s: %v", p.Addr(), err)
 }
 
 // Latency delays data in both directions by d (plus up to jitter) until the returned

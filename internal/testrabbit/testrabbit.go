@@ -31,13 +31,6 @@ var scripts = []string{
 	"/usr/local/lib/rabbitmq/bin/rabbitmq-server",
 }
 
-// Timeouts of a node's life. A first boot creates its database and is the slowest; on the
-// 2-core test machines a boot takes about 6 s and a graceful stop about 3 s.
-const (
-	bootTimeout = 90 * time.Second
-	stopGrace   = 30 * time.Second
-)
-
 // Server is a private RabbitMQ node, a rabbitmq-server child process without plugins. It
 // keeps its node name, ports and data directory across restarts, so a restarted node has
 // the durable exchanges, queues and bindings, and the persistent messages, that it had
@@ -182,13 +175,31 @@ func (s *Server) Start() {
 	}
 }
 
-// waitReady polls until a client can connect and open a channel.
+// waitReady polls until a client can connect and open a channel. A boot (about 6 s on
+// the 2-core test machines, a first one creating its database the slowest) writes its
+// log as it goes: waitReady gives up when the process exits, or when neither the log nor
+// the answer (the last error) has changed for testenv.Stall(), so a boot that is slow on
+// a loaded machine is waited for.
 func (s *Server) waitReady(exited <-chan struct{}) error {
-	return testenv.WaitReady(exited, bootTimeout, 50*time.Millisecond, s.ping)
+	return testenv.WaitReady(exited, "the node to accept AMQP connections", s.ping,
+		func() any { return fmt.Sprintf("node log: %d bytes", s.logSize()) })
 }
 
+// logSize is the size of the node's log and console output, which grow while it boots.
+func (s *Server) logSize() int64 {
+	var n int64
+	for _, p := range []string{filepath.Join(s.dir, "log", s.node+".log"), s.consoleLog} {
+		if fi, err := os.Stat(p); err == nil {
+			n += fi.Size()
+		}
+	}
+	return n
+}
+
+// ping makes one attempt. Its timeout is per attempt, and generous: a slow attempt is not
+// a failure, and a node that does not listen yet refuses at once.
 func (s *Server) ping() error {
-	conn, err := amqp.DialConfig(s.URL(), amqp.Config{Dial: amqp.DefaultDial(time.Second)})
+	conn, err := amqp.DialConfig(s.URL(), amqp.Config{Dial: amqp.DefaultDial(10 * time.Second)})
 	if err != nil {
 		return err
 	}
@@ -210,9 +221,10 @@ func (s *Server) log() string {
 }
 
 // Stop shuts the node down gracefully (SIGTERM: RabbitMQ closes its connections and
-// stops its queues, as on a service stop) and waits for it to exit, killing it after
-// 30 s. Stopping a stopped node does nothing.
-func (s *Server) Stop() { s.stop(syscall.SIGTERM, stopGrace) }
+// stops its queues, as on a service stop) and waits for it to exit (about 3 s on the test
+// machines), killing it if it has not after testenv.Stall() (a hang: a loaded machine
+// must not turn a graceful stop into a kill). Stopping a stopped node does nothing.
+func (s *Server) Stop() { s.stop(syscall.SIGTERM, testenv.Stall()) }
 
 // kill kills the node at the end of the test; its data is not kept.
 func (s *Server) kill() { s.stop(syscall.SIGKILL, 0) }

@@ -1,13 +1,12 @@
 package testrabbit_test
 
 import (
-	"context"
 	"strconv"
 	"testing"
-	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/internal/testrabbit"
 )
 
@@ -28,8 +27,7 @@ func TestRestartKeepsConfirmedMessages(t *testing.T) {
 	if err := ch.Confirm(false); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
+	ctx := testenv.Context(t)
 	for i := range n {
 		conf, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", "kept", true, false,
 			amqp.Publishing{DeliveryMode: amqp.Persistent, Body: []byte(strconv.Itoa(i))})

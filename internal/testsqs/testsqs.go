@@ -30,6 +30,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 
+	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/outboxsqs"
 )
 
@@ -150,41 +151,55 @@ func start() (*Server, error) {
 		_ = cmd.Wait()
 		close(s.done)
 	}()
-	select {
-	case s.port = <-portc:
-	case <-s.done:
+	// Node.js may take long to start on a loaded machine: what bounds the wait is
+	// testenv.Stall() without a word on stderr, not a guess at how fast it starts.
+	exited := false
+	err = testenv.Progress(context.Background(), "fauxqs to report its port", testenv.Stall(), func() (any, bool) {
+		select {
+		case s.port = <-portc:
+			return nil, true
+		case <-s.done:
+			exited = true
+			return nil, true
+		default:
+			return fmt.Sprintf("%d bytes on stderr", len(s.stderr())), false
+		}
+	})
+	switch {
+	case exited:
 		hint := ""
 		if strings.Contains(s.stderr(), "node:sqlite") {
 			hint = fmt.Sprintf(" (this fauxqs needs a newer Node.js than %s has; install the last release for Node.js 20 with: %s)", node, InstallCommand)
 		}
 		return nil, fmt.Errorf("fauxqs exited at start%s:\n%s", hint, s.stderr())
-	case <-time.After(20 * time.Second):
+	case err != nil:
 		s.Stop()
-		return nil, fmt.Errorf("fauxqs did not report its port within 20 s:\n%s", s.stderr())
+		return nil, fmt.Errorf("%w\n%s", err, s.stderr())
 	}
-	if err := s.waitHealthy(10 * time.Second); err != nil {
+	if err := s.waitHealthy(); err != nil {
 		s.Stop()
 		return nil, fmt.Errorf("fauxqs on port %d is not healthy: %w\n%s", s.port, err, s.stderr())
 	}
 	return s, nil
 }
 
-func (s *Server) waitHealthy(timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
-	var last error
-	for time.Now().Before(deadline) {
-		resp, err := http.Get(s.Endpoint() + "/health")
-		if err == nil {
-			_ = resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-			err = fmt.Errorf("GET /health: %s", resp.Status)
+// waitHealthy polls GET /health until it answers 200, and returns a *testenv.StallError
+// naming the last answer when that has not changed for testenv.Stall().
+func (s *Server) waitHealthy() error {
+	return testenv.Progress(context.Background(), "GET /health to answer 200", testenv.Stall(), func() (any, bool) {
+		ctx, cancel := testenv.CallContext()
+		defer cancel()
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, s.Endpoint()+"/health", nil)
+		if err != nil {
+			return err, false
 		}
-		last = err
-		time.Sleep(20 * time.Millisecond)
-	}
-	return last
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return err, false
+		}
+		_ = resp.Body.Close()
+		return resp.Status, resp.StatusCode == http.StatusOK
+	})
 }
 
 // Addr returns the server's "host:port", for a proxy in front of it.
@@ -203,7 +218,7 @@ func (s *Server) Stop() {
 	_ = s.stdin.Close()
 	select {
 	case <-s.done:
-	case <-time.After(5 * time.Second):
+	case <-time.After(5 * time.Second): // a grace period, not a check: then it is killed
 		_ = s.cmd.Process.Kill()
 		<-s.done
 	}
@@ -266,17 +281,13 @@ func Queue(t testing.TB, c *sqs.Client, fifo bool, attrs map[string]string) (nam
 		name += ".fifo"
 		a["FifoQueue"] = "true"
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	out, err := c.CreateQueue(ctx, &sqs.CreateQueueInput{QueueName: aws.String(name), Attributes: a})
+	out, err := c.CreateQueue(testenv.Context(t), &sqs.CreateQueueInput{QueueName: aws.String(name), Attributes: a})
 	if err != nil {
 		t.Fatalf("testsqs: create queue %s: %v", name, err)
 	}
 	url = aws.ToString(out.QueueUrl)
 	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if _, err := c.DeleteQueue(ctx, &sqs.DeleteQueueInput{QueueUrl: aws.String(url)}); err != nil {
+		if _, err := c.DeleteQueue(testenv.Context(t), &sqs.DeleteQueueInput{QueueUrl: aws.String(url)}); err != nil {
 			t.Logf("testsqs: delete queue %s: %v", name, err)
 		}
 	})

@@ -268,6 +268,7 @@ func (w *Workload) run(ctx context.Context, i int) {
 	var conn *pgx.Conn
 	defer func() {
 		if conn != nil {
+			// Bounds a hang of the close only: nothing is recorded after it.
 			closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 			_ = conn.Close(closeCtx)
 			cancel()
@@ -372,6 +373,8 @@ func (w *Workload) txn(ctx context.Context, conn *pgx.Conn, writer int, p txnPla
 		return done(RolledBack, err)
 	}
 	abort := func(err error) Txn {
+		// Bounds a hang only: a rollback cut short closes the connection, and the server
+		// rolls back all the same, so the outcome recorded holds either way.
 		rbCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		_ = tx.Rollback(rbCtx)
 		cancel()

@@ -15,6 +15,7 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/testdb"
+	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/internal/testproxy"
 )
 
@@ -112,10 +113,30 @@ func TestWorkload(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(3 * time.Second)
-	stopCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	if err := w.Stop(stopCtx); err != nil {
+	time.Sleep(3 * time.Second) // the workload's length: a few seconds of history, whatever the machine's speed
+	// ... and at least the kinds of transaction the checks below need, however slow the writers.
+	testenv.Await(t, "100 committed transactions with rollbacks, long transactions and large events", func() (any, bool) {
+		var committed, rolledBack, long, large int
+		for _, tx := range h.Txns() {
+			switch tx.Outcome {
+			case Committed:
+				committed++
+			case RolledBack:
+				rolledBack++
+			}
+			if tx.Long {
+				long++
+			}
+			for _, e := range tx.Events {
+				if e.Size > LargeSizeDefault {
+					large++
+				}
+			}
+		}
+		seen := fmt.Sprintf("%d committed, %d rolled back, %d long, %d large events", committed, rolledBack, long, large)
+		return seen, committed >= 100 && rolledBack > 0 && long > 0 && large > 0
+	})
+	if err := w.Stop(testenv.Context(t)); err != nil {
 		t.Fatal(err)
 	}
 	if err := h.Resolve(ctx, conn, db.Schema); err != nil {
@@ -226,7 +247,7 @@ func TestWorkloadSurvivesTerminate(t *testing.T) {
 	rnd := rand.New(rand.NewPCG(7, 7))
 	kills := 0
 	for range 10 {
-		time.Sleep(200 * time.Millisecond)
+		time.Sleep(200 * time.Millisecond) // paces the kills
 		if pid := w.BackendPID(rnd.IntN(writers)); pid != 0 {
 			if _, err := conn.Exec(ctx, `SELECT pg_terminate_backend($1)`, pid); err != nil {
 				t.Fatal(err)
@@ -235,25 +256,30 @@ func TestWorkloadSurvivesTerminate(t *testing.T) {
 		}
 	}
 	killed := time.Now()
-	time.Sleep(500 * time.Millisecond)
-	stopCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	if err := w.Stop(stopCtx); err != nil {
+	tally := func() (failed, after int) {
+		for _, tx := range h.Txns() {
+			if tx.Err != "" {
+				failed++
+			}
+			if tx.Outcome == Committed && tx.Start.After(killed) {
+				after++
+			}
+		}
+		return failed, after
+	}
+	// The writers carry on after the kills: a failed transaction and then commits.
+	testenv.Await(t, "a failed transaction and a commit after the last kill", func() (any, bool) {
+		failed, after := tally()
+		return fmt.Sprintf("%d failed, %d committed after the last kill", failed, after), kills == 0 || failed > 0 && after > 0
+	})
+	if err := w.Stop(testenv.Context(t)); err != nil {
 		t.Fatal(err)
 	}
 	_, _, unknown, _ := h.Counts()
 	if err := h.Resolve(ctx, conn, db.Schema); err != nil {
 		t.Fatal(err)
 	}
-	failed, after := 0, 0
-	for _, tx := range h.Txns() {
-		if tx.Err != "" {
-			failed++
-		}
-		if tx.Outcome == Committed && tx.Start.After(killed) {
-			after++
-		}
-	}
+	failed, after := tally()
 	if kills == 0 || failed == 0 || after == 0 {
 		t.Fatalf("%d kills, %d failed transactions, %d committed after the last kill", kills, failed, after)
 	}
@@ -269,7 +295,8 @@ func TestWorkloadSurvivesTerminate(t *testing.T) {
 }
 
 // TestResolveKilledCommit kills a writer's connection while its COMMIT runs (a deferred
-// trigger makes COMMIT sleep) and checks that the writer records Unknown and Resolve
+// trigger makes COMMIT wait for an advisory lock the test holds, so the kill lands inside
+// COMMIT however slow the machine) and checks that the writer records Unknown and Resolve
 // settles it from the database: rolled back when the backend is terminated mid-COMMIT,
 // committed when only the client goes away and the backend finishes the COMMIT.
 func TestResolveKilledCommit(t *testing.T) {
@@ -298,8 +325,13 @@ func TestResolveKilledCommit(t *testing.T) {
 			db, conn := setup(t, 1)
 			ctx := context.Background()
 			s := pgx.Identifier{db.Schema}.Sanitize()
-			if _, err := conn.Exec(ctx, fmt.Sprintf(`CREATE FUNCTION %[1]s.slow_commit() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(1.5); RETURN NULL; END $$;
+			// COMMIT runs the trigger, which waits for the lock keyed by the schema's name
+			// until the test lets go of it.
+			if _, err := conn.Exec(ctx, fmt.Sprintf(`CREATE FUNCTION %[1]s.slow_commit() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_advisory_xact_lock(hashtext(TG_TABLE_SCHEMA)); RETURN NULL; END $$;
 CREATE CONSTRAINT TRIGGER slow_commit AFTER INSERT ON %[1]s.%[2]s DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION %[1]s.slow_commit()`, s, LedgerTable)); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock(hashtext($1))`, db.Schema); err != nil {
 				t.Fatal(err)
 			}
 			h := &History{}
@@ -327,11 +359,26 @@ CREATE CONSTRAINT TRIGGER slow_commit AFTER INSERT ON %[1]s.%[2]s DEFERRABLE INI
 			done := make(chan Txn, 1)
 			go func() { done <- w.txn(txCtx, wconn, 0, w.plan(rand.New(rand.NewPCG(1, 0)))) }()
 
-			waitBackend(t, conn, pid, "wait_event = 'PgSleep'", 1) // inside COMMIT
+			const waiting = "wait_event_type = 'Lock' AND wait_event = 'advisory'"
+			waitBackend(t, conn, pid, waiting, 1) // inside COMMIT
 			tc.kill(t, conn, pid, cancel, proxy)
-			rec := <-done
+			var rec Txn
+			testenv.AwaitCond(t, "the writer to record its transaction", func() bool {
+				select {
+				case rec = <-done:
+					return true
+				default:
+					return false
+				}
+			})
 			if rec.Outcome != Unknown {
 				t.Fatalf("writer recorded %s (%s), want unknown", rec.Outcome, rec.Err)
+			}
+			if tc.want == RolledBack {
+				waitBackend(t, conn, pid, waiting, 0) // the kill reached the backend before the lock is free
+			}
+			if _, err := conn.Exec(ctx, `SELECT pg_advisory_unlock(hashtext($1))`, db.Schema); err != nil {
+				t.Fatal(err)
 			}
 			waitBackend(t, conn, pid, "state = 'active'", 0) // the COMMIT has finished either way
 			h.Record(rec)
@@ -353,14 +400,11 @@ CREATE CONSTRAINT TRIGGER slow_commit AFTER INSERT ON %[1]s.%[2]s DEFERRABLE INI
 // where` returns want.
 func waitBackend(t *testing.T, conn *pgx.Conn, pid uint32, where string, want int) {
 	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+	testenv.Await(t, fmt.Sprintf("backend %d: %d rows of pg_stat_activity where %s", pid, want, where), func() (any, bool) {
 		var n int
 		if err := conn.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity WHERE pid = $1 AND `+where, pid).Scan(&n); err != nil {
 			t.Fatal(err)
 		}
-		if n == want {
-			return
-		}
-	}
-	t.Fatalf("backend %d: timed out waiting for %d rows where %s", pid, want, where)
+		return n, n == want
+	})
 }

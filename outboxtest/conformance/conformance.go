@@ -30,6 +30,7 @@ import (
 	"time"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/testenv"
 )
 
 // Broker is what a publisher's test gives the suite.
@@ -45,8 +46,10 @@ type Broker struct {
 	Publisher func(t *testing.T, route string) outbox.Publisher
 
 	// Read returns the messages stored at dest, in the broker's order per key, waiting
-	// until at least n are there or a few seconds have passed, and then returning all
-	// there are. Required.
+	// until at least n are there, and then returning all there are. When fewer come, it
+	// waits as long as their number grows, and returns those once it stops growing for
+	// a while (the suite then reports what is missing): it bounds a hang, never how long
+	// the broker may take on a slow machine. Required.
 	Read func(t *testing.T, dest string, n int) []Received
 
 	// Reject returns a message, for dest, that the broker refuses on its merits (too
@@ -139,20 +142,29 @@ func setup(t *testing.T, b Broker) (string, outbox.Publisher) {
 
 func publishAll(t *testing.T, p outbox.Publisher, batch []*outbox.Message) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	if err := publish(p, batch); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// publish sends batch and says what failed, if anything; it is safe to call from any
+// goroutine.
+func publish(p outbox.Publisher, batch []*outbox.Message) error {
+	ctx, cancel := testenv.CallContext() // bounds a hang
 	defer cancel()
 	errs := p.Publish(ctx, batch)
 	if errs == nil {
-		return
+		return nil
 	}
 	if len(errs) != len(batch) {
-		t.Fatalf("Publish returned %d errors for a batch of %d", len(errs), len(batch))
+		return fmt.Errorf("Publish returned %d errors for a batch of %d", len(errs), len(batch))
 	}
 	for i, err := range errs {
 		if err != nil {
-			t.Fatalf("message %d of %d failed: %v", i, len(batch), err)
+			return fmt.Errorf("message %d of %d failed: %w", i, len(batch), err)
 		}
 	}
+	return nil
 }
 
 func byID(rs []Received) map[string]Received {
@@ -206,11 +218,17 @@ func perKeyOrder(t *testing.T, b Broker) {
 					key := fmt.Sprintf("w%d-k%d", w, k)
 					batch = append(batch, msg(key, seq, jsonPayload(key, seq)))
 				}
-				publishAll(t, p, batch)
+				if err := publish(p, batch); err != nil {
+					t.Error(err) // Fatal is for the test's own goroutine
+					return
+				}
 			}
 		})
 	}
 	wg.Wait()
+	if t.Failed() {
+		return
+	}
 	total := workers * keysPer * rounds
 	got := b.Read(t, dest, total)
 	if n := len(byID(got)); n != total {
@@ -324,12 +342,7 @@ func cancelledContext(t *testing.T, b Broker) {
 	batch := []*outbox.Message{msg("a", 0, jsonPayload("a", 0)), msg("b", 0, jsonPayload("b", 0))}
 	done := make(chan []error, 1)
 	go func() { done <- p.Publish(ctx, batch) }()
-	var errs []error
-	select {
-	case errs = <-done:
-	case <-time.After(30 * time.Second):
-		t.Fatal("Publish with a cancelled context did not return")
-	}
+	errs := testenv.AwaitRecv(t, "Publish with a cancelled context to return", done)
 	// A publisher may have sent a message before it looked at ctx; what it reports as
 	// failed must be an outage, so the relay burns no attempt.
 	for i, err := range errs {
@@ -353,9 +366,7 @@ func partialBatch(t *testing.T, b Broker) {
 			batch = append(batch, bad)
 		}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	errs := p.Publish(ctx, batch)
+	errs := p.Publish(testenv.Context(t), batch)
 	if len(errs) != len(batch) {
 		t.Fatalf("Publish returned %d errors for a batch of %d with a refused message", len(errs), len(batch))
 	}
@@ -393,7 +404,6 @@ func outageMidStream(t *testing.T, b Broker) {
 	)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	progress := make(chan int, 1)
 	errc := make(chan error, 1)
 	go func() {
 		next := make([]*outbox.Message, keys)
@@ -413,6 +423,9 @@ func outageMidStream(t *testing.T, b Broker) {
 				sentIDs[m.ID.String()] = true
 			}
 			mu.Unlock()
+			// The relay's publish timeout: while the broker is cut off it may be what
+			// ends a Publish, as an outage; on a slow machine it may end one in good
+			// times too, which is an outage the sender waits out like any other.
 			pctx, pcancel := context.WithTimeout(ctx, 5*time.Second)
 			errs := p.Publish(pctx, batch)
 			pcancel()
@@ -438,44 +451,46 @@ func outageMidStream(t *testing.T, b Broker) {
 			if outage {
 				outages++
 			}
-			n := len(confirmed)
 			mu.Unlock()
-			select {
-			case progress <- n:
-			default:
-			}
 			if outage {
-				time.Sleep(100 * time.Millisecond)
+				time.Sleep(100 * time.Millisecond) // paces the retries, as the relay's backoff does
 			}
 		}
 		errc <- nil
 	}()
-	waitFor := func(what string, n int) {
-		t.Helper()
-		deadline := time.After(2 * time.Minute)
-		for {
-			select {
-			case got := <-progress:
-				if got >= n {
-					return
-				}
-			case err := <-errc:
-				t.Fatal(err)
-			case <-deadline:
-				t.Fatalf("%s: fewer than %d messages confirmed after 2 minutes", what, n)
-			}
+	// state reports the sender's progress, and fails the test if it stopped on an error.
+	state := func() (confirmedN, outagesN int) {
+		select {
+		case err := <-errc:
+			t.Fatal(err)
+		default:
 		}
+		mu.Lock()
+		defer mu.Unlock()
+		return len(confirmed), outages
 	}
-	waitFor("before the outage", 300)
+	awaitConfirmed := func(what string, n int) {
+		t.Helper()
+		testenv.Await(t, fmt.Sprintf("%d messages confirmed %s", n, what), func() (any, bool) {
+			c, o := state()
+			return fmt.Sprintf("%d confirmed, %d batches hit an outage", c, o), c >= n
+		})
+	}
+	awaitConfirmed("before the outage", 300)
+	_, before := state()
 	b.Cut(t)
-	time.Sleep(2 * time.Second)
-	mu.Lock()
-	during := len(confirmed)
-	mu.Unlock()
+	// The cut lasts until the sender has met it, and a while more: the sleep shapes the
+	// fault, nothing below depends on its length.
+	testenv.Await(t, "a batch to fail as an outage while the broker is cut off", func() (any, bool) {
+		c, o := state()
+		return fmt.Sprintf("%d confirmed, %d batches hit an outage", c, o), o > before
+	})
+	time.Sleep(time.Second)
+	during, _ := state()
 	b.Restore(t)
-	waitFor("after the outage", during+300)
+	awaitConfirmed("after the outage", during+300)
 	cancel()
-	if err := <-errc; err != nil {
+	if err := testenv.AwaitRecv(t, "the sender to stop", errc); err != nil {
 		t.Fatal(err)
 	}
 

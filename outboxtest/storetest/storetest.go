@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/outboxtest"
 )
 
@@ -73,12 +74,6 @@ func Run(t *testing.T, open func(t *testing.T) Outbox) {
 	}
 }
 
-func ctxT(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	t.Cleanup(cancel)
-	return ctx
-}
-
 func msgs(topic string, keys, perKey int) []outbox.Message {
 	var out []outbox.Message
 	for i := range perKey {
@@ -93,14 +88,18 @@ func msgs(topic string, keys, perKey int) []outbox.Message {
 
 func write(t *testing.T, o Outbox, ms []outbox.Message) {
 	t.Helper()
-	if err := o.Write(ctxT(t), ms, false); err != nil {
+	ctx, cancel := testenv.CallContext()
+	defer cancel()
+	if err := o.Write(ctx, ms, false); err != nil {
 		t.Fatalf("write: %v", err)
 	}
 }
 
 func sync(t *testing.T, o Outbox, relay string, ttl time.Duration, held, release []outbox.Lease) outbox.LeaseState {
 	t.Helper()
-	st, err := o.Store.SyncLeases(ctxT(t), outbox.LeaseRequest{RelayID: relay, Hostname: "test", PID: 1, TTL: ttl, Held: held, Release: release})
+	ctx, cancel := testenv.CallContext()
+	defer cancel()
+	st, err := o.Store.SyncLeases(ctx, outbox.LeaseRequest{RelayID: relay, Hostname: "test", PID: 1, TTL: ttl, Held: held, Release: release})
 	if err != nil {
 		t.Fatalf("SyncLeases(%s): %v", relay, err)
 	}
@@ -113,7 +112,9 @@ func fetch(t *testing.T, o Outbox, relay string, leases []outbox.Lease, req outb
 	if req.Limit == 0 {
 		req.Limit = 10_000
 	}
-	got, err := o.Store.Fetch(ctxT(t), req)
+	ctx, cancel := testenv.CallContext() // fetch also serves polls: no context outlives its call
+	defer cancel()
+	got, err := o.Store.Fetch(ctx, req)
 	if err != nil {
 		t.Fatalf("Fetch: %v", err)
 	}
@@ -123,7 +124,9 @@ func fetch(t *testing.T, o Outbox, relay string, leases []outbox.Lease, req outb
 func complete(t *testing.T, o Outbox, relay string, c outbox.Completion) []int64 {
 	t.Helper()
 	c.RelayID = relay
-	refused, err := o.Store.Complete(ctxT(t), c)
+	ctx, cancel := testenv.CallContext()
+	defer cancel()
+	refused, err := o.Store.Complete(ctx, c)
 	if err != nil {
 		t.Fatalf("Complete: %v", err)
 	}
@@ -160,19 +163,23 @@ func payloads(ms []*outbox.Message) []string {
 
 func status(t *testing.T, o Outbox) outbox.Status {
 	t.Helper()
-	st, err := o.Store.(outbox.Admin).Status(ctxT(t))
+	ctx, cancel := testenv.CallContext()
+	defer cancel()
+	st, err := o.Store.(outbox.Admin).Status(ctx)
 	if err != nil {
 		t.Fatalf("Status: %v", err)
 	}
 	return st
 }
 
-const ttl = 30 * time.Second
+// ttl is the lease TTL of relays that must keep their leases for a whole test, however
+// slow the machine.
+const ttl = 10 * time.Minute
 
 func commitVisibleRollbackNot(t *testing.T, o Outbox) {
 	committed := msgs("c", 3, 2)
 	write(t, o, committed)
-	if err := o.Write(ctxT(t), msgs("r", 3, 2), true); err != nil {
+	if err := o.Write(testenv.Context(t), msgs("r", 3, 2), true); err != nil {
 		t.Fatalf("write to roll back: %v", err)
 	}
 	st := sync(t, o, "r1", ttl, nil, nil)
@@ -200,7 +207,7 @@ func savepointRollback(t *testing.T, o Outbox) {
 	if o.WriteSavepoint == nil {
 		t.Skip("no savepoint writer")
 	}
-	if err := o.WriteSavepoint(ctxT(t), msgs("kept", 2, 1), msgs("gone", 2, 1)); err != nil {
+	if err := o.WriteSavepoint(testenv.Context(t), msgs("kept", 2, 1), msgs("gone", 2, 1)); err != nil {
 		t.Fatal(err)
 	}
 	st := sync(t, o, "r1", ttl, nil, nil)
@@ -332,13 +339,18 @@ func leasesFairShare(t *testing.T, o Outbox) {
 }
 
 func leaseTakeover(t *testing.T, o Outbox) {
-	short := 1500 * time.Millisecond
-	a := sync(t, o, "a", short, nil, nil)
+	// a's first leases last long enough that b surely finds them live, however slow the
+	// machine; a then renews them with a short TTL and stops renewing.
+	a := sync(t, o, "a", ttl, nil, nil)
 	b := sync(t, o, "b", ttl, nil, nil)
 	if len(b.Held) != 0 {
 		t.Fatalf("b took %d shards from a live relay", len(b.Held))
 	}
-	time.Sleep(short + 500*time.Millisecond) // a stops renewing: its leases and heartbeat expire
+	short := 1500 * time.Millisecond
+	if a = sync(t, o, "a", short, a.Held, nil); len(a.Held) != a.Shards {
+		t.Fatalf("a renewed %d of its %d leases", len(a.Held), a.Shards)
+	}
+	time.Sleep(short + 500*time.Millisecond) // a stops renewing: its leases and heartbeat expire (time, not work)
 	b = sync(t, o, "b", ttl, nil, nil)
 	if len(b.Held) != b.Shards || b.Live != 1 {
 		t.Fatalf("after a's leases expired, b holds %d of %d (live %d)", len(b.Held), b.Shards, b.Live)
@@ -355,10 +367,12 @@ func leaseTakeover(t *testing.T, o Outbox) {
 
 func fencedComplete(t *testing.T, o Outbox) {
 	write(t, o, msgs("t", 4, 1))
-	short := 1500 * time.Millisecond
-	a := sync(t, o, "a", short, nil, nil)
+	a := sync(t, o, "a", ttl, nil, nil)
 	got := fetch(t, o, "a", a.Held, outbox.FetchRequest{})
-	time.Sleep(short + 500*time.Millisecond)
+	// a renews with a short TTL, then pauses past it.
+	short := 1500 * time.Millisecond
+	a = sync(t, o, "a", short, a.Held, nil)
+	time.Sleep(short + 500*time.Millisecond) // time, not work
 	b := sync(t, o, "b", ttl, nil, nil)
 	// a, paused past its lease, comes back and records its outcomes: refused.
 	c := published(t, o, a.Held, got[0], got[1])
@@ -384,46 +398,83 @@ func fencedComplete(t *testing.T, o Outbox) {
 	}
 }
 
+// retryBackoffBlocksKey fails the first message of two keys: k0's with a backoff no test
+// outlasts, to see it block its key, and k1's with a short one, to see its key flow again
+// once it is over. (A short backoff alone would make the first check race the machine.)
 func retryBackoffBlocksKey(t *testing.T, o Outbox) {
-	write(t, o, msgs("t", 2, 2)) // k0 k1 k0 k1
+	write(t, o, msgs("t", 3, 2)) // k0 k1 k2 k0 k1 k2
 	st := sync(t, o, "r1", ttl, nil, nil)
 	got := fetch(t, o, "r1", st.Held, outbox.FetchRequest{})
-	k0 := got[0]
-	fail := outbox.Failure{Outcome: outbox.Outcome{Seq: k0.Seq, Token: tokenOf(t, st.Held, k0.Shard)}, Error: "broker said no", Delay: 2 * time.Second}
-	if refused := complete(t, o, "r1", outbox.Completion{Failed: []outbox.Failure{fail}}); len(refused) != 0 {
+	k0, k1 := got[0], got[1]
+	failure := func(m *outbox.Message, delay time.Duration) outbox.Failure {
+		return outbox.Failure{Outcome: outbox.Outcome{Seq: m.Seq, Token: tokenOf(t, st.Held, m.Shard)}, Error: "broker said no", Delay: delay}
+	}
+	failed := []outbox.Failure{failure(k0, time.Hour), failure(k1, time.Second)}
+	if refused := complete(t, o, "r1", outbox.Completion{Failed: failed}); len(refused) != 0 {
 		t.Fatalf("refused %v", refused)
 	}
 	now := fetch(t, o, "r1", st.Held, outbox.FetchRequest{})
+	var k2 int
 	for _, m := range now {
+		switch m.Key {
+		case "k0":
+			t.Fatalf("key k0 fetched (%q) while its first message backs off", m.Payload)
+		case "k2":
+			k2++
+		}
+	}
+	if k2 != 2 {
+		t.Fatalf("fetched %v, want k2's two messages", payloads(now))
+	}
+	if s := status(t, o); s.Retrying != 2 || s.Delayed < 1 {
+		t.Errorf("status %+v, want 2 retrying and at least 1 delayed", s)
+	}
+	var later []*outbox.Message
+	testenv.Await(t, "k1's first message to come due after its 1 s backoff", func() (any, bool) {
+		later = fetch(t, o, "r1", st.Held, outbox.FetchRequest{})
+		return payloads(later), len(later) == 4
+	})
+	if later[0].Seq != k1.Seq || later[0].Attempts != 1 || later[0].LastError != "broker said no" {
+		t.Fatalf("after the backoff: first %+v; want k1's message first with 1 attempt and its error", later[0])
+	}
+	for _, m := range later {
 		if m.Key == "k0" {
 			t.Fatalf("key k0 fetched (%q) while its first message backs off", m.Payload)
 		}
 	}
-	if len(now) != 2 {
-		t.Fatalf("fetched %v, want k1's two messages", payloads(now))
-	}
-	if s := status(t, o); s.Retrying != 1 || s.Delayed < 1 {
-		t.Errorf("status %+v, want 1 retrying and at least 1 delayed", s)
-	}
-	time.Sleep(2500 * time.Millisecond)
-	later := fetch(t, o, "r1", st.Held, outbox.FetchRequest{})
-	if len(later) != 4 || later[0].Seq != k0.Seq || later[0].Attempts != 1 || later[0].LastError != "broker said no" {
-		t.Fatalf("after the backoff: %d fetched, first %+v; want k0's message first with 1 attempt and its error", len(later), later[0])
-	}
 }
 
+// deliverAtBlocksKey delays the first message of two keys: k0's past the test's end, to
+// see it block its key, and k1's by a second, to see its key flow once it is due.
 func deliverAtBlocksKey(t *testing.T, o Outbox) {
-	in := msgs("t", 2, 2)
-	in[0].DeliverAt = time.Now().Add(2 * time.Second) // k0's first
+	in := msgs("t", 3, 2) // k0 k1 k2 k0 k1 k2
+	in[0].DeliverAt = time.Now().Add(time.Hour)
+	in[1].DeliverAt = time.Now().Add(time.Second)
 	write(t, o, in)
 	st := sync(t, o, "r1", ttl, nil, nil)
 	got := fetch(t, o, "r1", st.Held, outbox.FetchRequest{})
-	if len(got) != 2 || got[0].Key != "k1" || got[1].Key != "k1" {
-		t.Fatalf("fetched %v, want only k1's messages while k0's first waits for DeliverAt", payloads(got))
+	var k2 int
+	for _, m := range got {
+		switch m.Key {
+		case "k0":
+			t.Fatalf("fetched %v: k0's messages while its first waits for DeliverAt", payloads(got))
+		case "k2":
+			k2++
+		}
 	}
-	time.Sleep(2500 * time.Millisecond)
-	if got := fetch(t, o, "r1", st.Held, outbox.FetchRequest{}); len(got) != 4 {
-		t.Fatalf("after DeliverAt: fetched %d, want 4", len(got))
+	if k2 != 2 {
+		t.Fatalf("fetched %v, want k2's two messages", payloads(got))
+	}
+	testenv.Await(t, "k1's first message to come due", func() (any, bool) {
+		got = fetch(t, o, "r1", st.Held, outbox.FetchRequest{})
+		return payloads(got), len(got) == 4
+	})
+	var keys []string
+	for _, m := range got {
+		keys = append(keys, m.Key)
+	}
+	if !slices.Equal(keys, []string{"k1", "k2", "k1", "k2"}) {
+		t.Fatalf("after k1's DeliverAt: fetched keys %v, want k1 k2 k1 k2", keys)
 	}
 }
 
@@ -439,7 +490,7 @@ func deadLetterAndReplay(t *testing.T, o Outbox) {
 		t.Fatalf("after dead-lettering the first, fetched %v, want the key's second (a dead letter does not block its key)", payloads(rest))
 	}
 	admin := o.Store.(outbox.Admin)
-	ctx := ctxT(t)
+	ctx := testenv.Context(t)
 	list, err := admin.DeadList(ctx, outbox.DeadFilter{Topic: "poison", ErrorContains: "SCHEMA"})
 	if err != nil || len(list) != 1 || list[0].ID != first.ID || list[0].LastError != "schema mismatch" || list[0].DeadAt.IsZero() {
 		t.Fatalf("DeadList = %+v, %v; want the dead letter with its error", list, err)
@@ -476,7 +527,7 @@ func deadLetterAndReplay(t *testing.T, o Outbox) {
 
 func dedupKey(t *testing.T, o Outbox) {
 	write(t, o, []outbox.Message{{Topic: "t", Key: "a", DedupKey: "order-1-placed", Payload: []byte(`{"v":1}`)}})
-	err := o.Write(ctxT(t), []outbox.Message{
+	err := o.Write(testenv.Context(t), []outbox.Message{
 		{Topic: "t", Key: "a", DedupKey: "order-1-placed", Payload: []byte(`{"v":2}`)},
 		{Topic: "t", Key: "b", DedupKey: "order-2-placed", Payload: []byte(`{"v":3}`)},
 	}, false)
@@ -496,11 +547,11 @@ func retention(t *testing.T, o Outbox) {
 	st := sync(t, o, "r1", ttl, nil, nil)
 	got := fetch(t, o, "r1", st.Held, outbox.FetchRequest{})
 	complete(t, o, "r1", published(t, o, st.Held, got...))
-	ctx := ctxT(t)
+	ctx := testenv.Context(t)
 	if n, err := o.Store.DeletePublished(ctx, time.Hour, 100); err != nil || n != 0 {
 		t.Fatalf("DeletePublished of rows younger than the retention = %d, %v", n, err)
 	}
-	time.Sleep(1100 * time.Millisecond)
+	time.Sleep(1100 * time.Millisecond) // the rows grow older than the 1 s retention below: time, not work
 	total := 0
 	for range 20 {
 		n, err := o.Store.DeletePublished(ctx, time.Second, 3)
@@ -543,7 +594,6 @@ func relaysDrainInOrder(t *testing.T, o Outbox) {
 		return nil
 	}
 	cfg := outbox.RelayConfig{RetryMinDelay: 10 * time.Millisecond, RetryMaxDelay: 50 * time.Millisecond, PollInterval: 20 * time.Millisecond, BatchSize: 100}
-	ctx := ctxT(t)
 	var relays []*outbox.Relay
 	for i := range 2 {
 		c := cfg
@@ -552,19 +602,17 @@ func relaysDrainInOrder(t *testing.T, o Outbox) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := r.Start(ctx); err != nil {
+		if err := r.Start(context.Background()); err != nil {
 			t.Fatal(err)
 		}
+		t.Cleanup(func() { _ = r.Stop(testenv.Context(t)) }) // on a failure below; stopping twice is safe
 		relays = append(relays, r)
 	}
-	got, err := pub.WaitFor(ctx, keys*perKey)
+	got := pub.Await(t, keys*perKey)
 	for _, r := range relays {
-		if err := r.Stop(ctx); err != nil {
-			t.Errorf("stop: %v", err)
+		if err := r.Stop(testenv.Context(t)); err != nil {
+			t.Errorf("stop %s: %v", r.ID(), err)
 		}
-	}
-	if err != nil {
-		t.Fatalf("%d of %d published: %v", len(got), keys*perKey, err)
 	}
 	last := map[string]int{}
 	seen := map[outbox.ID]bool{}

@@ -28,6 +28,7 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/sqlstore"
+	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/outboxtest"
 )
 
@@ -113,16 +114,10 @@ func migrated(t *testing.T, h Harness) (*bundle, func(t *testing.T) *sql.DB) {
 	t.Helper()
 	open := h.NewDatabase(t)
 	b := newBundle(t, h, open(t), "")
-	if _, err := b.drv.MigrateUp(ctxT(t), 0); err != nil {
+	if _, err := b.drv.MigrateUp(testenv.Context(t), 0); err != nil {
 		t.Fatalf("migrate: %v", err)
 	}
 	return b, open
-}
-
-func ctxT(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	t.Cleanup(cancel)
-	return ctx
 }
 
 // write writes msgs in one transaction and commits it, also after a *DuplicateError,
@@ -146,7 +141,7 @@ func (b *bundle) write(ctx context.Context, msgs ...outbox.Message) error {
 // fetchAll takes every shard and returns every due message.
 func (b *bundle) fetchAll(t *testing.T, relay string) ([]*outbox.Message, outbox.LeaseState) {
 	t.Helper()
-	ctx := ctxT(t)
+	ctx := testenv.Context(t)
 	st, err := b.drv.SyncLeases(ctx, outbox.LeaseRequest{RelayID: relay, TTL: time.Minute})
 	if err != nil {
 		t.Fatal(err)
@@ -162,7 +157,7 @@ func (b *bundle) fetchAll(t *testing.T, relay string) ([]*outbox.Message, outbox
 // expire.
 func (b *bundle) release(t *testing.T, relay string) {
 	t.Helper()
-	ctx := ctxT(t)
+	ctx := testenv.Context(t)
 	st, err := b.drv.SyncLeases(ctx, outbox.LeaseRequest{RelayID: relay, TTL: time.Minute})
 	if err == nil {
 		_, err = b.drv.SyncLeases(ctx, outbox.LeaseRequest{RelayID: relay, Release: st.Held})
@@ -180,7 +175,7 @@ func quietLogger() *slog.Logger {
 }
 
 func migrations(t *testing.T, h Harness) {
-	ctx := ctxT(t)
+	ctx := testenv.Context(t)
 	open := h.NewDatabase(t)
 	b := newBundle(t, h, open(t), "")
 	st, err := b.drv.MigrationStatus(ctx)
@@ -220,7 +215,7 @@ func migrations(t *testing.T, h Harness) {
 }
 
 func migrationsConcurrent(t *testing.T, h Harness) {
-	ctx := ctxT(t)
+	ctx := testenv.Context(t)
 	open := h.NewDatabase(t)
 	var mu sync.Mutex
 	var applied []int
@@ -251,7 +246,7 @@ func migrationsConcurrent(t *testing.T, h Harness) {
 }
 
 func migrationSQL(t *testing.T, h Harness) {
-	ctx := ctxT(t)
+	ctx := testenv.Context(t)
 	open := h.NewDatabase(t)
 	db := open(t)
 	offline, err := h.NewDriver(nil, "")
@@ -301,7 +296,7 @@ func prefixes(t *testing.T, h Harness) {
 	if _, err := h.NewDriver(nil, strings.Repeat("a", 40)); err != nil {
 		t.Errorf("a 40-byte prefix: %v", err)
 	}
-	ctx := ctxT(t)
+	ctx := testenv.Context(t)
 	open := h.NewDatabase(t)
 	db := open(t)
 	plain, billing := newBundle(t, h, db, ""), newBundle(t, h, db, "billing_")
@@ -331,7 +326,7 @@ func prefixes(t *testing.T, h Harness) {
 // bounded by placeholders and bytes, in call order.
 func largeBatch(t *testing.T, h Harness) {
 	b, _ := migrated(t, h)
-	ctx := ctxT(t)
+	ctx := testenv.Context(t)
 	const n = 10_000
 	body := bytes.Repeat([]byte("x"), 1000)
 	msgs := make([]outbox.Message, n)
@@ -365,7 +360,7 @@ func largeBatch(t *testing.T, h Harness) {
 	for i := range small {
 		small[i] = outbox.Message{Topic: "small", Key: "s" + strconv.Itoa(i%7), Payload: strconv.AppendInt(nil, int64(i), 10)}
 	}
-	if err := b.write(ctx, small...); err != nil {
+	if err := b.write(testenv.Context(t), small...); err != nil {
 		t.Fatal(err)
 	}
 	got, _ = b.fetchAll(t, "r")
@@ -382,7 +377,7 @@ func largeBatch(t *testing.T, h Harness) {
 
 func binaryPayloads(t *testing.T, h Harness) {
 	b, _ := migrated(t, h)
-	ctx := ctxT(t)
+	ctx := testenv.Context(t)
 	all := make([]byte, 256)
 	for i := range all {
 		all[i] = byte(i)
@@ -413,11 +408,8 @@ func binaryPayloads(t *testing.T, h Harness) {
 	b.release(t, "r")
 	pub := &outboxtest.Publisher{}
 	r := startRelay(t, b.drv, pub, "bin")
-	sent, err := pub.WaitFor(ctx, len(payloads))
+	sent := pub.Await(t, len(payloads))
 	stopRelay(t, r)
-	if err != nil {
-		t.Fatal(err)
-	}
 	for _, m := range sent {
 		i, _ := strconv.Atoi(m.Key[1:])
 		if !bytes.Equal(m.Payload, payloads[i]) {
@@ -430,7 +422,7 @@ func binaryPayloads(t *testing.T, h Harness) {
 func dedupConcurrent(t *testing.T, h Harness) {
 	b, open := migrated(t, h)
 	other := newBundle(t, h, open(t), "")
-	ctx := ctxT(t)
+	ctx := testenv.Context(t)
 	const writers = 12
 	results := make(chan error, writers)
 	var wg sync.WaitGroup
@@ -481,7 +473,7 @@ func dedupBlockedWriter(t *testing.T, h Harness) {
 		t.Run(map[bool]string{false: "Rollback", true: "Commit"}[commit], func(t *testing.T) {
 			b, open := migrated(t, h)
 			other := newBundle(t, h, open(t), "")
-			ctx := ctxT(t)
+			ctx := testenv.Context(t)
 			first, err := b.db.BeginTx(ctx, nil)
 			if err != nil {
 				t.Fatal(err)
@@ -522,7 +514,7 @@ func dedupBlockedWriter(t *testing.T, h Harness) {
 // have placeholders (65,535 in MySQL).
 func bigFetchLists(t *testing.T, h Harness) {
 	b, _ := migrated(t, h)
-	ctx := ctxT(t)
+	ctx := testenv.Context(t)
 	if err := b.write(ctx, outbox.Message{Topic: "t", Key: "a", Payload: []byte(`{}`)},
 		outbox.Message{Topic: "t", Key: "a", Payload: []byte(`{}`)},
 		outbox.Message{Topic: "t", Key: "b", Payload: []byte(`{}`)}); err != nil {
@@ -565,7 +557,7 @@ func bigFetchLists(t *testing.T, h Harness) {
 func fencingAcrossProcesses(t *testing.T, h Harness) {
 	a, open := migrated(t, h)
 	b := newBundle(t, h, open(t), "")
-	ctx := ctxT(t)
+	ctx := testenv.Context(t)
 	var msgs []outbox.Message
 	for i := range 8 {
 		msgs = append(msgs, outbox.Message{Topic: "t", Key: "k" + strconv.Itoa(i), Payload: []byte(`{}`)})
@@ -573,8 +565,9 @@ func fencingAcrossProcesses(t *testing.T, h Harness) {
 	if err := a.write(ctx, msgs...); err != nil {
 		t.Fatal(err)
 	}
-	short := 1500 * time.Millisecond
-	sa, err := a.drv.SyncLeases(ctx, outbox.LeaseRequest{RelayID: "a", TTL: short})
+	// a's leases last long enough that b surely finds them live, however slow the
+	// machine; a then renews them with a short TTL and pauses past it.
+	sa, err := a.drv.SyncLeases(ctx, outbox.LeaseRequest{RelayID: "a", TTL: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -585,7 +578,11 @@ func fencingAcrossProcesses(t *testing.T, h Harness) {
 	if sb, err := b.drv.SyncLeases(ctx, outbox.LeaseRequest{RelayID: "b", TTL: time.Minute}); err != nil || len(sb.Held) != 0 {
 		t.Fatalf("b took %d shards from a live relay: %v", len(sb.Held), err)
 	}
-	time.Sleep(short + 500*time.Millisecond) // a pauses past its lease
+	short := 1500 * time.Millisecond
+	if sa, err = a.drv.SyncLeases(ctx, outbox.LeaseRequest{RelayID: "a", TTL: short, Held: sa.Held}); err != nil || len(sa.Held) != sa.Shards {
+		t.Fatalf("a renewed %d of %d leases: %v", len(sa.Held), sa.Shards, err)
+	}
+	time.Sleep(short + 500*time.Millisecond) // a pauses past its lease (time, not work)
 	sb, err := b.drv.SyncLeases(ctx, outbox.LeaseRequest{RelayID: "b", TTL: time.Minute})
 	if err != nil || len(sb.Held) != sb.Shards {
 		t.Fatalf("b holds %d of %d shards after a's expired: %v", len(sb.Held), sb.Shards, err)
@@ -632,7 +629,6 @@ func fencingAcrossProcesses(t *testing.T, h Harness) {
 func writersAndRelays(t *testing.T, h Harness) {
 	a, open := migrated(t, h)
 	b := newBundle(t, h, open(t), "")
-	ctx := ctxT(t)
 	const writers, keys, perKey = 6, 4, 15
 	pub := &outboxtest.Publisher{}
 	ra := startRelay(t, a.drv, pub, "relay-a")
@@ -644,26 +640,30 @@ func writersAndRelays(t *testing.T, h Harness) {
 		if w%2 == 1 {
 			proc = b
 		}
+		// Each step has a context of its own: the writers' whole run may take any time.
+		step := func(n int) error {
+			ctx, cancel := testenv.CallContext()
+			defer cancel()
+			var batch []outbox.Message
+			for k := range keys {
+				key := fmt.Sprintf("w%d-k%d", w, k)
+				batch = append(batch, outbox.Message{Topic: "orders", Key: key, Payload: fmt.Appendf(nil, `{"n":%d}`, n)})
+			}
+			if err := proc.write(ctx, batch...); err != nil {
+				return err
+			}
+			// A rolled-back write in between: never published.
+			tx, err := proc.db.BeginTx(ctx, nil)
+			if err != nil {
+				return err
+			}
+			err = proc.w.Write(ctx, tx, outbox.Message{Topic: "phantom", Key: fmt.Sprintf("w%d-k0", w), Payload: []byte(`{}`)})
+			_ = tx.Rollback()
+			return err
+		}
 		wg.Go(func() {
 			for n := range perKey {
-				var batch []outbox.Message
-				for k := range keys {
-					key := fmt.Sprintf("w%d-k%d", w, k)
-					batch = append(batch, outbox.Message{Topic: "orders", Key: key, Payload: fmt.Appendf(nil, `{"n":%d}`, n)})
-				}
-				if err := proc.write(ctx, batch...); err != nil {
-					errs <- err
-					return
-				}
-				// A rolled-back write in between: never published.
-				tx, err := proc.db.BeginTx(ctx, nil)
-				if err != nil {
-					errs <- err
-					return
-				}
-				err = proc.w.Write(ctx, tx, outbox.Message{Topic: "phantom", Key: fmt.Sprintf("w%d-k0", w), Payload: []byte(`{}`)})
-				_ = tx.Rollback()
-				if err != nil {
+				if err := step(n); err != nil {
 					errs <- err
 					return
 				}
@@ -676,17 +676,14 @@ func writersAndRelays(t *testing.T, h Harness) {
 		t.Fatalf("writer: %v", err)
 	}
 	total := writers * keys * perKey
-	got, err := pub.WaitFor(ctx, total)
+	got := pub.Await(t, total)
 	stopRelay(t, ra)
 	stopRelay(t, rb)
-	if err != nil {
-		t.Fatalf("%d of %d published: %v", len(got), total, err)
-	}
 	checkOrder(t, got)
 	if len(got) != total {
 		t.Errorf("published %d messages, want %d", len(got), total)
 	}
-	if st, err := a.drv.Status(ctx); err != nil || st.Pending != 0 || st.Published != int64(total) {
+	if st, err := a.drv.Status(testenv.Context(t)); err != nil || st.Pending != 0 || st.Published != int64(total) {
 		t.Fatalf("status %+v, %v; want nothing pending and %d published", st, err, total)
 	}
 }
@@ -721,7 +718,6 @@ func checkOrder(t *testing.T, got []outbox.Message) {
 // operator replays once the consumer is fixed.
 func relayEndToEnd(t *testing.T, h Harness) {
 	b, _ := migrated(t, h)
-	ctx := ctxT(t)
 	var mu sync.Mutex
 	fixed := false
 	pub := &outboxtest.Publisher{Fail: func(m *outbox.Message) error {
@@ -738,7 +734,7 @@ func relayEndToEnd(t *testing.T, h Harness) {
 		{Topic: "orders", Key: "o2", EventType: "paid", Payload: []byte(`{"n":1}`)},
 		{Topic: "orders", Key: "o1", EventType: "paid", Payload: []byte(`{"n":1}`)},
 	}
-	if err := b.write(ctx, msgs...); err != nil {
+	if err := b.write(testenv.Context(t), msgs...); err != nil {
 		t.Fatal(err)
 	}
 	r, err := outbox.NewRelay(b.drv, pub, outbox.RelayConfig{ID: "e2e", PollInterval: 20 * time.Millisecond,
@@ -746,59 +742,58 @@ func relayEndToEnd(t *testing.T, h Harness) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := r.Start(ctx); err != nil {
+	if err := r.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	defer stopRelay(t, r)
-	got, err := pub.WaitFor(ctx, 3) // o1 twice, then o2's second once its first is dead
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := 0; ; i++ {
-		if n, err := b.drv.DeadCount(ctx, outbox.DeadFilter{}); err == nil && n == 1 && r.Stats().Published == 3 {
-			break
-		} else if err != nil || i > 600 {
-			t.Fatalf("dead letters %d, published %d: %v", n, r.Stats().Published, err)
+	got := pub.Await(t, 3) // o1 twice, then o2's second once its first is dead
+	testenv.Await(t, "the poison dead-lettered and 3 outcomes recorded", func() (any, bool) {
+		ctx, cancel := testenv.CallContext()
+		defer cancel()
+		n, err := b.drv.DeadCount(ctx, outbox.DeadFilter{})
+		if err != nil {
+			t.Fatalf("DeadCount: %v", err)
 		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		p := r.Stats().Published
+		return fmt.Sprintf("%d dead, %d published", n, p), n == 1 && p == 3
+	})
 	if len(got) != 3 || r.Stats().Rejected != 2 || r.Stats().DeadLettered != 1 {
 		t.Fatalf("published %d, stats %+v; want 3 published, 2 rejections, 1 dead letter", len(got), r.Stats())
 	}
-	dead, err := b.drv.DeadList(ctx, outbox.DeadFilter{Key: "o2"})
+	dead, err := b.drv.DeadList(testenv.Context(t), outbox.DeadFilter{Key: "o2"})
 	if err != nil || len(dead) != 1 || dead[0].EventType != "poison" || dead[0].Attempts != 3 || !strings.Contains(dead[0].LastError, "rejects poison") {
 		t.Fatalf("DeadList = %+v, %v", dead, err)
 	}
 	mu.Lock()
 	fixed = true
 	mu.Unlock()
-	if n, err := b.drv.DeadReplay(ctx, outbox.DeadFilter{ErrorContains: "REJECTS"}); err != nil || n != 1 {
+	if n, err := b.drv.DeadReplay(testenv.Context(t), outbox.DeadFilter{ErrorContains: "REJECTS"}); err != nil || n != 1 {
 		t.Fatalf("DeadReplay = %d, %v", n, err)
 	}
-	got, err = pub.WaitFor(ctx, 4)
-	if err != nil {
-		t.Fatal(err)
-	}
+	got = pub.Await(t, 4)
 	if got[3].ID != dead[0].ID {
 		t.Fatalf("the replayed message went out as %+v", got[3])
 	}
-	for i := 0; ; i++ {
-		st, err := b.drv.Status(ctx)
-		if err == nil && st.Pending == 0 && st.Dead == 0 && st.Published == 4 {
-			if len(st.Relays) != 1 || st.Relays[0].ID != "e2e" || !st.Relays[0].Live || st.Shards != sqlstore.Shards || st.ShardsLeased != sqlstore.Shards {
-				t.Fatalf("status relays %+v, shards %d leased %d", st.Relays, st.Shards, st.ShardsLeased)
-			}
-			break
-		} else if err != nil || i > 600 {
-			t.Fatalf("status %+v, %v", st, err)
+	var st outbox.Status
+	testenv.Await(t, "the replayed message recorded as published", func() (any, bool) {
+		ctx, cancel := testenv.CallContext()
+		defer cancel()
+		var err error
+		if st, err = b.drv.Status(ctx); err != nil {
+			t.Fatalf("Status: %v", err)
 		}
-		time.Sleep(50 * time.Millisecond)
+		return fmt.Sprintf("%d pending, %d dead, %d published", st.Pending, st.Dead, st.Published), st.Pending == 0 && st.Dead == 0 && st.Published == 4
+	})
+	if len(st.Relays) != 1 || st.Relays[0].ID != "e2e" || !st.Relays[0].Live || st.Shards != sqlstore.Shards || st.ShardsLeased != sqlstore.Shards {
+		t.Fatalf("status relays %+v, shards %d leased %d", st.Relays, st.Shards, st.ShardsLeased)
 	}
 }
 
 func startRelay(t *testing.T, s outbox.Store, pub outbox.Publisher, id string) *outbox.Relay {
 	t.Helper()
-	r, err := outbox.NewRelay(s, pub, outbox.RelayConfig{ID: id, PollInterval: 20 * time.Millisecond, LeaseTTL: 5 * time.Second,
+	// The suite counts duplicates, which a lease lost to a stall of the machine may cause
+	// by design: the TTL is far above any stall.
+	r, err := outbox.NewRelay(s, pub, outbox.RelayConfig{ID: id, PollInterval: 20 * time.Millisecond, LeaseTTL: time.Minute,
 		BatchSize: 50, Logger: quietLogger()})
 	if err != nil {
 		t.Fatal(err)
@@ -811,9 +806,7 @@ func startRelay(t *testing.T, s outbox.Store, pub outbox.Publisher, id string) *
 
 func stopRelay(t *testing.T, r *outbox.Relay) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if err := r.Stop(ctx); err != nil {
+	if err := r.Stop(testenv.Context(t)); err != nil {
 		t.Errorf("stop relay %s: %v", r.ID(), err)
 	}
 }
@@ -823,7 +816,7 @@ func stopRelay(t *testing.T, r *outbox.Relay) {
 // retention deletes old rows.
 func inboxAndVersions(t *testing.T, h Harness) {
 	b, open := migrated(t, h)
-	ctx := ctxT(t)
+	ctx := testenv.Context(t)
 	in, err := outbox.NewInbox[*sql.Tx](b.drv, outbox.InboxConfig{Consumer: "billing"})
 	if err != nil {
 		t.Fatal(err)
@@ -835,7 +828,7 @@ func inboxAndVersions(t *testing.T, h Harness) {
 		db := open(t)
 		h := outbox.InboxHandler(in, outbox.SQLTx(db, nil), func(ctx context.Context, tx *sql.Tx, d *outbox.Delivery) error {
 			ran.Add(1)
-			time.Sleep(50 * time.Millisecond)
+			time.Sleep(50 * time.Millisecond) // hold the claim while the others arrive (pacing; any timing passes)
 			return nil
 		})
 		wg.Go(func() {
@@ -883,7 +876,7 @@ func inboxAndVersions(t *testing.T, h Harness) {
 	if n, err := b.drv.DeleteInbox(ctx, time.Hour, 10); err != nil || n != 0 {
 		t.Fatalf("DeleteInbox of young rows = %d, %v", n, err)
 	}
-	time.Sleep(1100 * time.Millisecond)
+	time.Sleep(1100 * time.Millisecond) // the rows grow older than the 1 s retention below: time, not work
 	if n, err := b.drv.DeleteInbox(ctx, time.Second, 2); err != nil || n != 2 {
 		t.Fatalf("DeleteInbox with limit 2 = %d, %v", n, err)
 	}

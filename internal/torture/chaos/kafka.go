@@ -243,16 +243,20 @@ func (b *kafkaBroker) restart(*rand.Rand) (string, func() error, error) {
 	return "kfake " + strings.Join(target, ","), func() error {
 		b.mu.Lock()
 		defer b.mu.Unlock()
-		var err error
-		for range 50 { // a port may linger a moment after the close
-			var c *kfake.Cluster
-			if c, err = b.newCluster(kfake.Ports(ports...)); err == nil {
-				b.cluster = c
-				return nil
+		// A port may linger a moment after the close: retry until the error has stayed
+		// the same for testenv.Stall().
+		err := testenv.Progress(context.Background(), "kfake to listen again on its ports", testenv.Stall(), func() (any, bool) {
+			c, err := b.newCluster(kfake.Ports(ports...))
+			if err != nil {
+				return err, false
 			}
-			time.Sleep(20 * time.Millisecond)
+			b.cluster = c
+			return nil, true
+		})
+		if err != nil {
+			return fmt.Errorf("restart kfake: %w", err)
 		}
-		return fmt.Errorf("restart kfake: %w", err)
+		return nil
 	}, nil
 }
 
@@ -303,15 +307,14 @@ func (b *kafkaBroker) moveLeaders(rnd *rand.Rand) (string, func() error, error) 
 
 // ReadBack reads every partition from offset 0 to its high watermark, each partition
 // consumed directly (no group), in partition order. A partition whose log does not
-// start at 0 lost records, and a read that stops short of a high watermark or skips an
-// offset is incomplete: either makes the run invalid.
+// start at 0 lost records, and a read that stops short of a high watermark (no record
+// for testenv.Stall()) or skips an offset is incomplete: either makes the run invalid.
 func (b *kafkaBroker) ReadBack(tb testenv.TB, log *torture.DeliveryLog) {
 	tb.Helper()
 	if _, err := b.current(); err != nil {
 		tb.Fatalf("invalid run: %v", err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
+	ctx := context.Background()
 	seeds := b.proxyAddrs()
 	admin, err := kgo.NewClient(kgo.SeedBrokers(seeds...))
 	if err != nil {
@@ -360,10 +363,10 @@ func (b *kafkaBroker) ReadBack(tb testenv.TB, log *torture.DeliveryLog) {
 		if short() == "" {
 			return
 		}
-		if time.Since(progress) > time.Minute {
-			tb.Fatalf("invalid run: read-back of %s stalled at %s", kafkaTopic, short())
+		if time.Since(progress) > testenv.Stall() { // a stall detector, not a budget
+			tb.Fatalf("invalid run: read-back of %s stalled at %s: no record for %v", kafkaTopic, short(), testenv.Stall())
 		}
-		pctx, pcancel := context.WithTimeout(ctx, 5*time.Second)
+		pctx, pcancel := context.WithTimeout(ctx, 5*time.Second) // one poll's window: the loop polls again
 		fs := cl.PollFetches(pctx)
 		pcancel()
 		for _, fe := range fs.Errors() {
@@ -387,14 +390,12 @@ func (b *kafkaBroker) ReadBack(tb testenv.TB, log *torture.DeliveryLog) {
 }
 
 // listOffsets returns every partition's offset at timestamp (-2 the log start, -1 the
-// high watermark), retrying the partitions whose leader does not answer yet.
+// high watermark), retrying the partitions whose leader does not answer yet, until no
+// more partitions have answered for testenv.Stall().
 func listOffsets(ctx context.Context, cl *kgo.Client, timestamp int64) (map[int32]int64, error) {
 	out := map[int32]int64{}
 	var last error
-	for attempt := 0; attempt < 50 && len(out) < kafkaPartitions; attempt++ {
-		if attempt > 0 {
-			time.Sleep(200 * time.Millisecond)
-		}
+	err := testenv.Progress(ctx, "the partitions' offsets", testenv.Stall(), func() (any, bool) {
 		req := kmsg.NewPtrListOffsetsRequest()
 		rt := kmsg.NewListOffsetsRequestTopic()
 		rt.Topic = kafkaTopic
@@ -409,20 +410,21 @@ func listOffsets(ctx context.Context, cl *kgo.Client, timestamp int64) (map[int3
 		resp, err := req.RequestWith(ctx, cl)
 		if err != nil {
 			last = err
-			continue
-		}
-		for _, t := range resp.Topics {
-			for _, p := range t.Partitions {
-				if err := kerr.ErrorForCode(p.ErrorCode); err != nil {
-					last = fmt.Errorf("%s[%d]: %w", kafkaTopic, p.Partition, err)
-					continue
+		} else {
+			for _, t := range resp.Topics {
+				for _, p := range t.Partitions {
+					if err := kerr.ErrorForCode(p.ErrorCode); err != nil {
+						last = fmt.Errorf("%s[%d]: %w", kafkaTopic, p.Partition, err)
+						continue
+					}
+					out[p.Partition] = p.Offset
 				}
-				out[p.Partition] = p.Offset
 			}
 		}
-	}
-	if len(out) < kafkaPartitions {
-		return nil, fmt.Errorf("%d of %d partitions answered: %w", len(out), kafkaPartitions, last)
+		return fmt.Sprintf("%d of %d partitions answered", len(out), kafkaPartitions), len(out) == kafkaPartitions
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%w (last error: %v)", err, last)
 	}
 	return out, nil
 }

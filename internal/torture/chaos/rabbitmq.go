@@ -103,9 +103,11 @@ func (b *rabbitBroker) Faults(tb testenv.TB) []nemesis.Fault {
 	}, brokerProxyFaults(tb, b.proxy)...)
 }
 
-// admin runs f on a channel of a new connection to the node itself (not the proxy).
+// admin runs f on a channel of a new connection to the node itself (not the proxy). The
+// dial's timeout bounds a hang: a fault that fails makes the run fail, so a slow node
+// must not.
 func (b *rabbitBroker) admin(f func(ch *amqp.Channel) error) error {
-	conn, err := amqp.DialConfig(b.srv.URL(), amqp.Config{Dial: amqp.DefaultDial(10 * time.Second)})
+	conn, err := amqp.DialConfig(b.srv.URL(), amqp.Config{Dial: amqp.DefaultDial(testenv.Stall())})
 	if err != nil {
 		return err
 	}
@@ -142,7 +144,7 @@ func (b *rabbitBroker) ReadBack(tb testenv.TB, log *torture.DeliveryLog) {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	const stall = 30 * time.Second
+	stall := testenv.Stall() // no message for this long: the read-back has stopped
 	timer := time.NewTimer(stall)
 	defer timer.Stop()
 	for n := 0; n < total; {

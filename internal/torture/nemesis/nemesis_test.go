@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/outboxkit/outbox/internal/testenv"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -51,12 +53,8 @@ func TestRoundsHealAndLog(t *testing.T) {
 	var lines atomic.Int32
 	n := Start(Config{Seed: 7, Faults: faults, MinGap: time.Millisecond, MaxGap: 3 * time.Millisecond, Log: &log,
 		Logf: func(string, ...any) { lines.Add(1) }})
-	select {
-	case <-n.RoundDone():
-	case <-time.After(10 * time.Second):
-		t.Fatal("no full round within 10s")
-	}
-	time.Sleep(30 * time.Millisecond)
+	testenv.AwaitChan(t, "a full round of every kind", n.RoundDone(), func() any { return n.Kinds() })
+	time.Sleep(30 * time.Millisecond) // a chance for a fault to be in progress, so that Stop cuts a hold short
 	n.Stop()
 	n.Stop()
 	if a := active.Load(); a != 0 {
@@ -118,7 +116,7 @@ func TestSeedReplaysKinds(t *testing.T) {
 			}})
 		}
 		n := Start(Config{Seed: 42, Faults: faults})
-		<-done
+		testenv.AwaitChan(t, "12 faults injected", done, func() any { return n.Count() })
 		n.Stop()
 		mu.Lock()
 		defer mu.Unlock()
@@ -139,9 +137,7 @@ func TestGoexitInFault(t *testing.T) {
 		runtime.Goexit()
 		return "", nil, nil
 	}}}})
-	for calls.Load() < 3 {
-		time.Sleep(time.Millisecond)
-	}
+	testenv.Await(t, "3 faults that exit", func() (any, bool) { c := calls.Load(); return c, c >= 3 })
 	n.Stop()
 	recs := n.Records()
 	if len(recs) == 0 || recs[0].Err != errExited.Error() || n.Count() != 0 {
