@@ -317,6 +317,10 @@ func (l *loop) run(ctx context.Context) {
 		bg.Add(1)
 		go func() { defer bg.Done(); l.maintain(bgCtx, m) }()
 	}
+	if rc, ok := l.r.store.(Recycler); ok {
+		bg.Add(1)
+		go func() { defer bg.Done(); l.recycle(bgCtx, rc) }()
+	}
 
 	poll := time.NewTicker(l.cfg.PollInterval)
 	defer poll.Stop()
@@ -1064,6 +1068,31 @@ func (l *loop) maintain(ctx context.Context, m Maintainer) {
 			l.log.Info("maintenance", "partitions_created", len(done.Created), "partitions_dropped", len(done.Dropped), "deleted", done.Deleted)
 		case done.Deleted > 0:
 			l.log.Debug("maintenance", "deleted", done.Deleted)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// recycleInterval is how often a relay calls Recycler.Recycle: the ring rotates at most
+// this often, so it bounds, with the store's rows per bucket, the dead storage a fetch
+// walks while a snapshot is held open.
+const recycleInterval = time.Second
+
+// recycle calls rc at start and every recycleInterval.
+func (l *loop) recycle(ctx context.Context, rc Recycler) {
+	t := time.NewTicker(recycleInterval)
+	defer t.Stop()
+	for {
+		done, err := rc.Recycle(ctx)
+		switch {
+		case err != nil && ctx.Err() == nil:
+			l.log.Error("recycling the pending table failed", "err", err)
+		case done.Rotated || done.Reclaimed > 0:
+			l.log.Debug("recycled the pending table", "rotated", done.Rotated, "reclaimed", done.Reclaimed, "moved", done.Moved)
 		}
 		select {
 		case <-ctx.Done():

@@ -66,6 +66,23 @@ type Maintenance struct {
 	Skipped          bool        // another process was maintaining the store: nothing done
 }
 
+// Recycler is implemented by stores that give the pending table's storage back instead
+// of leaving it to vacuum (PostgreSQL from schema version 4: a ring of buckets rotated and
+// emptied with TRUNCATE, so a long-open snapshot elsewhere in the database does not make
+// fetches slower). A relay whose store implements it calls Recycle about every second.
+// Like Maintain, every relay calls it and the store lets one work at a time; an error is
+// logged and the call repeated.
+type Recycler interface {
+	Recycle(ctx context.Context) (Recycling, error)
+}
+
+// Recycling is what one Recycle call did.
+type Recycling struct {
+	Rotated   bool // the next bucket became current
+	Reclaimed int  // buckets emptied
+	Moved     int  // pending rows moved out of the buckets emptied, keeping their seq
+}
+
 // Listener is implemented by stores that can wake the relay when messages are written
 // (PostgreSQL LISTEN/NOTIFY). Listen calls wake after each notification and returns when
 // ctx is done or the listening connection fails; the relay polls meanwhile and calls

@@ -28,6 +28,11 @@ type Config struct {
 	Schema string
 	// Prefix goes before every table name. Defaults to none. Must match [a-z_][a-z0-9_]*.
 	Prefix string
+	// RotateRows is how many rows a bucket of the pending ring takes before the next
+	// bucket becomes current (schema version 4). Defaults to 10,000. While a snapshot is
+	// held open elsewhere in the database, a fetch walks at most about twice this many
+	// rows it cannot use; fewer means more frequent rotations.
+	RotateRows int
 }
 
 // Driver writes messages in pgx transactions and implements outbox.Store (and
@@ -48,7 +53,7 @@ var (
 // New returns a driver. pool may be nil when the driver is used only to write in the
 // caller's transactions; the relay, migrations and admin calls need it.
 func New(pool *pgxpool.Pool, config Config) (*Driver, error) {
-	names, err := pgsql.NewNames(pgsql.Config{Schema: config.Schema, Prefix: config.Prefix})
+	names, err := pgsql.NewNames(pgsql.Config{Schema: config.Schema, Prefix: config.Prefix, RotateRows: config.RotateRows})
 	if err != nil {
 		return nil, err
 	}
@@ -218,6 +223,19 @@ func (d *Driver) Maintain(ctx context.Context, req outbox.MaintainRequest) (outb
 		return m, fmt.Errorf("maintenance: %w", err)
 	}
 	return m, nil
+}
+
+// Recycle implements outbox.Recycler (schema version 4): retired buckets of the pending
+// ring whose rows are nearly all gone are emptied with TRUNCATE, their few pending rows
+// moved to the current bucket first with their seq, and the ring moves on once the
+// current bucket has taken Config.RotateRows rows. Every relay calls it about every
+// second; one at a time does the work. Before migration 4 it does nothing.
+func (d *Driver) Recycle(ctx context.Context) (outbox.Recycling, error) {
+	r, err := d.names.Recycle(ctx, d.inTx)
+	if err != nil {
+		return r, fmt.Errorf("recycle: %w", err)
+	}
+	return r, nil
 }
 
 // Partitions returns the UTC days of published history that have a partition, oldest

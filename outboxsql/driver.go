@@ -19,6 +19,11 @@ type Config struct {
 	Schema string
 	// Prefix goes before every table name. Defaults to none. Must match [a-z_][a-z0-9_]*.
 	Prefix string
+	// RotateRows is how many rows a bucket of the pending ring takes before the next
+	// bucket becomes current (schema version 4). Defaults to 10,000. While a snapshot is
+	// held open elsewhere in the database, a fetch walks at most about twice this many
+	// rows it cannot use; fewer means more frequent rotations.
+	RotateRows int
 }
 
 // maxParams bounds the parameters of one INSERT statement. The wire protocol counts
@@ -61,7 +66,7 @@ var (
 // New returns a driver. db may be nil when the driver is used only to write in the
 // caller's transactions; the relay, migrations and admin calls need it.
 func New(db *sql.DB, config Config) (*Driver, error) {
-	names, err := pgsql.NewNames(pgsql.Config{Schema: config.Schema, Prefix: config.Prefix})
+	names, err := pgsql.NewNames(pgsql.Config{Schema: config.Schema, Prefix: config.Prefix, RotateRows: config.RotateRows})
 	if err != nil {
 		return nil, err
 	}

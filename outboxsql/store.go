@@ -162,6 +162,19 @@ func (d *Driver) Complete(ctx context.Context, c outbox.Completion) ([]int64, er
 // create` creates the day.
 var ErrNoPartition = pgsql.ErrNoPartition
 
+// Recycle implements outbox.Recycler (schema version 4): retired buckets of the pending
+// ring whose rows are nearly all gone are emptied with TRUNCATE, their few pending rows
+// moved to the current bucket first with their seq, and the ring moves on once the
+// current bucket has taken Config.RotateRows rows. Every relay calls it about every
+// second; one at a time does the work. Before migration 4 it does nothing.
+func (d *Driver) Recycle(ctx context.Context) (outbox.Recycling, error) {
+	r, err := d.names.Recycle(ctx, d.inTx)
+	if err != nil {
+		return r, fmt.Errorf("recycle: %w", err)
+	}
+	return r, nil
+}
+
 // Maintain implements outbox.Maintainer: the published history's daily partitions are
 // created 7 days ahead and dropped whole once older than the retention time, and expired
 // dedup keys are deleted in batches of req.Limit. Every relay calls it; one at a time does

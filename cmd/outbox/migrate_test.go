@@ -38,7 +38,7 @@ func TestMigrateRoundTrip(t *testing.T) {
 	}
 
 	// One version back reverts the newest migration only.
-	if r := must(t, 0, b.env, "migrate", "down"); !strings.Contains(r.stdout, "reverted 003_partitioned_history") || !b.tableExists(t, "outbox") {
+	if r := must(t, 0, b.env, "migrate", "down"); !strings.Contains(r.stdout, "reverted 004_pending_ring") || !b.tableExists(t, "outbox") {
 		t.Fatalf("down one version: %s", r)
 	}
 	must(t, 0, b.env, "migrate", "up")

@@ -22,6 +22,9 @@ const (
 	// IgnoreReturns counts a RabbitMQ confirm as success even when the message was
 	// returned as unroutable.
 	IgnoreReturns Bug = "ignore-returns"
+	// TruncateStragglers empties a retired bucket of the pending ring without first
+	// moving its pending rows to the current bucket.
+	TruncateStragglers Bug = "truncate-stragglers"
 )
 
 // EnvVar names the environment variable that lists the bugs to switch on, separated by

@@ -30,8 +30,9 @@ type MigrationStatus struct {
 }
 
 // deferrable are the migrations this code runs without: version 3 (published history in
-// partitions), whose maintenance falls back to deleting expired rows on the old table.
-var deferrable = map[int]bool{3: true}
+// partitions), whose maintenance falls back to deleting expired rows on the old table,
+// and version 4 (the pending ring), without which Recycle does nothing.
+var deferrable = map[int]bool{3: true, 4: true}
 
 func (n *Names) lockSQL() string {
 	return `SELECT pg_advisory_xact_lock(hashtext('outbox-migrate:' || ` + n.ChannelLiteral + `))`

@@ -46,11 +46,17 @@ func (n *Names) partition(day time.Time) string {
 // statement of fn gave up waiting for a table lock: the step is tried again at the next
 // call, and the transaction has changed nothing.
 func (n *Names) maintenanceTx(ctx context.Context, inTx InTx, fn func(Querier) error) (ran bool, err error) {
+	return n.lockedTx(ctx, inTx, "outbox-maintain:", maintenanceLockTimeout, fn)
+}
+
+// lockedTx runs fn in a transaction that holds the advisory lock named lock (for this
+// outbox), with lock_timeout set to timeout and UTC dates; see maintenanceTx.
+func (n *Names) lockedTx(ctx context.Context, inTx InTx, lock, timeout string, fn func(Querier) error) (ran bool, err error) {
 	err = inTx(ctx, func(q Querier) error {
-		if err := q.Exec(ctx, `SET LOCAL lock_timeout = '`+maintenanceLockTimeout+`'; SET LOCAL TimeZone = 'UTC'`); err != nil {
+		if err := q.Exec(ctx, `SET LOCAL lock_timeout = '`+timeout+`'; SET LOCAL TimeZone = 'UTC'`); err != nil {
 			return err
 		}
-		got, err := q.QueryInts(ctx, `SELECT pg_try_advisory_xact_lock(hashtext('outbox-maintain:' || `+n.ChannelLiteral+`))::int`)
+		got, err := q.QueryInts(ctx, `SELECT pg_try_advisory_xact_lock(hashtext(`+literal(lock)+` || `+n.ChannelLiteral+`))::int`)
 		if err != nil {
 			return err
 		}

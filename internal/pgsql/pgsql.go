@@ -31,6 +31,9 @@ type Config struct {
 	// Prefix is put before every table name ("billing_" gives billing_outbox, ...).
 	// Defaults to none.
 	Prefix string
+	// RotateRows is how many rows a bucket of the pending ring takes before the next one
+	// becomes current (migration 4); 0 means RotateRowsDefault.
+	RotateRows int
 }
 
 var identRE = regexp.MustCompile(`^[a-z_][a-z0-9_]*$`)
@@ -51,6 +54,9 @@ func (c Config) Validate() error {
 	if c.Prefix != "" && (!identRE.MatchString(c.Prefix) || len(c.Prefix)+len(longestSuffix) > 63) {
 		return &outbox.ConfigError{Field: "Prefix", Reason: fmt.Sprintf("%q must match [a-z_][a-z0-9_]* and be at most %d bytes", c.Prefix, 63-len(longestSuffix))}
 	}
+	if c.RotateRows < 0 {
+		return &outbox.ConfigError{Field: "RotateRows", Reason: fmt.Sprintf("%d is negative", c.RotateRows)}
+	}
 	if len(channel(schema, c.Prefix)) > 63 {
 		return &outbox.ConfigError{Field: "Schema", Reason: "schema and prefix together are too long for a NOTIFY channel name (63 bytes)"}
 	}
@@ -66,13 +72,17 @@ type Names struct {
 	// Published history in daily partitions (migration 3): the function that creates a
 	// day's partition, and the table that keeps the history from before the migration.
 	PartitionFunc, PublishedLegacy string
-	SchemaLiteral                  string // the schema as an SQL string literal
-	Trigger                        string // not schema-qualified
-	Channel                        string // NOTIFY channel, raw text
-	ChannelLiteral                 string // Channel as an SQL string literal
-	ChannelIdent                   string // Channel as a quoted identifier, for LISTEN
-	ShardMask                      int
-	prefix, schema                 string
+	// The pending ring (migration 4): the table naming the current bucket, and the
+	// function that reads it (the bucket column's default).
+	Ring, BucketFunc string
+	SchemaLiteral    string // the schema as an SQL string literal
+	Trigger          string // not schema-qualified
+	Channel          string // NOTIFY channel, raw text
+	ChannelLiteral   string // Channel as an SQL string literal
+	ChannelIdent     string // Channel as a quoted identifier, for LISTEN
+	ShardMask        int
+	prefix, schema   string
+	rotateRows       int
 }
 
 // NewNames validates c and builds its names.
@@ -95,6 +105,8 @@ func NewNames(c Config) (*Names, error) {
 		Inbox:           q("outbox_inbox"),
 		PartitionFunc:   q("outbox_published_partition"),
 		PublishedLegacy: q("outbox_published_legacy"),
+		Ring:            q("outbox_ring"),
+		BucketFunc:      q("outbox_current_bucket"),
 		SchemaLiteral:   literal(schema),
 		Versions:        q("outbox_versions"),
 		Migrations:      q("outbox_migrations"),
@@ -105,18 +117,35 @@ func NewNames(c Config) (*Names, error) {
 		ChannelIdent:    quote(ch),
 		ShardMask:       Shards - 1,
 		prefix:          c.Prefix,
+		rotateRows:      cmp.Or(c.RotateRows, RotateRowsDefault),
 		schema:          schema,
 	}, nil
 }
 
 // Table returns the quoted, schema-qualified name of the outbox object called name
-// ("outbox_published"), with the prefix; Bare returns it without the schema (for RENAME
+// ("outbox_published"; also an index or a sequence), with the prefix; Bare returns it without the schema (for RENAME
 // TO), TableLiteral as an SQL string literal (for to_regclass), NameLiteral the bare name
 // as a literal (for building partition names in SQL). Migrations call them.
 func (n *Names) Table(name string) string        { return quote(n.schema) + "." + quote(n.prefix+name) }
 func (n *Names) Bare(name string) string         { return quote(n.prefix + name) }
 func (n *Names) TableLiteral(name string) string { return literal(n.Table(name)) }
 func (n *Names) NameLiteral(name string) string  { return literal(n.prefix + name) }
+
+// RingBuckets is the number of buckets of the pending ring (migration 4). Changing it
+// means a migration.
+const RingBuckets = 8
+
+// Buckets lists the ring's buckets, 0 to RingBuckets-1, for the migrations.
+func (n *Names) Buckets() []int {
+	b := make([]int, RingBuckets)
+	for i := range b {
+		b[i] = i
+	}
+	return b
+}
+
+// Bucket returns the quoted, schema-qualified name of bucket i of the pending ring.
+func (n *Names) Bucket(i int) string { return n.Table("outbox_b" + strconv.Itoa(i)) }
 
 // Index returns the quoted name of one of the outbox table's indexes.
 func (n *Names) Index(name string) string { return quote(n.prefix + "outbox_" + name + "_idx") }

@@ -1,0 +1,178 @@
+package pgsql
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/broken"
+)
+
+// The pending ring (migration 4). Pending rows live in RingBuckets LIST partitions of the
+// outbox table; writers append to the bucket outbox_ring names. Recycle, which relays call
+// every second, does two things under the ring's advisory lock:
+//
+//   - reclaim: a bucket other than the current one whose rows are nearly all gone (at
+//     most MoveLimit still pending) is locked, its pending rows are moved into the
+//     current bucket with their seq and every other column unchanged, and it is
+//     truncated. TRUNCATE gives the storage back whatever snapshot is open, where a
+//     DELETE would leave dead rows for fetches to walk until vacuum may remove them.
+//   - rotate: once the current bucket has taken RotateRows rows (counted by the seq
+//     sequence since it became current) and the next bucket is empty (no storage at
+//     all), the next one becomes current.
+//
+// A row may land in any bucket at any time (an INSERT that read the ring before a
+// rotation, a long REPEATABLE READ writer), and a fetch reads every bucket, so where a
+// row is stored is never a question of correctness: rotation and reclaim only decide
+// how much dead storage a fetch walks. docs/design.md, "Bloat-proof storage", has the
+// states, the locks, and what a crash at each step leaves.
+
+// RotateRowsDefault is how many rows a bucket takes before the ring moves on.
+const RotateRowsDefault = 10_000
+
+// MoveLimit is the most pending rows a reclaim moves: the bucket is locked while they
+// are copied, so a bucket holding more (a backlog) is left to drain first.
+const MoveLimit = 1_000
+
+// ringLockTimeout bounds how long a reclaim waits for the bucket's lock, which it can
+// only get once the writers' and relays' statements on that bucket are done; it tries
+// again at the next call.
+const ringLockTimeout = "50ms"
+
+// Ringed reports whether the pending table is a ring of buckets (migration 4).
+func (n *Names) Ringed(ctx context.Context, inTx InTx) (bool, error) {
+	var got []int
+	err := inTx(ctx, func(q Querier) error {
+		var err error
+		got, err = q.QueryInts(ctx, `SELECT (to_regclass($1) IS NOT NULL)::int`, n.Ring)
+		return err
+	})
+	return len(got) == 1 && got[0] == 1, err
+}
+
+// Recycle reclaims the retired buckets that are nearly empty, then rotates the ring if
+// the current bucket is full and the next one is free. Before migration 4 it does
+// nothing.
+func (n *Names) Recycle(ctx context.Context, inTx InTx) (outbox.Recycling, error) {
+	var r outbox.Recycling
+	ringed, err := n.Ringed(ctx, inTx)
+	if err != nil || !ringed {
+		return r, err
+	}
+	current, err := n.ringCurrent(ctx, inTx)
+	if err != nil {
+		return r, err
+	}
+	// Oldest first: the bucket after the current one is the next to become current.
+	var errs []error
+	for i := 1; i < RingBuckets; i++ {
+		b := (current + i) % RingBuckets
+		moved, done, err := n.reclaim(ctx, inTx, b)
+		if done {
+			r.Reclaimed++
+			r.Moved += moved
+		}
+		errs = append(errs, err)
+	}
+	r.Rotated, err = n.rotate(ctx, inTx, n.rotateRows)
+	return r, errors.Join(append(errs, err)...)
+}
+
+func (n *Names) ringCurrent(ctx context.Context, inTx InTx) (int, error) {
+	var got []int
+	err := inTx(ctx, func(q Querier) error {
+		var err error
+		got, err = q.QueryInts(ctx, `SELECT current FROM `+n.Ring)
+		return err
+	})
+	if err == nil && len(got) != 1 {
+		err = fmt.Errorf("%s holds %d rows; want 1", n.Ring, len(got))
+	}
+	if err != nil {
+		return 0, err
+	}
+	return got[0], nil
+}
+
+// ringTx runs fn in a transaction holding the ring's advisory lock, with lock_timeout
+// ringLockTimeout. ran is false when another process holds the lock or a table lock was
+// not granted in time: nothing changed, and the step is tried again at the next call.
+func (n *Names) ringTx(ctx context.Context, inTx InTx, fn func(Querier) error) (ran bool, err error) {
+	return n.lockedTx(ctx, inTx, "outbox-ring:", ringLockTimeout, fn)
+}
+
+// reclaim empties bucket b if it is not the current one, has storage, and holds at most
+// MoveLimit pending rows: in one transaction, lock it, move its rows into the current
+// bucket, and truncate it. done says the bucket was truncated.
+//
+// The ACCESS EXCLUSIVE lock waits for the statements that use b (fetches, outcomes,
+// inserts that routed a row there) and holds off new ones until commit. A statement that
+// waited takes its snapshot after the lock is granted (READ COMMITTED), so it finds the
+// moved rows in their new bucket. The ring row is read FOR SHARE, so b cannot become
+// current meanwhile.
+func (n *Names) reclaim(ctx context.Context, inTx InTx, b int) (moved int, done bool, err error) {
+	bucket := n.Bucket(b)
+	ran, err := n.ringTx(ctx, inTx, func(q Querier) error {
+		cur, err := q.QueryInts(ctx, `SELECT current FROM `+n.Ring+` FOR SHARE`)
+		if err != nil || len(cur) != 1 || cur[0] == b {
+			return err
+		}
+		size, err := q.QueryInts(ctx, `SELECT (pg_relation_size($1) > 0)::int`, bucket)
+		if err != nil || size[0] == 0 {
+			return err // never written since its last reclaim: nothing to give back
+		}
+		if err := q.Exec(ctx, `LOCK TABLE `+bucket+` IN ACCESS EXCLUSIVE MODE`); err != nil {
+			return err
+		}
+		live, err := q.QueryInts(ctx, `SELECT count(*)::int FROM (SELECT 1 FROM `+bucket+` LIMIT $1) x`, MoveLimit+1)
+		if err != nil || live[0] > MoveLimit {
+			return err
+		}
+		if live[0] > 0 && !broken.Has(broken.TruncateStragglers) {
+			if err := q.Exec(ctx, `INSERT INTO `+n.Outbox+` (`+pendingColumns+`, bucket) OVERRIDING SYSTEM VALUE
+SELECT `+pendingColumns+`, $1 FROM `+bucket+` ORDER BY seq`, cur[0]); err != nil {
+				return fmt.Errorf("move the pending rows of bucket %d: %w", b, err)
+			}
+		}
+		if err := q.Exec(ctx, `TRUNCATE `+bucket); err != nil {
+			return fmt.Errorf("truncate bucket %d: %w", b, err)
+		}
+		moved, done = live[0], true
+		return nil
+	})
+	if err != nil {
+		return 0, false, fmt.Errorf("reclaim bucket %d: %w", b, err)
+	}
+	return moved, done && ran, nil
+}
+
+// rotate makes the next bucket current once the current one has taken rotateRows rows
+// and the next one has no storage (it was reclaimed, or never used). Rows written since
+// are counted by the seq sequence, which moves and replays do not advance.
+func (n *Names) rotate(ctx context.Context, inTx InTx, rotateRows int) (rotated bool, err error) {
+	ran, err := n.ringTx(ctx, inTx, func(q Querier) error {
+		got, err := q.QueryInts(ctx, `SELECT v FROM `+n.Ring+` r, unnest(ARRAY[r.current::bigint,
+    coalesce(pg_sequence_last_value(pg_get_serial_sequence($1, 'seq')::regclass), 0) - r.rotated_seq]) WITH ORDINALITY AS x(v, i)
+ORDER BY i FOR UPDATE OF r`, n.Outbox)
+		if err != nil || len(got) != 2 || got[1] < rotateRows {
+			return err
+		}
+		next := (got[0] + 1) % RingBuckets
+		free, err := q.QueryInts(ctx, `SELECT (pg_relation_size($1) = 0)::int`, n.Bucket(next))
+		if err != nil || free[0] != 1 {
+			return err
+		}
+		rotated = true
+		return q.Exec(ctx, `UPDATE `+n.Ring+` SET current = $1, rotated_at = now(),
+    rotated_seq = coalesce(pg_sequence_last_value(pg_get_serial_sequence($2, 'seq')::regclass), 0)`, next, n.Outbox)
+	})
+	if err != nil {
+		return false, fmt.Errorf("rotate the ring: %w", err)
+	}
+	return rotated && ran, nil
+}
+
+// pendingColumns are the pending table's columns a move copies: all but the generated
+// shard (computed again from the same key and id) and the bucket.
+const pendingColumns = "seq, id, topic, key, aggregate_type, event_type, content_type, payload, headers, dedup_key, created_at, next_attempt_at, attempts, last_error"

@@ -1,0 +1,373 @@
+package outboxpgx_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/pgsql"
+	"github.com/outboxkit/outbox/internal/testdb"
+	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/outboxpgx"
+	"github.com/outboxkit/outbox/outboxtest"
+)
+
+// ringDriver is a driver on db's outbox whose ring rotates every rotateRows rows.
+func ringDriver(t *testing.T, db *testdb.DB, rotateRows int) *outboxpgx.Driver {
+	t.Helper()
+	drv, err := outboxpgx.New(db.Pool, outboxpgx.Config{Schema: db.Schema, RotateRows: rotateRows})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return drv
+}
+
+func recycle(t *testing.T, drv *outboxpgx.Driver) outbox.Recycling {
+	t.Helper()
+	r, err := drv.Recycle(testenv.Context(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// pendingRows renders every pending row, all columns but the bucket, in seq order: what
+// a move must keep.
+func pendingRows(t *testing.T, db *testdb.DB) []string {
+	t.Helper()
+	rows, err := db.Pool.Query(testenv.Context(t), fmt.Sprintf(`SELECT concat_ws('|', seq, id, topic, key, aggregate_type,
+    event_type, content_type, encode(payload, 'hex'), headers, dedup_key, shard, created_at, next_attempt_at, attempts, last_error)
+FROM %q.outbox ORDER BY seq`, db.Schema))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// bucketCounts returns how many pending rows each bucket holds.
+func bucketCounts(t *testing.T, db *testdb.DB) map[int]int {
+	t.Helper()
+	out := map[int]int{}
+	for b := range pgsql.RingBuckets {
+		if n := db.CountIn(t, "outbox", "bucket = "+strconv.Itoa(b)); n > 0 {
+			out[b] = n
+		}
+	}
+	return out
+}
+
+func ringCurrent(t *testing.T, db *testdb.DB) int {
+	t.Helper()
+	var cur int
+	if err := db.Pool.QueryRow(testenv.Context(t), fmt.Sprintf(`SELECT current FROM %q.outbox_ring`, db.Schema)).Scan(&cur); err != nil {
+		t.Fatal(err)
+	}
+	return cur
+}
+
+func bucketSize(t *testing.T, db *testdb.DB, b int) int64 {
+	t.Helper()
+	var size int64
+	if err := db.Pool.QueryRow(testenv.Context(t), `SELECT pg_relation_size($1)`, fmt.Sprintf(`%q.outbox_b%d`, db.Schema, b)).Scan(&size); err != nil {
+		t.Fatal(err)
+	}
+	return size
+}
+
+func writeN(t *testing.T, db *testdb.DB, from, n int) {
+	t.Helper()
+	msgs := make([]outbox.Message, n)
+	for i := range msgs {
+		msgs[i] = outbox.Message{Topic: "t", Key: fmt.Sprintf("k%d", (from+i)%3), Payload: []byte(strconv.Itoa(from + i))}
+	}
+	db.Write(t, msgs...)
+}
+
+// The ring moves on once the current bucket took its rows, and a retired bucket is
+// emptied: its pending rows move to the current bucket with every column unchanged, and
+// its storage is given back.
+func TestRingRotatesAndReclaims(t *testing.T) {
+	t.Parallel()
+	db := testdb.Migrated(t)
+	drv := ringDriver(t, db, 10)
+	writeN(t, db, 0, 25)
+	// A retry backing off and a message kept for later: the stragglers a bucket keeps.
+	db.Exec(t, `UPDATE %[1]s.outbox SET key = 'later', attempts = 2, last_error = 'broker said no', next_attempt_at = now() + interval '1 hour' WHERE seq = 3`)
+	if r := recycle(t, drv); !r.Rotated || r.Reclaimed != 0 {
+		t.Fatalf("after 25 rows with 10 a bucket: %+v; want a rotation and nothing reclaimed", r)
+	}
+	if cur := ringCurrent(t, db); cur != 1 {
+		t.Fatalf("current bucket %d; want 1", cur)
+	}
+	writeN(t, db, 25, 5)
+	if got := bucketCounts(t, db); got[0] != 25 || got[1] != 5 {
+		t.Fatalf("rows by bucket %v; want 25 in 0 and 5 in 1", got)
+	}
+	before := pendingRows(t, db)
+	if r := recycle(t, drv); r.Rotated || r.Reclaimed != 1 || r.Moved != 25 {
+		t.Fatalf("second recycle: %+v; want bucket 0 reclaimed with its 25 rows moved, no rotation", r)
+	}
+	if got := bucketCounts(t, db); got[1] != 30 || len(got) != 1 {
+		t.Fatalf("rows by bucket %v; want all 30 in bucket 1", got)
+	}
+	if after := pendingRows(t, db); fmt.Sprint(after) != fmt.Sprint(before) {
+		t.Fatalf("the move changed rows:\nbefore %v\nafter  %v", before, after)
+	}
+	if size := bucketSize(t, db, 0); size != 0 {
+		t.Fatalf("bucket 0 keeps %d bytes after its reclaim", size)
+	}
+	// Every row is still fetched, published and recorded from its new bucket.
+	pub := &outboxtest.Publisher{}
+	startRelay(t, &testBundle{db}, pub, outbox.RelayConfig{})
+	got := pub.Await(t, 29)
+	for _, m := range got {
+		if string(m.Payload) == "2" {
+			t.Fatalf("the message kept for later was published")
+		}
+	}
+	testenv.Await(t, "outcomes recorded", func() (any, bool) {
+		n := db.CountIn(t, "outbox", "true")
+		return n, n == 1
+	})
+}
+
+// A bucket with more pending rows than a reclaim moves is left to drain, and the ring
+// does not move on into a bucket that still has storage: the current one grows instead.
+func TestRingLeavesBacklogInPlace(t *testing.T) {
+	t.Parallel()
+	db := testdb.Migrated(t)
+	drv := ringDriver(t, db, 10)
+	writeN(t, db, 0, pgsql.MoveLimit+1)
+	if r := recycle(t, drv); !r.Rotated {
+		t.Fatalf("first recycle %+v; want a rotation", r)
+	}
+	if r := recycle(t, drv); r.Reclaimed != 0 {
+		t.Fatalf("a bucket of %d pending rows was reclaimed: %+v", pgsql.MoveLimit+1, r)
+	}
+	db.Exec(t, `UPDATE %[1]s.outbox_ring SET current = 7`)
+	writeN(t, db, 0, 20)
+	if r := recycle(t, drv); r.Rotated {
+		t.Fatalf("the ring moved on into bucket 0, which still holds its backlog: %+v", r)
+	}
+	if got := bucketCounts(t, db); got[0] != pgsql.MoveLimit+1 || got[7] != 20 {
+		t.Fatalf("rows by bucket %v", got)
+	}
+}
+
+// A reclaim does not wait for a writer that holds the bucket: it gives up at once, changes
+// nothing, and empties the bucket, writer's row included, once the writer committed.
+func TestRingReclaimYieldsToWriters(t *testing.T) {
+	t.Parallel()
+	db := testdb.Migrated(t)
+	drv := ringDriver(t, db, 10)
+	ctx := testenv.Context(t)
+	tx, err := db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if err := db.Writer.Write(ctx, tx, outbox.Message{Topic: "t", Key: "open", Payload: []byte("x")}); err != nil {
+		t.Fatal(err)
+	}
+	db.Exec(t, `UPDATE %[1]s.outbox_ring SET current = 1`)
+	if r := recycle(t, drv); r.Reclaimed != 0 {
+		t.Fatalf("reclaimed a bucket an open transaction writes to: %+v", r)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if r := recycle(t, drv); r.Reclaimed != 1 || r.Moved != 1 {
+		t.Fatalf("after the commit: %+v; want the writer's row moved", r)
+	}
+	if got := bucketCounts(t, db); got[1] != 1 {
+		t.Fatalf("rows by bucket %v; want the writer's row in bucket 1", got)
+	}
+}
+
+// TestRingUnderLoad rotates and reclaims as fast as it can while writers write and a
+// relay publishes, with some messages failing once so that retries wait in retired
+// buckets and must be moved: every message is published once, in order per key.
+func TestRingUnderLoad(t *testing.T) {
+	t.Parallel()
+	db := testdb.Migrated(t)
+	drv := ringDriver(t, db, 40)
+	const writers, perWriter, keys = 4, 300, 8
+	failed := sync.Map{}
+	pub := &outboxtest.Publisher{Fail: func(m *outbox.Message) error {
+		if n, _ := strconv.Atoi(string(m.Payload[2:])); n%11 == 0 {
+			if _, again := failed.LoadOrStore(string(m.Payload), true); !again {
+				return errors.New("refused once")
+			}
+		}
+		return nil
+	}}
+	startRelay(t, &testBundle{db}, pub, outbox.RelayConfig{PollInterval: 10 * time.Millisecond, RetryMinDelay: 200 * time.Millisecond, RetryMaxDelay: 400 * time.Millisecond})
+
+	ctx, cancel := context.WithCancel(context.Background())
+	var moved, reclaimed, rotated atomic.Int64
+	recycled := make(chan error, 1)
+	go func() {
+		for ctx.Err() == nil {
+			r, err := drv.Recycle(ctx)
+			if err != nil && ctx.Err() == nil {
+				recycled <- err
+				return
+			}
+			moved.Add(int64(r.Moved))
+			reclaimed.Add(int64(r.Reclaimed))
+			if r.Rotated {
+				rotated.Add(1)
+			}
+		}
+		recycled <- nil
+	}()
+	var wg sync.WaitGroup
+	for w := range writers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range perWriter {
+				// Payload: writer, then the writer's sequence number; each writer has its own keys.
+				m := outbox.Message{Topic: "t", Key: fmt.Sprintf("w%d-k%d", w, i%keys), Payload: fmt.Appendf(nil, "%d-%d", w, i)}
+				wctx, wcancel := testenv.CallContext()
+				err := pgx.BeginFunc(wctx, db.Pool, func(tx pgx.Tx) error { return db.Writer.Write(wctx, tx, m) })
+				wcancel()
+				if err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	got := pub.Await(t, writers*perWriter)
+	cancel()
+	if err := <-recycled; err != nil {
+		t.Fatalf("recycle: %v", err)
+	}
+	t.Logf("%d rotations, %d buckets reclaimed, %d rows moved", rotated.Load(), reclaimed.Load(), moved.Load())
+	if rotated.Load() < 3 || moved.Load() == 0 {
+		t.Fatalf("%d rotations and %d rows moved: the test did not exercise the ring", rotated.Load(), moved.Load())
+	}
+	last := map[string]int{}
+	seen := map[string]bool{}
+	for _, m := range got {
+		p := string(m.Payload)
+		if seen[p] {
+			t.Errorf("message %s published twice without a fault", p)
+		}
+		seen[p] = true
+		var w, i int
+		fmt.Sscanf(p, "%d-%d", &w, &i)
+		if prev, ok := last[m.Key]; ok && i < prev {
+			t.Errorf("key %s: message %d published after %d", m.Key, i, prev)
+		}
+		last[m.Key] = i
+	}
+}
+
+// TestMigrateToRingWhileRelaying upgrades an outbox at version 3 to the pending ring while
+// a relay publishes and a writer writes, then reverts it with messages pending: nothing
+// is lost, published twice or reordered, and seqs keep growing across both changes.
+func TestMigrateToRingWhileRelaying(t *testing.T) {
+	t.Parallel()
+	db := testdb.NewDB(t)
+	drv, err := outboxpgx.New(db.Pool, outboxpgx.Config{Schema: db.Schema, RotateRows: 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := drv.MigrateUp(testenv.Context(t), 3); err != nil {
+		t.Fatal(err)
+	}
+	w, err := outbox.NewWriter(drv, outbox.WriterConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub := &outboxtest.Publisher{}
+	r, err := outbox.NewRelay(drv, pub, outbox.RelayConfig{Logger: testdb.Logger(), PollInterval: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r.Stop(testenv.Context(t)) })
+
+	const n = 600
+	write := func(from, to int) error {
+		for i := from; i < to; i++ {
+			ctx, cancel := testenv.CallContext()
+			err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+				return w.Write(ctx, tx, outbox.Message{Topic: "t", Key: fmt.Sprintf("k%d", i%7), Payload: []byte(strconv.Itoa(i))})
+			})
+			cancel()
+			if err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	written := make(chan error, 1)
+	go func() { written <- write(0, n/2) }()
+	pub.Await(t, n/8)
+	if _, err := drv.MigrateUp(testenv.Context(t), 4); err != nil {
+		t.Fatalf("migrate up to the ring with a relay running: %v", err)
+	}
+	if err := testenv.AwaitRecv(t, "the writer", written); err != nil {
+		t.Fatal(err)
+	}
+	pub.Await(t, n/2)
+	// Back to one table with rows pending: stop the relay so that some are.
+	if err := r.Stop(testenv.Context(t)); err != nil {
+		t.Fatal(err)
+	}
+	if err := write(n/2, n*3/4); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := drv.MigrateDown(testenv.Context(t), 3); err != nil {
+		t.Fatalf("migrate down from the ring: %v", err)
+	}
+	if err := write(n*3/4, n); err != nil {
+		t.Fatal(err)
+	}
+	r2, err := outbox.NewRelay(drv, pub, outbox.RelayConfig{Logger: testdb.Logger(), PollInterval: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r2.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r2.Stop(testenv.Context(t)) })
+	got := pub.Await(t, n)
+	last := map[string]int{}
+	seen := map[string]bool{}
+	for _, m := range got {
+		if seen[string(m.Payload)] {
+			t.Errorf("message %s published twice without a fault", m.Payload)
+		}
+		seen[string(m.Payload)] = true
+		i, _ := strconv.Atoi(string(m.Payload))
+		if prev, ok := last[m.Key]; ok && i < prev {
+			t.Errorf("key %s: message %d published after %d", m.Key, i, prev)
+		}
+		last[m.Key] = i
+	}
+	var ordered bool
+	if err := db.Pool.QueryRow(testenv.Context(t), fmt.Sprintf(`SELECT bool_and(ord = seq_ord) FROM (
+    SELECT rank() OVER (ORDER BY convert_from(payload, 'UTF8')::int) AS ord, rank() OVER (ORDER BY seq) AS seq_ord
+    FROM %q.outbox_published) x`, db.Schema)).Scan(&ordered); err != nil || !ordered {
+		t.Fatalf("seqs do not follow the order of writing across the migrations (%v)", err)
+	}
+}
