@@ -33,6 +33,11 @@ type Config struct {
 	// held open elsewhere in the database, a fetch walks at most about twice this many
 	// rows it cannot use; fewer means more frequent rotations.
 	RotateRows int
+	// MigrateCopyLimit is the most pending messages MigrateUp copies when it makes the
+	// pending table a ring (migration 4): the outbox is locked meanwhile, so writers and
+	// relays wait about 5 µs a message. Above it MigrateUp refuses and changes nothing.
+	// 0 means 100,000; -1 means no limit.
+	MigrateCopyLimit int
 }
 
 // Driver writes messages in pgx transactions and implements outbox.Store (and
@@ -53,7 +58,7 @@ var (
 // New returns a driver. pool may be nil when the driver is used only to write in the
 // caller's transactions; the relay, migrations and admin calls need it.
 func New(pool *pgxpool.Pool, config Config) (*Driver, error) {
-	names, err := pgsql.NewNames(pgsql.Config{Schema: config.Schema, Prefix: config.Prefix, RotateRows: config.RotateRows})
+	names, err := pgsql.NewNames(pgsql.Config{Schema: config.Schema, Prefix: config.Prefix, RotateRows: config.RotateRows, MigrateCopyLimit: config.MigrateCopyLimit})
 	if err != nil {
 		return nil, err
 	}
@@ -211,6 +216,13 @@ func nonNil[T any](s []T) []T {
 // pending, nothing is lost, and Maintain (which every relay runs) or `outbox partitions
 // create` creates the day.
 var ErrNoPartition = pgsql.ErrNoPartition
+
+// ErrCopyLimit is wrapped by MigrateUp's error when making the pending table a ring
+// (migration 4) would copy more pending messages than Config.MigrateCopyLimit.
+var ErrCopyLimit = pgsql.ErrCopyLimit
+
+// MigrateCopyLimitDefault is Config.MigrateCopyLimit's default.
+const MigrateCopyLimitDefault = pgsql.MigrateCopyLimitDefault
 
 // Maintain implements outbox.Maintainer: the published history's daily partitions are
 // created 7 days ahead and dropped whole once older than the retention time, and expired

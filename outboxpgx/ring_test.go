@@ -261,16 +261,25 @@ func TestRingUnderLoad(t *testing.T) {
 	if rotated.Load() < 3 || moved.Load() == 0 {
 		t.Fatalf("%d rotations and %d rows moved: the test did not exercise the ring", rotated.Load(), moved.Load())
 	}
+	onceInKeyOrder(t, got, func(m outbox.Message) int {
+		var w, i int
+		fmt.Sscanf(string(m.Payload), "%d-%d", &w, &i)
+		return i
+	})
+}
+
+// onceInKeyOrder fails t when a message was published twice (there was no fault), or
+// after a later message of its key; place gives a message's place among its key's.
+func onceInKeyOrder(t *testing.T, got []outbox.Message, place func(outbox.Message) int) {
+	t.Helper()
 	last := map[string]int{}
 	seen := map[string]bool{}
 	for _, m := range got {
-		p := string(m.Payload)
-		if seen[p] {
-			t.Errorf("message %s published twice without a fault", p)
+		if seen[string(m.Payload)] {
+			t.Errorf("message %s published twice without a fault", m.Payload)
 		}
-		seen[p] = true
-		var w, i int
-		fmt.Sscanf(p, "%d-%d", &w, &i)
+		seen[string(m.Payload)] = true
+		i := place(m)
 		if prev, ok := last[m.Key]; ok && i < prev {
 			t.Errorf("key %s: message %d published after %d", m.Key, i, prev)
 		}
@@ -350,24 +359,46 @@ func TestMigrateToRingWhileRelaying(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = r2.Stop(testenv.Context(t)) })
-	got := pub.Await(t, n)
-	last := map[string]int{}
-	seen := map[string]bool{}
-	for _, m := range got {
-		if seen[string(m.Payload)] {
-			t.Errorf("message %s published twice without a fault", m.Payload)
-		}
-		seen[string(m.Payload)] = true
+	onceInKeyOrder(t, pub.Await(t, n), func(m outbox.Message) int {
 		i, _ := strconv.Atoi(string(m.Payload))
-		if prev, ok := last[m.Key]; ok && i < prev {
-			t.Errorf("key %s: message %d published after %d", m.Key, i, prev)
-		}
-		last[m.Key] = i
-	}
+		return i
+	})
 	var ordered bool
 	if err := db.Pool.QueryRow(testenv.Context(t), fmt.Sprintf(`SELECT bool_and(ord = seq_ord) FROM (
     SELECT rank() OVER (ORDER BY convert_from(payload, 'UTF8')::int) AS ord, rank() OVER (ORDER BY seq) AS seq_ord
     FROM %q.outbox_published) x`, db.Schema)).Scan(&ordered); err != nil || !ordered {
 		t.Fatalf("seqs do not follow the order of writing across the migrations (%v)", err)
+	}
+}
+
+// Making the pending table a ring copies the backlog under the outbox's lock: above the
+// limit the migration refuses and changes nothing.
+func TestMigrateToRingRefusesLargeBacklog(t *testing.T) {
+	t.Parallel()
+	db := testdb.NewDB(t)
+	drv, err := outboxpgx.New(db.Pool, outboxpgx.Config{Schema: db.Schema, MigrateCopyLimit: 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := drv.MigrateUp(testenv.Context(t), 3); err != nil {
+		t.Fatal(err)
+	}
+	writeN(t, db, 0, 21)
+	if _, err := drv.MigrateUp(testenv.Context(t), 0); !errors.Is(err, outboxpgx.ErrCopyLimit) {
+		t.Fatalf("migrate up with 21 pending and a limit of 20: %v; want ErrCopyLimit", err)
+	}
+	var ringed bool
+	if err := db.Pool.QueryRow(testenv.Context(t), `SELECT to_regclass($1) IS NOT NULL`, `"`+db.Schema+`".outbox_ring`).Scan(&ringed); err != nil || ringed {
+		t.Fatalf("the refused migration left a ring (%v)", err)
+	}
+	unlimited, err := outboxpgx.New(db.Pool, outboxpgx.Config{Schema: db.Schema, MigrateCopyLimit: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v, err := unlimited.MigrateUp(testenv.Context(t), 0); err != nil || len(v) != 1 || v[0] != 4 {
+		t.Fatalf("migrate up without a limit: %v, %v", v, err)
+	}
+	if n := db.CountIn(t, "outbox", "bucket = 0"); n != 21 {
+		t.Fatalf("%d rows in bucket 0 after the migration; want the 21 pending", n)
 	}
 }

@@ -24,6 +24,11 @@ type Config struct {
 	// held open elsewhere in the database, a fetch walks at most about twice this many
 	// rows it cannot use; fewer means more frequent rotations.
 	RotateRows int
+	// MigrateCopyLimit is the most pending messages MigrateUp copies when it makes the
+	// pending table a ring (migration 4): the outbox is locked meanwhile, so writers and
+	// relays wait about 5 µs a message. Above it MigrateUp refuses and changes nothing.
+	// 0 means 100,000; -1 means no limit.
+	MigrateCopyLimit int
 }
 
 // maxParams bounds the parameters of one INSERT statement. The wire protocol counts
@@ -66,7 +71,7 @@ var (
 // New returns a driver. db may be nil when the driver is used only to write in the
 // caller's transactions; the relay, migrations and admin calls need it.
 func New(db *sql.DB, config Config) (*Driver, error) {
-	names, err := pgsql.NewNames(pgsql.Config{Schema: config.Schema, Prefix: config.Prefix, RotateRows: config.RotateRows})
+	names, err := pgsql.NewNames(pgsql.Config{Schema: config.Schema, Prefix: config.Prefix, RotateRows: config.RotateRows, MigrateCopyLimit: config.MigrateCopyLimit})
 	if err != nil {
 		return nil, err
 	}

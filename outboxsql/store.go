@@ -162,6 +162,10 @@ func (d *Driver) Complete(ctx context.Context, c outbox.Completion) ([]int64, er
 // create` creates the day.
 var ErrNoPartition = pgsql.ErrNoPartition
 
+// ErrCopyLimit is wrapped by MigrateUp's error when making the pending table a ring
+// (migration 4) would copy more pending messages than Config.MigrateCopyLimit.
+var ErrCopyLimit = pgsql.ErrCopyLimit
+
 // Recycle implements outbox.Recycler (schema version 4): retired buckets of the pending
 // ring whose rows are nearly all gone are emptied with TRUNCATE, their few pending rows
 // moved to the current bucket first with their seq, and the ring moves on once the

@@ -22,6 +22,7 @@ const databaseURLDefault = "postgres://localhost:5432/postgres?sslmode=disable"
 type dbFlags struct {
 	url            string
 	schema, prefix string
+	maxCopy        int // migrate up --max-copy
 }
 
 // addDBFlags defines --database-url (unless withURL is false: `migrate sql` needs no
@@ -39,7 +40,7 @@ func addDBFlags(fs *flag.FlagSet, withURL bool) *dbFlags {
 }
 
 func (o *dbFlags) config() outboxpgx.Config {
-	return outboxpgx.Config{Schema: o.schema, Prefix: o.prefix}
+	return outboxpgx.Config{Schema: o.schema, Prefix: o.prefix, MigrateCopyLimit: o.maxCopy}
 }
 
 // driver returns a driver without a pool, validating --schema and --prefix.

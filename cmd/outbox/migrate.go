@@ -25,12 +25,18 @@ var migrateUpCommand = &command{
 		db := addDBFlags(fs, true)
 		to := &optionalInt{}
 		fs.Var(to, "to", "apply migrations up to this `version` only (default: all)")
+		fs.IntVar(&db.maxCopy, "max-copy", outboxpgx.MigrateCopyLimitDefault,
+			"refuse to make the pending table a ring (migration 4) when more than `n` messages are\n"+
+				"pending: they are copied while writers and relays wait (about 5 µs each); -1 for no limit")
 		return func(ctx context.Context, inv *invocation, args []string) error {
 			if err := noArgs(args); err != nil {
 				return err
 			}
 			if to.set && to.n < 1 {
 				return usageErrorf("--to: want a version of 1 or more")
+			}
+			if db.maxCopy < -1 {
+				return usageErrorf("--max-copy: want -1 (no limit) or more")
 			}
 			pool, drv, err := db.open(ctx, "outbox migrate")
 			if err != nil {

@@ -44,9 +44,12 @@ type Config struct {
 	// REPEATABLE READ transaction, which pins the xmin horizon so vacuum removes nothing;
 	// MySQL: a consistent snapshot, which holds back purge; SQLite: a read transaction,
 	// which holds back checkpoints). The result gets the Pinned figures.
-	PinXmin  bool
-	Relay    outbox.RelayConfig
-	Progress io.Writer // Progress lines; nil for none.
+	PinXmin bool
+	// SchemaVersion migrates the PostgreSQL outbox up to this version only (3: the pending
+	// table without the ring), to compare layouts in one run. Defaults to the latest.
+	SchemaVersion int
+	Relay         outbox.RelayConfig
+	Progress      io.Writer // Progress lines; nil for none.
 }
 
 // Result is what a run measured.

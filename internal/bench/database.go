@@ -45,7 +45,7 @@ const (
 func openDatabase(ctx context.Context, cfg Config, tag string) (database, error) {
 	switch cfg.DB {
 	case DBPostgres:
-		return openPostgres(ctx, cmp.Or(cfg.DatabaseURL, "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"), tag)
+		return openPostgres(ctx, cmp.Or(cfg.DatabaseURL, "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"), tag, cfg.SchemaVersion)
 	case DBSQLite:
 		return openSQLite(ctx, tag)
 	case DBMySQL:
@@ -61,7 +61,7 @@ type postgres struct {
 	w           *outbox.Writer[pgx.Tx]
 }
 
-func openPostgres(ctx context.Context, url, tag string) (*postgres, error) {
+func openPostgres(ctx context.Context, url, tag string, version int) (*postgres, error) {
 	pool, err := pgxpool.New(ctx, url)
 	if err != nil {
 		return nil, fmt.Errorf("connect to PostgreSQL: %w", err)
@@ -69,7 +69,7 @@ func openPostgres(ctx context.Context, url, tag string) (*postgres, error) {
 	p := &postgres{url: url, schema: "outbox_bench_" + tag, pool: pool}
 	drv, err := outboxpgx.New(pool, outboxpgx.Config{Schema: p.schema})
 	if err == nil {
-		_, err = drv.MigrateUp(ctx, 0)
+		_, err = drv.MigrateUp(ctx, version)
 	}
 	if err == nil {
 		p.w, err = outbox.NewWriter(drv, outbox.WriterConfig{})

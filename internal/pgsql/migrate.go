@@ -2,6 +2,7 @@ package pgsql
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 )
@@ -33,6 +34,31 @@ type MigrationStatus struct {
 // partitions), whose maintenance falls back to deleting expired rows on the old table,
 // and version 4 (the pending ring), without which Recycle does nothing.
 var deferrable = map[int]bool{3: true, 4: true}
+
+// ringMigration makes the pending table a ring of buckets, copying the pending rows
+// while it holds the outbox's lock.
+const ringMigration = 4
+
+// ErrCopyLimit is wrapped by Up's error when migration 4 would copy more pending rows
+// than the configured limit.
+var ErrCopyLimit = errors.New("too many pending rows to copy")
+
+// checkCopy refuses migration 4 when the outbox holds more pending rows than the limit:
+// writers and relays wait while they are copied.
+func (n *Names) checkCopy(ctx context.Context, q Querier) error {
+	if n.copyLimit < 0 {
+		return nil
+	}
+	got, err := q.QueryInts(ctx, `SELECT count(*)::int FROM (SELECT 1 FROM `+n.Outbox+` LIMIT $1) x`, n.copyLimit+1)
+	if err != nil {
+		return err
+	}
+	if got[0] > n.copyLimit {
+		return fmt.Errorf("%w: the outbox holds more than %d pending messages, which this migration copies while writers and relays wait for it (about 5 µs each); "+
+			"let the relays drain the backlog first, or raise the limit (outbox migrate up --max-copy, or MigrateCopyLimit; -1 for none)", ErrCopyLimit, n.copyLimit)
+	}
+	return nil
+}
 
 func (n *Names) lockSQL() string {
 	return `SELECT pg_advisory_xact_lock(hashtext('outbox-migrate:' || ` + n.ChannelLiteral + `))`
@@ -103,6 +129,11 @@ func (n *Names) Up(ctx context.Context, inTx InTx, target int) ([]int, error) {
 		for _, m := range all {
 			if applied[m.Version] || (target > 0 && m.Version > target) {
 				continue
+			}
+			if m.Version == ringMigration {
+				if err := n.checkCopy(ctx, q); err != nil {
+					return fmt.Errorf("migration %03d_%s up: %w", m.Version, m.Name, err)
+				}
 			}
 			if err := q.Exec(ctx, m.Up); err != nil {
 				return fmt.Errorf("migration %03d_%s up: %w", m.Version, m.Name, err)

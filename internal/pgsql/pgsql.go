@@ -34,7 +34,13 @@ type Config struct {
 	// RotateRows is how many rows a bucket of the pending ring takes before the next one
 	// becomes current (migration 4); 0 means RotateRowsDefault.
 	RotateRows int
+	// MigrateCopyLimit is the most pending rows migration 4 copies while it holds the
+	// outbox's lock; 0 means MigrateCopyLimitDefault, -1 no limit.
+	MigrateCopyLimit int
 }
+
+// MigrateCopyLimitDefault: at about 5 µs a row, writers and relays wait half a second.
+const MigrateCopyLimitDefault = 100_000
 
 var identRE = regexp.MustCompile(`^[a-z_][a-z0-9_]*$`)
 
@@ -53,6 +59,9 @@ func (c Config) Validate() error {
 	}
 	if c.Prefix != "" && (!identRE.MatchString(c.Prefix) || len(c.Prefix)+len(longestSuffix) > 63) {
 		return &outbox.ConfigError{Field: "Prefix", Reason: fmt.Sprintf("%q must match [a-z_][a-z0-9_]* and be at most %d bytes", c.Prefix, 63-len(longestSuffix))}
+	}
+	if c.MigrateCopyLimit < -1 {
+		return &outbox.ConfigError{Field: "MigrateCopyLimit", Reason: fmt.Sprintf("%d: want -1 (no limit) or more", c.MigrateCopyLimit)}
 	}
 	if c.RotateRows < 0 {
 		return &outbox.ConfigError{Field: "RotateRows", Reason: fmt.Sprintf("%d is negative", c.RotateRows)}
@@ -83,6 +92,7 @@ type Names struct {
 	ShardMask        int
 	prefix, schema   string
 	rotateRows       int
+	copyLimit        int
 }
 
 // NewNames validates c and builds its names.
@@ -118,6 +128,7 @@ func NewNames(c Config) (*Names, error) {
 		ShardMask:       Shards - 1,
 		prefix:          c.Prefix,
 		rotateRows:      cmp.Or(c.RotateRows, RotateRowsDefault),
+		copyLimit:       cmp.Or(c.MigrateCopyLimit, MigrateCopyLimitDefault),
 		schema:          schema,
 	}, nil
 }

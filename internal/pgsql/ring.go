@@ -164,7 +164,7 @@ ORDER BY i FOR UPDATE OF r`, n.Outbox)
 			return err
 		}
 		rotated = true
-		return q.Exec(ctx, `UPDATE `+n.Ring+` SET current = $1, rotated_at = now(),
+		return q.Exec(ctx, `UPDATE `+n.Ring+` SET current = $1, rotated_at = now(), rotations = rotations + 1,
     rotated_seq = coalesce(pg_sequence_last_value(pg_get_serial_sequence($2, 'seq')::regclass), 0)`, next, n.Outbox)
 	})
 	if err != nil {

@@ -21,13 +21,14 @@ ALTER TABLE {{.Outbox}} RENAME TO {{.Bare "outbox_unringed"}};
 ALTER INDEX {{.Table "outbox_pkey"}} RENAME TO {{.Bare "outbox_unringed_pkey"}};
 ALTER SEQUENCE {{.Table "outbox_seq_seq"}} RENAME TO {{.Bare "outbox_unringed_seq"}};
 
--- The ring: which bucket writers append to, and the seq value when it became current
--- (rotation counts the rows it has taken from there).
+-- The ring: which bucket writers append to, the seq value when it became current
+-- (rotation counts the rows it has taken from there), and how often it moved on.
 CREATE TABLE {{.Ring}} (
     one         boolean     PRIMARY KEY DEFAULT true CHECK (one),
     current     smallint    NOT NULL DEFAULT 0,
     rotated_seq bigint      NOT NULL DEFAULT 0,
-    rotated_at  timestamptz NOT NULL DEFAULT now()
+    rotated_at  timestamptz NOT NULL DEFAULT now(),
+    rotations   bigint      NOT NULL DEFAULT 0
 );
 INSERT INTO {{.Ring}} (rotated_seq) SELECT last_value FROM {{.Table "outbox_unringed_seq"}};
 

@@ -65,6 +65,13 @@ func TestCanaries(t *testing.T) {
 			RelayEnv: []string{pgsql.SkewVar + "=1m"}},
 		want:   "lease steals",
 		caught: func(r torture.Report) bool { return r.LeaseSteals > 0 },
+	}, {
+		// A retired bucket of the pending ring is truncated with its pending rows in
+		// it. A broker cut leaves a backlog spread over buckets small enough to reclaim.
+		bug:    broken.TruncateStragglers,
+		cfg:    Config{Relays: 1, Kinds: []string{KindBrokerCut}},
+		want:   "lost events",
+		caught: func(r torture.Report) bool { return r.Lost > 0 },
 	}} {
 		t.Run(string(c.bug), func(t *testing.T) {
 			cfg := c.cfg

@@ -38,6 +38,17 @@ const (
 	envAttempts = "OUTBOX_TORTURE_MAX_ATTEMPTS"
 )
 
+// ringRotateRows is the relays' Config.RotateRows: at the workload's few hundred events a
+// second, the pending ring moves on about every second (as often as relays recycle), so
+// buckets are emptied, and their stragglers moved, all through the run and during every
+// fault.
+const ringRotateRows = 250
+
+// historyRetention is the relays' retention: long enough that no day of the run expires
+// (a run across midnight UTC keeps yesterday), short enough that the days churnHistory
+// creates in the distant past are dropped at once.
+const historyRetention = 48 * time.Hour
+
 // IsRelay reports whether this process was started as a relay of a run. A program that
 // runs torture runs (a test binary's TestMain, the outbox command) must check it first
 // thing and, if so, exit with RelayMain's code: relays are the same executable started
@@ -99,7 +110,7 @@ func RelayMain() int {
 		return 1
 	}
 	defer pool.Close()
-	drv, err := outboxpgx.New(pool, outboxpgx.Config{Schema: os.Getenv(envSchema)})
+	drv, err := outboxpgx.New(pool, outboxpgx.Config{Schema: os.Getenv(envSchema), RotateRows: ringRotateRows})
 	if err != nil {
 		log.Error("driver", "err", err)
 		return 1
@@ -127,6 +138,7 @@ func RelayMain() int {
 		PollInterval: 100 * time.Millisecond, MaxAttempts: attempts,
 		RetryMinDelay: 50 * time.Millisecond, RetryMaxDelay: 200 * time.Millisecond,
 		OutageMinDelay: 50 * time.Millisecond, OutageMaxDelay: time.Second, PublishTimeout: 5 * time.Second,
+		CleanupInterval: time.Second, Retention: historyRetention,
 		Logger: log,
 	})
 	if err != nil {

@@ -182,7 +182,7 @@ func Run(tb testenv.TB, cfg Config) torture.Report {
 	}
 	tb.Cleanup(func() { _ = nlog.Close() }) // after the nemesis's own cleanup, which may still log
 	faults := relayFaults(rs)
-	faults = append(faults, pgTerminate(db, rcfg.appName))
+	faults = append(faults, pgTerminate(db, rcfg.appName), pgSnapshot(db))
 	faults = append(faults, proxyFaults(tb, dbProxy, KindDBCut, KindDBLatency, KindDBBlackhole)...)
 	if pg != nil {
 		faults = append(faults, pgRestart(pg, db.Pool))
@@ -204,6 +204,7 @@ func Run(tb testenv.TB, cfg Config) torture.Report {
 	nem := nemesis.Start(nemesis.Config{Seed: cfg.Seed, Faults: faults, MinGap: cfg.MinGap, MaxGap: cfg.MaxGap,
 		Log: nlog, Logf: tb.Logf})
 	tb.Cleanup(nem.Stop) // heals whatever is in progress, even on failure
+	stopChurn := churnHistory(tb, db)
 
 	// Load until the duration or event count, every kind injected at least once and
 	// MinFaults met.
@@ -244,6 +245,7 @@ func Run(tb testenv.TB, cfg Config) torture.Report {
 		tb.Logf("workload: %v", err)
 	}
 	cancel()
+	churned := stopChurn()
 	writing := time.Since(start)
 	for _, rec := range nem.Records() {
 		if rec.Err != "" {
@@ -303,6 +305,7 @@ func Run(tb testenv.TB, cfg Config) torture.Report {
 		tb.Fatal(err)
 	}
 	tb.Logf("writing %s, drain %s, copies %d, faults %v", writing.Round(time.Millisecond), drained.Sub(drainStart).Round(time.Millisecond), rep.Copies, nem.Kinds())
+	storageChurn(tb, db, churned)
 	if !rep.OK() {
 		for _, ex := range rep.Examples {
 			tb.Logf("%s", ex)
