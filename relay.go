@@ -1079,21 +1079,32 @@ func (l *loop) maintain(ctx context.Context, m Maintainer) {
 
 // recycleInterval is how often a relay calls Recycler.Recycle: the ring rotates at most
 // this often, so it bounds, with the store's rows per bucket, the dead storage a fetch
-// walks while a snapshot is held open.
-const recycleInterval = time.Second
+// walks while a snapshot is held open. recycleDraining is the interval while a retired
+// bucket holds a backlog, so that it is emptied soon after the backlog is published.
+const (
+	recycleInterval = time.Second
+	recycleDraining = 100 * time.Millisecond
+)
 
-// recycle calls rc at start and every recycleInterval.
+// recycle calls rc at start and every recycleInterval, or recycleDraining.
 func (l *loop) recycle(ctx context.Context, rc Recycler) {
-	t := time.NewTicker(recycleInterval)
+	t := time.NewTimer(recycleInterval)
 	defer t.Stop()
 	for {
+		began := time.Now()
 		done, err := rc.Recycle(ctx)
 		switch {
 		case err != nil && ctx.Err() == nil:
 			l.log.Error("recycling the pending table failed", "err", err)
 		case done.Rotated || done.Reclaimed > 0:
-			l.log.Debug("recycled the pending table", "rotated", done.Rotated, "reclaimed", done.Reclaimed, "moved", done.Moved)
+			l.log.Debug("recycled the pending table", "rotated", done.Rotated, "reclaimed", done.Reclaimed, "moved", done.Moved,
+				"elapsed", time.Since(began))
 		}
+		next := recycleInterval
+		if done.Draining {
+			next = recycleDraining
+		}
+		t.Reset(next)
 		select {
 		case <-ctx.Done():
 			return

@@ -81,6 +81,10 @@ type Recycling struct {
 	Rotated   bool // the next bucket became current
 	Reclaimed int  // buckets emptied
 	Moved     int  // pending rows moved out of the buckets emptied, keeping their seq
+	// Draining: a retired bucket still holds a backlog. The relay calls again sooner, so
+	// that the bucket is emptied as soon as the backlog is published: until then every
+	// full fetch walks the rows already published from it.
+	Draining bool
 }
 
 // Listener is implemented by stores that can wake the relay when messages are written

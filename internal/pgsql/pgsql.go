@@ -144,7 +144,7 @@ func (n *Names) NameLiteral(name string) string  { return literal(n.prefix + nam
 
 // RingBuckets is the number of buckets of the pending ring (migration 4). Changing it
 // means a migration.
-const RingBuckets = 8
+const RingBuckets = 2
 
 // Buckets lists the ring's buckets, 0 to RingBuckets-1, for the migrations.
 func (n *Names) Buckets() []int {

@@ -29,16 +29,25 @@ import (
 // states, the locks, and what a crash at each step leaves.
 
 // RotateRowsDefault is how many rows a bucket takes before the ring moves on.
-const RotateRowsDefault = 10_000
+const RotateRowsDefault = 2_000
 
 // MoveLimit is the most pending rows a reclaim moves: the bucket is locked while they
 // are copied, so a bucket holding more (a backlog) is left to drain first.
 const MoveLimit = 1_000
 
 // ringLockTimeout bounds how long a reclaim waits for the bucket's lock, which it can
-// only get once the writers' and relays' statements on that bucket are done; it tries
-// again at the next call.
-const ringLockTimeout = "50ms"
+// only get once the writers' and relays' statements on that bucket are done, and which
+// queues every later fetch and outcome behind it while it waits; it tries again at the
+// next call.
+const ringLockTimeout = "20ms"
+
+// ringLargeBucket is the size (bytes) from which a reclaim waits up to
+// ringLargeLockTimeout for the bucket's lock: about 45,000 rows of a few hundred bytes,
+// which every full fetch walks until the bucket is emptied.
+const (
+	ringLargeBucket      = 16 << 20
+	ringLargeLockTimeout = "250ms"
+)
 
 // Ringed reports whether the pending table is a ring of buckets (migration 4).
 func (n *Names) Ringed(ctx context.Context, inTx InTx) (bool, error) {
@@ -68,11 +77,12 @@ func (n *Names) Recycle(ctx context.Context, inTx InTx) (outbox.Recycling, error
 	var errs []error
 	for i := 1; i < RingBuckets; i++ {
 		b := (current + i) % RingBuckets
-		moved, done, err := n.reclaim(ctx, inTx, b)
+		moved, done, waiting, err := n.reclaim(ctx, inTx, b)
 		if done {
 			r.Reclaimed++
 			r.Moved += moved
 		}
+		r.Draining = r.Draining || waiting
 		errs = append(errs, err)
 	}
 	r.Rotated, err = n.rotate(ctx, inTx, n.rotateRows)
@@ -104,32 +114,54 @@ func (n *Names) ringTx(ctx context.Context, inTx InTx, fn func(Querier) error) (
 
 // reclaim empties bucket b if it is not the current one, has storage, and holds at most
 // MoveLimit pending rows: in one transaction, lock it, move its rows into the current
-// bucket, and truncate it. done says the bucket was truncated.
+// bucket, and truncate it. done says the bucket was truncated, waiting that it holds
+// more than MoveLimit pending rows.
 //
 // The ACCESS EXCLUSIVE lock waits for the statements that use b (fetches, outcomes,
 // inserts that routed a row there) and holds off new ones until commit. A statement that
 // waited takes its snapshot after the lock is granted (READ COMMITTED), so it finds the
 // moved rows in their new bucket. The ring row is read FOR SHARE, so b cannot become
 // current meanwhile.
-func (n *Names) reclaim(ctx context.Context, inTx InTx, b int) (moved int, done bool, err error) {
+func (n *Names) reclaim(ctx context.Context, inTx InTx, b int) (moved int, done, waiting bool, err error) {
 	bucket := n.Bucket(b)
 	ran, err := n.ringTx(ctx, inTx, func(q Querier) error {
 		cur, err := q.QueryInts(ctx, `SELECT current FROM `+n.Ring+` FOR SHARE`)
 		if err != nil || len(cur) != 1 || cur[0] == b {
 			return err
 		}
-		size, err := q.QueryInts(ctx, `SELECT (pg_relation_size($1) > 0)::int`, bucket)
+		size, err := q.QueryInts(ctx, `SELECT pg_relation_size($1)`, bucket)
 		if err != nil || size[0] == 0 {
 			return err // never written since its last reclaim: nothing to give back
+		}
+		// Count first without the lock, which would stop every fetch and outcome while
+		// the count walks a bucket still full of backlog. From the highest seq down: a
+		// backlog drains from its lowest seq, so its live rows come first and the count
+		// stops at MoveLimit without walking the rows already published.
+		if live, err := q.QueryInts(ctx, `SELECT count(*)::int FROM (SELECT 1 FROM `+bucket+` ORDER BY seq DESC LIMIT $1) x`, MoveLimit+1); err != nil || live[0] > MoveLimit {
+			waiting = err == nil
+			return err
+		}
+		// Waiting for the commit to be flushed would hold the lock longer. If the commit
+		// is lost in a crash, the reclaim never happened: a consistent state. Any later
+		// transaction that depends on it flushes it first (the log is flushed in order).
+		if err := q.Exec(ctx, `SET LOCAL synchronous_commit = off`); err != nil {
+			return err
+		}
+		// A bucket that held a large backlog makes every full fetch walk it, so those
+		// fetches are slow, and the lock cannot be had until one ends: wait longer for it.
+		if size[0] >= ringLargeBucket {
+			if err := q.Exec(ctx, `SET LOCAL lock_timeout = '`+ringLargeLockTimeout+`'`); err != nil {
+				return err
+			}
 		}
 		if err := q.Exec(ctx, `LOCK TABLE `+bucket+` IN ACCESS EXCLUSIVE MODE`); err != nil {
 			return err
 		}
-		live, err := q.QueryInts(ctx, `SELECT count(*)::int FROM (SELECT 1 FROM `+bucket+` LIMIT $1) x`, MoveLimit+1)
-		if err != nil || live[0] > MoveLimit {
+		live, err := n.countUpTo(ctx, q, bucket)
+		if err != nil || live > MoveLimit {
 			return err
 		}
-		if live[0] > 0 && !broken.Has(broken.TruncateStragglers) {
+		if live > 0 && !broken.Has(broken.TruncateStragglers) {
 			if err := q.Exec(ctx, `INSERT INTO `+n.Outbox+` (`+pendingColumns+`, bucket) OVERRIDING SYSTEM VALUE
 SELECT `+pendingColumns+`, $1 FROM `+bucket+` ORDER BY seq`, cur[0]); err != nil {
 				return fmt.Errorf("move the pending rows of bucket %d: %w", b, err)
@@ -138,13 +170,13 @@ SELECT `+pendingColumns+`, $1 FROM `+bucket+` ORDER BY seq`, cur[0]); err != nil
 		if err := q.Exec(ctx, `TRUNCATE `+bucket); err != nil {
 			return fmt.Errorf("truncate bucket %d: %w", b, err)
 		}
-		moved, done = live[0], true
+		moved, done = live, true
 		return nil
 	})
 	if err != nil {
-		return 0, false, fmt.Errorf("reclaim bucket %d: %w", b, err)
+		return 0, false, false, fmt.Errorf("reclaim bucket %d: %w", b, err)
 	}
-	return moved, done && ran, nil
+	return moved, done && ran, waiting, nil
 }
 
 // rotate makes the next bucket current once the current one has taken rotateRows rows
@@ -171,6 +203,15 @@ ORDER BY i FOR UPDATE OF r`, n.Outbox)
 		return false, fmt.Errorf("rotate the ring: %w", err)
 	}
 	return rotated && ran, nil
+}
+
+// countUpTo counts the rows of bucket, stopping past MoveLimit.
+func (n *Names) countUpTo(ctx context.Context, q Querier, bucket string) (int, error) {
+	got, err := q.QueryInts(ctx, `SELECT count(*)::int FROM (SELECT 1 FROM `+bucket+` LIMIT $1) x`, MoveLimit+1)
+	if err != nil {
+		return 0, err
+	}
+	return got[0], nil
 }
 
 // pendingColumns are the pending table's columns a move copies: all but the generated

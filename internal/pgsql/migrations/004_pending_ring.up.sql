@@ -25,7 +25,7 @@ ALTER SEQUENCE {{.Table "outbox_seq_seq"}} RENAME TO {{.Bare "outbox_unringed_se
 -- (rotation counts the rows it has taken from there), and how often it moved on.
 CREATE TABLE {{.Ring}} (
     one         boolean     PRIMARY KEY DEFAULT true CHECK (one),
-    current     smallint    NOT NULL DEFAULT 0,
+    current     smallint    NOT NULL DEFAULT 0 CHECK (current >= 0 AND current < {{len .Buckets}}),
     rotated_seq bigint      NOT NULL DEFAULT 0,
     rotated_at  timestamptz NOT NULL DEFAULT now(),
     rotations   bigint      NOT NULL DEFAULT 0
