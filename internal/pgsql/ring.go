@@ -11,7 +11,8 @@ import (
 
 // The pending ring (migration 4). Pending rows live in RingBuckets LIST partitions of the
 // outbox table; writers append to the bucket outbox_ring names. Recycle, which relays call
-// every second, does two things under the ring's advisory lock:
+// every second (every 100 ms while a retired bucket drains), does two things under the
+// ring's advisory lock:
 //
 //   - reclaim: a bucket other than the current one whose rows are nearly all gone (at
 //     most MoveLimit still pending) is locked, its pending rows are moved into the
@@ -157,22 +158,29 @@ func (n *Names) reclaim(ctx context.Context, inTx InTx, b int) (moved int, done,
 		if err := q.Exec(ctx, `LOCK TABLE `+bucket+` IN ACCESS EXCLUSIVE MODE`); err != nil {
 			return err
 		}
-		live, err := n.countUpTo(ctx, q, bucket)
-		if err != nil || live > MoveLimit {
-			return err
+		// Move what is there (a writer may have added rows since the count), in one scan
+		// of the bucket, and undo it all if that is more than MoveLimit after all.
+		move := `WITH m AS (INSERT INTO ` + n.Outbox + ` (` + pendingColumns + `, bucket) OVERRIDING SYSTEM VALUE
+SELECT ` + pendingColumns + `, $1 FROM ` + bucket + ` ORDER BY seq RETURNING 1) SELECT count(*)::int FROM m`
+		if broken.Has(broken.TruncateStragglers) {
+			move = `SELECT 0 WHERE $1::int IS NOT NULL` // canary: the pending rows are not moved
 		}
-		if live > 0 && !broken.Has(broken.TruncateStragglers) {
-			if err := q.Exec(ctx, `INSERT INTO `+n.Outbox+` (`+pendingColumns+`, bucket) OVERRIDING SYSTEM VALUE
-SELECT `+pendingColumns+`, $1 FROM `+bucket+` ORDER BY seq`, cur[0]); err != nil {
-				return fmt.Errorf("move the pending rows of bucket %d: %w", b, err)
-			}
+		got, err := q.QueryInts(ctx, move, cur[0])
+		if err != nil {
+			return fmt.Errorf("move the pending rows of bucket %d: %w", b, err)
+		}
+		if len(got) == 1 && got[0] > MoveLimit {
+			return errTooManyToMove
 		}
 		if err := q.Exec(ctx, `TRUNCATE `+bucket); err != nil {
 			return fmt.Errorf("truncate bucket %d: %w", b, err)
 		}
-		moved, done = live, true
+		moved, done = got[0], true
 		return nil
 	})
+	if errors.Is(err, errTooManyToMove) {
+		return 0, false, true, nil
+	}
 	if err != nil {
 		return 0, false, false, fmt.Errorf("reclaim bucket %d: %w", b, err)
 	}
@@ -205,14 +213,9 @@ ORDER BY i FOR UPDATE OF r`, n.Outbox)
 	return rotated && ran, nil
 }
 
-// countUpTo counts the rows of bucket, stopping past MoveLimit.
-func (n *Names) countUpTo(ctx context.Context, q Querier, bucket string) (int, error) {
-	got, err := q.QueryInts(ctx, `SELECT count(*)::int FROM (SELECT 1 FROM `+bucket+` LIMIT $1) x`, MoveLimit+1)
-	if err != nil {
-		return 0, err
-	}
-	return got[0], nil
-}
+// errTooManyToMove rolls a reclaim back when the bucket turned out to hold more than
+// MoveLimit rows once locked.
+var errTooManyToMove = errors.New("too many pending rows to move")
 
 // pendingColumns are the pending table's columns a move copies: all but the generated
 // shard (computed again from the same key and id) and the bucket.
