@@ -195,13 +195,7 @@ func TestMissingPartitionKeepsPending(t *testing.T) {
 func TestMigrateToPartitionsWhileRelaying(t *testing.T) {
 	t.Parallel()
 	db := testdb.NewDB(t)
-	drv, err := outboxpgx.New(db.Pool, outboxpgx.Config{Schema: db.Schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := drv.MigrateUp(testenv.Context(t), 2); err != nil {
-		t.Fatal(err)
-	}
+	drv := driverAt(t, db, outboxpgx.Config{}, 2)
 	w, err := outbox.NewWriter(drv, outbox.WriterConfig{})
 	if err != nil {
 		t.Fatal(err)

@@ -20,11 +20,15 @@ import (
 	"github.com/outboxkit/outbox/outboxtest"
 )
 
-// ringDriver is a driver on db's outbox whose ring rotates every rotateRows rows.
-func ringDriver(t *testing.T, db *testdb.DB, rotateRows int) *outboxpgx.Driver {
+// driverAt migrates db's schema up to version and returns a driver on it with cfg.
+func driverAt(t *testing.T, db *testdb.DB, cfg outboxpgx.Config, version int) *outboxpgx.Driver {
 	t.Helper()
-	drv, err := outboxpgx.New(db.Pool, outboxpgx.Config{Schema: db.Schema, RotateRows: rotateRows})
+	cfg.Schema = db.Schema
+	drv, err := outboxpgx.New(db.Pool, cfg)
 	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := drv.MigrateUp(testenv.Context(t), version); err != nil {
 		t.Fatal(err)
 	}
 	return drv
@@ -117,7 +121,7 @@ func writeN(t *testing.T, db *testdb.DB, from, n int) {
 func TestRingRotatesAndReclaims(t *testing.T) {
 	t.Parallel()
 	db := testdb.Migrated(t)
-	drv := ringDriver(t, db, 10)
+	drv := driverAt(t, db, outboxpgx.Config{RotateRows: 10}, 0)
 	writeN(t, db, 0, 25)
 	// A retry backing off and a message kept for later: the stragglers a bucket keeps.
 	db.Exec(t, `UPDATE %[1]s.outbox SET key = 'later', attempts = 2, last_error = 'broker said no', next_attempt_at = now() + interval '1 hour' WHERE seq = 3`)
@@ -166,7 +170,7 @@ func TestRingRotatesAndReclaims(t *testing.T) {
 func TestRingLeavesBacklogInPlace(t *testing.T) {
 	t.Parallel()
 	db := testdb.Migrated(t)
-	drv := ringDriver(t, db, 10)
+	drv := driverAt(t, db, outboxpgx.Config{RotateRows: 10}, 0)
 	writeN(t, db, 0, pgsql.MoveLimit+1)
 	if r := recycle(t, drv); !r.Rotated {
 		t.Fatalf("first recycle %+v; want a rotation", r)
@@ -188,7 +192,7 @@ func TestRingLeavesBacklogInPlace(t *testing.T) {
 func TestRingReclaimYieldsToWriters(t *testing.T) {
 	t.Parallel()
 	db := testdb.Migrated(t)
-	drv := ringDriver(t, db, 10)
+	drv := driverAt(t, db, outboxpgx.Config{RotateRows: 10}, 0)
 	ctx := testenv.Context(t)
 	tx, err := db.Pool.Begin(ctx)
 	if err != nil {
@@ -220,7 +224,7 @@ func TestRingReclaimYieldsToWriters(t *testing.T) {
 func TestRingUnderLoad(t *testing.T) {
 	t.Parallel()
 	db := testdb.Migrated(t)
-	drv := ringDriver(t, db, 40)
+	drv := driverAt(t, db, outboxpgx.Config{RotateRows: 40}, 0)
 	const writers, perWriter, keys = 4, 300, 8
 	failed := sync.Map{}
 	pub := &outboxtest.Publisher{Fail: func(m *outbox.Message) error {
@@ -311,13 +315,7 @@ func onceInKeyOrder(t *testing.T, got []outbox.Message, place func(outbox.Messag
 func TestMigrateToRingWhileRelaying(t *testing.T) {
 	t.Parallel()
 	db := testdb.NewDB(t)
-	drv, err := outboxpgx.New(db.Pool, outboxpgx.Config{Schema: db.Schema, RotateRows: 30})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := drv.MigrateUp(testenv.Context(t), 3); err != nil {
-		t.Fatal(err)
-	}
+	drv := driverAt(t, db, outboxpgx.Config{RotateRows: 30}, 3)
 	w, err := outbox.NewWriter(drv, outbox.WriterConfig{})
 	if err != nil {
 		t.Fatal(err)
@@ -394,13 +392,7 @@ func TestMigrateToRingWhileRelaying(t *testing.T) {
 func TestMigrateToRingRefusesLargeBacklog(t *testing.T) {
 	t.Parallel()
 	db := testdb.NewDB(t)
-	drv, err := outboxpgx.New(db.Pool, outboxpgx.Config{Schema: db.Schema, MigrateCopyLimit: 20})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := drv.MigrateUp(testenv.Context(t), 3); err != nil {
-		t.Fatal(err)
-	}
+	drv := driverAt(t, db, outboxpgx.Config{MigrateCopyLimit: 20}, 3)
 	writeN(t, db, 0, 21)
 	if _, err := drv.MigrateUp(testenv.Context(t), 0); !errors.Is(err, outboxpgx.ErrCopyLimit) {
 		t.Fatalf("migrate up with 21 pending and a limit of 20: %v; want ErrCopyLimit", err)
