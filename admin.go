@@ -58,6 +58,9 @@ type Status struct {
 	// Partitions describes the published history's daily partitions (PostgreSQL, schema
 	// version 3); nil for a store that keeps none.
 	Partitions *PartitionStatus `json:"partitions,omitempty"`
+	// Ring describes the pending table's ring of buckets (PostgreSQL, schema version 4);
+	// nil for a store without one.
+	Ring *RingStatus `json:"ring,omitempty"`
 	// OldestTransactionAge is how long the oldest transaction that holds a snapshot in the
 	// outbox's database has been open (PostgreSQL: it pins the xmin horizon, so vacuum
 	// removes no row deleted since it began); 0 when none is open or the store cannot tell.
@@ -70,6 +73,16 @@ type PartitionStatus struct {
 	Oldest    time.Time `json:"oldest"`     // the oldest day with a partition (UTC midnight); zero when none
 	Newest    time.Time `json:"newest"`     // the newest
 	DaysAhead int       `json:"days_ahead"` // days after today (UTC) that have a partition, with none missing from today; -1 when today has none
+}
+
+// RingStatus describes the pending table's ring of buckets.
+type RingStatus struct {
+	Current   int   `json:"current"`   // the bucket writers append to
+	Rotations int64 `json:"rotations"` // times the ring moved on since it was created
+	// RowsSinceRotation counts the messages written since the current bucket became
+	// current. Far above the store's RotateRows, the other bucket cannot be emptied: more
+	// than a thousand of its messages stay pending (scheduled far ahead, or backing off).
+	RowsSinceRotation int64 `json:"rows_since_rotation"`
 }
 
 // TopicStatus is Status for one topic.

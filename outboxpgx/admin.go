@@ -266,8 +266,8 @@ func (d *Driver) deadPurge(ctx context.Context, f outbox.DeadFilter) (int, error
 	return int(tag.RowsAffected()), nil
 }
 
-// storageStatus reads the published history's partitions and the age of the oldest open
-// transaction.
+// storageStatus reads the published history's partitions, the pending ring and the age
+// of the oldest open transaction.
 func (d *Driver) storageStatus(ctx context.Context, tx pgx.Tx, st *outbox.Status) error {
 	var micros int64
 	if err := tx.QueryRow(ctx, pgsql.StatusOldestTransaction).Scan(&micros); err != nil {
@@ -283,5 +283,16 @@ func (d *Driver) storageStatus(ctx context.Context, tx pgx.Tx, st *outbox.Status
 	default:
 		st.Partitions = pgsql.PartitionStatus(count, oldest, newest, ahead)
 	}
+	var ringed int
+	q, args = d.names.StatusRinged()
+	if err := tx.QueryRow(ctx, q, args...).Scan(&ringed); err != nil || ringed == 0 {
+		return err // before migration 4: no ring
+	}
+	var ring outbox.RingStatus
+	q, args = d.names.StatusRing()
+	if err := tx.QueryRow(ctx, q, args...).Scan(&ring.Current, &ring.Rotations, &ring.RowsSinceRotation); err != nil {
+		return err
+	}
+	st.Ring = &ring
 	return nil
 }

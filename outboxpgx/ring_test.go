@@ -135,6 +135,10 @@ func TestRingRotatesAndReclaims(t *testing.T) {
 	if got := bucketCounts(t, db); got[0] != 25 || got[1] != 5 {
 		t.Fatalf("rows by bucket %v; want 25 in 0 and 5 in 1", got)
 	}
+	st, err := drv.Status(testenv.Context(t))
+	if err != nil || st.Ring == nil || *st.Ring != (outbox.RingStatus{Current: 1, Rotations: 1, RowsSinceRotation: 5}) {
+		t.Fatalf("status: ring %+v, %v; want bucket 1, 1 rotation, 5 rows since", st.Ring, err)
+	}
 	before := pendingRows(t, db)
 	r := recycleUntil(t, drv, "bucket 0 reclaimed", func(r outbox.Recycling) bool { return r.Reclaimed > 0 })
 	if r.Rotated || r.Reclaimed != 1 || r.Moved != 25 {

@@ -65,6 +65,8 @@
 //	outbox_shards_leased                    gauge  -       shards with an unexpired lease
 //	outbox_partitions                       gauge  -       daily partitions of the published history (PostgreSQL)
 //	outbox_partition_days_ahead             gauge  -       days after today that have a partition; below 0 outcomes cannot be recorded
+//	outbox_ring_rotations                   gauge  -       times the pending ring moved on (PostgreSQL)
+//	outbox_ring_rows_since_rotation         gauge  -       messages written since; far above RotateRows, long-pending messages hold the ring
 //	outbox_oldest_transaction_age_seconds   gauge  -       oldest open transaction in the database (pins vacuum)
 //
 // # Latencies

@@ -61,6 +61,7 @@ type StatusCollector struct {
 	up, pending, due, retrying, dead, oldest *prometheus.Desc
 	relaysLive, shards, shardsLeased         *prometheus.Desc
 	partitions, daysAhead, oldestTx          *prometheus.Desc
+	ringRotations, ringRows                  *prometheus.Desc
 
 	mu     sync.Mutex // held during a Status call, so that concurrent scrapes wait for it
 	at     time.Time  // when snap or err was read; zero before the first read
@@ -81,25 +82,27 @@ func NewStatusCollector(admin outbox.Admin, c StatusConfig) *StatusCollector {
 	}
 	return &StatusCollector{
 		admin: admin, cfg: c, now: time.Now, topics: map[string]bool{},
-		up:           desc("status_up", "1 when the last read of the outbox's status succeeded, 0 when it failed or timed out."),
-		pending:      desc("pending", "Messages not yet published and not dead, due or not.", "topic"),
-		due:          desc("due", "Pending messages due now (not waiting for a retry backoff or DeliverAt).", "topic"),
-		retrying:     desc("retrying", "Pending messages rejected at least once, waiting for or due for another attempt.", "topic"),
-		dead:         desc("dead", "Dead-lettered messages.", "topic"),
-		oldest:       desc("oldest_pending_age_seconds", "Age of the oldest pending message, from its created_at, in database time (0 when none is pending).", "topic"),
-		relaysLive:   desc("relays_live", "Relays with an unexpired heartbeat."),
-		shards:       desc("shards", "Shards the outbox is divided into."),
-		shardsLeased: desc("shards_leased", "Shards with an unexpired lease."),
-		partitions:   desc("partitions", "Daily partitions of the published history (PostgreSQL; absent for a store without them)."),
-		daysAhead:    desc("partition_days_ahead", "Days after today (UTC) that already have a partition of the published history; below 0, recording outcomes fails until one is created."),
-		oldestTx:     desc("oldest_transaction_age_seconds", "Age of the oldest transaction holding a snapshot or transaction id in the outbox's database: while it is open, vacuum removes nothing deleted since it began (0 when none, or when the database does not show it)."),
+		up:            desc("status_up", "1 when the last read of the outbox's status succeeded, 0 when it failed or timed out."),
+		pending:       desc("pending", "Messages not yet published and not dead, due or not.", "topic"),
+		due:           desc("due", "Pending messages due now (not waiting for a retry backoff or DeliverAt).", "topic"),
+		retrying:      desc("retrying", "Pending messages rejected at least once, waiting for or due for another attempt.", "topic"),
+		dead:          desc("dead", "Dead-lettered messages.", "topic"),
+		oldest:        desc("oldest_pending_age_seconds", "Age of the oldest pending message, from its created_at, in database time (0 when none is pending).", "topic"),
+		relaysLive:    desc("relays_live", "Relays with an unexpired heartbeat."),
+		shards:        desc("shards", "Shards the outbox is divided into."),
+		shardsLeased:  desc("shards_leased", "Shards with an unexpired lease."),
+		partitions:    desc("partitions", "Daily partitions of the published history (PostgreSQL; absent for a store without them)."),
+		daysAhead:     desc("partition_days_ahead", "Days after today (UTC) that already have a partition of the published history; below 0, recording outcomes fails until one is created."),
+		ringRotations: desc("ring_rotations", "Times the pending ring moved on to its other bucket since it was created (PostgreSQL, schema version 4; absent for a store without a ring)."),
+		ringRows:      desc("ring_rows_since_rotation", "Messages written since the pending ring last moved on. Far above the store's RotateRows, the other bucket holds over a thousand long-pending messages and cannot be emptied: the ring stops protecting fetches from a long-open snapshot."),
+		oldestTx:      desc("oldest_transaction_age_seconds", "Age of the oldest transaction holding a snapshot or transaction id in the outbox's database: while it is open, vacuum removes nothing deleted since it began (0 when none, or when the database does not show it)."),
 	}
 }
 
 // Describe implements prometheus.Collector.
 func (s *StatusCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{s.up, s.pending, s.due, s.retrying, s.dead, s.oldest, s.relaysLive, s.shards, s.shardsLeased,
-		s.partitions, s.daysAhead, s.oldestTx} {
+		s.partitions, s.daysAhead, s.oldestTx, s.ringRotations, s.ringRows} {
 		ch <- d
 	}
 }
@@ -140,6 +143,10 @@ func (s *StatusCollector) Collect(ch chan<- prometheus.Metric) {
 	if p := st.Partitions; p != nil {
 		ch <- prometheus.MustNewConstMetric(s.partitions, prometheus.GaugeValue, float64(p.Count))
 		ch <- prometheus.MustNewConstMetric(s.daysAhead, prometheus.GaugeValue, float64(p.DaysAhead))
+	}
+	if r := st.Ring; r != nil {
+		ch <- prometheus.MustNewConstMetric(s.ringRotations, prometheus.GaugeValue, float64(r.Rotations))
+		ch <- prometheus.MustNewConstMetric(s.ringRows, prometheus.GaugeValue, float64(r.RowsSinceRotation))
 	}
 }
 

@@ -70,6 +70,9 @@ func printStatus(w io.Writer, st outbox.Status, now time.Time) error {
 			fmt.Fprintf(tw, "partitions\t%d\t(%s to %s, %d days ahead)\n", p.Count, p.Oldest.Format(time.DateOnly), p.Newest.Format(time.DateOnly), p.DaysAhead)
 		}
 	}
+	if r := st.Ring; r != nil {
+		fmt.Fprintf(tw, "pending ring\tbucket %d\t(%d rotations, %d messages since the last)\n", r.Current, r.Rotations, r.RowsSinceRotation)
+	}
 	fmt.Fprintf(tw, "oldest transaction\t%s\t(holds back vacuum while open)\n", st.OldestTransactionAge.Round(time.Second))
 	if err := tw.Flush(); err != nil {
 		return err

@@ -106,6 +106,19 @@ func (n *Names) ringCurrent(ctx context.Context, inTx InTx) (int, error) {
 	return got[0], nil
 }
 
+// StatusRing reads the ring for Status: the current bucket, the rotations, and the rows
+// written since the last one. Run it only when Ringed.
+func (n *Names) StatusRing() (string, []any) {
+	return `SELECT current, rotations,
+    coalesce(pg_sequence_last_value(pg_get_serial_sequence($1, 'seq')::regclass), 0) - rotated_seq
+FROM ` + n.Ring, []any{n.Outbox}
+}
+
+// StatusRinged says, for Status, whether the ring exists (one row: 1 or 0).
+func (n *Names) StatusRinged() (string, []any) {
+	return `SELECT (to_regclass($1) IS NOT NULL)::int`, []any{n.Ring}
+}
+
 // ringTx runs fn in a transaction holding the ring's advisory lock, with lock_timeout
 // ringLockTimeout. ran is false when another process holds the lock or a table lock was
 // not granted in time: nothing changed, and the step is tried again at the next call.
