@@ -2,7 +2,6 @@ package outboxpgx
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -57,7 +56,7 @@ func (d *Driver) Status(ctx context.Context) (outbox.Status, error) {
 		if err := d.publishedCount(ctx, tx, &st); err != nil {
 			return fmt.Errorf("count published: %w", err)
 		}
-		if err := d.storageStatus(ctx, tx, &st); err != nil {
+		if err := d.names.StorageStatus(ctx, pgxQuerier{tx}, &st); err != nil {
 			return fmt.Errorf("read partitions and transactions: %w", err)
 		}
 		if err := d.relayStatus(ctx, tx, &st); err != nil {
@@ -264,35 +263,4 @@ func (d *Driver) deadPurge(ctx context.Context, f outbox.DeadFilter) (int, error
 		return 0, fmt.Errorf("purge dead letters: %w", err)
 	}
 	return int(tag.RowsAffected()), nil
-}
-
-// storageStatus reads the published history's partitions, the pending ring and the age
-// of the oldest open transaction.
-func (d *Driver) storageStatus(ctx context.Context, tx pgx.Tx, st *outbox.Status) error {
-	var micros int64
-	if err := tx.QueryRow(ctx, pgsql.StatusOldestTransaction).Scan(&micros); err != nil {
-		return err
-	}
-	st.OldestTransactionAge = time.Duration(micros) * time.Microsecond
-	var count, oldest, newest, ahead int
-	q, args := d.names.StatusPartitions()
-	switch err := tx.QueryRow(ctx, q, args...).Scan(&count, &oldest, &newest, &ahead); {
-	case errors.Is(err, pgx.ErrNoRows): // not partitioned (before migration 3)
-	case err != nil:
-		return err
-	default:
-		st.Partitions = pgsql.PartitionStatus(count, oldest, newest, ahead)
-	}
-	var ringed int
-	q, args = d.names.StatusRinged()
-	if err := tx.QueryRow(ctx, q, args...).Scan(&ringed); err != nil || ringed == 0 {
-		return err // before migration 4: no ring
-	}
-	var ring outbox.RingStatus
-	q, args = d.names.StatusRing()
-	if err := tx.QueryRow(ctx, q, args...).Scan(&ring.Current, &ring.Rotations, &ring.RowsSinceRotation); err != nil {
-		return err
-	}
-	st.Ring = &ring
-	return nil
 }

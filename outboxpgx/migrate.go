@@ -2,6 +2,7 @@ package outboxpgx
 
 import (
 	"context"
+	"errors"
 
 	"github.com/jackc/pgx/v5"
 
@@ -24,6 +25,14 @@ func (q pgxQuerier) QueryInts(ctx context.Context, sql string, args ...any) ([]i
 		return nil, err
 	}
 	return pgx.CollectRows(rows, pgx.RowTo[int])
+}
+
+func (q pgxQuerier) QueryRow(ctx context.Context, sql string, args []any, dest ...any) error {
+	err := q.tx.QueryRow(ctx, sql, args...).Scan(dest...)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return pgsql.ErrNoRows
+	}
+	return err
 }
 
 func (d *Driver) inTx(ctx context.Context, fn func(pgsql.Querier) error) error {

@@ -36,6 +36,14 @@ func (q sqlQuerier) QueryInts(ctx context.Context, query string, args ...any) ([
 	return out, rows.Err()
 }
 
+func (q sqlQuerier) QueryRow(ctx context.Context, query string, args []any, dest ...any) error {
+	err := q.tx.QueryRowContext(ctx, query, args...).Scan(dest...)
+	if errors.Is(err, sql.ErrNoRows) {
+		return pgsql.ErrNoRows
+	}
+	return err
+}
+
 // inTx runs fn in one transaction of d.db, committing when fn returns nil.
 func (d *Driver) inTx(ctx context.Context, fn func(pgsql.Querier) error) (err error) {
 	if d.db == nil {

@@ -1,8 +1,11 @@
 package pgsql
 
 import (
+	"context"
+	"errors"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/outboxkit/outbox"
 )
@@ -222,11 +225,11 @@ func (n *Names) Notify() (string, []any) {
 	return `SELECT pg_notify($1, '')`, []any{n.Channel}
 }
 
-// StatusPartitions returns, when the published history is partitioned (migration 3), the
+// statusPartitions returns, when the published history is partitioned (migration 3), the
 // number of daily partitions, the oldest and newest day (YYYYMMDD), and the days after
 // today (UTC, by the database's clock) that have a partition with no gap from today, -1
 // when today has none; no row before migration 3.
-func (n *Names) StatusPartitions() (string, []any) {
+func (n *Names) statusPartitions() (string, []any) {
 	return `WITH p AS (
     SELECT oid FROM pg_catalog.pg_class WHERE oid = to_regclass($1) AND relkind = 'p'
 ), d AS (
@@ -242,8 +245,8 @@ SELECT (SELECT count(*)::int FROM d),
 FROM p`, []any{n.Published}
 }
 
-// PartitionStatus makes StatusPartitions' row an outbox.PartitionStatus.
-func PartitionStatus(count, oldest, newest, ahead int) *outbox.PartitionStatus {
+// partitionStatus makes statusPartitions' row an outbox.PartitionStatus.
+func partitionStatus(count, oldest, newest, ahead int) *outbox.PartitionStatus {
 	ps := &outbox.PartitionStatus{Count: count, DaysAhead: ahead}
 	if count > 0 {
 		ps.Oldest, ps.Newest = dayOf(oldest), dayOf(newest)
@@ -251,13 +254,45 @@ func PartitionStatus(count, oldest, newest, ahead int) *outbox.PartitionStatus {
 	return ps
 }
 
-// StatusOldestTransaction returns the age in microseconds of the oldest transaction in
+// statusOldestTransaction returns the age in microseconds of the oldest transaction in
 // this database that holds a snapshot or a transaction id (either pins the xmin horizon),
 // other than the caller's; vacuum's own workers are left out. Prepared transactions and
 // replication slots hold the horizon too and are not counted. Without the
 // pg_read_all_stats role PostgreSQL shows other users' sessions without their times, so
 // it can read 0.
-const StatusOldestTransaction = `SELECT coalesce((extract(epoch FROM max(now() - xact_start)) * 1000000)::bigint, 0)
+const statusOldestTransaction = `SELECT coalesce((extract(epoch FROM max(now() - xact_start)) * 1000000)::bigint, 0)
 FROM pg_catalog.pg_stat_activity
 WHERE datname = current_database() AND backend_type = 'client backend'
   AND (backend_xmin IS NOT NULL OR backend_xid IS NOT NULL) AND pid <> pg_backend_pid()`
+
+// StorageStatus fills in st what the drivers' Status reads the same way: the age of the
+// oldest open transaction, the published history's partitions (from migration 3) and the
+// pending ring (from migration 4). q is the Status transaction.
+func (n *Names) StorageStatus(ctx context.Context, q Querier, st *outbox.Status) error {
+	var micros int64
+	if err := q.QueryRow(ctx, statusOldestTransaction, nil, &micros); err != nil {
+		return err
+	}
+	st.OldestTransactionAge = time.Duration(micros) * time.Microsecond
+	var count, oldest, newest, ahead int
+	sql, args := n.statusPartitions()
+	switch err := q.QueryRow(ctx, sql, args, &count, &oldest, &newest, &ahead); {
+	case errors.Is(err, ErrNoRows): // not partitioned (before migration 3)
+	case err != nil:
+		return err
+	default:
+		st.Partitions = partitionStatus(count, oldest, newest, ahead)
+	}
+	var ringed int
+	sql, args = n.statusRinged()
+	if err := q.QueryRow(ctx, sql, args, &ringed); err != nil || ringed == 0 {
+		return err // before migration 4: no ring
+	}
+	var ring outbox.RingStatus
+	sql, args = n.statusRing()
+	if err := q.QueryRow(ctx, sql, args, &ring.Current, &ring.Rotations, &ring.RowsSinceRotation); err != nil {
+		return err
+	}
+	st.Ring = &ring
+	return nil
+}

@@ -7,14 +7,20 @@ import (
 	"strings"
 )
 
-// Querier is the little a migration needs from a transaction. The drivers adapt pgx.Tx
+// Querier is the little the shared code (migrations, maintenance, the ring, the storage
+// part of Status) needs from a transaction. The drivers adapt pgx.Tx
 // and *sql.Tx to it.
 type Querier interface {
 	// Exec runs sql, which may hold several statements when args is empty.
 	Exec(ctx context.Context, sql string, args ...any) error
 	// QueryInts runs sql and returns the first column of every row.
 	QueryInts(ctx context.Context, sql string, args ...any) ([]int, error)
+	// QueryRow runs sql and scans its first row into dest; ErrNoRows when it has none.
+	QueryRow(ctx context.Context, sql string, args []any, dest ...any) error
 }
+
+// ErrNoRows is Querier.QueryRow's error for a statement that returned no row.
+var ErrNoRows = errors.New("no rows")
 
 // InTx runs fn in one transaction, committing when fn returns nil.
 type InTx func(ctx context.Context, fn func(Querier) error) error

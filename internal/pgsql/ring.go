@@ -106,16 +106,16 @@ func (n *Names) ringCurrent(ctx context.Context, inTx InTx) (int, error) {
 	return got[0], nil
 }
 
-// StatusRing reads the ring for Status: the current bucket, the rotations, and the rows
-// written since the last one. Run it only when Ringed.
-func (n *Names) StatusRing() (string, []any) {
+// statusRing reads the ring for Status: the current bucket, the rotations, and the rows
+// written since the last one. Run it only when the ring exists (statusRinged).
+func (n *Names) statusRing() (string, []any) {
 	return `SELECT current, rotations,
     coalesce(pg_sequence_last_value(pg_get_serial_sequence($1, 'seq')::regclass), 0) - rotated_seq
 FROM ` + n.Ring, []any{n.Outbox}
 }
 
-// StatusRinged says, for Status, whether the ring exists (one row: 1 or 0).
-func (n *Names) StatusRinged() (string, []any) {
+// statusRinged says, for Status, whether the ring exists (one row: 1 or 0).
+func (n *Names) statusRinged() (string, []any) {
 	return `SELECT (to_regclass($1) IS NOT NULL)::int`, []any{n.Ring}
 }
 
@@ -205,13 +205,13 @@ SELECT ` + pendingColumns + `, $1 FROM ` + bucket + ` ORDER BY seq RETURNING 1) 
 // are counted by the seq sequence, which moves and replays do not advance.
 func (n *Names) rotate(ctx context.Context, inTx InTx, rotateRows int) (rotated bool, err error) {
 	ran, err := n.ringTx(ctx, inTx, func(q Querier) error {
-		got, err := q.QueryInts(ctx, `SELECT v FROM `+n.Ring+` r, unnest(ARRAY[r.current::bigint,
-    coalesce(pg_sequence_last_value(pg_get_serial_sequence($1, 'seq')::regclass), 0) - r.rotated_seq]) WITH ORDINALITY AS x(v, i)
-ORDER BY i FOR UPDATE OF r`, n.Outbox)
-		if err != nil || len(got) != 2 || got[1] < rotateRows {
+		var current, taken int
+		if err := q.QueryRow(ctx, `SELECT current,
+    coalesce(pg_sequence_last_value(pg_get_serial_sequence($1, 'seq')::regclass), 0) - rotated_seq
+FROM `+n.Ring+` FOR UPDATE`, []any{n.Outbox}, &current, &taken); err != nil || taken < rotateRows {
 			return err
 		}
-		next := (got[0] + 1) % RingBuckets
+		next := (current + 1) % RingBuckets
 		free, err := q.QueryInts(ctx, `SELECT (pg_relation_size($1) = 0)::int`, n.Bucket(next))
 		if err != nil || free[0] != 1 {
 			return err
