@@ -67,7 +67,7 @@ func publishN(t *testing.T, conn *amqp.Connection, queue string, n, keys int) {
 			ctx, cancel := testenv.CallContext() // per batch: a hang bound, not a budget on all n
 			errs := pub.Publish(ctx, batch)
 			cancel()
-			requireNoErrs(t, errs)
+			testenv.RequirePublishedAll(t, errs)
 			batch = nil
 		}
 	}

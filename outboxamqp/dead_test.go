@@ -39,7 +39,7 @@ func parkSetup(t *testing.T, conn *amqp.Connection, n int) parked {
 	for i := range n {
 		batch = append(batch, &outbox.Message{ID: outbox.NewID(), Topic: "orders.placed", Key: "k", Payload: []byte(strconv.Itoa(i)), EventType: "placed"})
 	}
-	requireNoErrs(t, pub.Publish(testenv.Context(t), batch))
+	testenv.RequirePublishedAll(t, pub.Publish(testenv.Context(t), batch))
 	ch := channel(t, conn)
 	if _, err := ch.QueuePurge(p.other, false); err != nil {
 		t.Fatal(err)

@@ -219,29 +219,6 @@ func newPublisher(t *testing.T, conn *amqp.Connection, cfg outboxamqp.Config) *o
 	return pub
 }
 
-func requireNoErrs(t *testing.T, errs []error) {
-	t.Helper()
-	if !checkNoErrs(t, errs) {
-		t.FailNow()
-	}
-}
-
-// checkNoErrs is requireNoErrs for a goroutine other than the test's: it reports with
-// t.Errorf and returns whether errs is nil.
-func checkNoErrs(t *testing.T, errs []error) bool {
-	t.Helper()
-	if errs == nil {
-		return true
-	}
-	for i, err := range errs {
-		if err != nil {
-			t.Errorf("message %d: %v", i, err)
-		}
-	}
-	t.Errorf("Publish returned a non-nil slice (%d entries)", len(errs))
-	return false
-}
-
 func requireAllOutages(t *testing.T, errs []error, n int) {
 	t.Helper()
 	if len(errs) != n {

@@ -86,7 +86,7 @@ func TestOutageInFlight(t *testing.T) {
 
 	proxy.Restore(t)
 	awaitPing(t, pub)
-	requireNoErrs(t, pub.Publish(testenv.Context(t), batchFor(q, 5, 10)))
+	testenv.RequirePublishedAll(t, pub.Publish(testenv.Context(t), batchFor(q, 5, 10)))
 }
 
 // TestOutageWhileCut: while the broker is unreachable, Publish and Ping fail at once as
@@ -98,7 +98,7 @@ func TestOutageWhileCut(t *testing.T) {
 	conn := dialTest(t)
 	q := declareQueue(t, conn, unique("cut"), nil)
 	proxy, pub := dialProxied(t)
-	requireNoErrs(t, pub.Publish(testenv.Context(t), batchFor(q, 3, 10)))
+	testenv.RequirePublishedAll(t, pub.Publish(testenv.Context(t), batchFor(q, 3, 10)))
 
 	proxy.Cut()
 	errs := pub.Publish(testenv.Context(t), batchFor(q, 5, 10))
@@ -114,7 +114,7 @@ func TestOutageWhileCut(t *testing.T) {
 
 	proxy.Restore(t)
 	awaitPing(t, pub)
-	requireNoErrs(t, pub.Publish(testenv.Context(t), batchFor(q, 4, 10)))
+	testenv.RequirePublishedAll(t, pub.Publish(testenv.Context(t), batchFor(q, 4, 10)))
 	if n := queueLen(t, conn, q); n != 3+4 {
 		t.Errorf("queue holds %d messages, want %d", n, 3+4)
 	}

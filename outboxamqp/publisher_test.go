@@ -39,7 +39,7 @@ func TestPublishRoundTrip(t *testing.T) {
 	plain.DedupKey = ""
 	plain.ContentType = ""
 
-	requireNoErrs(t, pub.Publish(testenv.Context(t), []*outbox.Message{m, plain}))
+	testenv.RequirePublishedAll(t, pub.Publish(testenv.Context(t), []*outbox.Message{m, plain}))
 
 	got := readQueue(t, conn, q, 2)
 	if len(got) != 2 {
@@ -93,7 +93,7 @@ func TestPublishPriorityFunc(t *testing.T) {
 	high := newMsg(q, "b", []byte("high"))
 	high.EventType = "payment.failed"
 	high.Headers = map[string]string{outboxamqp.HeaderPriority: "not used when Config.Priority is set"}
-	requireNoErrs(t, pub.Publish(testenv.Context(t), []*outbox.Message{low, high}))
+	testenv.RequirePublishedAll(t, pub.Publish(testenv.Context(t), []*outbox.Message{low, high}))
 	got := readQueue(t, conn, q, 2)
 	if len(got) != 2 || string(got[0].Body) != "high" || got[0].Priority != 9 || got[1].Priority != 1 {
 		t.Fatalf("deliveries = %v, want the high priority one first", got)
@@ -248,7 +248,7 @@ func TestAlternateExchange(t *testing.T) {
 	parking := declareQueue(t, conn, unique("unroutable"), nil)
 	bind(t, conn, parking, "", ae)
 	pub := newPublisher(t, conn, outboxamqp.Config{Exchange: ex})
-	requireNoErrs(t, pub.Publish(testenv.Context(t), []*outbox.Message{newMsg("nobody.binds.this", "k", []byte("x"))}))
+	testenv.RequirePublishedAll(t, pub.Publish(testenv.Context(t), []*outbox.Message{newMsg("nobody.binds.this", "k", []byte("x"))}))
 	got := readQueue(t, conn, parking, 1)
 	if len(got) != 1 || got[0].RoutingKey != "nobody.binds.this" {
 		t.Fatalf("parking queue holds %v, want the message", got)
@@ -272,7 +272,7 @@ func TestNackIsOutage(t *testing.T) {
 	}
 	// The channel survives a nack.
 	_, _ = channel(t, conn).QueuePurge(q, false)
-	requireNoErrs(t, pub.Publish(testenv.Context(t), []*outbox.Message{newMsg(q, "3", []byte("room again"))}))
+	testenv.RequirePublishedAll(t, pub.Publish(testenv.Context(t), []*outbox.Message{newMsg(q, "3", []byte("room again"))}))
 }
 
 // TestMissingExchangeIsOutage: a missing exchange closes the channel (404): every
@@ -297,7 +297,7 @@ func TestMissingExchangeIsOutage(t *testing.T) {
 	declareExchange(t, conn, ex, amqp.ExchangeDirect, nil)
 	q := declareQueue(t, conn, unique("later"), nil)
 	bind(t, conn, q, "a", ex)
-	requireNoErrs(t, pub.Publish(testenv.Context(t), batch[:1]))
+	testenv.RequirePublishedAll(t, pub.Publish(testenv.Context(t), batch[:1]))
 	if err := pub.Ping(testenv.Context(t)); err != nil {
 		t.Errorf("Ping: %v", err)
 	}
@@ -429,7 +429,7 @@ func TestPublishWaitsForFreeChannel(t *testing.T) {
 			for i := range batch {
 				batch[i] = newMsg(q, fmt.Sprintf("%d-%d", w, i), []byte("x"))
 			}
-			checkNoErrs(t, pub.Publish(testenv.Context(t), batch)) // not require: t.Fatal is for the test's goroutine
+			testenv.PublishedAll(t, pub.Publish(testenv.Context(t), batch)) // not require: t.Fatal is for the test's goroutine
 		})
 	}
 	wg.Wait()
@@ -505,7 +505,7 @@ func TestClose(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	requireNoErrs(t, pub.Publish(testenv.Context(t), []*outbox.Message{newMsg(q, "1", []byte("a"))}))
+	testenv.RequirePublishedAll(t, pub.Publish(testenv.Context(t), []*outbox.Message{newMsg(q, "1", []byte("a"))}))
 	pub.Close()
 	pub.Close()
 	if conn.IsClosed() {

@@ -81,7 +81,7 @@ func TestTopologyExample(t *testing.T) {
 	for topic := range topics {
 		batch = append(batch, newMsg(topic, topic, []byte(topic)))
 	}
-	requireNoErrs(t, pub.Publish(testenv.Context(t), batch))
+	testenv.RequirePublishedAll(t, pub.Publish(testenv.Context(t), batch))
 	for topic, queue := range topics {
 		got := readQueue(t, conn, prefix+queue, 1)
 		if len(got) != 1 || string(got[0].Body) != topic {

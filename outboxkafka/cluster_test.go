@@ -215,15 +215,3 @@ func newMsg(topic, key string, payload []byte) *outbox.Message {
 		DedupKey:    "dedup-" + id.String(),
 	}
 }
-
-func requireNoErrs(t *testing.T, errs []error) {
-	t.Helper()
-	if errs != nil {
-		for i, err := range errs {
-			if err != nil {
-				t.Errorf("message %d: %v", i, err)
-			}
-		}
-		t.Fatalf("Publish returned a non-nil slice (%d entries)", len(errs))
-	}
-}

@@ -86,7 +86,7 @@ func TestKcatReadsBack(t *testing.T) {
 				m.Headers = map[string]string{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}
 				batch = append(batch, m)
 			}
-			requireNoErrs(t, pub.Publish(testenv.Context(t), batch))
+			testenv.RequirePublishedAll(t, pub.Publish(testenv.Context(t), batch))
 			if compressed.Hits() == 0 {
 				t.Errorf("no record batch was compressed with %s", codec)
 			}

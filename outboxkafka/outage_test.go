@@ -76,7 +76,7 @@ func TestFaultRetriedByClient(t *testing.T) {
 	pub := tc.dial(t, outboxkafka.Config{Route: topic}, kgo.MetadataMinAge(50*time.Millisecond))
 	for _, code := range []*kerr.Error{kerr.NotLeaderForPartition, kerr.NotEnoughReplicas, kerr.RequestTimedOut} {
 		h := tc.Fault(produceFault(topic, code, 2))
-		requireNoErrs(t, pub.Publish(testenv.Context(t), batchOf(4)))
+		testenv.RequirePublishedAll(t, pub.Publish(testenv.Context(t), batchOf(4)))
 		if h.Hits() != 2 {
 			t.Errorf("%s: the fault answered %d produce requests, want 2", code.Message, h.Hits())
 		}
@@ -207,7 +207,7 @@ func TestFaultCorruptOnce(t *testing.T) {
 	topic := tc.createTopic(t, 1, nil)
 	pub := tc.dial(t, outboxkafka.Config{Route: topic}, kgo.ProducerLinger(20*time.Millisecond))
 	h := tc.Fault(produceFault(topic, kerr.CorruptMessage, 1))
-	requireNoErrs(t, pub.Publish(testenv.Context(t), batchOf(5)))
+	testenv.RequirePublishedAll(t, pub.Publish(testenv.Context(t), batchOf(5)))
 	if h.Hits() != 1 {
 		t.Errorf("the fault answered %d requests, want 1", h.Hits())
 	}
@@ -237,7 +237,7 @@ func TestOutageCutAndReconnect(t *testing.T) {
 	tc := startCluster(t)
 	topic := tc.createTopic(t, 2, nil)
 	pub := tc.dial(t, outboxkafka.Config{Route: topic})
-	requireNoErrs(t, pub.Publish(testenv.Context(t), batchOf(3)))
+	testenv.RequirePublishedAll(t, pub.Publish(testenv.Context(t), batchOf(3)))
 
 	tc.Cut()
 	errs := pub.Publish(ctxT(t, 500*time.Millisecond), batchOf(5))
@@ -258,7 +258,7 @@ func TestOutageCutAndReconnect(t *testing.T) {
 		err := pub.Ping(ctx)
 		return err, err == nil
 	})
-	requireNoErrs(t, pub.Publish(testenv.Context(t), batchOf(4)))
+	testenv.RequirePublishedAll(t, pub.Publish(testenv.Context(t), batchOf(4)))
 	// The 5 the cut Publish gave up on may still have been delivered since.
 	if n := len(tc.read(t, topic, 3+4)); n < 3+4 || n > 3+5+4 {
 		t.Errorf("%d records in the topic, want 7 to 12", n)
@@ -299,7 +299,7 @@ func TestOutageClusterGone(t *testing.T) {
 	tc := startCluster(t)
 	topic := tc.createTopic(t, 1, nil)
 	pub := tc.dial(t, outboxkafka.Config{Route: topic})
-	requireNoErrs(t, pub.Publish(testenv.Context(t), batchOf(1)))
+	testenv.RequirePublishedAll(t, pub.Publish(testenv.Context(t), batchOf(1)))
 	tc.Close()
 	requireAllOutages(t, pub.Publish(ctxT(t, time.Second), batchOf(2)), 2) // waits for a broker until its ctx ends
 	if err := pub.Ping(ctxT(t, time.Second)); !outbox.IsOutage(err) {
@@ -314,7 +314,7 @@ func TestCloseDuringPublish(t *testing.T) {
 	tc := startCluster(t)
 	topic := tc.createTopic(t, 1, nil)
 	pub := tc.dial(t, outboxkafka.Config{Route: topic})
-	requireNoErrs(t, pub.Publish(testenv.Context(t), batchOf(1)))
+	testenv.RequirePublishedAll(t, pub.Publish(testenv.Context(t), batchOf(1)))
 	tc.Cut() // acknowledgements never come
 	done := make(chan []error, 1)
 	go func() { done <- pub.Publish(context.Background(), batchOf(3)) }()

@@ -39,7 +39,7 @@ func TestPublishRoundTrip(t *testing.T) {
 	}
 	m2 := newMsg("orders", "", nil) // no key, no payload
 	m2.ContentType = ""
-	requireNoErrs(t, pub.Publish(testenv.Context(t), []*outbox.Message{m1, m2}))
+	testenv.RequirePublishedAll(t, pub.Publish(testenv.Context(t), []*outbox.Message{m1, m2}))
 
 	got := map[string]*kgo.Record{}
 	for _, r := range tc.read(t, topic, 2) {
@@ -107,7 +107,7 @@ func TestPublishKeyPartition(t *testing.T) {
 		for k := range keys {
 			batch = append(batch, newMsg("x", "key-"+strconv.Itoa(k), []byte(strconv.Itoa(seq))))
 		}
-		requireNoErrs(t, pub.Publish(testenv.Context(t), batch))
+		testenv.RequirePublishedAll(t, pub.Publish(testenv.Context(t), batch))
 	}
 	partition := map[string]int32{}
 	last := map[string]int{}
@@ -392,7 +392,7 @@ func TestNewDoesNotOwnClient(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	requireNoErrs(t, pub.Publish(testenv.Context(t), []*outbox.Message{newMsg("x", "1", []byte("a"))}))
+	testenv.RequirePublishedAll(t, pub.Publish(testenv.Context(t), []*outbox.Message{newMsg("x", "1", []byte("a"))}))
 	pub.Close()
 	errs := pub.Publish(testenv.Context(t), []*outbox.Message{newMsg("x", "2", []byte("b"))})
 	if len(errs) != 1 || !outbox.IsOutage(errs[0]) || !errors.Is(errs[0], kgo.ErrClientClosed) {

@@ -34,7 +34,7 @@ func consumeSetup(t *testing.T, js jetstream.JetStream, n, keys int) (stream, pr
 			ctx, cancel := testenv.CallContext() // per batch: a hang bound, not a budget on all n
 			errs := pub.Publish(ctx, batch)
 			cancel()
-			requireNoErrs(t, errs)
+			testenv.RequirePublishedAll(t, errs)
 			batch = nil
 		}
 	}

@@ -58,7 +58,7 @@ func requireAllOutages(t *testing.T, errs []error, n int) {
 func TestOutageKilledServerAndReconnect(t *testing.T) {
 	t.Parallel()
 	srv, pub := dialPrivate(t)
-	requireNoErrs(t, pub.Publish(testenv.Context(t), batchOf(3)))
+	testenv.RequirePublishedAll(t, pub.Publish(testenv.Context(t), batchOf(3)))
 
 	srv.Kill()
 	// The 500 ms deadline is the caller's: Publish must return by it (or sooner, seeing
@@ -88,7 +88,7 @@ func TestOutageKilledServerAndReconnect(t *testing.T) {
 
 	srv.Start()
 	awaitPing(t, pub)
-	requireNoErrs(t, pub.Publish(testenv.Context(t), batchOf(4)))
+	testenv.RequirePublishedAll(t, pub.Publish(testenv.Context(t), batchOf(4)))
 
 	// The file-backed stream kept the messages acked before the crash.
 	js := testnats.JetStream(t, srv.URL())

@@ -97,18 +97,6 @@ func readAll(t *testing.T, js jetstream.JetStream, stream string, n int) []jetst
 	return out
 }
 
-func requireNoErrs(t *testing.T, errs []error) {
-	t.Helper()
-	if errs != nil {
-		for i, err := range errs {
-			if err != nil {
-				t.Errorf("message %d: %v", i, err)
-			}
-		}
-		t.Fatalf("Publish returned a non-nil slice (%d entries)", len(errs))
-	}
-}
-
 func TestPublishRoundTrip(t *testing.T) {
 	t.Parallel()
 	b := setup(t, outboxnats.Config{})
@@ -131,7 +119,7 @@ func TestPublishRoundTrip(t *testing.T) {
 	m2 := newMsg("orders.big", "", big)
 	m2.ContentType = "application/x-big"
 
-	requireNoErrs(t, b.pub.Publish(testenv.Context(t), []*outbox.Message{m1, m2}))
+	testenv.RequirePublishedAll(t, b.pub.Publish(testenv.Context(t), []*outbox.Message{m1, m2}))
 
 	got := readAll(t, b.js, b.stream, 2)
 	if s := got[0].Subject(); s != b.prefix+"orders" {
@@ -206,15 +194,15 @@ func TestPublishDedupByMsgID(t *testing.T) {
 	b := setup(t, outboxnats.Config{})
 	m := newMsg("orders", "k", []byte(`{"n":1}`))
 	ctx := testenv.Context(t)
-	requireNoErrs(t, b.pub.Publish(ctx, []*outbox.Message{m}))
+	testenv.RequirePublishedAll(t, b.pub.Publish(ctx, []*outbox.Message{m}))
 	// A relay retrying after an ambiguous outcome sends the same message again.
 	again := *m
-	requireNoErrs(t, b.pub.Publish(ctx, []*outbox.Message{&again}))
+	testenv.RequirePublishedAll(t, b.pub.Publish(ctx, []*outbox.Message{&again}))
 	// A different event with the same dedup key is dropped as well: the broker
 	// deduplicates on the dedup key, not on the id.
 	other := newMsg("orders", "k", []byte(`{"n":2}`))
 	other.DedupKey = m.DedupKey
-	requireNoErrs(t, b.pub.Publish(ctx, []*outbox.Message{other}))
+	testenv.RequirePublishedAll(t, b.pub.Publish(ctx, []*outbox.Message{other}))
 
 	got := readAll(t, b.js, b.stream, 1)
 	if string(got[0].Data()) != `{"n":1}` {
@@ -231,7 +219,7 @@ func TestPublishBatchOrder(t *testing.T) {
 	for i := range batch {
 		batch[i] = newMsg(topics[i%len(topics)], "key-"+strconv.Itoa(i), []byte(strconv.Itoa(i)))
 	}
-	requireNoErrs(t, b.pub.Publish(testenv.Context(t), batch))
+	testenv.RequirePublishedAll(t, b.pub.Publish(testenv.Context(t), batch))
 
 	got := readAll(t, b.js, b.stream, n)
 	last := map[string]int{}
@@ -379,7 +367,7 @@ func TestPublishAPIErrors(t *testing.T) {
 	}
 
 	errs = pub.Publish(ctx, []*outbox.Message{newMsg("x", "3", []byte("fills"))})
-	requireNoErrs(t, errs)
+	testenv.RequirePublishedAll(t, errs)
 	errs = pub.Publish(ctx, []*outbox.Message{newMsg("x", "4", []byte("too many"))})
 	if len(errs) != 1 || !outbox.IsOutage(errs[0]) {
 		t.Errorf("full stream with discard new: %v, want an outage", errs)

@@ -97,7 +97,7 @@ func TestCluster(t *testing.T) {
 			t.Fatal(err)
 		}
 		batch := spread("pipelined-", 60)
-		requireNoErrs(t, pub.Publish(testenv.Context(t), batch))
+		testenv.RequirePublishedAll(t, pub.Publish(testenv.Context(t), batch))
 		requireLen(t, batch, 1)
 	})
 
@@ -109,8 +109,8 @@ func TestCluster(t *testing.T) {
 		// Plain names, names with a hash tag, and a "{" without a tag.
 		batch := append(spread("dedup-", 30), spread("tag{dedup}-", 5)...)
 		batch = append(batch, spread("open{-", 5)...)
-		requireNoErrs(t, pub.Publish(testenv.Context(t), batch))
-		requireNoErrs(t, pub.Publish(testenv.Context(t), batch)) // the retry: no second entries
+		testenv.RequirePublishedAll(t, pub.Publish(testenv.Context(t), batch))
+		testenv.RequirePublishedAll(t, pub.Publish(testenv.Context(t), batch)) // the retry: no second entries
 		requireLen(t, batch, 1)
 
 		// A "}" without a hash tag: the marker cannot share the stream's slot.
@@ -143,7 +143,7 @@ func TestCluster(t *testing.T) {
 		}
 		t.Cleanup(pub.Close)
 		batch := spread("wait-", 60)
-		requireNoErrs(t, pub.Publish(testenv.Context(t), batch))
+		testenv.RequirePublishedAll(t, pub.Publish(testenv.Context(t), batch))
 		requireLen(t, batch, 1)
 
 		// One master loses its replica: only its streams fail, as outages.

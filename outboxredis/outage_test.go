@@ -61,7 +61,7 @@ func TestOutageKilledServerAndReconnect(t *testing.T) {
 	bothModes(t, func(t *testing.T, cfg outboxredis.Config) {
 		s := startServer(t)
 		pub := privatePublisher(t, s, cfg)
-		requireNoErrs(t, pub.Publish(testenv.Context(t), batchOf("t", 3)))
+		testenv.RequirePublishedAll(t, pub.Publish(testenv.Context(t), batchOf("t", 3)))
 
 		s.Kill()
 		requireAll(t, pub.Publish(testenv.Context(t), batchOf("t", 5)), 5, true)
@@ -76,7 +76,7 @@ func TestOutageKilledServerAndReconnect(t *testing.T) {
 			err := pub.Ping(ctx)
 			return err, err == nil
 		})
-		requireNoErrs(t, pub.Publish(testenv.Context(t), batchOf("t", 4)))
+		testenv.RequirePublishedAll(t, pub.Publish(testenv.Context(t), batchOf("t", 4)))
 		if n := newClient(t, s.Addr).XLen(testenv.Context(t), "events").Val(); n != 4 {
 			t.Errorf("the restarted server holds %d entries, want 4", n)
 		}
@@ -92,7 +92,7 @@ func TestOutageOutOfMemory(t *testing.T) {
 
 		// Backpressure ends when memory is freed (here: the limit raised).
 		newClient(t, s.Addr).ConfigSet(testenv.Context(t), "maxmemory", "0")
-		requireNoErrs(t, pub.Publish(testenv.Context(t), batchOf("t", 3)))
+		testenv.RequirePublishedAll(t, pub.Publish(testenv.Context(t), batchOf("t", 3)))
 	})
 }
 
@@ -117,7 +117,7 @@ func TestOutageBusyScript(t *testing.T) {
 			t.Fatal(err)
 		}
 		testenv.AwaitRecv(t, "the killed script to return", done)
-		requireNoErrs(t, pub.Publish(testenv.Context(t), batchOf("t", 3)))
+		testenv.RequirePublishedAll(t, pub.Publish(testenv.Context(t), batchOf("t", 3)))
 	})
 }
 
@@ -167,7 +167,7 @@ func TestWaitReplicas(t *testing.T) {
 		pub := privatePublisher(t, primary, cfg)
 
 		batch := batchOf("t", 10)
-		requireNoErrs(t, pub.Publish(testenv.Context(t), batch))
+		testenv.RequirePublishedAll(t, pub.Publish(testenv.Context(t), batch))
 		// WAIT returned, so the replica has every confirmed entry.
 		if n := newClient(t, replica.Addr).XLen(testenv.Context(t), "events").Val(); n != 10 {
 			t.Errorf("the replica holds %d entries after a confirmed WAIT, want 10", n)
@@ -221,7 +221,7 @@ func TestWaitCoversDuplicate(t *testing.T) {
 	}
 
 	replica.Signal(t, syscall.SIGCONT)
-	requireNoErrs(t, last.Publish(testenv.Context(t), []*outbox.Message{m}))
+	testenv.RequirePublishedAll(t, last.Publish(testenv.Context(t), []*outbox.Message{m}))
 	if n := newClient(t, replica.Addr).XLen(testenv.Context(t), "events").Val(); n != 1 {
 		t.Errorf("the replica holds %d entries, want the first copy only", n)
 	}

@@ -83,7 +83,7 @@ func TestPublishEntryLayout(t *testing.T) {
 	m2 := &outbox.Message{ID: outbox.NewID(), Topic: "orders", Payload: nil,
 		Headers: map[string]string{outbox.HeaderID: "forged", outbox.HeaderTopic: "forged", "X-A": "a"}}
 
-	requireNoErrs(t, b.pub.Publish(testenv.Context(t), []*outbox.Message{m1, m2}))
+	testenv.RequirePublishedAll(t, b.pub.Publish(testenv.Context(t), []*outbox.Message{m1, m2}))
 
 	got := rawEntries(t, b.c, b.stream)
 	if len(got) != 2 {
@@ -145,7 +145,7 @@ func TestFieldsMatchPublish(t *testing.T) {
 	b := setup(t, outboxredis.Config{})
 	m := newMsg("orders", "k", []byte("p"))
 	m.Headers = map[string]string{"X-A": "a"}
-	requireNoErrs(t, b.pub.Publish(testenv.Context(t), []*outbox.Message{m}))
+	testenv.RequirePublishedAll(t, b.pub.Publish(testenv.Context(t), []*outbox.Message{m}))
 	var want []string
 	for _, f := range outboxredis.Fields(m) {
 		switch f := f.(type) {
@@ -214,7 +214,7 @@ func TestMaxLen(t *testing.T) {
 			t.Parallel()
 			b := setup(t, outboxredis.Config{MaxLen: 10, MaxLenExact: tc.exact})
 			for range 10 {
-				requireNoErrs(t, b.pub.Publish(testenv.Context(t), batchOf("t", 100))) // per call
+				testenv.RequirePublishedAll(t, b.pub.Publish(testenv.Context(t), batchOf("t", 100))) // per call
 			}
 			if n := b.c.XLen(testenv.Context(t), b.stream).Val(); !tc.check(n) {
 				t.Errorf("after 1000 messages the stream holds %d entries", n)
@@ -229,9 +229,9 @@ func TestDedupWindow(t *testing.T) {
 	ctx := testenv.Context(t)
 	m := newMsg("t", "k", []byte("x"))
 	other := newMsg("t", "k2", []byte("y"))
-	requireNoErrs(t, b.pub.Publish(ctx, []*outbox.Message{m}))
+	testenv.RequirePublishedAll(t, b.pub.Publish(ctx, []*outbox.Message{m}))
 	// The relay retries m after an unknown outcome, next to a new message.
-	requireNoErrs(t, b.pub.Publish(ctx, []*outbox.Message{m, other}))
+	testenv.RequirePublishedAll(t, b.pub.Publish(ctx, []*outbox.Message{m, other}))
 	es := entries(t, b.c, b.stream)
 	if len(es) != 2 || es[0].DedupKey() != m.DedupKey || es[1].DedupKey() != other.DedupKey {
 		t.Fatalf("stream holds %d entries %+v, want m once and other", len(es), es)
@@ -247,7 +247,7 @@ func TestDedupWindow(t *testing.T) {
 
 	// The bound: once the marker is gone (the window passed), a retry adds a second copy.
 	b.c.Del(ctx, marker)
-	requireNoErrs(t, b.pub.Publish(ctx, []*outbox.Message{m}))
+	testenv.RequirePublishedAll(t, b.pub.Publish(ctx, []*outbox.Message{m}))
 	if n := b.c.XLen(ctx, b.stream).Val(); n != 3 {
 		t.Errorf("stream holds %d entries after the marker expired, want 3", n)
 	}

@@ -93,18 +93,6 @@ func batchOf(topic string, n int) []*outbox.Message {
 	return batch
 }
 
-func requireNoErrs(t testing.TB, errs []error) {
-	t.Helper()
-	if errs != nil {
-		for i, err := range errs {
-			if err != nil {
-				t.Errorf("message %d: %v", i, err)
-			}
-		}
-		t.Fatalf("Publish returned a non-nil slice (%d entries)", len(errs))
-	}
-}
-
 func requireAll(t testing.TB, errs []error, n int, outage bool) {
 	t.Helper()
 	if len(errs) != n {

@@ -113,7 +113,7 @@ func TestDialTLS(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(pub.Close)
-	requireNoErrs(t, pub.Publish(testenv.Context(t), batchOf("t", 3)))
+	testenv.RequirePublishedAll(t, pub.Publish(testenv.Context(t), batchOf("t", 3)))
 
 	for name, cfg := range map[string]*tls.Config{
 		"system roots":          nil, // the test CA is not among them

@@ -61,29 +61,6 @@ func newMsg(topic, key string, payload []byte) *outbox.Message {
 	return &outbox.Message{ID: id, Topic: topic, Key: key, Payload: payload, ContentType: outbox.ContentTypeBinary, DedupKey: id.String()}
 }
 
-func requireNoErrs(t *testing.T, errs []error) {
-	t.Helper()
-	if !checkNoErrs(t, errs) {
-		t.FailNow()
-	}
-}
-
-// checkNoErrs is requireNoErrs for a goroutine other than the test's: it reports with
-// t.Errorf and returns whether errs is nil.
-func checkNoErrs(t *testing.T, errs []error) bool {
-	t.Helper()
-	if errs == nil {
-		return true
-	}
-	for i, err := range errs {
-		if err != nil {
-			t.Errorf("message %d: %v", i, err)
-		}
-	}
-	t.Errorf("Publish returned a non-nil slice (%d entries)", len(errs))
-	return false
-}
-
 // readN receives until it has n messages from url, and fails if no more come for
 // testenv.Stall() before then, or if there are more once n have arrived.
 func readN(t *testing.T, c *sqs.Client, url string, n int) []types.Message {
@@ -121,10 +98,10 @@ func TestPublishFIFO(t *testing.T) {
 	keyed.DedupKey = "dedup " + keyed.ID.String() // a space: hashed for MessageDeduplicationId
 	keyless := newMsg(name, "", []byte(`{"n":1}`))
 	empty := newMsg(name, "k2", []byte{})
-	requireNoErrs(t, b.pub.Publish(testenv.Context(t), []*outbox.Message{keyed, keyless, empty}))
+	testenv.RequirePublishedAll(t, b.pub.Publish(testenv.Context(t), []*outbox.Message{keyed, keyless, empty}))
 	// A retry after an unknown outcome carries the same MessageDeduplicationId: dropped.
 	again := *keyed
-	requireNoErrs(t, b.pub.Publish(testenv.Context(t), []*outbox.Message{&again}))
+	testenv.RequirePublishedAll(t, b.pub.Publish(testenv.Context(t), []*outbox.Message{&again}))
 
 	got := map[string]types.Message{}
 	for _, m := range readN(t, b.client, url, 3) {
@@ -189,7 +166,7 @@ func TestPublishBatching(t *testing.T) {
 		}
 		batch[i] = newMsg(names[i%3], "key-"+strconv.Itoa(i), payload)
 	}
-	requireNoErrs(t, b.pub.Publish(testenv.Context(t), batch))
+	testenv.RequirePublishedAll(t, b.pub.Publish(testenv.Context(t), batch))
 	for q, url := range urls {
 		seen := map[string]bool{}
 		for _, m := range readN(t, b.client, url, n/3) {
@@ -215,7 +192,7 @@ func TestPublishQueueURLRoute(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	requireNoErrs(t, pub.Publish(testenv.Context(t), []*outbox.Message{newMsg("ignored", "k", []byte("x"))}))
+	testenv.RequirePublishedAll(t, pub.Publish(testenv.Context(t), []*outbox.Message{newMsg("ignored", "k", []byte("x"))}))
 	readN(t, b.client, url, 1)
 }
 
@@ -241,7 +218,7 @@ func TestPublishMissingQueue(t *testing.T) {
 	t.Cleanup(func() {
 		_, _ = b.client.DeleteQueue(context.Background(), &sqs.DeleteQueueInput{QueueUrl: out.QueueUrl})
 	})
-	requireNoErrs(t, b.pub.Publish(testenv.Context(t), []*outbox.Message{newMsg(name, "a", []byte("1"))}))
+	testenv.RequirePublishedAll(t, b.pub.Publish(testenv.Context(t), []*outbox.Message{newMsg(name, "a", []byte("1"))}))
 }
 
 // TestPublishEntryRejected: SQS refuses one entry of a call (over the queue's
@@ -321,7 +298,7 @@ func TestPublishConcurrent(t *testing.T) {
 			for i := range perWorker {
 				batch = append(batch, newMsg(name, fmt.Sprintf("w%d-%d", w, i), []byte("x")))
 			}
-			checkNoErrs(t, b.pub.Publish(testenv.Context(t), batch)) // not require: t.Fatal is for the test's goroutine
+			testenv.PublishedAll(t, b.pub.Publish(testenv.Context(t), batch)) // not require: t.Fatal is for the test's goroutine
 		})
 	}
 	wg.Wait()
@@ -357,7 +334,7 @@ func TestPing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	requireNoErrs(t, pub.Publish(testenv.Context(t), []*outbox.Message{newMsg(other, "k", []byte("x"))}))
+	testenv.RequirePublishedAll(t, pub.Publish(testenv.Context(t), []*outbox.Message{newMsg(other, "k", []byte("x"))}))
 	if err := pub.Ping(testenv.Context(t)); err != nil {
 		t.Errorf("Ping after a send = %v", err)
 	}
@@ -418,7 +395,7 @@ func TestOutageCutAndHeal(t *testing.T) {
 	client := testsqs.Client(testsqs.Shared(t).Endpoint())
 	name, url := testsqs.Queue(t, client, true, nil)
 	proxy, pub, _ := dialProxied(t, outboxsqs.Config{Route: name})
-	requireNoErrs(t, pub.Publish(testenv.Context(t), []*outbox.Message{newMsg("t", "a", []byte("1"))}))
+	testenv.RequirePublishedAll(t, pub.Publish(testenv.Context(t), []*outbox.Message{newMsg("t", "a", []byte("1"))}))
 
 	proxy.Cut()
 	// Inputs: cut off, Publish and Ping give up by these deadlines at the latest.
@@ -430,7 +407,7 @@ func TestOutageCutAndHeal(t *testing.T) {
 	if err := pub.Ping(testenv.Context(t)); err != nil {
 		t.Fatalf("Ping after the cut healed = %v", err)
 	}
-	requireNoErrs(t, pub.Publish(testenv.Context(t), []*outbox.Message{newMsg("t", "a", []byte("4"))}))
+	testenv.RequirePublishedAll(t, pub.Publish(testenv.Context(t), []*outbox.Message{newMsg("t", "a", []byte("4"))}))
 	readN(t, client, url, 2) // nothing of the cut batch reached the queue: no connection was left
 }
 
@@ -560,6 +537,6 @@ func TestDialTLS(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(pub.Close)
-	requireNoErrs(t, pub.Publish(testenv.Context(t), []*outbox.Message{newMsg("t", "k", []byte("over TLS"))}))
+	testenv.RequirePublishedAll(t, pub.Publish(testenv.Context(t), []*outbox.Message{newMsg("t", "k", []byte("over TLS"))}))
 	readN(t, client, queueURL, 1)
 }

@@ -203,7 +203,7 @@ func TestRetryAfter(t *testing.T) {
 	if err := pub.Ping(testenv.Context(t)); err != nil {
 		t.Errorf("Ping after the Retry-After: %v", err)
 	}
-	requireNoErrs(t, pub.Publish(testenv.Context(t), []*outbox.Message{newMsg("200", "k", "{}")}))
+	testenv.RequirePublishedAll(t, pub.Publish(testenv.Context(t), []*outbox.Message{newMsg("200", "k", "{}")}))
 
 	// An HTTP date; a day is capped at 5 minutes.
 	if se := throttle(now.Add(90 * time.Second).Format(http.TimeFormat)); se.RetryAfter != 90*time.Second {
@@ -214,12 +214,12 @@ func TestRetryAfter(t *testing.T) {
 	advance(5*time.Minute - time.Second)
 	requireOutage(t, "before the cap", publishOne(t, pub, newMsg("200", "k", "{}")))
 	advance(time.Second)
-	requireNoErrs(t, pub.Publish(testenv.Context(t), []*outbox.Message{newMsg("200", "k", "{}")}))
+	testenv.RequirePublishedAll(t, pub.Publish(testenv.Context(t), []*outbox.Message{newMsg("200", "k", "{}")}))
 	// A rejection's Retry-After holds nothing back.
 	m := newMsg("422", "k", "{}")
 	m.Headers = map[string]string{"X-Test-Retry-After": "60"}
 	requireRejection(t, "422", publishOne(t, pub, m))
-	requireNoErrs(t, pub.Publish(testenv.Context(t), []*outbox.Message{newMsg("200", "k", "{}")}))
+	testenv.RequirePublishedAll(t, pub.Publish(testenv.Context(t), []*outbox.Message{newMsg("200", "k", "{}")}))
 }
 
 // hangServer holds every request until the client gives up, and says when one arrived.
@@ -382,7 +382,7 @@ func TestConcurrentBatch(t *testing.T) {
 	for i := range batch {
 		batch[i] = newMsg("t", strconv.Itoa(i), "{}")
 	}
-	requireNoErrs(t, pub.Publish(testenv.Context(t), batch))
+	testenv.RequirePublishedAll(t, pub.Publish(testenv.Context(t), batch))
 }
 
 // TestMaxConcurrency runs batches larger than MaxConcurrency from several goroutines: the
@@ -472,7 +472,7 @@ func TestConnectionReuse(t *testing.T) {
 		for i := range batch {
 			batch[i] = newMsg("t", fmt.Sprint(r, i), "{}")
 		}
-		requireNoErrs(t, pub.Publish(testenv.Context(t), batch))
+		testenv.RequirePublishedAll(t, pub.Publish(testenv.Context(t), batch))
 	}
 	// A client keeping net/http's default of 2 idle connections per host would open
 	// limit + (rounds-1)*(limit-2) = 42; allow one extra for a dial racing a freed one.
@@ -506,7 +506,7 @@ func TestTLS(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(pub.Close)
-	requireNoErrs(t, pub.Publish(testenv.Context(t), []*outbox.Message{newMsg("orders", "k", `{"tls":true}`)}))
+	testenv.RequirePublishedAll(t, pub.Publish(testenv.Context(t), []*outbox.Message{newMsg("orders", "k", `{"tls":true}`)}))
 	if got := rc.read("/tls/orders", 1); len(got) != 1 || string(got[0].Payload) != `{"tls":true}` {
 		t.Errorf("deliveries: %v", got)
 	}

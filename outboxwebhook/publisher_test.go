@@ -131,18 +131,6 @@ func newMsg(topic, key, payload string) *outbox.Message {
 	}
 }
 
-func requireNoErrs(t *testing.T, errs []error) {
-	t.Helper()
-	if errs != nil {
-		for i, err := range errs {
-			if err != nil {
-				t.Errorf("message %d: %v", i, err)
-			}
-		}
-		t.Fatalf("Publish returned a non-nil slice (%d entries)", len(errs))
-	}
-}
-
 // publishOne publishes m and returns its error.
 func publishOne(t *testing.T, pub *outboxwebhook.Publisher, m *outbox.Message) error {
 	t.Helper()
@@ -198,7 +186,7 @@ func TestRequest(t *testing.T) {
 		outboxwebhook.HeaderSignature:      "forged",     // the real signature wins
 		"Empty":                            "",
 	}
-	requireNoErrs(t, pub.Publish(testenv.Context(t), []*outbox.Message{m}))
+	testenv.RequirePublishedAll(t, pub.Publish(testenv.Context(t), []*outbox.Message{m}))
 
 	got := rc.read("/in/order/order placed/ü", 1)
 	if len(got) != 1 {
@@ -242,7 +230,7 @@ func TestRoute(t *testing.T) {
 
 	// A full URL replaces the base.
 	full := dial(rc.srv.URL + "/full/{topic}")
-	requireNoErrs(t, full.Publish(testenv.Context(t), []*outbox.Message{newMsg("orders", "k", "{}")}))
+	testenv.RequirePublishedAll(t, full.Publish(testenv.Context(t), []*outbox.Message{newMsg("orders", "k", "{}")}))
 	if n := len(rc.read("/full/orders", 1)); n != 1 {
 		t.Errorf("full URL route: %d deliveries", n)
 	}
@@ -379,7 +367,7 @@ func TestUnsigned(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	requireNoErrs(t, pub.Publish(testenv.Context(t), []*outbox.Message{newMsg("t", "k", "{}")}))
+	testenv.RequirePublishedAll(t, pub.Publish(testenv.Context(t), []*outbox.Message{newMsg("t", "k", "{}")}))
 	if got := sig.Load().([]string); len(got) != 0 {
 		t.Errorf("unsigned request carried %v", got)
 	}
@@ -416,7 +404,7 @@ func TestWrongSecret(t *testing.T) {
 		t.Errorf("the error shows a secret: %v", err)
 	}
 	// Rotation: the publisher signs with the old and the new secret.
-	requireNoErrs(t, dial(oldSecret, newSecret).Publish(testenv.Context(t), []*outbox.Message{newMsg("t", "k", "{}")}))
+	testenv.RequirePublishedAll(t, dial(oldSecret, newSecret).Publish(testenv.Context(t), []*outbox.Message{newMsg("t", "k", "{}")}))
 	if n := len(rc.read("/r", 1)); n != 1 {
 		t.Errorf("%d deliveries, want 1", n)
 	}

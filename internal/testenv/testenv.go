@@ -127,3 +127,29 @@ func (s *standalone) cleanup() {
 		}()
 	}
 }
+
+// PublishedAll reports whether errs, an outbox.Publisher's answer to a batch, says that
+// every message was confirmed (a nil slice). Otherwise it reports each message's error
+// with t.Errorf and returns false: it may be called from any goroutine.
+func PublishedAll(t TB, errs []error) bool {
+	t.Helper()
+	if errs == nil {
+		return true
+	}
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("message %d: %v", i, err)
+		}
+	}
+	t.Errorf("Publish returned a non-nil slice (%d entries)", len(errs))
+	return false
+}
+
+// RequirePublishedAll is PublishedAll that ends the test when a message was not
+// confirmed; call it from the test's goroutine.
+func RequirePublishedAll(t TB, errs []error) {
+	t.Helper()
+	if !PublishedAll(t, errs) {
+		t.Fatal("not every message was confirmed")
+	}
+}
