@@ -122,6 +122,9 @@ func TestRingRotatesAndReclaims(t *testing.T) {
 	t.Parallel()
 	db := testdb.Migrated(t)
 	drv := driverAt(t, db, outboxpgx.Config{RotateRows: 10}, 0)
+	if st, err := drv.Status(testenv.Context(t)); err != nil || st.Ring == nil || *st.Ring != (outbox.RingStatus{}) {
+		t.Fatalf("status of a new outbox: ring %+v, %v; want bucket 0, no rotation, no rows", st.Ring, err)
+	}
 	writeN(t, db, 0, 25)
 	// A retry backing off and a message kept for later: the stragglers a bucket keeps.
 	db.Exec(t, `UPDATE %[1]s.outbox SET key = 'later', attempts = 2, last_error = 'broker said no', next_attempt_at = now() + interval '1 hour' WHERE seq = 3`)

@@ -30,7 +30,10 @@ CREATE TABLE {{.Ring}} (
     rotated_at  timestamptz NOT NULL DEFAULT now(),
     rotations   bigint      NOT NULL DEFAULT 0
 );
-INSERT INTO {{.Ring}} (rotated_seq) SELECT last_value FROM {{.Table "outbox_unringed_seq"}};
+-- The sequence's value as rotation reads it: pg_sequence_last_value, NULL (0) until the
+-- first nextval.
+INSERT INTO {{.Ring}} (rotated_seq)
+SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM {{.Table "outbox_unringed_seq"}};
 
 -- The bucket a row goes to when the INSERT does not say: any writer (an older library
 -- during an upgrade, a hand-written INSERT) lands in the ring. The library's own INSERT
