@@ -177,6 +177,16 @@ func (r *Relay) Run(ctx context.Context, grace time.Duration) error {
 //     may return its key's later messages: that fetch's rows of the key are ignored too
 //     (taint), and the next full fetch returns the key from the dropped message on.
 
+// inHand is what the loop keeps of a message in hand besides the message itself.
+type inHand struct {
+	shard int
+	key   string
+}
+
+// keyFloors bounds the keys whose floor a relay remembers: a continuation sends them all,
+// about 30 bytes each.
+const keyFloors = 4096
+
 type item struct {
 	m     *Message
 	token int64 // lease token of m's shard when m was fetched
@@ -235,8 +245,9 @@ type loop struct {
 
 	lanes    map[string]*lane
 	ready    []*lane
-	known    map[int64]int // seq -> shard of every message in hand (queued, in flight, awaiting record)
+	known    map[int64]inHand // every message in hand (queued, in flight, awaiting record) by seq
 	perShard map[int]int
+	floors   *floors // the continuation's lower bound per key
 
 	leases     map[int]int64 // shard -> token
 	draining   map[int]bool
@@ -281,7 +292,8 @@ func newLoop(r *Relay) *loop {
 	return &loop{
 		r: r, cfg: r.cfg, log: r.log, hostname: hostname,
 		lanes:        map[string]*lane{},
-		known:        map[int64]int{},
+		known:        map[int64]inHand{},
+		floors:       newFloors(keyFloors),
 		perShard:     map[int]int{},
 		leases:       map[int]int64{},
 		draining:     map[int]bool{},
@@ -756,19 +768,21 @@ func (l *loop) dropUnsent(match func(*lane) bool) {
 }
 
 // settle forgets a message whose outcome was recorded, and keeps it out of the rows of
-// a fetch that is running.
-func (l *loop) settle(seq int64) {
+// a fetch that is running. It returns the message's key.
+func (l *loop) settle(seq int64) (key string) {
+	key = l.known[seq].key
 	l.forget(seq)
 	if l.fetching {
 		l.settled[seq] = true
 	}
+	return key
 }
 
 func (l *loop) forget(seq int64) {
-	if shard, ok := l.known[seq]; ok {
+	if h, ok := l.known[seq]; ok {
 		delete(l.known, seq)
-		if l.perShard[shard]--; l.perShard[shard] <= 0 {
-			delete(l.perShard, shard)
+		if l.perShard[h.shard]--; l.perShard[h.shard] <= 0 {
+			delete(l.perShard, h.shard)
 		}
 	}
 }
@@ -778,8 +792,8 @@ func (l *loop) forget(seq int64) {
 // back to this relay under a new token), and its current owner publishes the message.
 func (l *loop) dropStaleOutcomes() (dropped int) {
 	stale := func(o Outcome) bool {
-		shard, ok := l.known[o.Seq]
-		if ok && l.leases[shard] == o.Token {
+		h, ok := l.known[o.Seq]
+		if ok && l.leases[h.shard] == o.Token {
 			return false
 		}
 		l.forget(o.Seq)
@@ -846,18 +860,20 @@ func (l *loop) onComplete(res completeResult) {
 	}
 	var published, retried, dead int
 	for _, o := range c.Published {
-		l.settle(o.Seq)
+		key := l.settle(o.Seq)
 		if !refused[o.Seq] {
 			published++
+			l.floors.raise(key, o.Seq)
 		}
 	}
 	l.r.stats.published.Add(int64(published))
 	for _, f := range c.Failed {
-		l.settle(f.Seq)
+		key := l.settle(f.Seq)
 		switch {
 		case refused[f.Seq]:
 		case f.Dead:
 			dead++
+			l.floors.raise(key, f.Seq)
 			l.r.stats.dead.Add(1)
 		default:
 			retried++
@@ -932,16 +948,15 @@ func (l *loop) startFetch(ctx context.Context) {
 		l.lastFull = time.Now()
 	} else {
 		req.After = l.cursor
-		req.Keys = make([]string, 0, len(l.lanes))
-		req.KeySeqs = make([]int64, 0, len(l.lanes))
+		held := make(map[string]int64, len(l.lanes))
 		for key, ln := range l.lanes {
 			if !ln.failed && key[0] != 0 && len(ln.queue) > 0 {
 				// The lane holds the key's pending messages up to its last one (those
 				// before its head are confirmed and being recorded).
-				req.Keys = append(req.Keys, key)
-				req.KeySeqs = append(req.KeySeqs, ln.queue[len(ln.queue)-1].m.Seq)
+				held[key] = ln.queue[len(ln.queue)-1].m.Seq
 			}
 		}
+		req.Keys, req.KeySeqs = l.floors.bounds(held)
 	}
 	l.fetching = true
 	go func() {
@@ -1010,7 +1025,7 @@ func (l *loop) onFetch(res fetchResult) {
 			l.lanes[key] = ln
 		}
 		ln.queue = append(ln.queue, &item{m: m, token: token})
-		l.known[m.Seq] = m.Shard
+		l.known[m.Seq] = inHand{shard: m.Shard, key: m.Key}
 		l.perShard[m.Shard]++
 		if !ln.inFlight {
 			l.enqueue(ln)

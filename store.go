@@ -128,17 +128,20 @@ type FetchRequest struct {
 	// After, when not zero, asks only for messages with Seq > After: a continuation of
 	// earlier fetches, which the store can answer with a range scan. Exclude is then
 	// empty, and a message is returned only if its key has no pending message at or
-	// below After that the relay does not hold. The relay holds, of the key Keys[i], the
-	// pending messages up to KeySeqs[i]; of other keys, none.
+	// below After that the relay has not handled. The relay has handled, of the key
+	// Keys[i], the messages up to KeySeqs[i] (it holds them, or the store recorded their
+	// outcome for it); of other keys, none. A store must check from KeySeqs[i] up, not
+	// from the key's first message: that is what keeps the check cheap when the key's
+	// published rows are dead but not yet vacuumed.
 	After   int64
 	Keys    []string
 	KeySeqs []int64
 	Limit   int
 }
 
-// Held returns, for a continuation, the highest seq the relay holds of each key in Keys:
-// KeySeqs by key. A key without a seq (a short KeySeqs) maps to 0: nothing held, the
-// safe reading.
+// Held returns, for a continuation, the highest seq the relay has handled of each key in
+// Keys: KeySeqs by key. A key without a seq (a short KeySeqs) maps to 0: nothing handled,
+// the safe reading.
 func (r FetchRequest) Held() map[string]int64 {
 	held := make(map[string]int64, len(r.Keys))
 	for i, k := range r.Keys {
