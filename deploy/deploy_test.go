@@ -82,6 +82,8 @@ var knownMetrics = map[string]bool{
 	"outbox_partitions":                     false,
 	"outbox_partition_days_ahead":           false,
 	"outbox_oldest_transaction_age_seconds": false,
+	"outbox_ring_rotations":                 false,
+	"outbox_ring_rows_since_rotation":       false,
 }
 
 // baseMetric returns the metric a series name belongs to, and whether it is known.

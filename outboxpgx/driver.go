@@ -29,7 +29,7 @@ type Config struct {
 	// Prefix goes before every table name. Defaults to none. Must match [a-z_][a-z0-9_]*.
 	Prefix string
 	// RotateRows is how many rows a bucket of the pending ring takes before the next
-	// bucket becomes current (schema version 4). Defaults to 10,000. While a snapshot is
+	// bucket becomes current (schema version 4). Defaults to 2,000. While a snapshot is
 	// held open elsewhere in the database, a fetch walks at most about twice this many
 	// rows it cannot use; fewer means more frequent rotations.
 	RotateRows int
@@ -223,6 +223,9 @@ var ErrCopyLimit = pgsql.ErrCopyLimit
 
 // MigrateCopyLimitDefault is Config.MigrateCopyLimit's default.
 const MigrateCopyLimitDefault = pgsql.MigrateCopyLimitDefault
+
+// RotateRowsDefault is Config.RotateRows's default.
+const RotateRowsDefault = pgsql.RotateRowsDefault
 
 // Maintain implements outbox.Maintainer: the published history's daily partitions are
 // created 7 days ahead and dropped whole once older than the retention time, and expired

@@ -20,7 +20,7 @@ type Config struct {
 	// Prefix goes before every table name. Defaults to none. Must match [a-z_][a-z0-9_]*.
 	Prefix string
 	// RotateRows is how many rows a bucket of the pending ring takes before the next
-	// bucket becomes current (schema version 4). Defaults to 10,000. While a snapshot is
+	// bucket becomes current (schema version 4). Defaults to 2,000. While a snapshot is
 	// held open elsewhere in the database, a fetch walks at most about twice this many
 	// rows it cannot use; fewer means more frequent rotations.
 	RotateRows int

@@ -23,6 +23,7 @@ type dbFlags struct {
 	url            string
 	schema, prefix string
 	maxCopy        int // migrate up --max-copy
+	rotateRows     int // relay --rotate-rows
 }
 
 // addDBFlags defines --database-url (unless withURL is false: `migrate sql` needs no
@@ -39,15 +40,18 @@ func addDBFlags(fs *flag.FlagSet, withURL bool) *dbFlags {
 	return o
 }
 
+// dbConfigFlags maps outboxpgx.Config fields to their flags, for error messages.
+var dbConfigFlags = map[string]string{"Schema": "schema", "Prefix": "prefix", "RotateRows": "rotate-rows", "MigrateCopyLimit": "max-copy"}
+
 func (o *dbFlags) config() outboxpgx.Config {
-	return outboxpgx.Config{Schema: o.schema, Prefix: o.prefix, MigrateCopyLimit: o.maxCopy}
+	return outboxpgx.Config{Schema: o.schema, Prefix: o.prefix, MigrateCopyLimit: o.maxCopy, RotateRows: o.rotateRows}
 }
 
 // driver returns a driver without a pool, validating --schema and --prefix.
 func (o *dbFlags) driver() (*outboxpgx.Driver, error) {
 	drv, err := outboxpgx.New(nil, o.config())
 	if err != nil {
-		return nil, flagError(err, map[string]string{"Schema": "schema", "Prefix": "prefix"})
+		return nil, flagError(err, dbConfigFlags)
 	}
 	return drv, nil
 }
@@ -106,7 +110,7 @@ func (o *dbFlags) connect(ctx context.Context, cfg *pgxpool.Config) (*pgxpool.Po
 	drv, err := outboxpgx.New(pool, o.config())
 	if err != nil {
 		pool.Close()
-		return nil, nil, flagError(err, map[string]string{"Schema": "schema", "Prefix": "prefix"})
+		return nil, nil, flagError(err, dbConfigFlags)
 	}
 	return pool, drv, nil
 }

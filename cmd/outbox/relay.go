@@ -107,6 +107,7 @@ The outbox schema must be migrated first (outbox migrate up).`,
 		c.CleanupInterval = outbox.CleanupIntervalDefault
 		fs.Var(durationValue{d: &c.CleanupInterval}, "cleanup-interval", "run the retention cleanup every `duration`")
 		fs.IntVar(&c.CleanupBatch, "cleanup-batch", outbox.CleanupBatchDefault, "delete at most `n` rows per cleanup statement")
+		fs.IntVar(&o.db.rotateRows, "rotate-rows", outboxpgx.RotateRowsDefault, "move the pending ring on after `n` messages written to its current bucket (schema version 4)")
 
 		o.grace = shutdownGraceDefault
 		fs.Var(durationValue{d: &o.grace}, "shutdown-grace", "on SIGTERM or SIGINT, wait up to this `duration` for messages in flight to be confirmed")
@@ -265,7 +266,7 @@ func (o *relayFlags) run(ctx context.Context, inv *invocation) error {
 func (o *relayFlags) checkTuning() error {
 	c := o.cfg
 	ints := map[string]int{"batch-size": c.BatchSize, "max-in-flight": c.MaxInFlight, "publish-batch-size": c.PublishBatchSize,
-		"max-attempts": c.MaxAttempts, "cleanup-batch": c.CleanupBatch}
+		"max-attempts": c.MaxAttempts, "cleanup-batch": c.CleanupBatch, "rotate-rows": o.db.rotateRows}
 	durations := map[string]time.Duration{"poll-interval": c.PollInterval, "lease-ttl": c.LeaseTTL,
 		"retry-min-delay": c.RetryMinDelay, "retry-max-delay": c.RetryMaxDelay, "publish-timeout": c.PublishTimeout,
 		"cleanup-interval": c.CleanupInterval, "shutdown-grace": o.grace}
