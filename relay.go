@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -424,13 +425,28 @@ func (l *loop) run(ctx context.Context) {
 // relay leaves) find a new owner quickly.
 func renewEvery(ttl time.Duration) time.Duration { return min(ttl/3, time.Second) }
 
+// renewBelow is LeaseRequest.RenewBelow: a lease is rewritten only when it has less than
+// two thirds of the TTL and one renewal interval left, so with the default TTL (15s) each
+// lease row changes every 4 or 5 renewals rather than at each. Under a long transaction
+// elsewhere in the database every change is a row version that stays, and every fetch
+// reads them. The leases then keep at least two thirds of the TTL after a renewal, against
+// a renewal every third of the TTL at most. Zero (renew every lease) for a TTL of 3s or
+// less, where that leaves no room.
+func renewBelow(ttl time.Duration) time.Duration {
+	if b := ttl*2/3 + renewEvery(ttl); b < ttl {
+		return b
+	}
+	return 0
+}
+
 // syncLeases starts a lease round trip unless one is running. With final set, every
 // lease is released.
 func (l *loop) syncLeases(ctx context.Context, final bool) {
 	if l.leaseBusy {
 		return
 	}
-	req := LeaseRequest{RelayID: l.cfg.ID, Hostname: l.hostname, PID: os.Getpid(), TTL: l.cfg.LeaseTTL}
+	req := LeaseRequest{RelayID: l.cfg.ID, Hostname: l.hostname, PID: os.Getpid(), TTL: l.cfg.LeaseTTL,
+		RenewBelow: renewBelow(l.cfg.LeaseTTL)}
 	for shard, token := range l.leases {
 		lease := Lease{Shard: shard, Token: token}
 		if final || (l.draining[shard] && l.perShard[shard] == 0) {
@@ -485,9 +501,11 @@ func (l *loop) onLeases(res leaseResult) {
 		l.dropUnsent(func(ln *lane) bool { return lostSet[ln.shard] })
 	}
 	l.leases = next
-	// A renewal that started at time t keeps the leases until t+TTL in database time at
-	// the earliest; stop sending a fifth of the TTL before that.
-	l.leaseUntil = res.started.Add(l.cfg.LeaseTTL - l.cfg.LeaseTTL/5)
+	// A renewal that started at time t keeps the leases until t+left in database time at
+	// the earliest, left being what the store reported for the lease that expires first
+	// (the whole TTL when it renewed them all); stop sending a fifth of the TTL before.
+	left := cmp.Or(res.state.Left, l.cfg.LeaseTTL)
+	l.leaseUntil = res.started.Add(left - l.cfg.LeaseTTL/5)
 	l.r.stats.shards.Store(int64(len(next)))
 	// Give back shards beyond the fair share so newcomers get theirs.
 	if excess := len(next) - countTrue(l.draining) - res.state.Target; excess > 0 && res.state.Target > 0 {

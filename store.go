@@ -110,6 +110,9 @@ type LeaseRequest struct {
 	TTL      time.Duration
 	Held     []Lease // leases to renew
 	Release  []Lease // leases to give up
+	// RenewBelow, when not zero, asks to renew only the leases of Held that have less than
+	// this left; the others keep their expiry. A store that honours it reports Left.
+	RenewBelow time.Duration
 }
 
 // LeaseState is the result of Store.SyncLeases.
@@ -118,6 +121,9 @@ type LeaseState struct {
 	Shards int     // total number of shards
 	Live   int     // relays with an unexpired heartbeat, this one included
 	Target int     // this relay's fair share of shards
+	// Left is the time left, in the store's time when the leases were renewed, on the
+	// lease of Held that expires first; zero means TTL (every lease was renewed).
+	Left time.Duration
 }
 
 // FetchRequest is the input of Store.Fetch.

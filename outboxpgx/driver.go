@@ -7,6 +7,7 @@
 package outboxpgx
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -314,6 +315,7 @@ func (d *Driver) SyncLeases(ctx context.Context, req outbox.LeaseRequest) (outbo
 	err := pgx.BeginFunc(ctx, d.pool, func(tx pgx.Tx) error {
 		n := d.names
 		ttl := req.TTL.Milliseconds()
+		renewBelow := cmp.Or(req.RenewBelow, req.TTL).Milliseconds()
 		if broken.Has(broken.LocalClockLeases) { // canary: the lease statements use the relay's clock
 			if _, err := tx.Exec(ctx, "SELECT set_config('"+pgsql.ClockSetting+"', $1, true)", pgsql.RelayClock(req.RelayID)); err != nil {
 				return err
@@ -335,11 +337,11 @@ func (d *Driver) SyncLeases(ctx context.Context, req outbox.LeaseRequest) (outbo
 			return err
 		}
 		if len(req.Held) > 0 {
-			if _, err := tx.Exec(ctx, n.LeaseRenew(), req.RelayID, ttl, pgsql.Tokens(req.Held)); err != nil {
+			if _, err := tx.Exec(ctx, n.LeaseRenew(), req.RelayID, ttl, pgsql.Tokens(req.Held), renewBelow); err != nil {
 				return err
 			}
 		}
-		held, err := d.held(ctx, tx, req.RelayID)
+		held, left, err := d.held(ctx, tx, req.RelayID)
 		if err != nil {
 			return err
 		}
@@ -351,11 +353,11 @@ func (d *Driver) SyncLeases(ctx context.Context, req outbox.LeaseRequest) (outbo
 			if _, err := tx.Exec(ctx, n.LeaseAcquire(), req.RelayID, ttl, want); err != nil {
 				return err
 			}
-			if held, err = d.held(ctx, tx, req.RelayID); err != nil {
+			if held, left, err = d.held(ctx, tx, req.RelayID); err != nil {
 				return err
 			}
 		}
-		st.Held = held
+		st.Held, st.Left = held, left
 		return nil
 	})
 	if err != nil {
@@ -364,18 +366,23 @@ func (d *Driver) SyncLeases(ctx context.Context, req outbox.LeaseRequest) (outbo
 	return st, nil
 }
 
-func (d *Driver) held(ctx context.Context, tx pgx.Tx, relayID string) ([]outbox.Lease, error) {
+// held returns the relay's leases and the time left on the one that expires first.
+func (d *Driver) held(ctx context.Context, tx pgx.Tx, relayID string) ([]outbox.Lease, time.Duration, error) {
 	rows, err := tx.Query(ctx, d.names.LeaseHeld(), relayID)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
-	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (outbox.Lease, error) {
+	var left pgsql.LeastLeft
+	held, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (outbox.Lease, error) {
 		var l outbox.Lease
 		var shard int16
-		err := r.Scan(&shard, &l.Token)
+		var ms int64
+		err := r.Scan(&shard, &l.Token, &ms)
 		l.Shard = int(shard)
+		left.Add(ms)
 		return l, err
 	})
+	return held, left.Duration(), err
 }
 
 // Listen implements outbox.Listener with LISTEN on a connection of its own. It does not

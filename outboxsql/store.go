@@ -1,6 +1,7 @@
 package outboxsql
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"fmt"
@@ -231,6 +232,7 @@ func (d *Driver) SyncLeases(ctx context.Context, req outbox.LeaseRequest) (outbo
 			return err
 		}
 		ttl := req.TTL.Milliseconds()
+		renewBelow := cmp.Or(req.RenewBelow, req.TTL).Milliseconds()
 		if len(req.Release) > 0 {
 			if err := exec(n.LeaseRelease(), req.RelayID, pgsql.IntArray(pgsql.Tokens(req.Release))); err != nil {
 				return err
@@ -246,11 +248,11 @@ func (d *Driver) SyncLeases(ctx context.Context, req outbox.LeaseRequest) (outbo
 			return err
 		}
 		if len(req.Held) > 0 {
-			if err := exec(n.LeaseRenew(), req.RelayID, ttl, pgsql.IntArray(pgsql.Tokens(req.Held))); err != nil {
+			if err := exec(n.LeaseRenew(), req.RelayID, ttl, pgsql.IntArray(pgsql.Tokens(req.Held)), renewBelow); err != nil {
 				return err
 			}
 		}
-		held, err := d.held(ctx, tx, req.RelayID)
+		held, left, err := d.held(ctx, tx, req.RelayID)
 		if err != nil {
 			return err
 		}
@@ -262,11 +264,11 @@ func (d *Driver) SyncLeases(ctx context.Context, req outbox.LeaseRequest) (outbo
 			if err := exec(n.LeaseAcquire(), req.RelayID, ttl, want); err != nil {
 				return err
 			}
-			if held, err = d.held(ctx, tx, req.RelayID); err != nil {
+			if held, left, err = d.held(ctx, tx, req.RelayID); err != nil {
 				return err
 			}
 		}
-		st.Held = held
+		st.Held, st.Left = held, left
 		return nil
 	})
 	if err != nil {
@@ -275,10 +277,15 @@ func (d *Driver) SyncLeases(ctx context.Context, req outbox.LeaseRequest) (outbo
 	return st, nil
 }
 
-func (d *Driver) held(ctx context.Context, tx *sql.Tx, relayID string) ([]outbox.Lease, error) {
-	return collect(ctx, tx, d.names.LeaseHeld(), []any{relayID}, func(rows *sql.Rows) (outbox.Lease, error) {
+// held returns the relay's leases and the time left on the one that expires first.
+func (d *Driver) held(ctx context.Context, tx *sql.Tx, relayID string) ([]outbox.Lease, time.Duration, error) {
+	var left pgsql.LeastLeft
+	held, err := collect(ctx, tx, d.names.LeaseHeld(), []any{relayID}, func(rows *sql.Rows) (outbox.Lease, error) {
 		var l outbox.Lease
-		err := rows.Scan(&l.Shard, &l.Token)
+		var ms int64
+		err := rows.Scan(&l.Shard, &l.Token, &ms)
+		left.Add(ms)
 		return l, err
 	})
+	return held, left.Duration(), err
 }

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/outboxkit/outbox/internal/broken"
 )
@@ -261,8 +262,13 @@ func (n *Names) LeaseRelease() string {
 	return n.lease(`UPDATE {{leases}} SET owner = NULL, expires_at = '-infinity' WHERE owner = $1 AND token = ANY($2::bigint[])`)
 }
 
+// LeaseRenew extends the relay's leases ($1 relay, $3 tokens) to $2 ms from now, those of
+// them that expire within $4 ms: a lease with more left is not rewritten (a renewal is a
+// row version, which vacuum cannot remove while a long transaction is open, and which
+// every fetch then reads).
 func (n *Names) LeaseRenew() string {
-	return n.lease(`UPDATE {{leases}} SET expires_at = now() + $2 * interval '1 millisecond' WHERE owner = $1 AND token = ANY($3::bigint[])`)
+	return n.lease(`UPDATE {{leases}} SET expires_at = now() + $2 * interval '1 millisecond'
+WHERE owner = $1 AND token = ANY($3::bigint[]) AND expires_at < now() + $4 * interval '1 millisecond'`)
 }
 
 func (n *Names) LeaseCounts() string {
@@ -274,6 +280,31 @@ func (n *Names) LeaseAcquire() string {
 WHERE shard IN (SELECT shard FROM {{leases}} WHERE owner IS NULL OR expires_at <= now() ORDER BY shard LIMIT $3 FOR UPDATE SKIP LOCKED)`)
 }
 
+// LeastLeft finds the least of the milliseconds left that LeaseHeld returns.
+type LeastLeft struct {
+	ms  int64
+	any bool
+}
+
+// Add counts one lease's milliseconds left.
+func (l *LeastLeft) Add(ms int64) {
+	if !l.any || ms < l.ms {
+		l.ms, l.any = ms, true
+	}
+}
+
+// Duration is the least time left, at least a millisecond (zero would read as a full
+// TTL); zero when no lease was counted (the relay holds none).
+func (l *LeastLeft) Duration() time.Duration {
+	if !l.any {
+		return 0
+	}
+	return time.Duration(max(l.ms, 1)) * time.Millisecond
+}
+
+// LeaseHeld returns the relay's unexpired leases: shard, token, and the milliseconds
+// left on it.
 func (n *Names) LeaseHeld() string {
-	return n.lease(`SELECT shard, token FROM {{leases}} WHERE owner = $1 AND expires_at > now() ORDER BY shard`)
+	return n.lease(`SELECT shard, token, (extract(epoch FROM expires_at - now()) * 1000)::bigint
+FROM {{leases}} WHERE owner = $1 AND expires_at > now() ORDER BY shard`)
 }
