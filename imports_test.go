@@ -4,7 +4,9 @@ import (
 	"go/parser"
 	"go/token"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -36,6 +38,60 @@ func TestRootImportsStdlibOnly(t *testing.T) {
 			first, _, _ := strings.Cut(path, "/")
 			if strings.Contains(first, ".") && !strings.HasPrefix(path, "golang.org/x/sync") && path != "github.com/outboxkit/outbox/internal/broken" {
 				t.Errorf("%s imports %s: the root package may import only the standard library", f, path)
+			}
+		}
+	}
+}
+
+// testInfra are the packages only tests and the torture tool may link: private servers,
+// fixtures, the torture harness, fakes of brokers.
+var testInfra = []string{
+	"github.com/outboxkit/outbox/internal/test",    // testenv, testdb, testpg, testnats, ...
+	"github.com/outboxkit/outbox/internal/testinfra/torture", // the harness, the nemesis, the chaos runs
+	"github.com/outboxkit/outbox/outboxtest",       // test helpers for users' tests
+	"github.com/outboxkit/outbox/cmd/outbox-torture",
+	"github.com/Shopify/toxiproxy",
+	"github.com/chromedp",
+	// Not nats-server, which `outbox demo` runs in process as its broker, nor kfake, the
+	// in-process Kafka that `outbox bench --broker kafka://kfake` measures against.
+}
+
+func isTestInfra(pkg string) bool {
+	for _, p := range testInfra {
+		if pkg == p || strings.HasPrefix(pkg, p) {
+			return true
+		}
+	}
+	return strings.HasSuffix(pkg, "test") && strings.HasPrefix(pkg, "github.com/outboxkit/outbox/") // sqlstoretest, storetest, ...
+}
+
+// TestProductionLinksNoTestInfra keeps test servers, the torture harness and fakes out of
+// the outbox command and every package an application imports.
+func TestProductionLinksNoTestInfra(t *testing.T) {
+	t.Parallel()
+	goList := func(format string, pkgs ...string) []string {
+		t.Helper()
+		out, err := exec.Command("go", append([]string{"list", "-f", format}, pkgs...)...).Output()
+		if err != nil {
+			t.Fatalf("go list: %v", err)
+		}
+		return strings.Split(strings.TrimSpace(string(out)), "\n")
+	}
+	var prod []string
+	for _, p := range goList("{{.ImportPath}}", "github.com/outboxkit/outbox/...") {
+		if !isTestInfra(p) {
+			prod = append(prod, p)
+		}
+	}
+	if !slices.Contains(prod, "github.com/outboxkit/outbox/cmd/outbox") {
+		t.Fatalf("the outbox command is not among the production packages: %v", prod)
+	}
+	// One line a package: its path, then everything it links.
+	for _, line := range goList("{{.ImportPath}}{{range .Deps}} {{.}}{{end}}", prod...) {
+		pkg, deps, _ := strings.Cut(line, " ")
+		for _, dep := range strings.Fields(deps) {
+			if isTestInfra(dep) {
+				t.Errorf("%s links %s, a test-only package", pkg, dep)
 			}
 		}
 	}

@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/outboxkit/outbox/internal/testenv"
-	"github.com/outboxkit/outbox/internal/testnats"
+	"github.com/outboxkit/outbox/internal/testinfra/testenv"
+	"github.com/outboxkit/outbox/internal/testinfra/testnats"
 	"github.com/outboxkit/outbox/outboxnats"
 )
 

@@ -29,8 +29,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/outboxkit/outbox"
-	"github.com/outboxkit/outbox/internal/testdb"
-	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/internal/testinfra/testdb"
+	"github.com/outboxkit/outbox/internal/testinfra/testenv"
 	"github.com/outboxkit/outbox/outboxnats"
 	"github.com/outboxkit/outbox/outboxpgx"
 )

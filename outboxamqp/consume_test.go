@@ -20,9 +20,9 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/outboxkit/outbox"
-	"github.com/outboxkit/outbox/internal/testdb"
-	"github.com/outboxkit/outbox/internal/testenv"
-	"github.com/outboxkit/outbox/internal/testproxy"
+	"github.com/outboxkit/outbox/internal/testinfra/testdb"
+	"github.com/outboxkit/outbox/internal/testinfra/testenv"
+	"github.com/outboxkit/outbox/internal/testinfra/testproxy"
 	"github.com/outboxkit/outbox/outboxamqp"
 )
 

@@ -14,8 +14,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/outboxkit/outbox"
-	"github.com/outboxkit/outbox/internal/testenv"
-	"github.com/outboxkit/outbox/internal/testproxy"
+	"github.com/outboxkit/outbox/internal/testinfra/testenv"
+	"github.com/outboxkit/outbox/internal/testinfra/testproxy"
 	"github.com/outboxkit/outbox/outboxkafka"
 	"github.com/outboxkit/outbox/outboxtest/conformance"
 )

@@ -12,7 +12,7 @@ import (
 	"github.com/go-sql-driver/mysql"
 
 	"github.com/outboxkit/outbox"
-	"github.com/outboxkit/outbox/internal/testmysql"
+	"github.com/outboxkit/outbox/internal/testinfra/testmysql"
 	"github.com/outboxkit/outbox/outboxmysql"
 	"github.com/outboxkit/outbox/outboxtest"
 )

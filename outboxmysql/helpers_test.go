@@ -6,8 +6,8 @@ import (
 	"testing"
 
 	"github.com/outboxkit/outbox"
-	"github.com/outboxkit/outbox/internal/testenv"
-	"github.com/outboxkit/outbox/internal/testmysql"
+	"github.com/outboxkit/outbox/internal/testinfra/testenv"
+	"github.com/outboxkit/outbox/internal/testinfra/testmysql"
 	"github.com/outboxkit/outbox/outboxmysql"
 )
 

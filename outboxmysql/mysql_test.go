@@ -12,8 +12,8 @@ import (
 	"github.com/go-sql-driver/mysql"
 
 	"github.com/outboxkit/outbox"
-	"github.com/outboxkit/outbox/internal/testenv"
-	"github.com/outboxkit/outbox/internal/testmysql"
+	"github.com/outboxkit/outbox/internal/testinfra/testenv"
+	"github.com/outboxkit/outbox/internal/testinfra/testmysql"
 	"github.com/outboxkit/outbox/outboxmysql"
 	"github.com/outboxkit/outbox/outboxtest"
 	"github.com/outboxkit/outbox/outboxtest/storetest"

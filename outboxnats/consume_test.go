@@ -12,8 +12,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/outboxkit/outbox"
-	"github.com/outboxkit/outbox/internal/testenv"
-	"github.com/outboxkit/outbox/internal/testnats"
+	"github.com/outboxkit/outbox/internal/testinfra/testenv"
+	"github.com/outboxkit/outbox/internal/testinfra/testnats"
 	"github.com/outboxkit/outbox/outboxnats"
 )
 

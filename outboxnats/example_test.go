@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/outboxkit/outbox"
-	"github.com/outboxkit/outbox/internal/testnats"
+	"github.com/outboxkit/outbox/internal/testinfra/testnats"
 	"github.com/outboxkit/outbox/outboxnats"
 )
 

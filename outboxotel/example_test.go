@@ -14,7 +14,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/outboxkit/outbox"
-	"github.com/outboxkit/outbox/internal/testdb"
+	"github.com/outboxkit/outbox/internal/testinfra/testdb"
 	"github.com/outboxkit/outbox/outboxotel"
 	"github.com/outboxkit/outbox/outboxpgx"
 	"github.com/outboxkit/outbox/outboxtest"

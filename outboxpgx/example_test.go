@@ -12,7 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxkit/outbox"
-	"github.com/outboxkit/outbox/internal/testdb"
+	"github.com/outboxkit/outbox/internal/testinfra/testdb"
 	"github.com/outboxkit/outbox/outboxpgx"
 	"github.com/outboxkit/outbox/outboxtest"
 )

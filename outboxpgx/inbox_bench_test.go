@@ -8,7 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxkit/outbox"
-	"github.com/outboxkit/outbox/internal/testdb"
+	"github.com/outboxkit/outbox/internal/testinfra/testdb"
 )
 
 // BenchmarkInbox measures what the inbox adds to a handler: the same transaction (one

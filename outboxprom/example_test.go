@@ -18,7 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/outboxkit/outbox"
-	"github.com/outboxkit/outbox/internal/testdb"
+	"github.com/outboxkit/outbox/internal/testinfra/testdb"
 	"github.com/outboxkit/outbox/outboxpgx"
 	"github.com/outboxkit/outbox/outboxprom"
 	"github.com/outboxkit/outbox/outboxtest"

@@ -8,8 +8,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/outboxkit/outbox"
-	"github.com/outboxkit/outbox/internal/testdb"
-	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/internal/testinfra/testdb"
+	"github.com/outboxkit/outbox/internal/testinfra/testenv"
 )
 
 // TestStatusCollectorPostgres reads a known outbox in PostgreSQL: two topics with due,

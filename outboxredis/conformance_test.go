@@ -7,8 +7,8 @@ import (
 	"time"
 
 	"github.com/outboxkit/outbox"
-	"github.com/outboxkit/outbox/internal/testenv"
-	"github.com/outboxkit/outbox/internal/testproxy"
+	"github.com/outboxkit/outbox/internal/testinfra/testenv"
+	"github.com/outboxkit/outbox/internal/testinfra/testproxy"
 	"github.com/outboxkit/outbox/outboxredis"
 	"github.com/outboxkit/outbox/outboxtest/conformance"
 )

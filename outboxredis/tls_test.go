@@ -16,7 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/internal/testinfra/testenv"
 	"github.com/outboxkit/outbox/outboxredis"
 )
 

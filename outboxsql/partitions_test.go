@@ -8,7 +8,7 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/pgsql"
-	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/internal/testinfra/testenv"
 )
 
 // The database/sql drivers report a missing day of published history as ErrNoPartition,

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/outboxkit/outbox"
-	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/internal/testinfra/testenv"
 	"github.com/outboxkit/outbox/outboxpgx"
 	"github.com/outboxkit/outbox/outboxtest"
 )

@@ -120,7 +120,7 @@
 //
 // # Testing
 //
-// This package's tests run against fauxqs, an SQS emulator (see internal/testsqs), not
+// This package's tests run against fauxqs, an SQS emulator (see internal/testinfra/testsqs), not
 // against AWS. They show that the publisher speaks the SQS API as fauxqs implements it:
 // batching, FIFO groups and deduplication, attributes, per-entry failures, outages cut
 // by a proxy. They do not show that AWS behaves the same: its real limits and

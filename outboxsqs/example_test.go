@@ -10,7 +10,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 
 	"github.com/outboxkit/outbox"
-	"github.com/outboxkit/outbox/internal/testsqs"
+	"github.com/outboxkit/outbox/internal/testinfra/testsqs"
 	"github.com/outboxkit/outbox/outboxsqs"
 )
 

@@ -23,9 +23,9 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
 	"github.com/outboxkit/outbox"
-	"github.com/outboxkit/outbox/internal/testenv"
-	"github.com/outboxkit/outbox/internal/testproxy"
-	"github.com/outboxkit/outbox/internal/testsqs"
+	"github.com/outboxkit/outbox/internal/testinfra/testenv"
+	"github.com/outboxkit/outbox/internal/testinfra/testproxy"
+	"github.com/outboxkit/outbox/internal/testinfra/testsqs"
 	"github.com/outboxkit/outbox/outboxsqs"
 )
 

@@ -8,7 +8,7 @@ import (
 	"sync"
 
 	"github.com/outboxkit/outbox"
-	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/internal/testinfra/testenv"
 )
 
 // Publisher is an in-memory outbox.Publisher. It confirms every message unless Fail says

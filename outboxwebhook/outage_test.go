@@ -19,7 +19,7 @@ import (
 	"time"
 
 	"github.com/outboxkit/outbox"
-	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/internal/testinfra/testenv"
 	"github.com/outboxkit/outbox/outboxtest/conformance"
 	"github.com/outboxkit/outbox/outboxwebhook"
 )

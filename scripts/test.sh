@@ -218,11 +218,11 @@ setup() {
   # links them and runs nothing), so download and compile time is counted here and the
   # phases' times are the tests'.
   go tool gotestsum --version >/dev/null
-  fast=$(go list ./... | grep -v -e '/e2e$' -e '/internal/torture/chaos$')
+  fast=$(go list ./... | grep -v -e '/e2e$' -e '/internal/testinfra/torture/chaos$')
   # shellcheck disable=SC2086 # $fast is a list of packages
   go test -race -count=1 -exec /bin/true $fast >/dev/null
-  go test -count=1 -exec /bin/true ./e2e ./internal/torture/chaos >/dev/null
-  go test -tags outbox_broken -count=1 -exec /bin/true ./internal/torture/chaos >/dev/null
+  go test -count=1 -exec /bin/true ./e2e ./internal/testinfra/torture/chaos >/dev/null
+  go test -tags outbox_broken -count=1 -exec /bin/true ./internal/testinfra/torture/chaos >/dev/null
 }
 
 vet() {
@@ -246,8 +246,8 @@ phase "go vet" vet
 # their own stall detection.
 # shellcheck disable=SC2086 # $fast is a list of packages
 phase "unit and integration (-race)" gotest race -race -count=1 -timeout 20m $short $fast
-phase "end-to-end and torture" gotest e2e -count=1 -timeout 30m $short ./e2e ./internal/torture/chaos
+phase "end-to-end and torture" gotest e2e -count=1 -timeout 30m $short ./e2e ./internal/testinfra/torture/chaos
 # The canaries: relays broken on purpose (build tag outbox_broken) that the torture runs
 # must catch.
 phase "torture canaries" gotest canaries -tags outbox_broken -count=1 -timeout 20m $short \
-  -run '^TestCanar' ./internal/torture/chaos
+  -run '^TestCanar' ./internal/testinfra/torture/chaos

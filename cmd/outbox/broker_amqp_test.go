@@ -13,7 +13,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/outboxkit/outbox"
-	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/internal/testinfra/testenv"
 )
 
 // amqpURL is the RabbitMQ of the tests: OUTBOX_TEST_AMQP_URL, or the local server.

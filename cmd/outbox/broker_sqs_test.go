@@ -11,12 +11,12 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
 	"github.com/outboxkit/outbox"
-	"github.com/outboxkit/outbox/internal/testenv"
-	"github.com/outboxkit/outbox/internal/testsqs"
+	"github.com/outboxkit/outbox/internal/testinfra/testenv"
+	"github.com/outboxkit/outbox/internal/testinfra/testsqs"
 	"github.com/outboxkit/outbox/outboxsqs"
 )
 
-// TestRelaySQS runs the relay against fauxqs (an SQS emulator; see internal/testsqs):
+// TestRelaySQS runs the relay against fauxqs (an SQS emulator; see internal/testinfra/testsqs):
 // messages land in the FIFO queue the route names, in the layout of outboxsqs, and a
 // topic whose queue does not exist is named in a warning at start-up. The AWS SDK takes
 // its credentials from the process environment, so this test sets them and cannot run

@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/outboxkit/outbox"
-	"github.com/outboxkit/outbox/internal/testdb"
-	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/internal/testinfra/testdb"
+	"github.com/outboxkit/outbox/internal/testinfra/testenv"
 )
 
 // startConsole runs `outbox console` with args in the background and returns the URL it

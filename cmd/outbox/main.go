@@ -39,7 +39,6 @@ var commands = []*command{
 	natsCommand,
 	rabbitmqCommand,
 	benchCommand,
-	tortureCommand,
 	versionCommand,
 }
 
@@ -70,7 +69,6 @@ type invocation struct {
 }
 
 func main() {
-	tortureRelay()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	go func() {
 		// After the first signal, a second one kills the process the default way,

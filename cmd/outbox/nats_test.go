@@ -9,8 +9,8 @@ import (
 	"testing"
 
 	"github.com/outboxkit/outbox"
-	"github.com/outboxkit/outbox/internal/testenv"
-	"github.com/outboxkit/outbox/internal/testnats"
+	"github.com/outboxkit/outbox/internal/testinfra/testenv"
+	"github.com/outboxkit/outbox/internal/testinfra/testnats"
 	"github.com/outboxkit/outbox/outboxnats"
 )
 

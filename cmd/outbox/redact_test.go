@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/outboxkit/outbox/internal/testdb"
+	"github.com/outboxkit/outbox/internal/testinfra/testdb"
 )
 
 const canary = "s3cr3t-CANARY-7f1c"

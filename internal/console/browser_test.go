@@ -12,8 +12,8 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/outboxkit/outbox"
-	"github.com/outboxkit/outbox/internal/testdb"
-	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/internal/testinfra/testdb"
+	"github.com/outboxkit/outbox/internal/testinfra/testenv"
 )
 
 // chromiumPath is Debian's Chromium, which the browser test drives.

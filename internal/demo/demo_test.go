@@ -7,8 +7,8 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/outboxkit/outbox/internal/testdb"
-	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/internal/testinfra/testdb"
+	"github.com/outboxkit/outbox/internal/testinfra/testenv"
 )
 
 // lockedBuffer is a bytes.Buffer that the demo writes while the test reads it.

@@ -12,7 +12,7 @@ import (
 	_ "github.com/lib/pq"              // driver "postgres"
 
 	"github.com/outboxkit/outbox/internal/pgsql"
-	"github.com/outboxkit/outbox/internal/testdb"
+	"github.com/outboxkit/outbox/internal/testinfra/testdb"
 )
 
 func TestArrayLiterals(t *testing.T) {

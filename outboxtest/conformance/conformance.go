@@ -30,7 +30,7 @@ import (
 	"time"
 
 	"github.com/outboxkit/outbox"
-	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/internal/testinfra/testenv"
 )
 
 // Broker is what a publisher's test gives the suite.

@@ -1,0 +1,140 @@
+package testpg
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxkit/outbox/internal/testinfra/testdb"
+	"github.com/outboxkit/outbox/internal/testinfra/testenv"
+)
+
+// envOrphan makes the test binary a process that starts a server, prints its directory
+// and postmaster pid, and waits to be killed.
+const envOrphan = "OUTBOX_TESTPG_ORPHAN"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(envOrphan) == "1" {
+		_ = testenv.Run("orphan", nil, func(tb testenv.TB) {
+			s := StartServer(tb)
+			fmt.Printf("%s %d\n", s.root, s.pid())
+			select {}
+		})
+		os.Exit(1)
+	}
+	os.Exit(m.Run())
+}
+
+func TestServerStopStart(t *testing.T) {
+	t.Parallel()
+	s := StartServer(t)
+	if !strings.HasPrefix(s.URL(), "postgres://postgres@127.0.0.1:") || s.URL() == testdb.URL() {
+		t.Fatalf("URL = %s, want a private port on 127.0.0.1", s.URL())
+	}
+	query := func(t *testing.T, q string) error {
+		ctx := testenv.Context(t)
+		conn, err := pgx.Connect(ctx, s.URL())
+		if err != nil {
+			return err
+		}
+		defer conn.Close(ctx)
+		_, err = conn.Exec(ctx, q)
+		return err
+	}
+	count := func(t *testing.T) int {
+		ctx := testenv.Context(t)
+		conn, err := pgx.Connect(ctx, s.URL())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close(ctx)
+		var n int
+		if err := conn.QueryRow(ctx, `SELECT count(*) FROM t`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if err := query(t, `CREATE TABLE t (id int); INSERT INTO t VALUES (1)`); err != nil {
+		t.Fatal(err)
+	}
+
+	// A session open across an immediate stop loses its connection; what it committed
+	// before stays.
+	ctx := testenv.Context(t)
+	held, err := pgx.Connect(ctx, s.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close(ctx)
+	if _, err := held.Exec(ctx, `INSERT INTO t VALUES (2)`); err != nil {
+		t.Fatal(err)
+	}
+	s.Stop(Immediate)
+	if err := query(t, `SELECT 1`); err == nil {
+		t.Fatal("a query on a stopped server succeeded")
+	}
+	s.Stop(Immediate) // stopping twice is safe
+	s.Start()
+	if _, err := held.Exec(ctx, `SELECT 1`); err == nil {
+		t.Error("a session from before the immediate stop still works")
+	}
+	if n := count(t); n != 2 {
+		t.Errorf("after an immediate stop: %d rows, want 2", n)
+	}
+
+	if err := query(t, `INSERT INTO t VALUES (3)`); err != nil {
+		t.Fatal(err)
+	}
+	s.Restart(Fast)
+	s.Start() // starting a running server does nothing
+	if n := count(t); n != 3 {
+		t.Errorf("after a fast restart: %d rows, want 3", n)
+	}
+}
+
+// TestServerDiesWithTestProcess kills a process that runs a server without letting it
+// clean up, and checks that the server goes down with it and that the next server
+// removes the directory left behind.
+func TestServerDiesWithTestProcess(t *testing.T) {
+	t.Parallel()
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(self)
+	cmd.Env = append(os.Environ(), envOrphan+"=1")
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil {
+		t.Fatalf("the orphaning process printed no server: %v", err)
+	}
+	dir, pidText, _ := strings.Cut(strings.TrimSpace(line), " ")
+	pid, err := strconv.Atoi(pidText)
+	if err != nil || !alive(pid) {
+		t.Fatalf("the orphaning process printed %q: no live postmaster", line)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+
+	_ = cmd.Process.Kill()
+	_ = cmd.Wait()
+	testenv.AwaitCond(t, fmt.Sprintf("the orphaned postmaster %d to exit", pid), func() bool { return !alive(pid) })
+	sweep() // another test process's sweep may have been first
+
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Errorf("after a sweep, the killed process's server directory: %v, want it removed", err)
+	}
+}

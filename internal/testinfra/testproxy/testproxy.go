@@ -1,0 +1,87 @@
+// Package testproxy puts a toxiproxy TCP proxy between a client under test and a real
+// server, so a test can cut the connection (every open connection reset, new ones
+// refused) and heal it, or slow it down, without touching the server.
+package testproxy
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	toxiproxy "github.com/Shopify/toxiproxy/v2"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+
+	"github.com/outboxkit/outbox/internal/testinfra/testenv"
+)
+
+// Proxy forwards a local port to an upstream address. It is closed when the test ends.
+type Proxy struct {
+	p *toxiproxy.Proxy
+}
+
+// New starts a proxy on a free port of 127.0.0.1 forwarding to upstream ("host:port").
+func New(t testenv.TB, upstream string) *Proxy {
+	t.Helper()
+	srv := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(prometheus.NewRegistry()), zerolog.New(io.Discard))
+	p := toxiproxy.NewProxy(srv, t.Name(), "127.0.0.1:0", upstream)
+	if err := p.Start(); err != nil {
+		t.Fatalf("testproxy: start a proxy to %s: %v", upstream, err)
+	}
+	t.Cleanup(p.Stop)
+	return &Proxy{p: p}
+}
+
+// Addr is the proxy's "host:port"; clients connect here instead of upstream.
+func (p *Proxy) Addr() string { return p.p.Listen }
+
+// Cut resets every open connection and refuses new ones until Restore.
+func (p *Proxy) Cut() { p.p.Stop() }
+
+// Restore listens again on the same address. The port may linger a moment after Cut:
+// Restore retries until the listen succeeds, and fails t when it has failed the same way
+// for testenv.Stall().
+func (p *Proxy) Restore(t testenv.TB) {
+	t.Helper()
+	if err := testenv.Progress(context.Background(), "listening again on "+p.Addr(), testenv.Stall(), func() (any, bool) {
+		err := p.p.Start()
+		return err, err == nil
+	}); err != nil {
+		t.Fatalf("testproxy: restore: %v", err)
+	}
+}
+
+// Latency delays data in both directions by d (plus up to jitter) until the returned
+// function is called.
+func (p *Proxy) Latency(t testenv.TB, d, jitter time.Duration) (remove func()) {
+	t.Helper()
+	return p.toxics(t, fmt.Sprintf(`{"type":"latency","stream":%%q,"attributes":{"latency":%d,"jitter":%d}}`, d.Milliseconds(), jitter.Milliseconds()))
+}
+
+// Blackhole stops data in both directions, without closing any connection (TCP stays up,
+// nothing arrives: a hung peer or a silent network drop), until the returned function is
+// called; then the delayed data flows again.
+func (p *Proxy) Blackhole(t testenv.TB) (remove func()) {
+	t.Helper()
+	return p.toxics(t, `{"type":"timeout","stream":%q,"attributes":{"timeout":0}}`)
+}
+
+// toxics adds the toxic spec (with %q for the stream) in both directions.
+func (p *Proxy) toxics(t testenv.TB, spec string) (remove func()) {
+	t.Helper()
+	var names []string
+	for _, dir := range []string{"upstream", "downstream"} {
+		tx, err := p.p.Toxics.AddToxicJson(strings.NewReader(fmt.Sprintf(spec, dir)))
+		if err != nil {
+			t.Fatalf("testproxy: add toxic: %v", err)
+		}
+		names = append(names, tx.Name)
+	}
+	return func() {
+		for _, n := range names {
+			_ = p.p.Toxics.RemoveToxic(context.Background(), n)
+		}
+	}
+}

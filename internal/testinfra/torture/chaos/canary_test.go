@@ -1,0 +1,91 @@
+//go:build outbox_broken
+
+package chaos
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/outboxkit/outbox/internal/broken"
+	"github.com/outboxkit/outbox/internal/pgsql"
+	"github.com/outboxkit/outbox/internal/testinfra/torture"
+)
+
+// TestCanaries runs relays with one deliberate bug each (package broken) through a short
+// torture run and asserts that the checker catches it: a suite that passes a broken relay
+// proves nothing. Each canary uses the fault kinds and relay count that expose its bug;
+// none depends on the seed (replay one with OUTBOX_TORTURE_SEED).
+//
+// broken.LocalClockLeases breaks no delivery guarantee: fetching and recording are
+// fenced by the lease's owner and token in the database, so a relay that takes a shard
+// too early leaves the old owner only duplicates, which NATS drops by Nats-Msg-Id. It is
+// caught by the runner's lease check: no shard changes owner before its lease expired in
+// database time.
+//
+//	go test -tags outbox_broken -run TestCanaries ./internal/torture/chaos
+func TestCanaries(t *testing.T) {
+	for _, c := range []struct {
+		bug    broken.Bug
+		cfg    Config
+		want   string // what the checker must report, for the failure message
+		caught func(torture.Report) bool
+	}{{
+		// Outcomes an outage left unknown (cut, restart) are recorded as published.
+		// Poison recorded as published is lost too; count only the rest.
+		bug:    broken.MarkBeforeConfirm,
+		cfg:    Config{Relays: 1, Kinds: []string{KindBrokerRestart, KindBrokerCut}},
+		want:   "lost events beyond the poison ones",
+		caught: func(r torture.Report) bool { return r.Lost > r.PoisonAlive },
+	}, {
+		// A transaction that commits after a later one (a long transaction, or just a
+		// concurrent one) lands below the cursor and is never fetched, nor is the rest of
+		// its key. A relay restart would rescan from the start, so no relay kill. The
+		// drain cannot succeed: it ends as in every run, when the pending count has not
+		// gone down for DrainStall, and no sooner, so that the events reported lost are
+		// stuck for good and not merely slow.
+		bug:    broken.CursorPolling,
+		cfg:    Config{Relays: 1, Kinds: []string{KindPGTerminate, KindBrokerCut}},
+		want:   "lost events",
+		caught: func(r torture.Report) bool { return r.Lost > 0 },
+	}, {
+		// Messages of one key go out in parallel batches, and from every relay at once:
+		// a later one overtakes an earlier one. Faults make the backlogs that fill
+		// parallel batches.
+		bug:    broken.NoKeyGate,
+		cfg:    Config{Relays: 3, Kinds: []string{KindBrokerCut, KindRelayStop}},
+		want:   "order violations",
+		caught: func(r torture.Report) bool { return r.Order > 0 },
+	}, {
+		// Every relay runs a minute ahead of the database: a paused or killed relay's
+		// shards are taken after the TTL by the relays' clocks, a minute early in
+		// database time.
+		bug: broken.LocalClockLeases,
+		cfg: Config{Relays: 3, Kinds: []string{KindRelayKill, KindRelayStop},
+			RelayEnv: []string{pgsql.SkewVar + "=1m"}},
+		want:   "lease steals",
+		caught: func(r torture.Report) bool { return r.LeaseSteals > 0 },
+	}, {
+		// A retired bucket of the pending ring is truncated with its pending rows in
+		// it. A broker cut leaves a backlog spread over buckets small enough to reclaim.
+		bug:    broken.TruncateStragglers,
+		cfg:    Config{Relays: 1, Kinds: []string{KindBrokerCut}},
+		want:   "lost events",
+		caught: func(r torture.Report) bool { return r.Lost > 0 },
+	}} {
+		t.Run(string(c.bug), func(t *testing.T) {
+			cfg := c.cfg
+			cfg.Seed = seed(t)
+			cfg.Artifacts = artifacts(t)
+			cfg.Duration = 15 * time.Second
+			cfg.RelayEnv = append([]string{broken.EnvVar + "=" + string(c.bug)}, cfg.RelayEnv...)
+			rep := Run(t, cfg)
+			rep.Label = "canary " + string(c.bug) + " " + rep.Label
+			t.Log(rep.String())
+			fmt.Println(rep.String())
+			if rep.OK() || !c.caught(rep) {
+				t.Errorf("canary %s not caught: want %s (replay with OUTBOX_TORTURE_SEED=%d)", c.bug, c.want, cfg.Seed)
+			}
+		})
+	}
+}

@@ -1,0 +1,456 @@
+package chaos
+
+import (
+	"cmp"
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"encoding/hex"
+	"fmt"
+	mrand "math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxkit/outbox/internal/testinfra/testdb"
+	"github.com/outboxkit/outbox/internal/testinfra/testenv"
+	"github.com/outboxkit/outbox/internal/testinfra/testpg"
+	"github.com/outboxkit/outbox/internal/testinfra/torture"
+	"github.com/outboxkit/outbox/internal/testinfra/torture/nemesis"
+)
+
+// Config is one torture run. The zero value (but for Seed) is a 45-second NATS run with
+// one relay and every fault kind.
+type Config struct {
+	// Broker names the broker kind (see Brokers); default "nats".
+	Broker string
+	// Relays is the number of relay processes; default 1.
+	Relays int
+	// Duration is how long the load runs; default 45 s. Ignored when Events is set.
+	Duration time.Duration
+	// Events, when set, runs the load until this many events were attempted.
+	Events int
+	// MinFaults keeps the load running until the nemesis has injected each listed kind
+	// at least this often. Every run injects every kind it uses at least once.
+	MinFaults map[string]int
+	// Kinds restricts the fault kinds; default all that the broker and the database
+	// support.
+	Kinds []string
+	// Seed drives the workload and the nemesis; print it, replay with it.
+	Seed uint64
+	// Writers and Rate shape the workload: concurrent writers (default 8) and
+	// transactions per second over all of them (default 300; each writes 1–3 events).
+	Writers int
+	Rate    float64
+	// Keys is the number of aggregates (ordering keys); default 64. A long transaction
+	// holds its aggregate's row lock, so few keys slow the writers down.
+	Keys int
+	// MinGap and MaxGap bound the quiet time between faults (default 0.3–1.5 s).
+	MinGap, MaxGap time.Duration
+	// DatabaseURL is the PostgreSQL server; default the test database. The run works in
+	// a fresh schema, dropped at the end.
+	DatabaseURL string
+	// PrivatePostgres runs the database on a private PostgreSQL server (package testpg),
+	// started for the run and removed after it, instead of DatabaseURL, and adds the
+	// pg-restart fault, which the shared server must never suffer. Default false.
+	PrivatePostgres bool
+	// Artifacts is a directory for nemesis.jsonl and, on failure, history.jsonl; default
+	// a temporary directory.
+	Artifacts string
+	// RelayEnv is extra environment for the relay processes.
+	RelayEnv []string
+	// MaxAttempts is the relays' attempt limit before a dead letter; default 3, or the
+	// broker's own (RabbitMQ's returns burn attempts: RabbitMaxAttempts).
+	MaxAttempts int
+	// DrainStall ends the final drain when the number of pending events has not gone
+	// down for this long; the events still pending are then reported lost. Default
+	// testenv.Stall() (2 minutes, OUTBOX_TEST_STALL): a slow drain that keeps moving is
+	// never cut off, however slow the machine.
+	DrainStall time.Duration
+	// DrainTimeout, when set, also ends the final drain after this long, moving or not:
+	// a limit the caller chooses on purpose. Default none.
+	DrainTimeout time.Duration
+	// Progress, when set, receives a line every ProgressEvery (default 10 s) while the
+	// load runs.
+	Progress      func(format string, args ...any)
+	ProgressEvery time.Duration
+	// Done, when closed, ends the load early (an interrupted long run): the run still
+	// heals, drains, reads back and checks what was written.
+	Done <-chan struct{}
+}
+
+const (
+	leaseTTL    = 3 * time.Second
+	maxInFlight = 500
+)
+
+func (c Config) withDefaults() Config {
+	c.Broker = cmp.Or(c.Broker, "nats")
+	c.Relays = cmp.Or(c.Relays, 1)
+	c.Duration = cmp.Or(c.Duration, 45*time.Second)
+	c.Writers = cmp.Or(c.Writers, 8)
+	c.Keys = cmp.Or(c.Keys, torture.KeysDefault)
+	c.Rate = cmp.Or(c.Rate, 300)
+	c.MinGap = cmp.Or(c.MinGap, 300*time.Millisecond)
+	c.MaxGap = cmp.Or(c.MaxGap, 1500*time.Millisecond)
+	c.DatabaseURL = cmp.Or(c.DatabaseURL, testdb.URL())
+	c.ProgressEvery = cmp.Or(c.ProgressEvery, 10*time.Second)
+	c.DrainStall = cmp.Or(c.DrainStall, testenv.Stall())
+	return c
+}
+
+// Run runs one torture run and returns the checker's report; the caller prints its line
+// and decides on rep.OK(). Run fails tb when the run is invalid (the broker cannot be
+// read back completely, a fault cannot be injected, an outcome cannot be resolved) or a
+// relay exits on its own; an anomaly the checker finds is the report's business, not a
+// failure of tb, so that canary runs can assert it.
+func Run(tb testenv.TB, cfg Config) torture.Report {
+	tb.Helper()
+	cfg = cfg.withDefaults()
+	kind, err := lookup(cfg.Broker)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	cfg.MaxAttempts = cmp.Or(cfg.MaxAttempts, kind.maxAttempts, 3)
+	tb.Logf("seed=%d (replay with OUTBOX_TORTURE_SEED=%d)", cfg.Seed, cfg.Seed)
+	dir := cfg.Artifacts
+	if dir == "" {
+		dir = tb.TempDir()
+	} else if err := os.MkdirAll(dir, 0o755); err != nil {
+		tb.Fatal(err)
+	}
+	ctx := context.Background()
+
+	broker := kind.new()
+	broker.Start(tb)
+
+	var pg *testpg.Server
+	if cfg.PrivatePostgres {
+		pg = testpg.StartServer(tb)
+		cfg.DatabaseURL = pg.URL()
+	}
+
+	// Database: a fresh migrated schema and the business tables.
+	db := testdb.MigratedAt(tb, cfg.DatabaseURL)
+	connect := func(ctx context.Context) (*pgx.Conn, error) { return pgx.Connect(ctx, cfg.DatabaseURL) }
+	{
+		conn, err := connect(ctx)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		err = torture.Prepare(ctx, conn, db.Schema, cfg.Keys)
+		_ = conn.Close(ctx)
+		if err != nil {
+			tb.Fatal(err)
+		}
+	}
+	if err := watchLeases(ctx, db); err != nil {
+		tb.Fatal(err)
+	}
+
+	// Relays reach the database through a proxy of their own (the writers do not).
+	dbProxy, relayDatabaseURL := proxyDatabase(tb, cfg.DatabaseURL)
+
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	rcfg := relayConfig{databaseURL: relayDatabaseURL, schema: db.Schema, kind: cfg.Broker, broker: broker.RelayURL(),
+		route: broker.Route(), appName: "torture-relay-" + hex.EncodeToString(b[:]), ttl: leaseTTL,
+		inFlight: maxInFlight, maxAttempts: cfg.MaxAttempts, env: cfg.RelayEnv}
+	rs := make([]*relay, cfg.Relays)
+	for i := range rs {
+		rs[i] = startRelay(tb, rcfg, i+1)
+	}
+	stopSampler := sampleRSS(tb, rs)
+
+	// The workload.
+	h := &torture.History{}
+	wl, err := torture.StartWorkload(ctx, torture.WorkloadConfig{Connect: connect, Schema: db.Schema, Writers: cfg.Writers,
+		Keys: cfg.Keys, Rate: cfg.Rate, PoisonShare: 0.002, Seed: cfg.Seed}, h)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { _ = wl.Stop(context.Background()) })
+
+	// The nemesis.
+	nlog, err := os.Create(filepath.Join(dir, "nemesis.jsonl"))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { _ = nlog.Close() }) // after the nemesis's own cleanup, which may still log
+	faults := relayFaults(rs)
+	faults = append(faults, pgTerminate(db, rcfg.appName), pgSnapshot(db))
+	faults = append(faults, proxyFaults(tb, dbProxy, KindDBCut, KindDBLatency, KindDBBlackhole)...)
+	if pg != nil {
+		faults = append(faults, pgRestart(pg, db.Pool))
+	}
+	faults = append(faults, broker.Faults(tb)...)
+	if len(cfg.Kinds) > 0 {
+		faults = slices.DeleteFunc(faults, func(f nemesis.Fault) bool { return !slices.Contains(cfg.Kinds, f.Kind) })
+		for _, k := range cfg.Kinds {
+			if !slices.Contains(kindsOf(faults), k) {
+				tb.Fatalf("chaos: fault kind %q is not available with broker %s (pg-restart needs the private PostgreSQL server)", k, cfg.Broker)
+			}
+		}
+	}
+	for k := range cfg.MinFaults {
+		if !slices.Contains(kindsOf(faults), k) {
+			tb.Fatalf("chaos: fault kind %q is not available in this run (available: %v; pg-restart needs the private PostgreSQL server)", k, kindsOf(faults))
+		}
+	}
+	nem := nemesis.Start(nemesis.Config{Seed: cfg.Seed, Faults: faults, MinGap: cfg.MinGap, MaxGap: cfg.MaxGap,
+		Log: nlog, Logf: tb.Logf})
+	tb.Cleanup(nem.Stop) // heals whatever is in progress, even on failure
+	stopChurn := churnHistory(tb, db)
+
+	// Load until the duration or event count, every kind injected at least once and
+	// MinFaults met.
+	start := time.Now()
+	lastProgress := start
+	for {
+		loaded := time.Since(start) >= cfg.Duration
+		if cfg.Events > 0 {
+			loaded = h.Events() >= cfg.Events
+		}
+		if loaded && faultsMet(nem, cfg.MinFaults) {
+			break
+		}
+		if interrupted(cfg.Done) {
+			tb.Logf("interrupted: the load ends early; healing, draining and checking what was written")
+			break
+		}
+		if cfg.Progress != nil && time.Since(lastProgress) >= cfg.ProgressEvery {
+			lastProgress = time.Now()
+			cfg.Progress("torture: %s events=%d faults=%d %v", time.Since(start).Round(time.Second), h.Events(), nem.Count(), nem.Kinds())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	nem.Stop()
+	for _, r := range rs { // a relay that exited on its own (it should not) comes back for the drain
+		if r.exited() {
+			tb.Errorf("relay %s exited on its own:\n%s", r.id(), tail(r.stderr.String(), 20))
+			if err := r.start(); err != nil {
+				tb.Fatal(err)
+			}
+		}
+	}
+	// The writers finish their transactions in flight (long ones hold 1-3 s). Past this
+	// bound their COMMITs are cancelled and become unknown outcomes, which Resolve
+	// settles from the database: no verdict depends on the machine keeping up with it.
+	stopCtx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	if err := wl.Stop(stopCtx); err != nil {
+		tb.Logf("workload: %v", err)
+	}
+	cancel()
+	churned := stopChurn()
+	writing := time.Since(start)
+	for _, rec := range nem.Records() {
+		if rec.Err != "" {
+			tb.Errorf("fault %s on %s at %s failed: %s", rec.Kind, rec.Target, rec.Start.UTC().Format("15:04:05.000"), rec.Err)
+		}
+	}
+
+	// Drain: until nothing is pending, for as long as the pending count keeps going
+	// down. A drain that stalls (or outlasts DrainTimeout, if set) ends: its events
+	// still pending are the checker's to report as lost, not a reason to skip the check.
+	drainStart := time.Now()
+	dctx := ctx
+	if cfg.DrainTimeout > 0 {
+		var cancel context.CancelFunc
+		dctx, cancel = context.WithTimeout(ctx, cfg.DrainTimeout)
+		defer cancel()
+	}
+	q := fmt.Sprintf(`SELECT count(*) FROM %s.outbox`, pgx.Identifier{db.Schema}.Sanitize())
+	pending, least := 0, -1
+	drainErr := testenv.Progress(dctx, "the relays to drain the outbox", cfg.DrainStall, func() (any, bool) {
+		if err := db.Pool.QueryRow(ctx, q).Scan(&pending); err != nil {
+			tb.Fatal(err)
+		}
+		if least < 0 || pending < least {
+			least = pending // progress is a new low: a count that only wavers is a stall
+		}
+		return fmt.Sprintf("lowest pending count %d", least), pending == 0
+	})
+	drained := time.Now()
+	recovery := drained.Sub(nem.LastHealed()).Seconds()
+	if drainErr != nil {
+		tb.Logf("%d events still pending %s after everything healed and the workload stopped: the relays did not drain (%v)",
+			pending, drained.Sub(drainStart).Round(time.Millisecond), drainErr)
+		recovery = -1
+	}
+	stopSampler()
+
+	// Complete read-back.
+	log := &torture.DeliveryLog{}
+	broker.ReadBack(tb, log)
+	if err := log.LoadDead(ctx, db.Pool, db.Schema); err != nil {
+		tb.Fatal(err)
+	}
+	if err := h.Resolve(ctx, db.Pool, db.Schema); err != nil {
+		tb.Fatal(err)
+	}
+	var peak int64
+	for _, r := range rs {
+		peak = max(peak, r.peakKiB())
+	}
+	rep := torture.Check(h, log, torture.Bounds{InFlight: cfg.Relays * maxInFlight, Faults: nem.Count()})
+	rep.Label = fmt.Sprintf("chaos %s relays=%d", cfg.Broker, cfg.Relays)
+	rep.Seed = cfg.Seed
+	rep.RecoverySeconds = recovery
+	rep.RSSMiB = float64(peak) / 1024
+	if rep.LeaseSteals, err = leaseSteals(ctx, db, &rep); err != nil {
+		tb.Fatal(err)
+	}
+	tb.Logf("writing %s, drain %s, copies %d, faults %v", writing.Round(time.Millisecond), drained.Sub(drainStart).Round(time.Millisecond), rep.Copies, nem.Kinds())
+	storageChurn(tb, db, churned)
+	if !rep.OK() {
+		for _, ex := range rep.Examples {
+			tb.Logf("%s", ex)
+		}
+		if f, err := os.Create(filepath.Join(dir, "history.jsonl")); err == nil {
+			_ = h.WriteJSONL(f)
+			_ = f.Close()
+		}
+		tb.Logf("artifacts in %s", dir)
+	}
+	if rep.Delivered == 0 {
+		tb.Errorf("nothing was delivered: the run proves nothing")
+	}
+	return rep
+}
+
+func interrupted(done <-chan struct{}) bool {
+	select {
+	case <-done:
+		return true
+	default:
+		return false
+	}
+}
+
+// faultsMet reports whether the nemesis finished a round of every kind and injected each
+// kind of min at least that often.
+func faultsMet(nem *nemesis.Nemesis, min map[string]int) bool {
+	select {
+	case <-nem.RoundDone():
+	default:
+		return false
+	}
+	kinds := nem.Kinds()
+	for k, n := range min {
+		if kinds[k] < n {
+			return false
+		}
+	}
+	return true
+}
+
+// relayFaults are SIGKILL (and a restart) and SIGSTOP past the lease (then SIGCONT) of a
+// relay picked by the nemesis.
+func relayFaults(rs []*relay) []nemesis.Fault {
+	pick := func(rnd *mrand.Rand) *relay { return rs[rnd.IntN(len(rs))] }
+	return []nemesis.Fault{
+		{Kind: KindRelayKill, MinHold: 200 * time.Millisecond, MaxHold: time.Second,
+			Inject: func(rnd *mrand.Rand) (string, func() error, error) {
+				r := pick(rnd)
+				id := r.sigkill()
+				return id, r.start, nil
+			}},
+		{Kind: KindRelayStop, MinHold: leaseTTL + time.Second, MaxHold: 2 * leaseTTL,
+			Inject: func(rnd *mrand.Rand) (string, func() error, error) {
+				r := pick(rnd)
+				id, err := r.signal(syscall.SIGSTOP)
+				return id, func() error { _, err := r.signal(syscall.SIGCONT); return err }, err
+			}},
+	}
+}
+
+// pgTerminate is pg_terminate_backend on every database session of the relays.
+func pgTerminate(db *testdb.DB, appName string) nemesis.Fault {
+	return nemesis.Fault{Kind: KindPGTerminate,
+		Inject: func(*mrand.Rand) (string, func() error, error) {
+			var n int
+			err := db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1 AND pid <> pg_backend_pid()) k`, appName).Scan(&n)
+			return fmt.Sprintf("%s sessions=%d", appName, n), nil, err
+		}}
+}
+
+// sampleRSS samples every relay incarnation's peak RSS while it lives, until the
+// returned function is called.
+func sampleRSS(tb testenv.TB, rs []*relay) (stop func()) {
+	quit := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		tk := time.NewTicker(250 * time.Millisecond)
+		defer tk.Stop()
+		for {
+			select {
+			case <-quit:
+				return
+			case <-tk.C:
+				for _, r := range rs {
+					r.sample()
+				}
+			}
+		}
+	}()
+	var once bool
+	stop = func() {
+		if once {
+			return
+		}
+		once = true
+		close(quit)
+		<-done
+		for _, r := range rs {
+			r.sample()
+		}
+	}
+	tb.Cleanup(stop)
+	return stop
+}
+
+// RandomSeed returns a random seed.
+func RandomSeed() uint64 {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return binary.LittleEndian.Uint64(b[:]) >> 1
+}
+
+// watchLeases records every lease that changes owner before it expired in database
+// time: a relay took a live relay's shard. Releases (owner NULL) and takeovers of
+// expired or released leases are what correct relays do. The trigger's now() is the
+// transaction's, the same instant the lease statement judged expiry by.
+func watchLeases(ctx context.Context, db *testdb.DB) error {
+	s := pgx.Identifier{db.Schema}.Sanitize()
+	_, err := db.Pool.Exec(ctx, `CREATE TABLE `+s+`.torture_lease_steals (
+    shard smallint, old_owner text, new_owner text, left_ms float8, at timestamptz DEFAULT now());
+CREATE FUNCTION `+s+`.torture_lease_steal() RETURNS trigger LANGUAGE plpgsql AS $fn$
+BEGIN
+    IF OLD.owner IS NOT NULL AND NEW.owner IS NOT NULL AND NEW.owner <> OLD.owner AND OLD.expires_at > now() THEN
+        INSERT INTO `+s+`.torture_lease_steals (shard, old_owner, new_owner, left_ms)
+        VALUES (OLD.shard, OLD.owner, NEW.owner, extract(epoch FROM OLD.expires_at - now()) * 1000);
+    END IF;
+    RETURN NEW;
+END
+$fn$;
+CREATE TRIGGER torture_lease_steal BEFORE UPDATE ON `+s+`.outbox_leases
+    FOR EACH ROW EXECUTE FUNCTION `+s+`.torture_lease_steal();`)
+	return err
+}
+
+// leaseSteals counts what watchLeases recorded, with an example for the report.
+func leaseSteals(ctx context.Context, db *testdb.DB, rep *torture.Report) (int, error) {
+	s := pgx.Identifier{db.Schema}.Sanitize()
+	var n int
+	var ex string
+	err := db.Pool.QueryRow(ctx, `SELECT count(*), coalesce(min(format('lease: shard %s taken from %s by %s %s ms before it expired', shard, old_owner, new_owner, round(left_ms::numeric))), '') FROM `+s+`.torture_lease_steals`).Scan(&n, &ex)
+	if n > 0 {
+		rep.Examples = append(rep.Examples, ex)
+	}
+	return n, err
+}
