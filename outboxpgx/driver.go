@@ -7,7 +7,6 @@
 package outboxpgx
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -315,7 +314,7 @@ func (d *Driver) SyncLeases(ctx context.Context, req outbox.LeaseRequest) (outbo
 	err := pgx.BeginFunc(ctx, d.pool, func(tx pgx.Tx) error {
 		n := d.names
 		ttl := req.TTL.Milliseconds()
-		renewBelow := cmp.Or(req.RenewBelow, req.TTL).Milliseconds()
+		renewBelow := req.RenewBelow.Milliseconds()
 		if broken.Has(broken.LocalClockLeases) { // canary: the lease statements use the relay's clock
 			if _, err := tx.Exec(ctx, "SELECT set_config('"+pgsql.ClockSetting+"', $1, true)", pgsql.RelayClock(req.RelayID)); err != nil {
 				return err

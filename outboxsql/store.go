@@ -1,7 +1,6 @@
 package outboxsql
 
 import (
-	"cmp"
 	"context"
 	"database/sql"
 	"fmt"
@@ -232,7 +231,7 @@ func (d *Driver) SyncLeases(ctx context.Context, req outbox.LeaseRequest) (outbo
 			return err
 		}
 		ttl := req.TTL.Milliseconds()
-		renewBelow := cmp.Or(req.RenewBelow, req.TTL).Milliseconds()
+		renewBelow := req.RenewBelow.Milliseconds()
 		if len(req.Release) > 0 {
 			if err := exec(n.LeaseRelease(), req.RelayID, pgsql.IntArray(pgsql.Tokens(req.Release))); err != nil {
 				return err

@@ -262,13 +262,14 @@ func (n *Names) LeaseRelease() string {
 	return n.lease(`UPDATE {{leases}} SET owner = NULL, expires_at = '-infinity' WHERE owner = $1 AND token = ANY($2::bigint[])`)
 }
 
-// LeaseRenew extends the relay's leases ($1 relay, $3 tokens) to $2 ms from now, those of
-// them that expire within $4 ms: a lease with more left is not rewritten (a renewal is a
-// row version, which vacuum cannot remove while a long transaction is open, and which
-// every fetch then reads).
+// LeaseRenew sets the relay's leases ($1 relay, $3 tokens) to expire $2 ms from now; with
+// $4 above 0, only those that expire within $4 ms: a lease with more left is not rewritten
+// (a renewal is a row version, which vacuum cannot remove while a long transaction is
+// open, and which every fetch then reads).
 func (n *Names) LeaseRenew() string {
 	return n.lease(`UPDATE {{leases}} SET expires_at = now() + $2 * interval '1 millisecond'
-WHERE owner = $1 AND token = ANY($3::bigint[]) AND expires_at < now() + $4 * interval '1 millisecond'`)
+WHERE owner = $1 AND token = ANY($3::bigint[])
+  AND ($4::bigint <= 0 OR expires_at < now() + $4::bigint * interval '1 millisecond')`)
 }
 
 func (n *Names) LeaseCounts() string {
