@@ -46,9 +46,9 @@ func TestRootImportsStdlibOnly(t *testing.T) {
 // testInfra are the packages only tests and the torture tool may link: private servers,
 // fixtures, the torture harness, fakes of brokers.
 var testInfra = []string{
-	"github.com/outboxkit/outbox/internal/test",    // testenv, testdb, testpg, testnats, ...
+	"github.com/outboxkit/outbox/internal/test",              // testenv, testdb, testpg, testnats, ...
 	"github.com/outboxkit/outbox/internal/testinfra/torture", // the harness, the nemesis, the chaos runs
-	"github.com/outboxkit/outbox/outboxtest",       // test helpers for users' tests
+	"github.com/outboxkit/outbox/outboxtest",                 // test helpers for users' tests
 	"github.com/outboxkit/outbox/cmd/outbox-torture",
 	"github.com/Shopify/toxiproxy",
 	"github.com/chromedp",
