@@ -46,9 +46,8 @@ func TestRootImportsStdlibOnly(t *testing.T) {
 // testInfra are the packages only tests and the torture tool may link: private servers,
 // fixtures, the torture harness, fakes of brokers.
 var testInfra = []string{
-	"github.com/outboxkit/outbox/internal/test",              // testenv, testdb, testpg, testnats, ...
-	"github.com/outboxkit/outbox/internal/testinfra/torture", // the harness, the nemesis, the chaos runs
-	"github.com/outboxkit/outbox/outboxtest",                 // test helpers for users' tests
+	"github.com/outboxkit/outbox/internal/testinfra", // test servers, fixtures, the torture harness
+	"github.com/outboxkit/outbox/outboxtest",         // test helpers for users' tests
 	"github.com/outboxkit/outbox/cmd/outbox-torture",
 	"github.com/Shopify/toxiproxy",
 	"github.com/chromedp",
@@ -62,7 +61,7 @@ func isTestInfra(pkg string) bool {
 			return true
 		}
 	}
-	return strings.HasSuffix(pkg, "test") && strings.HasPrefix(pkg, "github.com/outboxkit/outbox/") // sqlstoretest, storetest, ...
+	return strings.HasPrefix(pkg, "github.com/outboxkit/outbox/") && strings.HasSuffix(pkg, "test") // sqlstoretest, ...
 }
 
 // TestProductionLinksNoTestInfra keeps test servers, the torture harness and fakes out of
