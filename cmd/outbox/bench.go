@@ -45,6 +45,7 @@ last line on stdout is "bench: key=value ...". With no flags it uses the local s
 		fs.DurationVar(&cfg.Duration, "duration", 10*time.Second, "length of the latency phase (-1s skips it)")
 		fs.IntVar(&cfg.Runs, "runs", 1, "raw + drain measurements to take; the figures are their medians")
 		fs.BoolVar(&cfg.PinXmin, "pin-xmin", false, "measure the drain and latency phases again with a snapshot held open in the\nbench's database (a long transaction), and report them as pinned_*")
+		fs.IntVar(&cfg.RotateRows, "rotate-rows", 0, "PostgreSQL: the pending ring's bucket size (`n` messages; default the store's, 2000)")
 		fs.IntVar(&cfg.SchemaVersion, "schema-version", 0, "PostgreSQL: migrate the bench's outbox up to this `version` only (3: pending rows\nwithout the ring), to compare layouts (default: the latest)")
 		fs.IntVar(&cfg.Relay.BatchSize, "batch-size", 0, "relay fetch size (0: the relay's default)")
 		fs.IntVar(&cfg.Relay.MaxInFlight, "max-in-flight", 0, "relay in-flight cap (0: the relay's default)")
@@ -55,6 +56,9 @@ last line on stdout is "bench: key=value ...". With no flags it uses the local s
 			}
 			if cfg.SchemaVersion < 0 || (cfg.SchemaVersion > 0 && cfg.DB != bench.DBPostgres) {
 				return usageErrorf("--schema-version: want a positive version, with --db postgres")
+			}
+			if cfg.RotateRows < 0 || (cfg.RotateRows > 0 && cfg.DB != bench.DBPostgres) {
+				return usageErrorf("--rotate-rows: want a positive number, with --db postgres")
 			}
 			if cfg.Events < 1 || cfg.Keys < 1 || cfg.PayloadBytes < 1 || cfg.Relays < 1 || cfg.Rate < 1 || cfg.Runs < 1 {
 				return usageErrorf("--events, --keys, --payload-bytes, --relays, --rate and --runs must be positive")

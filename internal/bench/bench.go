@@ -48,8 +48,11 @@ type Config struct {
 	// SchemaVersion migrates the PostgreSQL outbox up to this version only (3: the pending
 	// table without the ring), to compare layouts in one run. Defaults to the latest.
 	SchemaVersion int
-	Relay         outbox.RelayConfig
-	Progress      io.Writer // Progress lines; nil for none.
+	// RotateRows is the PostgreSQL store's RotateRows (the pending ring's bucket size);
+	// 0 means its default.
+	RotateRows int
+	Relay      outbox.RelayConfig
+	Progress   io.Writer // Progress lines; nil for none.
 }
 
 // Result is what a run measured.

@@ -45,7 +45,7 @@ const (
 func openDatabase(ctx context.Context, cfg Config, tag string) (database, error) {
 	switch cfg.DB {
 	case DBPostgres:
-		return openPostgres(ctx, cmp.Or(cfg.DatabaseURL, "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"), tag, cfg.SchemaVersion)
+		return openPostgres(ctx, cmp.Or(cfg.DatabaseURL, "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"), tag, cfg.SchemaVersion, cfg.RotateRows)
 	case DBSQLite:
 		return openSQLite(ctx, tag)
 	case DBMySQL:
@@ -57,17 +57,18 @@ func openDatabase(ctx context.Context, cfg Config, tag string) (database, error)
 // postgres is an outbox in a schema of its own, written through pgx.
 type postgres struct {
 	url, schema string
+	rotateRows  int
 	pool        *pgxpool.Pool
 	w           *outbox.Writer[pgx.Tx]
 }
 
-func openPostgres(ctx context.Context, url, tag string, version int) (*postgres, error) {
+func openPostgres(ctx context.Context, url, tag string, version, rotateRows int) (*postgres, error) {
 	pool, err := pgxpool.New(ctx, url)
 	if err != nil {
 		return nil, fmt.Errorf("connect to PostgreSQL: %w", err)
 	}
-	p := &postgres{url: url, schema: "outbox_bench_" + tag, pool: pool}
-	drv, err := outboxpgx.New(pool, outboxpgx.Config{Schema: p.schema})
+	p := &postgres{url: url, schema: "outbox_bench_" + tag, rotateRows: rotateRows, pool: pool}
+	drv, err := outboxpgx.New(pool, p.config())
 	if err == nil {
 		_, err = drv.MigrateUp(ctx, version)
 	}
@@ -79,6 +80,10 @@ func openPostgres(ctx context.Context, url, tag string, version int) (*postgres,
 		return nil, fmt.Errorf("PostgreSQL outbox: %w", err)
 	}
 	return p, nil
+}
+
+func (p *postgres) config() outboxpgx.Config {
+	return outboxpgx.Config{Schema: p.schema, RotateRows: p.rotateRows}
 }
 
 func (p *postgres) write(ctx context.Context, msgs []outbox.Message) error {
@@ -95,7 +100,7 @@ func (p *postgres) store(ctx context.Context) (outbox.Store, func(), error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	drv, err := outboxpgx.New(pool, outboxpgx.Config{Schema: p.schema})
+	drv, err := outboxpgx.New(pool, p.config())
 	if err != nil {
 		pool.Close()
 		return nil, nil, err
