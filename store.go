@@ -126,6 +126,13 @@ type LeaseState struct {
 	Left time.Duration
 }
 
+// FairShare is the number of shards a relay may hold when Live relays share Shards:
+// what a store sets Target to.
+func (s LeaseState) FairShare() int {
+	live := max(s.Live, 1)
+	return (s.Shards + live - 1) / live
+}
+
 // FetchRequest is the input of Store.Fetch.
 type FetchRequest struct {
 	RelayID string

@@ -347,7 +347,7 @@ func (d *Driver) SyncLeases(ctx context.Context, req outbox.LeaseRequest) (outbo
 		if err := tx.QueryRow(ctx, n.LeaseCounts()).Scan(&st.Shards, &st.Live); err != nil {
 			return err
 		}
-		st.Target = (st.Shards + max(st.Live, 1) - 1) / max(st.Live, 1)
+		st.Target = st.FairShare()
 		if want := st.Target - len(held); want > 0 {
 			if _, err := tx.Exec(ctx, n.LeaseAcquire(), req.RelayID, ttl, want); err != nil {
 				return err

@@ -368,8 +368,7 @@ func (s *Store) SyncLeases(ctx context.Context, req outbox.LeaseRequest) (outbox
 		if err != nil {
 			return fmt.Errorf("count relays: %w", err)
 		}
-		live := max(st.Live, 1)
-		st.Target = (st.Shards + live - 1) / live
+		st.Target = st.FairShare()
 		if want := st.Target - len(held); want > 0 {
 			// Free or expired shards; in MySQL SKIP LOCKED passes over rows another
 			// relay is renewing or taking, instead of queueing behind it.
