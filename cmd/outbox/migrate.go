@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"strings"
 	"text/tabwriter"
 
 	"github.com/outboxkit/outbox/outboxpgx"
@@ -63,14 +64,15 @@ var migrateUpCommand = &command{
 var migrateDownCommand = &command{
 	name:    "down",
 	summary: "Revert migrations (down to version 0 drops the outbox and its messages)",
-	help: `Reverts the latest applied migration, or every migration above --to. Reverting to
-version 0 drops the outbox tables with every message in them, pending ones included,
-and needs --yes.`,
+	help: `Reverts the latest applied migration, or every migration above --to. A migration
+whose reversal deletes data needs --yes, and without it the command says what would be
+deleted and changes nothing: 002_consumer (the consumers' inbox and versions tables)
+and 001_init (the outbox tables with every message in them, pending ones included).`,
 	setup: func(fs *flag.FlagSet) runFunc {
 		db := addDBFlags(fs, true)
 		to := &optionalInt{}
 		fs.Var(to, "to", "revert down to this `version`; 0 drops everything (default: one version back)")
-		yes := fs.Bool("yes", false, "confirm reverting to version 0, which deletes every message")
+		yes := fs.Bool("yes", false, "confirm reverting migrations that delete data (001_init, 002_consumer)")
 		return func(ctx context.Context, inv *invocation, args []string) error {
 			if err := noArgs(args); err != nil {
 				return err
@@ -88,9 +90,14 @@ and needs --yes.`,
 				return fmt.Errorf("migrate down: %w", err)
 			}
 			var applied []int
+			drops := map[int]string{}
 			for _, m := range status {
 				if m.Applied {
 					applied = append(applied, m.Version)
+					drops[m.Version] = fmt.Sprintf("%03d_%s drops %s", m.Version, m.Name, m.DownDrops)
+					if m.DownDrops == "" {
+						delete(drops, m.Version)
+					}
 				}
 			}
 			if len(applied) == 0 {
@@ -104,9 +111,17 @@ and needs --yes.`,
 					target = applied[len(applied)-2]
 				}
 			}
-			if target == 0 && !*yes {
-				return usageErrorf("migrate down to version 0 drops the outbox tables in schema %q (prefix %q) with every message in them: add --yes to do it",
-					db.schema, db.prefix)
+			if !*yes {
+				var lost []string
+				for i := len(applied) - 1; i >= 0 && applied[i] > target; i-- {
+					if d, ok := drops[applied[i]]; ok {
+						lost = append(lost, d)
+					}
+				}
+				if len(lost) > 0 {
+					return usageErrorf("migrate down to version %d deletes data in schema %q (prefix %q): reverting %s. Nothing was changed; add --yes to do it",
+						target, db.schema, db.prefix, strings.Join(lost, "; reverting "))
+				}
 			}
 			reverted, err := drv.MigrateDown(ctx, target)
 			if err != nil {

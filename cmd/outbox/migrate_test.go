@@ -42,6 +42,21 @@ func TestMigrateRoundTrip(t *testing.T) {
 		t.Fatalf("down one version: %s", r)
 	}
 	must(t, 0, b.env, "migrate", "up")
+	// Reverting 002_consumer drops the consumers' dedup state: refused without --yes,
+	// naming the tables, and nothing changes (not even the migrations above it).
+	r = must(t, 2, b.env, "migrate", "down", "--to", "1")
+	if line := errorLine(r.stderr); !strings.Contains(line, "--yes") || !strings.Contains(line, "outbox_inbox") ||
+		!strings.Contains(line, "002_consumer") || !b.tableExists(t, "outbox_inbox") || !b.tableExists(t, "outbox_ring") {
+		t.Fatalf("down to 1 without --yes: %s", r)
+	}
+	// Reverting migrations that copy their rows back needs no confirmation.
+	if r := must(t, 0, b.env, "migrate", "down", "--to", "2"); !strings.Contains(r.stdout, "reverted 003_partitioned_history") {
+		t.Fatalf("down to 2: %s", r)
+	}
+	if r := must(t, 0, b.env, "migrate", "down", "--to", "1", "--yes"); !strings.Contains(r.stdout, "reverted 002_consumer") || b.tableExists(t, "outbox_inbox") {
+		t.Fatalf("down to 1 --yes: %s", r)
+	}
+	must(t, 0, b.env, "migrate", "up")
 	// Down to version 0 drops every message: refused without --yes, and nothing changes.
 	r = must(t, 2, b.env, "migrate", "down", "--to", "0")
 	if !strings.Contains(errorLine(r.stderr), "--yes") || !b.tableExists(t, "outbox") {

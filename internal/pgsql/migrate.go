@@ -34,12 +34,24 @@ type MigrationStatus struct {
 	// upgraded first and the migration applied once none of the old version runs (see
 	// docs/operations.md, Migrations).
 	Deferrable bool
+	// DownDrops, when not empty, says what reverting the migration deletes for good (its
+	// down migration drops tables with data in them); a command must ask before it.
+	DownDrops string
 }
 
 // deferrable are the migrations this code runs without: version 3 (published history in
 // partitions), whose maintenance falls back to deleting expired rows on the old table,
 // and version 4 (the pending ring), without which Recycle does nothing.
 var deferrable = map[int]bool{3: true, 4: true}
+
+// downDrops returns what reverting each migration deletes: the migrations whose down
+// migration drops tables holding data. (Reverting 3 and 4 copies their rows back.)
+func (n *Names) downDrops() map[int]string {
+	return map[int]string{
+		1: "every outbox table with every message in them, pending ones included",
+		2: fmt.Sprintf("%s and %s: the consumers' deduplication and version state", n.Inbox, n.Versions),
+	}
+}
 
 // ringMigration makes the pending table a ring of buckets, copying the pending rows
 // while it holds the outbox's lock.
@@ -105,8 +117,10 @@ func (n *Names) Status(ctx context.Context, inTx InTx) ([]MigrationStatus, error
 				return err
 			}
 		}
+		drops := n.downDrops()
 		for _, m := range all {
-			out = append(out, MigrationStatus{Version: m.Version, Name: m.Name, Applied: done[m.Version], Deferrable: deferrable[m.Version]})
+			out = append(out, MigrationStatus{Version: m.Version, Name: m.Name, Applied: done[m.Version],
+				Deferrable: deferrable[m.Version], DownDrops: drops[m.Version]})
 		}
 		return nil
 	})
