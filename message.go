@@ -47,7 +47,8 @@ type Message struct {
 	// key is skipped and reported (see DuplicateError). Defaults to the ID's string form.
 	DedupKey string
 
-	// DeliverAt delays publication until this time. The zero value means as soon as the
+	// DeliverAt delays publication until this time; its year (in UTC) must lie within
+	// 1000-9999, the range every store can hold. The zero value means as soon as the
 	// transaction commits. A delayed message holds back later messages of its key.
 	DeliverAt time.Time
 

@@ -116,6 +116,11 @@ func (l Limits) prepare(i int, m *Message) error {
 	if size > l.MaxHeaderBytes {
 		return bad("Headers", "%d bytes is over the limit of %d (Limits.MaxHeaderBytes)", size, l.MaxHeaderBytes)
 	}
+	if !m.DeliverAt.IsZero() {
+		if y := m.DeliverAt.UTC().Year(); y < 1000 || y > 9999 {
+			return bad("DeliverAt", "year %d is outside 1000-9999, the range every store can hold", y)
+		}
+	}
 	if m.ID.IsZero() {
 		m.ID = NewID()
 	}

@@ -23,6 +23,10 @@ func TestPrepareDefaults(t *testing.T) {
 	if msgs[1].ContentType != ContentTypeBinary {
 		t.Fatalf("binary payload got content type %q", msgs[1].ContentType)
 	}
+	far := []Message{{Topic: "t", DeliverAt: time.Date(9999, 12, 31, 0, 0, 0, 0, time.UTC)}, {Topic: "t", DeliverAt: time.Date(1000, 1, 1, 0, 0, 0, 0, time.FixedZone("", -3600))}}
+	if err := (Limits{}).Prepare(far); err != nil {
+		t.Fatalf("DeliverAt in the years 1000-9999: %v", err)
+	}
 	if msgs[2].DedupKey != "custom" {
 		t.Fatalf("explicit dedup key replaced: %q", msgs[2].DedupKey)
 	}
@@ -51,6 +55,9 @@ func TestPrepareRejects(t *testing.T) {
 		{Message{Topic: "t", Headers: map[string]string{"a": "1", "b": "2", "c": "3"}}, "Headers"},
 		{Message{Topic: "t", Headers: map[string]string{"a": strings.Repeat("v", 100)}}, "Headers"},
 		{Message{Topic: "t", DedupKey: "a\x00"}, "DedupKey"},
+		{Message{Topic: "t", DeliverAt: time.Date(300000, 1, 1, 0, 0, 0, 0, time.UTC)}, "DeliverAt"},
+		{Message{Topic: "t", DeliverAt: time.Date(-5000, 1, 1, 0, 0, 0, 0, time.UTC)}, "DeliverAt"},
+		{Message{Topic: "t", DeliverAt: time.Date(999, 12, 31, 23, 0, 0, 0, time.UTC)}, "DeliverAt"},
 	}
 	lim := Limits{MaxPayloadBytes: 10, MaxHeaders: 2, MaxHeaderBytes: 50}
 	for _, tc := range cases {

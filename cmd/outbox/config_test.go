@@ -90,13 +90,14 @@ func TestConfigErrors(t *testing.T) {
 func TestParseDuration(t *testing.T) {
 	t.Parallel()
 	for in, want := range map[string]time.Duration{
-		"90s": 90 * time.Second, "2h": 2 * time.Hour, "7d": 7 * 24 * time.Hour, "1d12h": 36 * time.Hour, " 5m ": 5 * time.Minute,
+		"90s": 90 * time.Second, "106751d": 106751 * 24 * time.Hour, "2h": 2 * time.Hour, "7d": 7 * 24 * time.Hour, "1d12h": 36 * time.Hour, " 5m ": 5 * time.Minute,
 	} {
 		if got, err := parseDuration(in); err != nil || got != want {
 			t.Errorf("parseDuration(%q) = %v, %v; want %v", in, got, err, want)
 		}
 	}
-	for _, in := range []string{"", "d", "xd", "1.5d", "-1d", "soon"} {
+	// Out of range is an error, not a wrapped-around value (213504d once became 25m26s).
+	for _, in := range []string{"", "d", "xd", "1.5d", "-1d", "soon", "213504d", "106752d", "106751d24h", "9999999999h"} {
 		if _, err := parseDuration(in); err == nil {
 			t.Errorf("parseDuration(%q): no error", in)
 		}

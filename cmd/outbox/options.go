@@ -4,6 +4,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"math"
 	"os"
 	"sort"
 	"strconv"
@@ -215,13 +216,20 @@ func (v durationValue) Set(s string) error {
 }
 
 // parseDuration is time.ParseDuration plus a whole number of days ("7d", "1d12h").
+// maxDays is the most whole days a time.Duration holds (about 292 years).
+const maxDays = math.MaxInt64 / int64(24*time.Hour)
+
 func parseDuration(s string) (time.Duration, error) {
 	s = strings.TrimSpace(s)
+	whole := s
 	var days time.Duration
 	if i := strings.IndexByte(s, 'd'); i > 0 {
 		n, err := strconv.Atoi(s[:i])
 		if err != nil || n < 0 {
 			return 0, fmt.Errorf("invalid duration %q: want e.g. 30s, 5m, 2h or 7d", s)
+		}
+		if int64(n) > maxDays {
+			return 0, fmt.Errorf("duration %q is too long: at most %dd", whole, maxDays)
 		}
 		days = time.Duration(n) * 24 * time.Hour
 		s = s[i+1:]
@@ -229,9 +237,12 @@ func parseDuration(s string) (time.Duration, error) {
 			return days, nil
 		}
 	}
-	d, err := time.ParseDuration(s)
+	d, err := time.ParseDuration(s) // fails on overflow itself
 	if err != nil {
 		return 0, fmt.Errorf("invalid duration %q: want e.g. 30s, 5m, 2h or 7d", s)
+	}
+	if d > 0 && days > math.MaxInt64-d {
+		return 0, fmt.Errorf("duration %q is too long: at most %dd", whole, maxDays)
 	}
 	return days + d, nil
 }
