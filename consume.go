@@ -52,8 +52,8 @@ func (e *RetryError) Unwrap() error { return e.Err }
 // attempt limit).
 func Retry(err error, delay time.Duration) error { return &RetryError{Err: err, Delay: delay} }
 
-// PermanentError marks a handler error that retrying cannot fix: the message is
-// dead-lettered at once.
+// PermanentError marks a handler error, or a publisher's rejection, that retrying cannot
+// fix: the message is dead-lettered at once.
 type PermanentError struct{ Err error }
 
 func (e *PermanentError) Error() string { return "permanent: " + e.Err.Error() }

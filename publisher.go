@@ -15,7 +15,9 @@ import "context"
 // unreachable, the connection broke, a timeout with unknown outcome) must be wrapped with
 // Outage: the relay pauses, retries later and counts no attempt. Any other error is a
 // rejection of that one message: the relay counts an attempt, backs off that message's key
-// and dead-letters the message after the attempt limit.
+// and dead-letters the message after the attempt limit, or at once when the error is
+// wrapped with Permanent (the message can never be published: a destination reserved for
+// the broker's own APIs, a message over the broker's size limit).
 //
 // The messages of one batch have distinct keys, so a publisher may send them all at once
 // (pipelined) without breaking per-key order. Publish is called from several goroutines

@@ -716,7 +716,7 @@ func (l *loop) reject(ln *lane, it *item, err error) {
 	ln.inFlight = false
 	attempt := it.m.Attempts + 1
 	f := Failure{Outcome: Outcome{Seq: it.m.Seq, Token: it.token}, Error: truncate(err.Error(), 2000)}
-	if attempt >= l.cfg.MaxAttempts {
+	if attempt >= l.cfg.MaxAttempts || IsPermanent(err) {
 		f.Dead = true
 		l.log.Error("message dead-lettered", "event_id", it.m.ID.String(), "dedup_key", it.m.DedupKey,
 			"aggregate_id", it.m.Key, "event_type", it.m.EventType, "topic", it.m.Topic, "attempt", attempt, "err", err)

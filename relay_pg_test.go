@@ -161,6 +161,36 @@ func TestRelayScaleOut(t *testing.T) {
 // TestRelayPoisonDeadLetter: a message the broker always rejects is dead-lettered after
 // MaxAttempts while other keys, and later messages of other keys, keep flowing; its own
 // key's later message waits behind it and follows once it is dead.
+// TestRelayPermanentRejection: a rejection wrapped with Permanent dead-letters the message
+// on its first attempt, and its key goes on.
+func TestRelayPermanentRejection(t *testing.T) {
+	t.Parallel()
+	b := setupRelay(t)
+	bad := outbox.NewID()
+	pub := &outboxtest.Publisher{Fail: func(m *outbox.Message) error {
+		if m.ID == bad {
+			return outbox.Permanent(errors.New("subject reserved"))
+		}
+		return nil
+	}}
+	b.Write(t,
+		outbox.Message{ID: bad, Topic: "t", Key: "k", Payload: []byte(`"unpublishable"`)},
+		outbox.Message{Topic: "t", Key: "k", Payload: []byte(`"next"`)},
+	)
+	r := b.relay(t, nil, pub, outbox.RelayConfig{MaxAttempts: 10, RetryMinDelay: time.Hour, RetryMaxDelay: time.Hour})
+	if got := pub.Await(t, 1); string(got[0].Payload) != `"next"` { // with a retry, it would wait an hour
+		t.Fatalf("published %s, want the key's next message", got[0].Payload)
+	}
+	var attempts int
+	q := fmt.Sprintf(`SELECT attempts FROM "%s".outbox_dead WHERE id = $1`, b.Schema)
+	if err := b.Pool.QueryRow(testenv.Context(t), q, [16]byte(bad)).Scan(&attempts); err != nil || attempts != 1 {
+		t.Fatalf("dead letter: attempts %d, %v; want 1 attempt", attempts, err)
+	}
+	if s := r.Stats(); s.DeadLettered != 1 || s.Rejected != 0 {
+		t.Fatalf("stats %+v, want 1 dead and none rejected", s)
+	}
+}
+
 func TestRelayPoisonDeadLetter(t *testing.T) {
 	t.Parallel()
 	b := setupRelay(t)

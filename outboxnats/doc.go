@@ -63,9 +63,15 @@
 // Rejections (returned as they are):
 //
 //   - the message, headers included, is larger than the server's max_payload
-//     (nats.ErrMaxPayload; checked before sending, so it is not sent);
+//     (nats.ErrMaxPayload; checked before sending, so it is not sent; wrapped with
+//     outbox.Permanent, so the relay dead-letters it at once);
 //   - the subject is invalid: empty, with white space, an empty token ("a..b") or a
-//     wildcard token ("*", ">") (nats.ErrBadSubject; not sent);
+//     wildcard token ("*", ">"), or reserved: a first token starting with "$" (the
+//     server's APIs: $JS.API, where a publish can delete or purge a stream, $SYS, $KV,
+//     $O, ...) or "_INBOX" or "_R_" (replies) (nats.ErrBadSubject; not sent; wrapped with
+//     outbox.Permanent);
+//   - an answer that is not a PubAck (jetstream.ErrInvalidJSAck): the subject is served
+//     by something other than a stream;
 //   - a header name NATS refuses (nats.ErrBadHeaderMsg);
 //   - every other JetStream API error, which concerns the message itself (4xx codes):
 //     10054 larger than the stream's max_msg_size, 10097 headers over 64 KiB, 10071 and

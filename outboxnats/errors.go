@@ -67,6 +67,7 @@ func classify(err error, subject string) error {
 		return outbox.Outage(&NoStreamError{Subject: subject, Err: err})
 	case errors.Is(err, nats.ErrMaxPayload),
 		errors.Is(err, nats.ErrBadSubject),
+		errors.Is(err, jetstream.ErrInvalidJSAck), // a reply that is no PubAck: not a stream's subject
 		errors.Is(err, nats.ErrBadHeaderMsg),
 		errors.Is(err, nats.ErrInvalidMsg):
 		return wrapped
@@ -112,6 +113,11 @@ func apiOutage(e *jetstream.APIError) bool {
 func checkSubject(subject string) string {
 	if subject == "" {
 		return "empty subject"
+	}
+	if first, _, _ := strings.Cut(subject, "."); strings.HasPrefix(first, "$") || first == "_INBOX" || first == "_R_" {
+		// $JS.API (a publish there can delete or purge a stream), $SYS, $KV, $O, $JSC,
+		// $NRG, $MQTT...: the server's own APIs. _INBOX and _R_: replies to requests.
+		return fmt.Sprintf("%q is reserved for the server's APIs and replies, not for messages", first)
 	}
 	if i := strings.IndexFunc(subject, func(r rune) bool { return r <= ' ' || r == 0x7f }); i >= 0 {
 		return fmt.Sprintf("white space or control character at byte %d", i)

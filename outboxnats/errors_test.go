@@ -36,7 +36,6 @@ func TestClassify(t *testing.T) {
 		{"deadline", context.DeadlineExceeded, true},
 		{"no responders", nats.ErrNoResponders, true},
 		{"no stream response", jetstream.ErrNoStreamResponse, true},
-		{"invalid ack", jetstream.ErrInvalidJSAck, true},
 		{"unknown", errors.New("something new"), true},
 		{"insufficient resources", api(503, 10023), true},
 		{"storage exceeded", api(500, 10047), true},
@@ -49,6 +48,7 @@ func TestClassify(t *testing.T) {
 		{"not enabled", api(503, 10076), true},
 		{"max payload", nats.ErrMaxPayload, false},
 		{"bad subject", nats.ErrBadSubject, false},
+		{"not a PubAck", jetstream.ErrInvalidJSAck, false},
 		{"bad header", nats.ErrBadHeaderMsg, false},
 		{"max msg size", api(400, 10054), false},
 		{"header too large", api(400, 10097), false},
@@ -74,6 +74,8 @@ func TestCheckSubject(t *testing.T) {
 		"a": true, "a.b.c": true, "a*b.c>": true, "a-b_c.D9": true,
 		"": false, ".a": false, "a.": false, "a..b": false, "*": false, "a.*": false,
 		"a.>": false, ">": false, "a b": false, "a\tb": false, "a\x00b": false, "a\x7fb": false,
+		"$JS.API.STREAM.DELETE.X": false, "$SYS.REQ.SERVER.PING": false, "$KV.b.k": false, "$O.b": false,
+		"_INBOX.abc": false, "_R_.x": false, "$": false, "a.$JS.b": true, "_INBOXES.a": true,
 	} {
 		if got := checkSubject(s) == ""; got != valid {
 			t.Errorf("checkSubject(%q) valid = %v, want %v", s, got, valid)

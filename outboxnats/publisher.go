@@ -398,7 +398,7 @@ func (p *Publisher) Subject(m *outbox.Message) (string, error) {
 		return "", fmt.Errorf("outboxnats: %w", err)
 	}
 	if reason := checkSubject(subject); reason != "" {
-		return "", fmt.Errorf("outboxnats: invalid subject %q for topic %q: %s: %w", subject, m.Topic, reason, nats.ErrBadSubject)
+		return "", outbox.Permanent(fmt.Errorf("outboxnats: invalid subject %q for topic %q: %s: %w", subject, m.Topic, reason, nats.ErrBadSubject))
 	}
 	return subject, nil
 }
@@ -421,8 +421,8 @@ func (p *Publisher) Msg(m *outbox.Message) (*nats.Msg, error) {
 	// Nats-Msg-Id header later: count it now.
 	size := len(m.Payload) + headerSize(h, jetstream.MsgIDHeader, m.DedupID())
 	if limit := p.nc.MaxPayload(); limit > 0 && int64(size) > limit {
-		return nil, fmt.Errorf("outboxnats: message for subject %q is %d bytes (payload %d, headers %d), over the server's max_payload of %d bytes: %w",
-			subject, size, len(m.Payload), size-len(m.Payload), limit, nats.ErrMaxPayload)
+		return nil, outbox.Permanent(fmt.Errorf("outboxnats: message for subject %q is %d bytes (payload %d, headers %d), over the server's max_payload of %d bytes: %w",
+			subject, size, len(m.Payload), size-len(m.Payload), limit, nats.ErrMaxPayload))
 	}
 	return &nats.Msg{Subject: subject, Header: h, Data: m.Payload}, nil
 }

@@ -522,3 +522,39 @@ func TestDialRedactsCredentials(t *testing.T) {
 		t.Errorf("error leaks the token: %v", err)
 	}
 }
+
+// TestPublishReservedSubjects: with the default route a topic is the subject, and a
+// topic naming the JetStream API would delete or purge a stream. Such subjects are
+// rejected (the message goes the retry and dead-letter way), never sent, and the stream
+// lives on.
+func TestPublishReservedSubjects(t *testing.T) {
+	t.Parallel()
+	js := testnats.JetStream(t, "")
+	stream, _ := testnats.Stream(t, js)
+	pub, err := outboxnats.New(js, outboxnats.Config{}) // route {topic}
+	if err != nil {
+		t.Fatal(err)
+	}
+	topics := []string{"$JS.API.STREAM.DELETE." + stream, "$JS.API.STREAM.PURGE." + stream,
+		"$SYS.REQ.SERVER.PING", "$KV.bucket.key", "$O.store.x", "_INBOX.reply"}
+	batch := make([]*outbox.Message, len(topics))
+	for i, topic := range topics {
+		batch[i] = newMsg(topic, strconv.Itoa(i), []byte(`{}`))
+	}
+	errs := pub.Publish(testenv.Context(t), batch)
+	for i, topic := range topics {
+		switch err := errs[i]; {
+		case err == nil:
+			t.Errorf("topic %q was published", topic)
+		case outbox.IsOutage(err):
+			t.Errorf("topic %q: outage, want a rejection: %v", topic, err)
+		case !errors.Is(err, nats.ErrBadSubject) || !strings.Contains(err.Error(), "reserved"):
+			t.Errorf("topic %q: %v, want nats.ErrBadSubject saying the subject is reserved", topic, err)
+		}
+	}
+	ctx, cancel := testenv.CallContext()
+	defer cancel()
+	if _, err := js.Stream(ctx, stream); err != nil {
+		t.Fatalf("stream %s after the publishes: %v", stream, err)
+	}
+}
