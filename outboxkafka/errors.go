@@ -3,6 +3,7 @@ package outboxkafka
 import (
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/twmb/franz-go/pkg/kerr"
 
@@ -68,13 +69,17 @@ func batchLevel(err error) bool {
 }
 
 // checkTopic returns why name cannot be a Kafka topic, or "": topic names are 1 to 249
-// ASCII letters, digits, '.', '_' and '-', and neither "." nor "..".
+// ASCII letters, digits, '.', '_' and '-', and neither "." nor "..". Names starting with
+// "__" are Kafka's internal topics (__consumer_offsets, __transaction_state, ...): a
+// record there could corrupt consumer groups or transactions.
 func checkTopic(name string) string {
 	switch {
 	case name == "":
 		return "empty topic name"
 	case name == "." || name == "..":
 		return `"." and ".." are not topic names`
+	case strings.HasPrefix(name, "__"):
+		return `names starting with "__" are reserved for Kafka's internal topics`
 	case len(name) > 249:
 		return fmt.Sprintf("%d characters, over Kafka's limit of 249", len(name))
 	}

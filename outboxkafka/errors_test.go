@@ -116,6 +116,7 @@ func TestCheckTopic(t *testing.T) {
 		"orders": true, "a.b_c-D9": true, "...": true, strings.Repeat("x", 249): true,
 		"": false, ".": false, "..": false, strings.Repeat("x", 250): false,
 		"a b": false, "a/b": false, "a:b": false, "ü": false, "a\x00": false, "{topic}": false,
+		"__consumer_offsets": false, "__transaction_state": false, "_single": true, "a__b": true,
 	} {
 		if got := checkTopic(name) == ""; got != valid {
 			t.Errorf("checkTopic(%.20q) valid = %v, want %v", name, got, valid)

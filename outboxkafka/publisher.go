@@ -445,7 +445,7 @@ func (p *Publisher) Record(m *outbox.Message) (*kgo.Record, error) {
 		return nil, fmt.Errorf("outboxkafka: %w", err)
 	}
 	if reason := checkTopic(topic); reason != "" {
-		return nil, fmt.Errorf("outboxkafka: invalid topic %q for message topic %q: %s: %w", topic, m.Topic, reason, kerr.InvalidTopicException)
+		return nil, outbox.Permanent(fmt.Errorf("outboxkafka: invalid topic %q for message topic %q: %s: %w", topic, m.Topic, reason, kerr.InvalidTopicException))
 	}
 	r := &kgo.Record{Topic: topic, Value: m.Payload, Headers: headers(m)}
 	if r.Value == nil {
