@@ -172,7 +172,7 @@ func printDeadTable(w io.Writer, dls []outbox.DeadLetter) error {
 
 // oneLine shortens s to its first line and at most n runes.
 func oneLine(s string, n int) string {
-	s, _, more := strings.Cut(s, "\n")
+	s, _, more := strings.Cut(escapeControls(s), "\n")
 	s = strings.ReplaceAll(s, "\t", " ")
 	if utf8.RuneCountInString(s) > n {
 		s = string([]rune(s)[:n-3]) + "..."
@@ -242,7 +242,7 @@ func printDeadLetter(w io.Writer, dl outbox.DeadLetter) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	fmt.Fprintf(w, "\nlast error:\n%s\n", indent(dl.LastError))
+	fmt.Fprintf(w, "\nlast error:\n%s\n", indent(escapeControls(dl.LastError)))
 	fmt.Fprintf(w, "\nheaders (%d):\n", len(dl.Headers))
 	names := make([]string, 0, len(dl.Headers))
 	for k := range dl.Headers {
@@ -253,7 +253,7 @@ func printDeadLetter(w io.Writer, dl outbox.DeadLetter) error {
 		fmt.Fprintf(w, "  %s: %s\n", k, quoteIfNeeded(dl.Headers[k]))
 	}
 	if utf8.Valid(dl.Payload) {
-		fmt.Fprintf(w, "\npayload (%d bytes, text):\n%s\n", len(dl.Payload), indent(string(dl.Payload)))
+		fmt.Fprintf(w, "\npayload (%d bytes, text):\n%s\n", len(dl.Payload), indent(escapeControls(string(dl.Payload))))
 	} else {
 		fmt.Fprintf(w, "\npayload (%d bytes, base64):\n%s\n", len(dl.Payload), indent(base64.StdEncoding.EncodeToString(dl.Payload)))
 	}

@@ -209,3 +209,26 @@ func TestDeadPurge(t *testing.T) {
 		t.Fatalf("purge --all: %s", r)
 	}
 }
+
+// TestDeadOutputEscapesControls: a payload or a broker's error can carry terminal escape
+// sequences (clear screen, window title, OSC 52 clipboard); dead show and dead list print
+// them as readable escapes, never raw.
+func TestDeadOutputEscapesControls(t *testing.T) {
+	t.Parallel()
+	b := migrated(t)
+	m := outbox.Message{ID: outbox.NewID(), Topic: "orders", Key: "k", Payload: []byte("before\x1b[2Jafter\n\x1b]0;owned\x07")}
+	b.Write(t, m)
+	b.Kill(t, m.ID, 1, "refused \x1b]52;c;c2VjcmV0\x07 and \u009b31m red", time.Minute)
+	for _, args := range [][]string{{"dead", "show", m.ID.String()}, {"dead", "list"}} {
+		r := must(t, 0, b.env, args...)
+		if strings.ContainsAny(r.stdout, "\x1b\x07\u009b") {
+			t.Errorf("outbox %s printed a raw control character:\n%q", strings.Join(args, " "), r.stdout)
+		}
+		if !strings.Contains(r.stdout, `refused \x1b]52;c;c2VjcmV0\a and \u009b31m red`) {
+			t.Errorf("outbox %s: the last error is not shown escaped:\n%s", strings.Join(args, " "), r.stdout)
+		}
+	}
+	if r := must(t, 0, b.env, "dead", "show", m.ID.String()); !strings.Contains(r.stdout, `before\x1b[2Jafter`+"\n  "+`\x1b]0;owned\a`) {
+		t.Errorf("dead show: the payload is not shown escaped, line by line:\n%s", r.stdout)
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -128,9 +129,35 @@ func roundAge(d time.Duration) string {
 // quoteIfNeeded quotes s when it has characters that would break a column.
 func quoteIfNeeded(s string) string {
 	for _, r := range s {
-		if r < ' ' || r == '\t' || r == 0x7f {
+		if r == '\t' || r == '\n' || isControl(r) {
 			return strconv.Quote(s)
 		}
 	}
 	return s
+}
+
+// isControl reports whether r is a control character a terminal may act on, other than
+// newline and tab: C0 (ESC starts clear-screen, title and OSC 52 clipboard sequences),
+// DEL and C1 (U+009B is a one-character CSI).
+func isControl(r rune) bool {
+	return r != '\n' && r != '\t' && (r < ' ' || r == 0x7f || (r >= 0x80 && r < 0xa0))
+}
+
+// escapeControls makes text from the database (a payload, an error a broker returned)
+// safe to print on a terminal: every control character but newline and tab is written
+// as a Go escape (\x1b, \u009b), which the operator can still read.
+func escapeControls(s string) string {
+	if !strings.ContainsFunc(s, isControl) {
+		return s
+	}
+	var b strings.Builder
+	for _, r := range s {
+		if isControl(r) {
+			q := strconv.QuoteRune(r)
+			b.WriteString(q[1 : len(q)-1])
+		} else {
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
 }
