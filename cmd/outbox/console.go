@@ -100,6 +100,9 @@ func (c *consoleFlags) check(ctx context.Context, inv *invocation) error {
 	if c.checked || c.addr == "" {
 		return nil
 	}
+	if err := checkListenAddr("http-addr", c.addr); err != nil {
+		return err
+	}
 	switch {
 	case c.token != "" && c.tokenFile != "":
 		return usageErrorf("--http-token and --http-token-file: give one")

@@ -152,6 +152,7 @@ func TestConsoleRefusesBeyondLoopbackWithoutToken(t *testing.T) {
 		{[]string{"--http-addr", ":8080"}, []string{"--http-addr :8080 is beyond loopback", "every interface", "--http-token"}},
 		{[]string{"--http-addr", "192.0.2.1:8080"}, []string{"192.0.2.1 is not a loopback address", "--http-token"}},
 		{[]string{"--http-addr", "8080"}, []string{"--http-addr", "host:port"}},
+		{[]string{"--http-addr", "localhost:notaport"}, []string{"--http-addr", "unknown port"}},
 		{[]string{"--http-addr", ""}, []string{"--http-addr: give the address"}},
 		{[]string{"--http-token", "too-short"}, []string{"--http-token: must be at least 16 characters"}},
 		{[]string{"--http-token-file", short}, []string{"--http-token: must be at least 16 characters"}},
