@@ -98,7 +98,9 @@ func run(ctx context.Context, args []string, env func(string) string, stdout, st
 	if err == nil {
 		return 0
 	}
-	fmt.Fprintf(inv.stderr, "outbox: %v\n", err)
+	// The library's errors start with their package ("outbox: ...", "outboxnats: ..."):
+	// one "outbox: " is enough.
+	fmt.Fprintf(inv.stderr, "outbox: %s\n", strings.TrimPrefix(err.Error(), "outbox: "))
 	var ue *usageError
 	if errors.As(err, &ue) {
 		fmt.Fprintf(inv.stderr, "Run '%s --help' for usage.\n", inv.path)

@@ -229,6 +229,9 @@ func TestUsageErrorsExitTwo(t *testing.T) {
 		if strings.Contains(r.stderr, "connect to PostgreSQL") {
 			t.Errorf("outbox %v: tried to connect before rejecting its arguments: %s", tc.args, r)
 		}
+		if strings.Contains(r.stderr, "outbox: outbox:") {
+			t.Errorf("outbox %v: the prefix doubled: %s", tc.args, r)
+		}
 	}
 }
 
