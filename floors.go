@@ -11,11 +11,12 @@ package outbox
 //
 // Invariant: once the store recorded a key's message at seq s for this relay, no message of
 // the key below s is pending except one whose transaction committed after s was fetched (a
-// late commit, concurrent with s's transaction, whose order the guarantees leave open).
-// Why: the relay sent s only after every earlier visible message of the key was confirmed
-// and recorded (one message of a key in flight, none past a rejection), and a recorded
-// message never becomes pending again (a replay inserts a new row with a new seq; the
-// pending ring moves rows that are pending already). The invariant survives losing and
+// late commit, concurrent with s's transaction, whose order the guarantees leave open) or
+// a dead letter an operator replayed (it keeps its seq and is published after successors
+// of its key by design; docs/operations.md, "Replay"). Why: the relay sent s only after
+// every earlier visible message of the key was confirmed and recorded (one message of a
+// key in flight, none past a rejection); a published row never becomes pending again, and
+// the pending ring moves rows that are pending already. The invariant survives losing and
 // regaining the key's shard: another owner only publishes or retries messages above s.
 //
 // Forgetting a floor is always safe (the check starts from the key's first seq again), so
