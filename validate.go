@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
+	"unicode"
 	"unicode/utf8"
 )
 
@@ -87,17 +88,17 @@ func (l Limits) prepare(i int, m *Message) error {
 		return bad("Payload", "%d bytes is over the limit of %d (Limits.MaxPayloadBytes)", len(m.Payload), l.MaxPayloadBytes)
 	}
 	if m.ContentType == "" {
-		if json.Valid(m.Payload) {
+		if json.Valid(m.Payload) && utf8.Valid(m.Payload) {
 			m.ContentType = ContentTypeJSON
 		} else {
 			m.ContentType = ContentTypeBinary
 		}
 	} else {
-		if len(m.ContentType) > maxNameBytes || strings.ContainsAny(m.ContentType, "\r\n\x00") || !utf8.ValidString(m.ContentType) {
-			return bad("ContentType", "must be a media type of at most %d bytes", maxNameBytes)
+		if len(m.ContentType) > maxNameBytes || !utf8.ValidString(m.ContentType) || strings.ContainsFunc(m.ContentType, unicode.IsControl) {
+			return bad("ContentType", "must be a media type of at most %d bytes, without control characters", maxNameBytes)
 		}
-		if IsJSONContentType(m.ContentType) && !json.Valid(m.Payload) {
-			return bad("Payload", "content type %q says JSON but the payload is not valid JSON", m.ContentType)
+		if IsJSONContentType(m.ContentType) && !(json.Valid(m.Payload) && utf8.Valid(m.Payload)) {
+			return bad("Payload", "content type %q says JSON but the payload is not valid JSON in UTF-8", m.ContentType)
 		}
 	}
 	if len(m.Headers) > l.MaxHeaders {
@@ -132,8 +133,10 @@ func (l Limits) prepare(i int, m *Message) error {
 	return nil
 }
 
-// checkName accepts up to 255 bytes of UTF-8 text without control characters. Keys may
-// contain spaces; topics and types may not, because they end up in broker names.
+// checkName accepts up to 255 bytes of UTF-8 text without control or invisible format
+// characters (Unicode Cc and Cf: C0, DEL, C1, bidi overrides, zero-width spaces, BOM),
+// which would make two names that look the same differ, or reorder text on a screen. Keys
+// may contain spaces; topics and types may not, because they end up in broker names.
 func checkName(s string, spaces bool) string {
 	if len(s) > maxNameBytes {
 		return fmt.Sprintf("%d bytes is over the limit of %d", len(s), maxNameBytes)
@@ -142,7 +145,7 @@ func checkName(s string, spaces bool) string {
 		return "not valid UTF-8"
 	}
 	for _, r := range s {
-		if r < 0x20 || r == 0x7f || (!spaces && r == ' ') {
+		if unicode.IsControl(r) || unicode.Is(unicode.Cf, r) || (!spaces && r == ' ') {
 			return fmt.Sprintf("contains the character %q, which is not allowed", r)
 		}
 	}
@@ -180,6 +183,10 @@ func checkHeaderValue(s string) string {
 	}
 	if i := strings.IndexAny(s, "\r\n\x00"); i >= 0 {
 		return fmt.Sprintf("header value contains %q, which would let it forge other headers", s[i])
+	}
+	if i := strings.IndexFunc(s, func(r rune) bool { return r != '\t' && unicode.IsControl(r) }); i >= 0 {
+		r, _ := utf8.DecodeRuneInString(s[i:])
+		return fmt.Sprintf("header value contains the control character %q, which brokers refuse", r)
 	}
 	return ""
 }

@@ -20,6 +20,10 @@ func TestPrepareDefaults(t *testing.T) {
 	if msgs[0].ID.IsZero() || msgs[0].DedupKey != msgs[0].ID.String() || msgs[0].ContentType != ContentTypeJSON {
 		t.Fatalf("defaults not filled: %+v", msgs[0])
 	}
+	invalidUTF8JSON := []Message{{Topic: "t", Payload: []byte("\"\xff\""), Headers: map[string]string{"tab": "a\tb"}, Key: "a key", EventType: "ünïcode"}}
+	if err := (Limits{}).Prepare(invalidUTF8JSON); err != nil || invalidUTF8JSON[0].ContentType != ContentTypeBinary {
+		t.Fatalf("JSON-looking bytes that are not UTF-8: %v, content type %q; want them taken as binary", err, invalidUTF8JSON[0].ContentType)
+	}
 	if msgs[1].ContentType != ContentTypeBinary {
 		t.Fatalf("binary payload got content type %q", msgs[1].ContentType)
 	}
@@ -55,6 +59,14 @@ func TestPrepareRejects(t *testing.T) {
 		{Message{Topic: "t", Headers: map[string]string{"a": "1", "b": "2", "c": "3"}}, "Headers"},
 		{Message{Topic: "t", Headers: map[string]string{"a": strings.Repeat("v", 100)}}, "Headers"},
 		{Message{Topic: "t", DedupKey: "a\x00"}, "DedupKey"},
+		{Message{Topic: "orders\u202e"}, "Topic"},                // right-to-left override
+		{Message{Topic: "or\u200bders"}, "Topic"},                // zero-width space
+		{Message{Topic: "t", Key: "k\u0085"}, "Key"},             // C1 control
+		{Message{Topic: "t", EventType: "\ufeffx"}, "EventType"}, // BOM
+		{Message{Topic: "t", Headers: map[string]string{"a": "x\x1b[2J"}}, `Headers["a"]`},
+		{Message{Topic: "t", Headers: map[string]string{"a": "x\x01"}}, `Headers["a"]`},
+		{Message{Topic: "t", ContentType: "text/plain\x1b"}, "ContentType"},
+		{Message{Topic: "t", ContentType: "application/json", Payload: []byte("\"\xff\"")}, "Payload"},
 		{Message{Topic: "t", DeliverAt: time.Date(300000, 1, 1, 0, 0, 0, 0, time.UTC)}, "DeliverAt"},
 		{Message{Topic: "t", DeliverAt: time.Date(-5000, 1, 1, 0, 0, 0, 0, time.UTC)}, "DeliverAt"},
 		{Message{Topic: "t", DeliverAt: time.Date(999, 12, 31, 23, 0, 0, 0, time.UTC)}, "DeliverAt"},
