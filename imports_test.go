@@ -57,7 +57,7 @@ var testInfra = []string{
 
 func isTestInfra(pkg string) bool {
 	for _, p := range testInfra {
-		if pkg == p || strings.HasPrefix(pkg, p) {
+		if strings.HasPrefix(pkg, p) {
 			return true
 		}
 	}

@@ -19,7 +19,7 @@ func TestLeaseRenewBelow(t *testing.T) {
 	const ttl = time.Minute
 	versions := func() string { // the lease rows' versions: xmin changes with each rewrite
 		var v string
-		q := fmt.Sprintf(`SELECT string_agg(xmin::text || ':' || expires_at::text, ',' ORDER BY shard) FROM "%s".outbox_leases WHERE owner = 'r'`, b.Schema)
+		q := fmt.Sprintf(`SELECT string_agg(xmin::text, ',' ORDER BY shard) FROM "%s".outbox_leases WHERE owner = 'r'`, b.Schema)
 		if err := b.Pool.QueryRow(ctx, q).Scan(&v); err != nil {
 			t.Fatal(err)
 		}
@@ -41,7 +41,6 @@ func TestLeaseRenewBelow(t *testing.T) {
 		t.Fatalf("%v left on leases just taken; want about the TTL, %v", st.Left, ttl)
 	}
 	before := versions()
-	time.Sleep(10 * time.Millisecond) // so that a rewrite would show in expires_at too
 	st = sync(st.Held, ttl/2)
 	if after := versions(); after != before {
 		t.Fatalf("leases with more than RenewBelow left were rewritten:\n%s\n%s", before, after)
@@ -54,7 +53,6 @@ func TestLeaseRenewBelow(t *testing.T) {
 	if renewed == before {
 		t.Fatal("leases with less than RenewBelow left were not renewed")
 	}
-	time.Sleep(10 * time.Millisecond)
 	sync(st.Held, 0) // zero renews every lease
 	if versions() == renewed {
 		t.Fatal("RenewBelow 0 did not renew the leases")

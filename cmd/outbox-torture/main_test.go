@@ -4,10 +4,10 @@ import (
 	"context"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/outboxkit/outbox/internal/testinfra/testdb"
+	"github.com/outboxkit/outbox/internal/testinfra/testenv"
 	"github.com/outboxkit/outbox/internal/testinfra/torture/chaos"
 )
 
@@ -16,23 +16,6 @@ func TestMain(m *testing.M) {
 		os.Exit(chaos.RelayMain())
 	}
 	os.Exit(m.Run())
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 func TestUsage(t *testing.T) {
@@ -44,7 +27,7 @@ func TestUsage(t *testing.T) {
 		{"--no-such-flag"},
 		{"stray"},
 	} {
-		var stdout, stderr syncBuffer
+		var stdout, stderr testenv.Buffer
 		if code := run(context.Background(), args, &stdout, &stderr); code != 2 {
 			t.Errorf("outbox-torture %s: exit %d, want 2\n%s", strings.Join(args, " "), code, stderr.String())
 		}
@@ -52,7 +35,7 @@ func TestUsage(t *testing.T) {
 			t.Errorf("outbox-torture %s: the error does not say what to do:\n%s", strings.Join(args, " "), stderr.String())
 		}
 	}
-	var stdout, stderr syncBuffer
+	var stdout, stderr testenv.Buffer
 	if code := run(context.Background(), []string{"--help"}, &stdout, &stderr); code != 0 || !strings.Contains(stderr.String(), "-relays") {
 		t.Errorf("--help: exit %d, want 0 and the flags:\n%s", code, stderr.String())
 	}
@@ -65,7 +48,7 @@ func TestRun(t *testing.T) {
 	// own stalls; -timeout bounds the rest.
 	args := []string{"--duration", "1s", "--kinds", "relay-kill,pg-terminate",
 		"--faults", "relay-kill=2", "--database-url", testdb.URL()}
-	var stdout, stderr syncBuffer
+	var stdout, stderr testenv.Buffer
 	if code := run(context.Background(), args, &stdout, &stderr); code != 0 {
 		t.Fatalf("outbox-torture %s: want exit 0, got %d\n%s\n%s", strings.Join(args, " "), code, stdout.String(), stderr.String())
 	}

@@ -94,10 +94,9 @@ and 001_init (the outbox tables with every message in them, pending ones include
 			for _, m := range status {
 				if m.Applied {
 					applied = append(applied, m.Version)
+				}
+				if m.Applied && m.DownDrops != "" {
 					drops[m.Version] = fmt.Sprintf("%03d_%s drops %s", m.Version, m.Name, m.DownDrops)
-					if m.DownDrops == "" {
-						delete(drops, m.Version)
-					}
 				}
 			}
 			if len(applied) == 0 {

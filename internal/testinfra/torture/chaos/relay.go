@@ -2,7 +2,6 @@ package chaos
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
@@ -171,27 +170,10 @@ type relay struct {
 	gen     int
 	cmd     *exec.Cmd
 	done    chan struct{}
-	stderr  *syncBuffer
+	stderr  *testenv.Buffer
 	logs    []string // tails of earlier incarnations
 	hwmKiB  int64    // peak VmHWM over every incarnation
 	stopped bool     // SIGSTOPped
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 func startRelay(t testenv.TB, cfg relayConfig, slot int) *relay {
@@ -231,7 +213,7 @@ func (r *relay) start() error {
 	if r.stderr != nil {
 		r.logs = append(r.logs, tail(r.stderr.String(), 20))
 	}
-	r.stderr = &syncBuffer{}
+	r.stderr = &testenv.Buffer{}
 	cmd.Stderr = r.stderr
 	// The relay dies with this process even when the cleanups never run (a test
 	// binary killed by -timeout's panic).
