@@ -134,11 +134,21 @@ func (s *Store) MigrationStatus(ctx context.Context) ([]MigrationStatus, error) 
 			return nil, fmt.Errorf("migration status: %w", err)
 		}
 	}
+	drops := s.downDrops()
 	out := make([]MigrationStatus, 0, len(all))
 	for _, m := range all {
-		out = append(out, MigrationStatus{Version: m.version, Name: m.name, Applied: done[m.version]})
+		out = append(out, MigrationStatus{Version: m.version, Name: m.name, Applied: done[m.version], DownDrops: drops[m.version]})
 	}
 	return out, nil
+}
+
+// downDrops returns what reverting each migration deletes: both drop tables that hold
+// data (MigrationStatus.DownDrops).
+func (s *Store) downDrops() map[int]string {
+	return map[int]string{
+		1: "every outbox table with every message in them, pending ones included",
+		2: fmt.Sprintf("%s and %s: the consumers' deduplication and version state", s.names.Inbox, s.names.Versions),
+	}
 }
 
 // MigrateUp applies every migration up to target (0 means all) under the dialect's

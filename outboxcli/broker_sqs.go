@@ -1,0 +1,101 @@
+package outboxcli
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"log/slog"
+	"net/url"
+	"time"
+
+	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/outboxsqs"
+)
+
+func init() {
+	registerBroker(&brokerKind{
+		name:    "Amazon SQS",
+		schemes: []string{"sqs"},
+		example: "sqs://?region=eu-west-1",
+		flags: func(fs *flag.FlagSet) brokerOptions {
+			o := &sqsOptions{}
+			fs.StringVar(&o.endpoint, "sqs-endpoint", "", "SQS endpoint `URL` for an emulator or a VPC endpoint (http://127.0.0.1:4566); default: the\nregion's. Credentials come from the AWS SDK's chain (AWS_ACCESS_KEY_ID and\nAWS_SECRET_ACCESS_KEY, AWS_PROFILE, SSO, container and instance roles)")
+			fs.IntVar(&o.cfg.MaxMessageBytes, "sqs-max-message-bytes", outboxsqs.MaxMessageBytesDefault, "largest message in `bytes`, body and attributes, and largest SendMessageBatch call;\nlarger messages are dead-lettered (1048576 for queues whose MaximumMessageSize allows 1 MiB)")
+			fs.IntVar(&o.cfg.MaxInflight, "sqs-max-inflight", outboxsqs.MaxInflightDefault, "at most `n` SendMessageBatch calls in flight at once (and as many idle connections kept)")
+			return o
+		},
+	})
+}
+
+// sqsOptions are the SQS flags. --broker is "sqs://" with region, endpoint and profile
+// query parameters; --sqs-endpoint sets the endpoint.
+type sqsOptions struct {
+	cfg      outboxsqs.Config
+	endpoint string
+
+	url string // --broker with --sqs-endpoint applied
+}
+
+// sqsConfigFlags names the flag of each outboxsqs.Config field.
+var sqsConfigFlags = map[string]string{"Route": "route", "MaxMessageBytes": "sqs-max-message-bytes",
+	"MaxInflight": "sqs-max-inflight", "url": "broker"}
+
+func (o *sqsOptions) check(s *brokerSettings) error {
+	o.cfg.Route = s.route
+	o.cfg.TLS = s.tls
+	if err := o.cfg.Validate(); err != nil {
+		return flagError(err, sqsConfigFlags)
+	}
+	u, err := url.Parse(s.url)
+	if err != nil {
+		return usageErrorf("--broker: %s is not an sqs:// URL", redactBroker(s.url))
+	}
+	o.url = s.url
+	if o.endpoint != "" {
+		e, err := url.Parse(o.endpoint)
+		if err != nil || (e.Scheme != "http" && e.Scheme != "https") || e.Host == "" {
+			return usageErrorf("--sqs-endpoint: %q is not an http:// or https:// URL", o.endpoint)
+		}
+		q := u.Query()
+		if q.Has("endpoint") {
+			return usageErrorf("--sqs-endpoint and the endpoint parameter of --broker: give one")
+		}
+		q.Set("endpoint", o.endpoint)
+		u.RawQuery = q.Encode()
+		o.url = u.String()
+	}
+	return nil
+}
+
+func (o *sqsOptions) open(ctx context.Context, s *brokerSettings) (*openedBroker, error) {
+	dctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	pub, err := outboxsqs.Dial(dctx, o.url, o.cfg)
+	if err != nil {
+		if errors.Is(err, outbox.ErrInvalidConfig) {
+			return nil, flagError(err, sqsConfigFlags)
+		}
+		return nil, err
+	}
+	return &openedBroker{
+		publisher: pub,
+		close:     pub.Close,
+		check: func(ctx context.Context, log *slog.Logger, topics []string) {
+			if _, static := outbox.MustParseRoute(s.route).Static(); static && len(topics) > 1 {
+				topics = topics[:1] // every topic goes to the same queue
+			}
+			for _, topic := range topics {
+				err := pub.CheckQueue(ctx, &outbox.Message{Topic: topic})
+				switch {
+				case err == nil, errors.Is(err, outbox.ErrUnroutable):
+					// ErrUnroutable: the route needs more than the topic, checked per message.
+				case errors.Is(err, outboxsqs.ErrNoQueue):
+					log.Warn("pending messages cannot be sent: the relay pauses on them until their queue exists",
+						"topic", topic, "err", err)
+				default:
+					log.Warn("the queue of pending messages cannot be checked", "topic", topic, "err", err)
+				}
+			}
+		},
+	}, nil
+}

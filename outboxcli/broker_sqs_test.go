@@ -1,0 +1,116 @@
+package outboxcli
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
+
+	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/testinfra/testenv"
+	"github.com/outboxkit/outbox/internal/testinfra/testsqs"
+	"github.com/outboxkit/outbox/outboxsqs"
+)
+
+// TestRelaySQS runs the relay against fauxqs (an SQS emulator; see internal/testinfra/testsqs):
+// messages land in the FIFO queue the route names, in the layout of outboxsqs, and a
+// topic whose queue does not exist is named in a warning at start-up. The AWS SDK takes
+// its credentials from the process environment, so this test sets them and cannot run
+// in parallel.
+func TestRelaySQS(t *testing.T) {
+	t.Setenv("AWS_ACCESS_KEY_ID", "test")
+	t.Setenv("AWS_SECRET_ACCESS_KEY", "test")
+	t.Setenv("AWS_EC2_METADATA_DISABLED", "true")
+	srv := testsqs.Shared(t)
+	client := testsqs.Client(srv.Endpoint())
+	// The route is <prefix>{topic}.fifo: topic "q" goes to the queue made here, topic
+	// "missing" to a queue that does not exist.
+	prefix := testsqs.Unique() + "_"
+	route := prefix + "{topic}.fifo"
+	created, err := client.CreateQueue(context.Background(), &sqs.CreateQueueInput{
+		QueueName: aws.String(prefix + "q.fifo"), Attributes: map[string]string{"FifoQueue": "true"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := aws.ToString(created.QueueUrl)
+	t.Cleanup(func() {
+		_, _ = client.DeleteQueue(context.Background(), &sqs.DeleteQueueInput{QueueUrl: created.QueueUrl})
+	})
+
+	b := migrated(t)
+	msgs := []outbox.Message{
+		{ID: outbox.NewID(), Topic: "q", Key: "o-1", Payload: []byte(`{"n":1}`), DedupKey: "order-1-placed"},
+		{ID: outbox.NewID(), Topic: "q", Key: "o-1", Payload: []byte{0xff, 0x00}},
+		{ID: outbox.NewID(), Topic: "missing", Key: "m-1", Payload: []byte(`{"n":3}`)},
+	}
+	b.Write(t, msgs...)
+
+	rctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var stdout, stderr syncBuffer
+	done := make(chan int, 1)
+	env := with(b.env, "OUTBOX_POLL_INTERVAL", "50ms")
+	go func() {
+		done <- run(rctx, []string{"relay", "--broker", "sqs://?region=" + testsqs.Region, "--sqs-endpoint", srv.Endpoint(),
+			"--route", route, "--log-format", "json"},
+			func(k string) string { return env[k] }, &stdout, &stderr)
+	}()
+
+	var got []types.Message
+	testenv.Await(t, "2 messages in "+prefix+"q.fifo", func() (any, bool) {
+		out, err := client.ReceiveMessage(context.Background(), &sqs.ReceiveMessageInput{
+			QueueUrl: aws.String(url), MaxNumberOfMessages: 10, VisibilityTimeout: 60,
+			MessageAttributeNames:       []string{"All"},
+			MessageSystemAttributeNames: []types.MessageSystemAttributeName{types.MessageSystemAttributeNameAll},
+		})
+		if err == nil {
+			got = append(got, out.Messages...)
+			for _, m := range out.Messages {
+				_, _ = client.DeleteMessage(context.Background(), &sqs.DeleteMessageInput{QueueUrl: aws.String(url), ReceiptHandle: m.ReceiptHandle})
+			}
+		}
+		return fmt.Sprintf("%d messages (%v)", len(got), err), len(got) >= 2
+	})
+	for i, m := range msgs[:2] {
+		payload, headers, err := outboxsqs.Decode(got[i])
+		if err != nil || string(payload) != string(m.Payload) || headers[outbox.HeaderID] != m.ID.String() {
+			t.Errorf("message %d: %q %v %v, want payload %q and id %s", i, payload, headers, err, m.Payload, m.ID)
+		}
+	}
+	if d := got[0].Attributes["MessageDeduplicationId"]; d != "order-1-placed" {
+		t.Errorf("dedup id %q", d)
+	}
+	testenv.AwaitCond(t, "the warning about "+prefix+"missing.fifo", func() bool {
+		return strings.Contains(stderr.String(), "until their queue exists") && strings.Contains(stderr.String(), prefix+"missing.fifo")
+	})
+
+	cancel()
+	if code := testenv.AwaitRecv(t, "the relay to stop after its context ended", done); code != 0 {
+		t.Fatalf("relay exited %d after a graceful stop\nstderr:\n%s", code, stderr.String())
+	}
+}
+
+func TestRelaySQSRejectsBadSettingsBeforeConnecting(t *testing.T) {
+	t.Parallel()
+	env := map[string]string{"OUTBOX_DATABASE_URL": unreachableDB, "OUTBOX_BROKER": "sqs://?region=eu-west-1"}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--route", "events.{topic}"}, "--route: \"events.{topic}\" does not form valid queue names"},
+		{[]string{"--sqs-max-message-bytes", "10"}, "--sqs-max-message-bytes"},
+		{[]string{"--sqs-max-inflight", "-1"}, "--sqs-max-inflight: must not be negative"},
+		{[]string{"--sqs-endpoint", "127.0.0.1:4566"}, "--sqs-endpoint"},
+		{[]string{"--broker", "sqs://?endpoint=http://a:1", "--sqs-endpoint", "http://b:2"}, "give one"},
+	} {
+		r := cli(t, env, append([]string{"relay"}, tc.args...)...)
+		if r.code != 2 || !strings.Contains(errorLine(r.stderr), tc.want) {
+			t.Errorf("relay %v: want exit 2 and %q, got %s", tc.args, tc.want, r)
+		}
+	}
+}

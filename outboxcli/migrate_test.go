@@ -1,0 +1,117 @@
+package outboxcli
+
+import (
+	"context"
+	"strings"
+	"testing"
+)
+
+func (b *testBundle) tableExists(t *testing.T, name string) bool {
+	t.Helper()
+	var ok bool
+	err := b.Pool.QueryRow(context.Background(), `SELECT to_regclass($1) IS NOT NULL`, `"`+b.Schema+`".`+name).Scan(&ok)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ok
+}
+
+func TestMigrateRoundTrip(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+
+	r := must(t, 0, b.env, "migrate", "status")
+	if !strings.Contains(r.stdout, "001") || !strings.Contains(r.stdout, "init") || !strings.Contains(r.stdout, "no") {
+		t.Fatalf("status before up: %s", r)
+	}
+	if r := must(t, 0, b.env, "migrate", "up"); !strings.Contains(r.stdout, "applied 001_init") {
+		t.Fatalf("up: %s", r)
+	}
+	if !b.tableExists(t, "outbox") {
+		t.Fatal("no outbox table after migrate up")
+	}
+	if r := must(t, 0, b.env, "migrate", "up"); !strings.Contains(r.stdout, "up to date") {
+		t.Fatalf("second up: %s", r)
+	}
+	if r := must(t, 0, b.env, "migrate", "status"); !strings.Contains(r.stdout, "yes") {
+		t.Fatalf("status after up: %s", r)
+	}
+
+	// One version back reverts the newest migration only.
+	if r := must(t, 0, b.env, "migrate", "down"); !strings.Contains(r.stdout, "reverted 004_pending_ring") || !b.tableExists(t, "outbox") {
+		t.Fatalf("down one version: %s", r)
+	}
+	must(t, 0, b.env, "migrate", "up")
+	// Reverting 002_consumer drops the consumers' dedup state: refused without --yes,
+	// naming the tables, and nothing changes (not even the migrations above it).
+	r = must(t, 2, b.env, "migrate", "down", "--to", "1")
+	if line := errorLine(r.stderr); !strings.Contains(line, "--yes") || !strings.Contains(line, "outbox_inbox") ||
+		!strings.Contains(line, "002_consumer") || !b.tableExists(t, "outbox_inbox") || !b.tableExists(t, "outbox_ring") {
+		t.Fatalf("down to 1 without --yes: %s", r)
+	}
+	// Reverting migrations that copy their rows back needs no confirmation.
+	if r := must(t, 0, b.env, "migrate", "down", "--to", "2"); !strings.Contains(r.stdout, "reverted 003_partitioned_history") {
+		t.Fatalf("down to 2: %s", r)
+	}
+	if r := must(t, 0, b.env, "migrate", "down", "--to", "1", "--yes"); !strings.Contains(r.stdout, "reverted 002_consumer") || b.tableExists(t, "outbox_inbox") {
+		t.Fatalf("down to 1 --yes: %s", r)
+	}
+	must(t, 0, b.env, "migrate", "up")
+	// Down to version 0 drops every message: refused without --yes, and nothing changes.
+	r = must(t, 2, b.env, "migrate", "down", "--to", "0")
+	if !strings.Contains(errorLine(r.stderr), "--yes") || !b.tableExists(t, "outbox") {
+		t.Fatalf("down without --yes: %s", r)
+	}
+	if r := must(t, 0, b.env, "migrate", "down", "--to", "0", "--yes"); !strings.Contains(r.stdout, "reverted 001_init") {
+		t.Fatalf("down --yes: %s", r)
+	}
+	if b.tableExists(t, "outbox") || b.tableExists(t, "outbox_leases") {
+		t.Fatal("tables left after migrate down")
+	}
+	if r := must(t, 0, b.env, "migrate", "status"); strings.Contains(r.stdout, "yes") {
+		t.Fatalf("status after down: %s", r)
+	}
+	if r := must(t, 0, b.env, "migrate", "down", "--to", "0", "--yes"); !strings.Contains(r.stdout, "nothing to revert") {
+		t.Fatalf("down with nothing applied: %s", r)
+	}
+}
+
+func TestMigrateSQLNeedsNoDatabaseAndMatchesUp(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	// The database URL points nowhere: sql must not connect.
+	r := must(t, 0, with(b.env, "OUTBOX_DATABASE_URL", unreachableDB), "migrate", "sql")
+	if !strings.Contains(r.stdout, `CREATE TABLE "`+b.Schema+`"."outbox"`) {
+		t.Fatalf("sql does not create the outbox in the configured schema: %s", r)
+	}
+	// Applying the script by hand leaves the schema exactly as migrate up would: the relay
+	// and migrate status agree.
+	if _, err := b.Pool.Exec(context.Background(), r.stdout); err != nil {
+		t.Fatalf("apply migrate sql output: %v", err)
+	}
+	if r := must(t, 0, b.env, "migrate", "status"); strings.Contains(r.stdout, " no") {
+		t.Fatalf("status after applying the SQL by hand: %s", r)
+	}
+	if r := must(t, 0, b.env, "migrate", "up"); !strings.Contains(r.stdout, "up to date") {
+		t.Fatalf("up after applying the SQL by hand: %s", r)
+	}
+	if r := must(t, 0, b.env, "status"); !strings.Contains(r.stdout, "0 of 64") {
+		t.Fatalf("status after applying the SQL by hand: %s", r)
+	}
+
+	r = must(t, 0, nil, "migrate", "sql", "--schema", "billing", "--prefix", "acme_")
+	if !strings.Contains(r.stdout, `"billing"."acme_outbox"`) {
+		t.Fatalf("sql with schema and prefix: %s", r)
+	}
+}
+
+func TestCommandsNeedMigratedSchema(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	for _, args := range [][]string{{"status"}, {"dead", "list"}} {
+		r := must(t, 1, b.env, args...)
+		if !strings.Contains(r.stderr, "outbox migrate up") {
+			t.Errorf("%v on an unmigrated schema: want advice to migrate, got %s", args, r)
+		}
+	}
+}

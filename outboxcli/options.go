@@ -1,0 +1,342 @@
+package outboxcli
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"math"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+)
+
+// Where a flag's value comes from, strongest first: the command line, the environment
+// (OUTBOX_<FLAG_NAME>), the YAML file named by --config or OUTBOX_CONFIG, the default.
+// Everything is resolved before a command runs, so a bad value anywhere stops the
+// command before it touches a database or a broker, with exit status 2.
+
+// envName is the environment variable of a flag: --batch-size is OUTBOX_BATCH_SIZE.
+func envName(flagName string) string {
+	return "OUTBOX_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
+}
+
+// usageError is a mistake in how the command was called or configured: exit status 2.
+type usageError struct{ msg string }
+
+func (e *usageError) Error() string { return e.msg }
+
+func usageErrorf(format string, args ...any) error {
+	return &usageError{msg: fmt.Sprintf(format, args...)}
+}
+
+// notInConfigFile are flags a config file may not set: --config itself, and the
+// confirmation of destructive commands, which must be given each time on purpose.
+var notInConfigFile = map[string]string{
+	"config": "a config file cannot name another one",
+	"yes":    "confirmations are given per command, on the command line or in OUTBOX_YES",
+}
+
+// configFile is a parsed --config file: flag name -> values (several for a list).
+type configFile struct {
+	path   string
+	values map[string]configEntry
+}
+
+type configEntry struct {
+	values []string
+	line   int
+}
+
+// loadConfig reads path, a YAML mapping of flag names to values. known holds every
+// flag name of every command, so that one file can serve them all: a key that no
+// command knows is an error (a typo would otherwise be silently ignored).
+func loadConfig(path string, known map[string]bool) (*configFile, error) {
+	if path == "" {
+		return &configFile{}, nil
+	}
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return nil, usageErrorf("--config: %v", err)
+	}
+	return parseConfig(path, raw, known)
+}
+
+func parseConfig(path string, raw []byte, known map[string]bool) (*configFile, error) {
+	cf := &configFile{path: path, values: map[string]configEntry{}}
+	var doc yaml.Node
+	if err := yaml.Unmarshal(raw, &doc); err != nil {
+		return nil, usageErrorf("config file %s: %v", path, err)
+	}
+	if doc.Kind == 0 || len(doc.Content) == 0 {
+		return cf, nil // empty file
+	}
+	root := doc.Content[0]
+	if root.Kind != yaml.MappingNode {
+		return nil, usageErrorf("config file %s:%d: want a mapping of flag names to values (database-url: ..., batch-size: 500)", path, root.Line)
+	}
+	for i := 0; i+1 < len(root.Content); i += 2 {
+		k, v := root.Content[i], root.Content[i+1]
+		key := k.Value
+		where := fmt.Sprintf("config file %s:%d", path, k.Line)
+		if k.Kind != yaml.ScalarNode {
+			return nil, usageErrorf("%s: keys must be flag names", where)
+		}
+		if why, ok := notInConfigFile[key]; ok {
+			return nil, usageErrorf("%s: key %q is not allowed in a config file: %s", where, key, why)
+		}
+		if !known[key] {
+			return nil, usageErrorf("%s: unknown key %q: keys are flag names without the dashes (see outbox help)", where, key)
+		}
+		if _, dup := cf.values[key]; dup {
+			return nil, usageErrorf("%s: key %q appears twice", where, key)
+		}
+		e := configEntry{line: k.Line}
+		switch v.Kind {
+		case yaml.ScalarNode:
+			if v.Tag == "!!null" {
+				return nil, usageErrorf("%s: key %q has no value", where, key)
+			}
+			e.values = []string{v.Value}
+		case yaml.SequenceNode:
+			for _, item := range v.Content {
+				if item.Kind != yaml.ScalarNode {
+					return nil, usageErrorf("%s: key %q: a list may hold only plain values", where, key)
+				}
+				e.values = append(e.values, item.Value)
+			}
+		default:
+			return nil, usageErrorf("%s: key %q: want a plain value or a list", where, key)
+		}
+		cf.values[key] = e
+	}
+	return cf, nil
+}
+
+// listValue is implemented by flags that may be given several times (--id): from the
+// environment their value is split at commas, and in a config file it may be a list.
+type listValue interface {
+	flag.Value
+	isList()
+}
+
+// applySources fills every flag not given on the command line from the environment,
+// then from the config file.
+func applySources(fs *flag.FlagSet, env func(string) string, cf *configFile) error {
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	var err error
+	fs.VisitAll(func(f *flag.Flag) {
+		if err != nil || given[f.Name] || f.Name == "config" {
+			return
+		}
+		_, isList := f.Value.(listValue)
+		if v := env(envName(f.Name)); v != "" {
+			vals := []string{v}
+			if isList {
+				vals = strings.Split(v, ",")
+			}
+			for _, s := range vals {
+				if e := f.Value.Set(strings.TrimSpace(s)); e != nil {
+					err = usageErrorf("--%s: invalid value in %s: %v", f.Name, envName(f.Name), e)
+					return
+				}
+			}
+			return
+		}
+		if e, ok := cf.values[f.Name]; ok {
+			if len(e.values) != 1 && !isList {
+				err = usageErrorf("config file %s:%d: --%s takes one value, not a list", cf.path, e.line, f.Name)
+				return
+			}
+			for _, s := range e.values {
+				if e2 := f.Value.Set(s); e2 != nil {
+					err = usageErrorf("--%s: invalid value in config file %s:%d: %v", f.Name, cf.path, e.line, e2)
+					return
+				}
+			}
+		}
+	})
+	return err
+}
+
+// parseArgs parses flags and positional arguments in any order ("dead show ID --json"
+// as well as "dead show --json ID"). After "--" everything is positional.
+func parseArgs(fs *flag.FlagSet, args []string) ([]string, error) {
+	var positional []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		rest := fs.Args()
+		if len(rest) == 0 {
+			return positional, nil
+		}
+		if consumed := len(args) - len(rest); consumed > 0 && args[consumed-1] == "--" {
+			return append(positional, rest...), nil
+		}
+		positional = append(positional, rest[0])
+		args = rest[1:]
+	}
+}
+
+// ---- flag value types ----
+
+// durationValue is a time.Duration flag that also takes days ("7d") and, when
+// allowForever is set, -1 for "forever".
+type durationValue struct {
+	d            *time.Duration
+	allowForever bool
+}
+
+func (v durationValue) String() string {
+	if v.d == nil {
+		return ""
+	}
+	if *v.d == -1 {
+		return "-1"
+	}
+	return formatDuration(*v.d)
+}
+
+func (v durationValue) Set(s string) error {
+	if v.allowForever && strings.TrimSpace(s) == "-1" {
+		*v.d = -1
+		return nil
+	}
+	d, err := parseDuration(s)
+	if err != nil {
+		return err
+	}
+	*v.d = d
+	return nil
+}
+
+// parseDuration is time.ParseDuration plus a whole number of days ("7d", "1d12h").
+// maxDays is the most whole days a time.Duration holds (about 292 years).
+const maxDays = math.MaxInt64 / int64(24*time.Hour)
+
+func parseDuration(s string) (time.Duration, error) {
+	s = strings.TrimSpace(s)
+	whole := s
+	var days time.Duration
+	if i := strings.IndexByte(s, 'd'); i > 0 {
+		n, err := strconv.Atoi(s[:i])
+		if err != nil || n < 0 {
+			return 0, fmt.Errorf("invalid duration %q: want e.g. 30s, 5m, 2h or 7d", s)
+		}
+		if int64(n) > maxDays {
+			return 0, fmt.Errorf("duration %q is too long: at most %dd", whole, maxDays)
+		}
+		days = time.Duration(n) * 24 * time.Hour
+		s = s[i+1:]
+		if s == "" {
+			return days, nil
+		}
+	}
+	d, err := time.ParseDuration(s) // fails on overflow itself
+	if err != nil {
+		return 0, fmt.Errorf("invalid duration %q: want e.g. 30s, 5m, 2h or 7d", s)
+	}
+	if d > 0 && days > math.MaxInt64-d {
+		return 0, fmt.Errorf("duration %q is too long: at most %dd", whole, maxDays)
+	}
+	return days + d, nil
+}
+
+// formatDuration prints whole days as "7d" and the rest as time.Duration does, without
+// its zero tails ("1m", not "1m0s").
+func formatDuration(d time.Duration) string {
+	const day = 24 * time.Hour
+	if d > 0 && d%day == 0 {
+		return strconv.FormatInt(int64(d/day), 10) + "d"
+	}
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
+}
+
+// optionalInt is an int flag that tells "not given" from any number.
+type optionalInt struct {
+	n   int
+	set bool
+}
+
+func (v *optionalInt) String() string {
+	if v == nil || !v.set {
+		return ""
+	}
+	return strconv.Itoa(v.n)
+}
+
+func (v *optionalInt) Set(s string) error {
+	n, err := strconv.Atoi(strings.TrimSpace(s))
+	if err != nil {
+		return errors.New("not a whole number")
+	}
+	v.n, v.set = n, true
+	return nil
+}
+
+// pointInTime is a --since / --until flag: an RFC 3339 time, or a duration meaning
+// that long ago ("2h"), measured by this machine's clock when the flag is read.
+type pointInTime struct {
+	t   time.Time
+	now func() time.Time
+}
+
+func (v *pointInTime) String() string {
+	if v == nil || v.t.IsZero() {
+		return ""
+	}
+	return v.t.Format(time.RFC3339)
+}
+
+func (v *pointInTime) Set(s string) error {
+	s = strings.TrimSpace(s)
+	if t, err := time.Parse(time.RFC3339Nano, s); err == nil {
+		v.t = t
+		return nil
+	}
+	d, err := parseDuration(s)
+	if err != nil || d < 0 {
+		return fmt.Errorf("invalid time %q: want an RFC 3339 time (2024-05-01T12:00:00Z) or a duration ago (90m, 2h, 7d)", s)
+	}
+	now := time.Now
+	if v.now != nil {
+		now = v.now
+	}
+	v.t = now().Add(-d)
+	return nil
+}
+
+// stringList is a repeatable string flag.
+type stringList []string
+
+func (l *stringList) String() string { return strings.Join(*l, ",") }
+func (l *stringList) Set(s string) error {
+	if s == "" {
+		return errors.New("empty value")
+	}
+	*l = append(*l, s)
+	return nil
+}
+func (l *stringList) isList() {}
+
+// sortedKeys returns m's keys in order.
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}

@@ -1,0 +1,353 @@
+package outboxcli
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/outboxpgx"
+	"github.com/outboxkit/outbox/outboxprom"
+)
+
+const (
+	brokerDefault        = "nats://127.0.0.1:4222"
+	shutdownGraceDefault = 30 * time.Second
+)
+
+// relayFlags are the flags of `outbox relay`.
+type relayFlags struct {
+	db *dbFlags
+
+	broker  *brokerFlags
+	console *consoleFlags
+
+	cfg   outbox.RelayConfig
+	grace time.Duration
+
+	logFormat, logLevel string
+
+	metricsAddr string
+	otel        bool
+}
+
+// relayConfigFlags maps outbox.RelayConfig fields to their flags, for error messages.
+var relayConfigFlags = map[string]string{
+	"ID":               "relay-id",
+	"BatchSize":        "batch-size",
+	"MaxInFlight":      "max-in-flight",
+	"PublishBatchSize": "publish-batch-size",
+	"PollInterval":     "poll-interval",
+	"LeaseTTL":         "lease-ttl",
+	"MaxAttempts":      "max-attempts",
+	"RetryMinDelay":    "retry-min-delay",
+	"RetryMaxDelay":    "retry-max-delay",
+	"PublishTimeout":   "publish-timeout",
+	"Retention":        "retention",
+	"CleanupInterval":  "cleanup-interval",
+	"CleanupBatch":     "cleanup-batch",
+}
+
+var relayCommand = &command{
+	name:    "relay",
+	summary: "Publish committed outbox messages to the broker (the daemon)",
+	help: `Runs the relay until SIGTERM or SIGINT: it leases a fair share of the outbox's shards
+(several relays may run against one outbox), publishes due messages to the broker,
+marks them published once the broker confirmed them, retries rejections with backoff,
+dead-letters a message after --max-attempts rejections, and deletes published
+messages older than --retention. On a signal it stops fetching, waits up to
+--shutdown-grace for messages in flight, and gives its leases back.
+
+The broker is chosen by the scheme of --broker; each broker's own flags start with its
+name (--nats-..., --rabbitmq-..., ...). A message goes to the destination --route makes
+of it: a subject, a routing key, a topic, a stream, a queue or a URL path.
+
+With --metrics-addr the relay serves, on that address, /metrics (Prometheus: the
+relay's work and the outbox's backlog), /healthz (200 while the process runs) and
+/readyz (200 once the database and the broker answer and a lease round has given the
+relay its share of the shards; 503 with the reason otherwise, and from the signal on).
+docs/observability.md lists the metrics.
+
+With --http-addr the relay also serves the web console (see outbox console --help):
+the outbox's state and its dead letters, with replay and purge. Beyond loopback it
+needs --http-token or --http-token-file.
+
+The outbox schema must be migrated first (outbox migrate up).`,
+	setup: func(fs *flag.FlagSet) runFunc {
+		o := &relayFlags{db: addDBFlags(fs, true)}
+		o.broker = addBrokerFlags(fs)
+		o.console = addConsoleFlags(fs, "")
+
+		c := &o.cfg
+		fs.StringVar(&c.ID, "relay-id", "", "this relay's `id` in leases, logs and outbox status; unique among running relays\n(default hostname-pid-random)")
+		fs.IntVar(&c.BatchSize, "batch-size", outbox.BatchSizeDefault, "read at most `n` messages per fetch")
+		fs.IntVar(&c.MaxInFlight, "max-in-flight", outbox.MaxInFlightDefault, "keep at most `n` messages sent to the broker and not yet confirmed")
+		fs.IntVar(&c.PublishBatchSize, "publish-batch-size", outbox.PublishBatchSizeDefault, "send at most `n` messages per publish call")
+		c.PollInterval = outbox.PollIntervalDefault
+		fs.Var(durationValue{d: &c.PollInterval}, "poll-interval", "look for due messages every `duration` when no notification comes")
+		c.LeaseTTL = outbox.LeaseTTLDefault
+		fs.Var(durationValue{d: &c.LeaseTTL}, "lease-ttl", "shard lease lifetime (`duration`): a dead relay's shards are taken over within this plus one renewal (min(this/3, 1s))")
+		fs.IntVar(&c.MaxAttempts, "max-attempts", outbox.MaxAttemptsDefault, "dead-letter a message after `n` rejections; broker outages do not count")
+		c.RetryMinDelay = outbox.RetryMinDelayDefault
+		fs.Var(durationValue{d: &c.RetryMinDelay}, "retry-min-delay", "shortest backoff (`duration`) after a rejection")
+		c.RetryMaxDelay = outbox.RetryMaxDelayDefault
+		fs.Var(durationValue{d: &c.RetryMaxDelay}, "retry-max-delay", "longest backoff (`duration`) after a rejection")
+		c.PublishTimeout = outbox.PublishTimeoutDefault
+		fs.Var(durationValue{d: &c.PublishTimeout}, "publish-timeout", "give one publish call at most this `duration`; a timeout counts as an outage")
+		c.Retention = outbox.RetentionDefault
+		fs.Var(durationValue{d: &c.Retention, allowForever: true}, "retention", "keep published messages for this `duration` (e.g. 7d); -1 keeps them forever")
+		c.CleanupInterval = outbox.CleanupIntervalDefault
+		fs.Var(durationValue{d: &c.CleanupInterval}, "cleanup-interval", "run the retention cleanup every `duration`")
+		fs.IntVar(&c.CleanupBatch, "cleanup-batch", outbox.CleanupBatchDefault, "delete at most `n` rows per cleanup statement")
+		fs.IntVar(&o.db.rotateRows, "rotate-rows", outboxpgx.RotateRowsDefault, "PostgreSQL: move the pending ring on after `n` messages written to its current bucket (schema version 4)")
+
+		o.grace = shutdownGraceDefault
+		fs.Var(durationValue{d: &o.grace}, "shutdown-grace", "on SIGTERM or SIGINT, wait up to this `duration` for messages in flight to be confirmed")
+		fs.StringVar(&o.logFormat, "log-format", "text", "log `format`: text or json")
+		fs.StringVar(&o.logLevel, "log-level", "info", "log `level`: debug, info, warn or error")
+		fs.StringVar(&o.metricsAddr, "metrics-addr", "", "serve /metrics, /healthz and /readyz on this `address` (:9187, 127.0.0.1:9187); none when empty")
+		fs.BoolVar(&o.otel, "otel", false, "export a span per published message over OTLP/HTTP, configured by the standard\nOTEL_EXPORTER_OTLP_* and OTEL_* environment variables")
+		return func(ctx context.Context, inv *invocation, args []string) error {
+			if err := noArgs(args); err != nil {
+				return err
+			}
+			return o.run(ctx, inv)
+		}
+	},
+}
+
+func (o *relayFlags) run(ctx context.Context, inv *invocation) error {
+	// Everything that can be checked without a connection is checked first: a bad
+	// value fails at once with status 2, before the relay touches anything.
+	log, err := newLogger(inv.stderr, o.logFormat, o.logLevel)
+	if err != nil {
+		return err
+	}
+	if err := o.checkTuning(); err != nil {
+		return err
+	}
+	if err := checkListenAddr("metrics-addr", o.metricsAddr); err != nil {
+		return err
+	}
+	if err := o.console.check(ctx, inv); err != nil {
+		return err
+	}
+	offline, err := o.db.driver()
+	if err != nil {
+		return err
+	}
+	target, err := o.db.target("outbox relay")
+	if err != nil {
+		return err
+	}
+	kind, bs, err := o.broker.settings(log, inv.secrets.add1)
+	if err != nil {
+		return err
+	}
+	o.cfg.Logger = log
+	// NewRelay validates the whole configuration, cross-field rules included; this relay
+	// is never started.
+	if _, err := outbox.NewRelay(offline, nopPublisher{}, o.cfg); err != nil {
+		return relayConfigError(err)
+	}
+
+	if o.otel {
+		obs, stopTracing, err := startTracing(ctx, inv, kind, log)
+		if err != nil {
+			return fmt.Errorf("--otel: %w", err)
+		}
+		defer func() {
+			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+			defer cancel()
+			_ = stopTracing(sctx) // flushes the last spans
+		}()
+		o.cfg.Observer = outbox.MultiObserver(o.cfg.Observer, obs)
+	}
+	// The endpoints come up first, so that probes and scrapes get answers (not ready,
+	// starting) while the relay connects.
+	var reg *prometheus.Registry
+	var ready *readiness
+	if o.metricsAddr != "" {
+		reg = newMetricsRegistry()
+		o.cfg.Observer = outbox.MultiObserver(o.cfg.Observer, outboxprom.New(outboxprom.Config{Registerer: reg, Broker: metricsBroker(kind)}))
+		ready = newReadiness(log)
+		stop, err := serveHTTP(ctx, "metrics and health checks", o.metricsAddr, opsMux(reg, ready, log), log)
+		if err != nil {
+			return fmt.Errorf("--metrics-addr: %w", err)
+		}
+		defer func() {
+			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			_ = stop(sctx)
+		}()
+	}
+
+	log.Info("connecting to "+target.kind.String(), "database", redactDSN(o.db.url), "schema", o.db.schema, "prefix", o.db.prefix)
+	drv, err := o.db.connect(ctx, target)
+	if err != nil {
+		return err
+	}
+	defer drv.close()
+	deferred, err := o.db.checkMigrated(ctx, drv)
+	if err != nil {
+		return err
+	}
+	if len(deferred) > 0 {
+		log.Warn("the outbox schema lacks migrations this relay can run without: run 'outbox migrate up' once every relay is of this version",
+			"missing_versions", fmt.Sprint(deferred))
+	}
+
+	log.Info("connecting to the broker", "broker", kind.name, "url", redactBroker(bs.url), "route", bs.route)
+	broker, err := o.broker.open(ctx, kind, bs)
+	if err != nil {
+		if _, ok := err.(*usageError); ok {
+			return err
+		}
+		return connectError(kind, bs, err)
+	}
+	defer broker.close()
+	if broker.check != nil {
+		checkPendingTopics(ctx, log, drv, broker)
+	}
+
+	var store outbox.Store = drv.storeDriver
+	if ready != nil {
+		reg.MustRegister(outboxprom.NewStatusCollector(drv, outboxprom.StatusConfig{Logger: log}))
+		leases := newLeaseWatch(drv.storeDriver, o.cfg.LeaseTTL)
+		store = leases.store()
+		checks := []readyCheck{{name: "database", check: drv.ping}}
+		if p, ok := broker.publisher.(outbox.Pinger); ok {
+			checks = append(checks, readyCheck{name: "broker", check: p.Ping})
+		}
+		ready.running(leases, checks...)
+		defer ready.stopping()
+	}
+
+	relay, err := outbox.NewRelay(store, broker.publisher, o.cfg)
+	if err != nil {
+		return relayConfigError(err)
+	}
+	stopConsole, err := o.console.start(ctx, inv, drv, relay.Stats, relay.ID(), log)
+	if err != nil {
+		return err
+	}
+	defer stopConsole() // after the relay drained, before the broker and pool close
+	if ready != nil {
+		go func() {
+			// Not ready from the signal on: the relay drains and gives its leases back.
+			select {
+			case <-ctx.Done():
+				ready.stopping()
+			case <-relay.Stopped():
+			}
+		}()
+	}
+	err = relay.Run(ctx, o.grace)
+	if errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("the relay did not drain within --shutdown-grace (%s): the messages it had in flight will be published again by the next relay, and consumers deduplicate them", o.grace)
+	}
+	if err != nil {
+		return err
+	}
+	log.Info("relay exited cleanly")
+	return nil
+}
+
+// checkTuning rejects zero and negative tuning values: outbox.RelayConfig reads zero as
+// "default", which on a command line would only hide a mistake.
+func (o *relayFlags) checkTuning() error {
+	c := o.cfg
+	ints := map[string]int{"batch-size": c.BatchSize, "max-in-flight": c.MaxInFlight, "publish-batch-size": c.PublishBatchSize,
+		"max-attempts": c.MaxAttempts, "cleanup-batch": c.CleanupBatch, "rotate-rows": o.db.rotateRows}
+	durations := map[string]time.Duration{"poll-interval": c.PollInterval, "lease-ttl": c.LeaseTTL,
+		"retry-min-delay": c.RetryMinDelay, "retry-max-delay": c.RetryMaxDelay, "publish-timeout": c.PublishTimeout,
+		"cleanup-interval": c.CleanupInterval, "shutdown-grace": o.grace}
+	for _, name := range sortedKeys(ints) {
+		if ints[name] <= 0 {
+			return usageErrorf("--%s: must be a positive number, not %d", name, ints[name])
+		}
+	}
+	for _, name := range sortedKeys(durations) {
+		if durations[name] <= 0 {
+			return usageErrorf("--%s: must be a positive duration, not %s", name, durations[name])
+		}
+	}
+	if c.Retention <= 0 && c.Retention != -1 {
+		return usageErrorf("--retention: must be a positive duration, or -1 to keep published messages forever")
+	}
+	return nil
+}
+
+// relayConfigError names flags, not Go fields, in an outbox.RelayConfig error.
+func relayConfigError(err error) error {
+	var ce *outbox.ConfigError
+	if !errors.As(err, &ce) {
+		return err
+	}
+	reason := ce.Reason
+	fields := sortedKeys(relayConfigFlags)
+	sort.Slice(fields, func(i, j int) bool { return len(fields[i]) > len(fields[j]) }) // PublishBatchSize before BatchSize
+	for _, f := range fields {
+		reason = strings.ReplaceAll(reason, f, "--"+relayConfigFlags[f])
+	}
+	if name, ok := relayConfigFlags[ce.Field]; ok {
+		return usageErrorf("--%s: %s", name, reason)
+	}
+	return usageErrorf("%s: %s", ce.Field, reason)
+}
+
+// checkPendingTopics has the broker check the topics with pending messages (50 at most),
+// so that a destination it cannot take is named in the log at start, not only in outage
+// messages later.
+func checkPendingTopics(ctx context.Context, log *slog.Logger, drv outbox.Admin, broker *openedBroker) {
+	status, err := drv.Status(ctx)
+	if err != nil {
+		log.Warn("could not read the outbox status to check the broker's destinations", "err", err)
+		return
+	}
+	var topics []string
+	for _, t := range status.Topics {
+		if t.Pending > 0 && len(topics) < 50 {
+			topics = append(topics, t.Topic)
+		}
+	}
+	broker.check(ctx, log, topics)
+}
+
+// newLogger returns the relay's logger on w.
+func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(level)); err != nil {
+		return nil, usageErrorf("--log-level: %q is not a level: want debug, info, warn or error", level)
+	}
+	opts := &slog.HandlerOptions{Level: lv}
+	switch format {
+	case "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	}
+	return nil, usageErrorf("--log-format: %q is not a format: want text or json", format)
+}
+
+// metricsBroker is the broker label of the relay's metrics: the broker kind's scheme
+// (nats, amqp, kafka, redis, sqs), and webhook for http and https.
+func metricsBroker(k *brokerKind) string {
+	if k.schemes[0] == "http" {
+		return "webhook"
+	}
+	return k.schemes[0]
+}
+
+// nopPublisher lets NewRelay validate a configuration before the broker is dialled.
+type nopPublisher struct{}
+
+func (nopPublisher) Publish(context.Context, []*outbox.Message) []error { return nil }

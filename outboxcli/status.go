@@ -1,0 +1,163 @@
+package outboxcli
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/outboxkit/outbox"
+)
+
+var statusCommand = &command{
+	name:    "status",
+	summary: "Show the backlog, dead letters, relays and shard leases",
+	help: `Shows how many messages are pending (due now, or delayed by a retry backoff or
+DeliverAt), retrying after a rejection, dead-lettered and published (kept until
+retention deletes them; estimated on large tables), the age of the oldest pending
+message, the same per topic, and the relays with the shards they lease.
+
+--json prints the same as one JSON object (durations in nanoseconds).`,
+	setup: func(fs *flag.FlagSet) runFunc {
+		db := addDBFlags(fs, true)
+		asJSON := fs.Bool("json", false, "print JSON instead of text")
+		return func(ctx context.Context, inv *invocation, args []string) error {
+			if err := noArgs(args); err != nil {
+				return err
+			}
+			drv, err := db.openMigrated(ctx, "outbox status")
+			if err != nil {
+				return err
+			}
+			defer drv.close()
+			st, err := drv.Status(ctx)
+			if err != nil {
+				return err
+			}
+			if *asJSON {
+				return writeJSON(inv.stdout, st)
+			}
+			return printStatus(inv.stdout, st, time.Now())
+		}
+	},
+}
+
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func printStatus(w io.Writer, st outbox.Status, now time.Time) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(tw, "pending\t%d\n", st.Pending)
+	fmt.Fprintf(tw, "  due\t%d\n", st.Due)
+	fmt.Fprintf(tw, "  delayed\t%d\t(retry backoff or DeliverAt)\n", st.Delayed)
+	fmt.Fprintf(tw, "  retrying\t%d\t(rejected at least once)\n", st.Retrying)
+	fmt.Fprintf(tw, "dead\t%d\n", st.Dead)
+	fmt.Fprintf(tw, "published\t%d\t(kept for retention; estimated on large tables)\n", st.Published)
+	fmt.Fprintf(tw, "oldest pending\t%s\n", age(st.OldestPendingAge, st.Pending))
+	fmt.Fprintf(tw, "shards leased\t%d of %d\n", st.ShardsLeased, st.Shards)
+	if p := st.Partitions; p != nil {
+		switch {
+		case p.DaysAhead < 0:
+			fmt.Fprintf(tw, "partitions\t%d\t(none for today: recording outcomes fails; run 'outbox partitions create')\n", p.Count)
+		default:
+			fmt.Fprintf(tw, "partitions\t%d\t(%s to %s, %d days ahead)\n", p.Count, p.Oldest.Format(time.DateOnly), p.Newest.Format(time.DateOnly), p.DaysAhead)
+		}
+	}
+	if r := st.Ring; r != nil {
+		fmt.Fprintf(tw, "pending ring\tbucket %d\t(%d rotations, %d messages since the last)\n", r.Current, r.Rotations, r.RowsSinceRotation)
+	}
+	fmt.Fprintf(tw, "oldest transaction\t%s\t(holds back vacuum while open)\n", st.OldestTransactionAge.Round(time.Second))
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+
+	if len(st.Topics) > 0 {
+		fmt.Fprintln(w)
+		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "TOPIC\tPENDING\tDUE\tRETRYING\tDEAD\tOLDEST PENDING")
+		for _, t := range st.Topics {
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%s\n", t.Topic, t.Pending, t.Due, t.Retrying, t.Dead, age(t.OldestPendingAge, t.Pending))
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+	}
+
+	fmt.Fprintln(w)
+	if len(st.Relays) == 0 {
+		fmt.Fprintln(w, "no relays have run in the last hour")
+		return nil
+	}
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "RELAY\tHOST\tPID\tLIVE\tSHARDS\tSTARTED\tLAST HEARTBEAT")
+	for _, r := range st.Relays {
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%d\t%s\t%s ago\n", r.ID, r.Hostname, r.PID, yesNo(r.Live), r.Shards,
+			r.StartedAt.Local().Format(time.DateTime), roundAge(now.Sub(r.HeartbeatAt)))
+	}
+	return tw.Flush()
+}
+
+func age(d time.Duration, pending int64) string {
+	if pending == 0 {
+		return "-"
+	}
+	return roundAge(d)
+}
+
+// roundAge keeps ages readable: 1h2m3s, 4.2s, 15ms.
+func roundAge(d time.Duration) string {
+	switch {
+	case d < 0:
+		return "0s"
+	case d < time.Second:
+		return d.Round(time.Millisecond).String()
+	case d < time.Minute:
+		return d.Round(100 * time.Millisecond).String()
+	default:
+		return d.Round(time.Second).String()
+	}
+}
+
+// quoteIfNeeded quotes s when it has characters that would break a column.
+func quoteIfNeeded(s string) string {
+	for _, r := range s {
+		if r == '\t' || r == '\n' || isControl(r) {
+			return strconv.Quote(s)
+		}
+	}
+	return s
+}
+
+// isControl reports whether r is a control character a terminal may act on, other than
+// newline and tab: C0 (ESC starts clear-screen, title and OSC 52 clipboard sequences),
+// DEL and C1 (U+009B is a one-character CSI).
+func isControl(r rune) bool {
+	return r != '\n' && r != '\t' && (r < ' ' || r == 0x7f || (r >= 0x80 && r < 0xa0))
+}
+
+// escapeControls makes text from the database (a payload, an error a broker returned)
+// safe to print on a terminal: every control character but newline and tab is written
+// as a Go escape (\x1b, \u009b), which the operator can still read.
+func escapeControls(s string) string {
+	if !strings.ContainsFunc(s, isControl) {
+		return s
+	}
+	var b strings.Builder
+	for _, r := range s {
+		if isControl(r) {
+			q := strconv.QuoteRune(r)
+			b.WriteString(q[1 : len(q)-1])
+		} else {
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
+}
