@@ -1,14 +1,12 @@
 package outbox
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"slices"
-	"sort"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -250,9 +248,7 @@ type loop struct {
 	perShard map[int]int
 	floors   *floors // the continuation's lower bound per key
 
-	leases     map[int]int64 // shard -> token
-	draining   map[int]bool
-	leaseUntil time.Time // local monotonic deadline to stop sending under the current leases
+	leases *leaseBook
 
 	inFlight    int
 	freeWorkers int
@@ -269,14 +265,8 @@ type loop struct {
 	completing, fetching, leaseBusy bool
 	taint                           map[string]bool // keys released while a fetch ran
 	settled                         map[int64]bool  // seqs whose outcome was recorded while a fetch ran
-	wantFetch                       bool            // a wake-up or poll asked for a full fetch
-	maxSeq                          int64           // highest seq any fetch returned
-	cursor                          int64           // every due message at or below it is in hand or held back: continuations start above it
-	lastFull                        time.Time       // when the last full fetch started
-	moreLikely                      bool            // the last fetch was full
-	pausedUntil                     time.Time
-	pinging                         bool // checking the broker before resuming after an outage
-	outageStreak                    int
+	fetch                           fetchPlan
+	outage                          *outageGate
 	completeRetryAt                 time.Time
 
 	pings        chan error
@@ -296,8 +286,8 @@ func newLoop(r *Relay) *loop {
 		known:        map[int64]inHand{},
 		floors:       newFloors(keyFloors),
 		perShard:     map[int]int{},
-		leases:       map[int]int64{},
-		draining:     map[int]bool{},
+		leases:       newLeaseBook(r.cfg.LeaseTTL),
+		outage:       newOutageGate(r.cfg.OutageMinDelay, r.cfg.OutageMaxDelay),
 		freeWorkers:  max(workers, 1),
 		pubResults:   make(chan pubResult, workers+1),
 		pings:        make(chan error, 1),
@@ -356,11 +346,7 @@ func (l *loop) run(ctx context.Context) {
 		l.startComplete(ctx)
 		// Wake up for a paused outage or a pending complete retry.
 		var next time.Time
-		paused := l.pausedUntil
-		if l.pinging {
-			paused = time.Time{} // the ping's answer ends the wait
-		}
-		for _, t := range []time.Time{paused, l.completeRetryAt} {
+		for _, t := range []time.Time{l.outage.wakeAt(), l.completeRetryAt} {
 			if !t.IsZero() && (next.IsZero() || t.Before(next)) {
 				next = t
 			}
@@ -386,22 +372,19 @@ func (l *loop) run(ctx context.Context) {
 		case res := <-l.leaseResults:
 			l.onLeases(res)
 		case <-l.wake:
-			l.wantFetch = true
+			l.fetch.want = true
 		case <-poll.C:
-			l.wantFetch = true
+			l.fetch.want = true
 		case <-renew.C:
 			if !stopping {
 				l.syncLeases(ctx, false)
 			}
 		case err := <-l.pings:
-			l.pinging = false
-			if err != nil {
-				l.pause(fmt.Errorf("broker ping: %w", err))
-			} else {
-				l.pausedUntil = time.Time{}
+			if d := l.outage.pinged(err, time.Now()); d > 0 {
+				l.paused(d, fmt.Errorf("broker ping: %w", err))
 			}
 		case <-timer.C:
-			if !l.pausedUntil.IsZero() && !time.Now().Before(l.pausedUntil) && !l.pinging {
+			if l.outage.due(time.Now()) {
 				l.resume(ctx)
 			}
 			if !l.completeRetryAt.IsZero() && !time.Now().Before(l.completeRetryAt) {
@@ -445,19 +428,8 @@ func (l *loop) syncLeases(ctx context.Context, final bool) {
 	if l.leaseBusy {
 		return
 	}
-	req := LeaseRequest{RelayID: l.cfg.ID, Hostname: l.hostname, PID: os.Getpid(), TTL: l.cfg.LeaseTTL,
-		RenewBelow: renewBelow(l.cfg.LeaseTTL)}
-	for shard, token := range l.leases {
-		lease := Lease{Shard: shard, Token: token}
-		if final || (l.draining[shard] && l.perShard[shard] == 0) {
-			req.Release = append(req.Release, lease)
-		} else {
-			req.Held = append(req.Held, lease)
-		}
-	}
-	if final {
-		req.TTL = 0
-	}
+	req := l.leases.request(LeaseRequest{RelayID: l.cfg.ID, Hostname: l.hostname, PID: os.Getpid(), TTL: l.cfg.LeaseTTL,
+		RenewBelow: renewBelow(l.cfg.LeaseTTL)}, final, func(shard int) bool { return l.perShard[shard] == 0 })
 	l.leaseBusy = true
 	started := time.Now()
 	go func() {
@@ -474,63 +446,26 @@ func (l *loop) onLeases(res leaseResult) {
 	l.leaseBusy = false
 	if res.err != nil {
 		l.log.Error("lease renewal failed; sending stops when the leases run out", "err", res.err,
-			"seconds_left", time.Until(l.leaseUntil).Seconds())
+			"seconds_left", time.Until(l.leases.until).Seconds())
 		return
 	}
-	next := make(map[int]int64, len(res.state.Held))
-	for _, ls := range res.state.Held {
-		next[ls.Shard] = ls.Token
-	}
-	var lost, gained []int
-	for shard, token := range l.leases {
-		if t, ok := next[shard]; !ok || t != token {
-			lost = append(lost, shard)
+	c := l.leases.apply(res.state, res.started)
+	if len(c.lost) > 0 || len(c.drain) > 0 {
+		gone := map[int]bool{}
+		for _, s := range append(c.lost, c.drain...) {
+			gone[s] = true
 		}
+		l.dropUnsent(func(ln *lane) bool { return gone[ln.shard] })
 	}
-	for shard, token := range next {
-		if t, ok := l.leases[shard]; !ok || t != token {
-			gained = append(gained, shard)
-		}
+	held := len(l.leases.tokens)
+	l.r.stats.shards.Store(int64(held))
+	if len(c.lost) > 0 || len(c.gained) > 0 {
+		l.cfg.Observer.LeasesChanged(held, c.gained, c.lost, res.state.Live)
+		l.log.Info("leases changed", "held", held, "target", res.state.Target, "live_relays", res.state.Live,
+			"gained", fmt.Sprint(c.gained), "lost", fmt.Sprint(c.lost))
 	}
-	lostSet := map[int]bool{}
-	for _, s := range lost {
-		lostSet[s] = true
-		delete(l.draining, s)
-	}
-	if len(lost) > 0 {
-		l.dropUnsent(func(ln *lane) bool { return lostSet[ln.shard] })
-	}
-	l.leases = next
-	// A renewal that started at time t keeps the leases until t+left in database time at
-	// the earliest, left being what the store reported for the lease that expires first
-	// (the whole TTL when it renewed them all); stop sending a fifth of the TTL before.
-	left := cmp.Or(res.state.Left, l.cfg.LeaseTTL)
-	l.leaseUntil = res.started.Add(left - l.cfg.LeaseTTL/5)
-	l.r.stats.shards.Store(int64(len(next)))
-	// Give back shards beyond the fair share so newcomers get theirs.
-	if excess := len(next) - countTrue(l.draining) - res.state.Target; excess > 0 && res.state.Target > 0 {
-		shards := make([]int, 0, len(next))
-		for s := range next {
-			if !l.draining[s] {
-				shards = append(shards, s)
-			}
-		}
-		sort.Sort(sort.Reverse(sort.IntSlice(shards)))
-		for _, s := range shards[:excess] {
-			l.draining[s] = true
-		}
-		l.dropUnsent(func(ln *lane) bool { return l.draining[ln.shard] })
-	}
-	if len(lost) > 0 || len(gained) > 0 {
-		sort.Ints(lost)
-		sort.Ints(gained)
-		l.cfg.Observer.LeasesChanged(len(next), gained, lost, res.state.Live)
-		l.log.Info("leases changed", "held", len(next), "target", res.state.Target, "live_relays", res.state.Live,
-			"gained", fmt.Sprint(gained), "lost", fmt.Sprint(lost))
-	}
-	if len(gained) > 0 {
-		l.wantFetch = true
-		l.cursor = 0 // the new shards' messages below the cursor were never seen: start over
+	if len(c.gained) > 0 {
+		l.fetch.gained()
 	}
 	// Lanes skipped while the leases had lapsed locally become sendable again.
 	for _, ln := range l.lanes {
@@ -540,28 +475,17 @@ func (l *loop) onLeases(res leaseResult) {
 	}
 }
 
-func countTrue(m map[int]bool) int {
-	n := 0
-	for _, v := range m {
-		if v {
-			n++
-		}
-	}
-	return n
-}
-
 // sendable reports whether messages of shard may be sent now.
 func (l *loop) sendable(shard int) bool {
 	if broken.Has(broken.NoKeyGate) {
 		return true // canary: leases ignored
 	}
-	_, held := l.leases[shard]
-	return held && !l.draining[shard] && time.Now().Before(l.leaseUntil)
+	return l.leases.sendable(shard, time.Now())
 }
 
 // dispatch hands ready lane heads to free publish workers.
 func (l *loop) dispatch(ctx context.Context) {
-	if !l.pausedUntil.IsZero() {
+	if !l.outage.open() {
 		return
 	}
 	for l.freeWorkers > 0 && len(l.ready) > 0 && l.inFlight+l.unrecorded < l.cfg.MaxInFlight {
@@ -659,24 +583,24 @@ func (l *loop) onPublished(res pubResult) {
 		}
 	}
 	if confirmed > 0 {
-		l.outageStreak = 0
+		l.outage.confirmed()
 	}
-	if outage && l.pausedUntil.IsZero() {
-		l.pause(nil)
+	if outage {
+		if d := l.outage.outage(time.Now()); d > 0 {
+			l.paused(d, nil)
+		}
 	}
 }
 
-// pause stops sending for a backoff that grows with each consecutive outage.
-func (l *loop) pause(cause error) {
-	l.outageStreak++
+// paused reports a pause the outage gate began: cause is the failed ping, or nil after
+// a batch found the broker unreachable.
+func (l *loop) paused(d time.Duration, cause error) {
 	l.r.stats.outages.Add(1)
-	d := backoff(l.outageStreak, l.cfg.OutageMinDelay, l.cfg.OutageMaxDelay)
-	l.pausedUntil = time.Now().Add(d)
 	l.cfg.Observer.Paused(d)
 	if cause != nil {
-		l.log.Warn("broker still unreachable; pausing", "pause", d.Round(time.Millisecond), "consecutive", l.outageStreak, "err", cause)
+		l.log.Warn("broker still unreachable; pausing", "pause", d.Round(time.Millisecond), "consecutive", l.outage.streak, "err", cause)
 	} else {
-		l.log.Warn("pausing after broker outage", "pause", d.Round(time.Millisecond), "consecutive", l.outageStreak)
+		l.log.Warn("pausing after broker outage", "pause", d.Round(time.Millisecond), "consecutive", l.outage.streak)
 	}
 }
 
@@ -685,10 +609,10 @@ func (l *loop) pause(cause error) {
 func (l *loop) resume(ctx context.Context) {
 	pinger, ok := l.r.pub.(Pinger)
 	if !ok {
-		l.pausedUntil = time.Time{}
+		l.outage.reopen()
 		return
 	}
-	l.pinging = true
+	l.outage.ping()
 	go func() {
 		pctx, cancel := context.WithTimeout(ctx, min(l.cfg.PublishTimeout, 10*time.Second))
 		defer cancel()
@@ -811,7 +735,7 @@ func (l *loop) forget(seq int64) {
 func (l *loop) dropStaleOutcomes() (dropped int) {
 	stale := func(o Outcome) bool {
 		h, ok := l.known[o.Seq]
-		if ok && l.leases[h.shard] == o.Token {
+		if ok && l.leases.holds(h.shard, o.Token) {
 			return false
 		}
 		l.forget(o.Seq)
@@ -915,7 +839,7 @@ func (l *loop) onComplete(res completeResult) {
 		}
 	}
 	// Draining shards may now be empty: release them soon.
-	for s := range l.draining {
+	for s := range l.leases.draining {
 		if l.perShard[s] == 0 {
 			l.wantLeaseSoon()
 			break
@@ -923,49 +847,39 @@ func (l *loop) onComplete(res completeResult) {
 	}
 }
 
-// fullFetchEvery spaces full fetches while a backlog is drained by continuations.
-const fullFetchEvery = 100 * time.Millisecond
-
-// startFetch reads more due messages when there is room for them.
-//
-// A full fetch scans the pending messages from the oldest, excluding those in hand; it
-// finds everything: late commits, retries come due, messages of shards just gained. While
-// the last fetch came back full (a backlog), the next one continues above the highest seq
-// seen, a range scan that does not re-read what is in hand; wake-ups and polls still get
-// a full fetch at least every fullFetchEvery. A continuation must not let a key's newer
-// message overtake an older one the relay does not hold, so it starts at the cursor, below
-// which every due message of a key the relay holds is in hand, and takes a message only if
-// its key has no older pending message at or below the cursor or the relay holds the
-// key's lane. Messages skipped (a key released after a rejection, a shard just gained)
-// come with the next full fetch.
+// startFetch reads more due messages when there is room for them and the fetch plan
+// (fetchplan.go) wants them. A continuation must not let a key's newer message overtake
+// an older one the relay does not hold, so it sends the keys it holds and their floors
+// (floors.go): the store takes a message only if its key has no older pending message
+// above the key's floor, or the relay holds the key's lane. Messages skipped (a key
+// released after a rejection, a shard just gained) come with the next full fetch.
 func (l *loop) startFetch(ctx context.Context) {
 	room := l.cfg.BatchSize + l.cfg.MaxInFlight - len(l.known)
-	if l.fetching || !(l.wantFetch || l.moreLikely) || room < l.cfg.BatchSize/2 || !time.Now().Before(l.leaseUntil) {
+	now := time.Now()
+	if l.fetching || !now.Before(l.leases.until) {
 		return
 	}
-	full := l.cursor == 0 || !l.moreLikely || (l.wantFetch && time.Since(l.lastFull) >= fullFetchEvery)
-	if broken.Has(broken.CursorPolling) && l.maxSeq > 0 {
+	ok, full, after := l.fetch.next(now, room, l.cfg.BatchSize)
+	if !ok {
+		return
+	}
+	if broken.Has(broken.CursorPolling) && l.fetch.maxSeq > 0 {
 		// Canary: "id > cursor" polling, never below the highest seq seen.
-		full, l.cursor, l.wantFetch = false, l.maxSeq, false
+		full, after, l.fetch.cursor, l.fetch.want = false, l.fetch.maxSeq, l.fetch.maxSeq, false
 	}
 	req := &FetchRequest{RelayID: l.cfg.ID, Limit: min(room, l.cfg.BatchSize)}
-	for shard, token := range l.leases {
-		if !l.draining[shard] {
-			req.Leases = append(req.Leases, Lease{Shard: shard, Token: token})
-		}
-	}
+	req.Leases = l.leases.active()
 	if len(req.Leases) == 0 {
 		return
 	}
+	l.fetch.started(full, now)
 	if full {
 		req.Exclude = make([]int64, 0, len(l.known))
 		for seq := range l.known {
 			req.Exclude = append(req.Exclude, seq)
 		}
-		l.wantFetch = false
-		l.lastFull = time.Now()
 	} else {
-		req.After = l.cursor
+		req.After = after
 		held := make(map[string]int64, len(l.lanes))
 		for key, ln := range l.lanes {
 			if !ln.failed && key[0] != 0 && len(ln.queue) > 0 {
@@ -998,26 +912,14 @@ func (l *loop) onFetch(res fetchResult) {
 	}
 	if res.err != nil {
 		l.log.Error("fetch failed", "err", res.err)
-		l.moreLikely = false
+		l.fetch.failed()
 		return
 	}
-	l.moreLikely = len(res.fetched) == res.req.Limit
-	// Advance the cursor. A full fetch covers every due message up to the highest seq it
-	// returned, or, when it came back short, everything: the cursor can then start above
-	// any message seen. A continuation extends the coverage it started from.
 	var top int64
 	for _, m := range res.fetched {
 		top = max(top, m.Seq)
 	}
-	l.maxSeq = max(l.maxSeq, top)
-	switch {
-	case res.req.After > 0:
-		l.cursor = max(l.cursor, top)
-	case l.moreLikely:
-		l.cursor = top
-	default:
-		l.cursor = l.maxSeq
-	}
+	l.fetch.done(top, len(res.fetched) == res.req.Limit, res.req.After)
 	tokens := make(map[int]int64, len(res.req.Leases))
 	for _, ls := range res.req.Leases {
 		tokens[ls.Shard] = ls.Token
@@ -1028,9 +930,9 @@ func (l *loop) onFetch(res fetchResult) {
 		}
 		token, ok := tokens[m.Shard]
 		if broken.Has(broken.NoKeyGate) {
-			token, ok = l.leases[m.Shard], true // canary: rows of any shard taken
+			token, ok = l.leases.tokens[m.Shard], true // canary: rows of any shard taken
 		}
-		if !ok || l.leases[m.Shard] != token || l.draining[m.Shard] {
+		if !ok || !l.leases.holds(m.Shard, token) || l.leases.draining[m.Shard] {
 			continue // lease changed while fetching
 		}
 		key := laneKey(m)

@@ -1,0 +1,73 @@
+package outbox
+
+import "time"
+
+// fullFetchEvery spaces full fetches while a backlog is drained by continuations.
+const fullFetchEvery = 100 * time.Millisecond
+
+// fetchPlan decides when the relay fetches and which kind of fetch, and keeps the
+// cursor. It does no I/O and reads no clock.
+//
+// A full fetch scans the pending messages from the oldest, excluding those in hand; it
+// finds everything: late commits, retries come due, messages of shards just gained. While
+// the last fetch came back full (a backlog), the next one continues above the cursor, a
+// range scan that does not re-read what is in hand; wake-ups and polls still get a full
+// fetch at least every fullFetchEvery.
+//
+// Invariant: every due message at or below the cursor is in hand or held back by its
+// key's gate (floors.go); a continuation starts above it. A full fetch that came back
+// full covers every due message up to the highest seq it returned; one that came back
+// short covers everything, so the cursor may jump to the highest seq seen; a
+// continuation extends the coverage it started from. Gaining shards resets the cursor
+// (their messages below it were never seen), and so does nothing else: a failed fetch
+// leaves it, and only ends the backlog mode.
+type fetchPlan struct {
+	want       bool      // a wake-up, poll or lease change asked for a full fetch
+	moreLikely bool      // the last fetch came back full: a backlog
+	cursor     int64     // 0: the next fetch is full
+	maxSeq     int64     // highest seq any fetch returned
+	lastFull   time.Time // when the last full fetch started
+}
+
+// next says whether to fetch at now, given room for that many messages in hand against
+// a batch size, and whether that fetch is full; after is the continuation's lower bound.
+// The loop calls started when it sends the fetch.
+func (p *fetchPlan) next(now time.Time, room, batch int) (fetch, full bool, after int64) {
+	if !(p.want || p.moreLikely) || room < batch/2 {
+		return false, false, 0
+	}
+	full = p.cursor == 0 || !p.moreLikely || (p.want && now.Sub(p.lastFull) >= fullFetchEvery)
+	if full {
+		return true, true, 0
+	}
+	return true, false, p.cursor
+}
+
+// started records a fetch sent at now.
+func (p *fetchPlan) started(full bool, now time.Time) {
+	if full {
+		p.want = false
+		p.lastFull = now
+	}
+}
+
+// done records a fetch's answer: the highest seq it returned (0 for none), whether it
+// came back full, and the lower bound it continued from (0 for a full fetch).
+func (p *fetchPlan) done(top int64, full bool, after int64) {
+	p.moreLikely = full
+	p.maxSeq = max(p.maxSeq, top)
+	switch {
+	case after > 0:
+		p.cursor = max(p.cursor, top)
+	case full:
+		p.cursor = top
+	default:
+		p.cursor = p.maxSeq
+	}
+}
+
+// failed records a fetch that failed: the next one is full.
+func (p *fetchPlan) failed() { p.moreLikely = false }
+
+// gained records new shards: the next fetch is full and starts over.
+func (p *fetchPlan) gained() { p.want, p.cursor = true, 0 }

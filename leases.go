@@ -1,0 +1,119 @@
+package outbox
+
+import (
+	"cmp"
+	"slices"
+	"time"
+)
+
+// leaseBook is the relay's view of its shard leases: which shards it holds under which
+// token, which of them it is giving back, and until when it may send under them. It does
+// no I/O and reads no clock: the loop gives it each lease round's answer and the time.
+//
+// Invariants:
+//   - draining is a subset of the held shards: a shard lost is no longer draining;
+//   - until is never later than the round's start plus the time the store reported left
+//     on the soonest lease, less a fifth of the TTL: a renewal that started at t keeps
+//     every lease until at least t+left in database time, and the margin covers clock
+//     rates and a late answer. Nothing is sent at or after until;
+//   - a shard is released only once drained (no message of it in hand), or on the
+//     final round, which releases every lease.
+type leaseBook struct {
+	ttl      time.Duration
+	tokens   map[int]int64 // held shard -> lease token
+	draining map[int]bool  // held shards being given back: nothing new is sent or fetched
+	until    time.Time     // local monotonic deadline for sending under the current leases
+}
+
+func newLeaseBook(ttl time.Duration) *leaseBook {
+	return &leaseBook{ttl: ttl, tokens: map[int]int64{}, draining: map[int]bool{}}
+}
+
+// leaseChange is what a round changed: shards lost (expired, taken over, released),
+// shards gained, and held shards newly set draining to come down to the fair share.
+type leaseChange struct {
+	lost, gained, drain []int
+}
+
+// request fills the held and released leases of a round into req: a draining shard with
+// nothing in hand (idle) is released, every lease is when final.
+func (b *leaseBook) request(req LeaseRequest, final bool, idle func(shard int) bool) LeaseRequest {
+	for _, shard := range sortedShards(b.tokens) {
+		lease := Lease{Shard: shard, Token: b.tokens[shard]}
+		if final || (b.draining[shard] && idle(shard)) {
+			req.Release = append(req.Release, lease)
+		} else {
+			req.Held = append(req.Held, lease)
+		}
+	}
+	if final {
+		req.TTL = 0
+	}
+	return req
+}
+
+// apply takes the answer of a round that started at started: the leases held from now
+// on, the sending deadline, and shards beyond the fair share (st.Target) set draining,
+// the highest numbers first.
+func (b *leaseBook) apply(st LeaseState, started time.Time) leaseChange {
+	var c leaseChange
+	next := make(map[int]int64, len(st.Held))
+	for _, ls := range st.Held {
+		next[ls.Shard] = ls.Token
+	}
+	for _, shard := range sortedShards(b.tokens) {
+		if t, ok := next[shard]; !ok || t != b.tokens[shard] {
+			c.lost = append(c.lost, shard)
+			delete(b.draining, shard)
+		}
+	}
+	for _, shard := range sortedShards(next) {
+		if t, ok := b.tokens[shard]; !ok || t != next[shard] {
+			c.gained = append(c.gained, shard)
+		}
+	}
+	b.tokens = next
+	b.until = started.Add(cmp.Or(st.Left, b.ttl) - b.ttl/5)
+	if excess := len(next) - len(b.draining) - st.Target; excess > 0 && st.Target > 0 {
+		shards := sortedShards(next)
+		for i := len(shards) - 1; i >= 0 && len(c.drain) < excess; i-- {
+			if s := shards[i]; !b.draining[s] {
+				b.draining[s] = true
+				c.drain = append(c.drain, s)
+			}
+		}
+	}
+	return c
+}
+
+// sendable reports whether messages of shard may be sent at now.
+func (b *leaseBook) sendable(shard int, now time.Time) bool {
+	_, held := b.tokens[shard]
+	return held && !b.draining[shard] && now.Before(b.until)
+}
+
+// holds reports whether token is the current lease token of shard.
+func (b *leaseBook) holds(shard int, token int64) bool {
+	t, ok := b.tokens[shard]
+	return ok && t == token
+}
+
+// active returns the held leases that are not draining, by shard: what a fetch may read.
+func (b *leaseBook) active() []Lease {
+	var out []Lease
+	for _, shard := range sortedShards(b.tokens) {
+		if !b.draining[shard] {
+			out = append(out, Lease{Shard: shard, Token: b.tokens[shard]})
+		}
+	}
+	return out
+}
+
+func sortedShards[V any](m map[int]V) []int {
+	keys := make([]int, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}

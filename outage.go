@@ -1,0 +1,81 @@
+package outbox
+
+import "time"
+
+// outageGate stops the relay's sending while the broker is unreachable. It does no I/O
+// and reads no clock: the loop tells it what the publisher and the pings answered, and
+// the time.
+//
+// States: open (until is zero: sending); paused (until set, not pinging: nothing is sent
+// before until); pinging (until passed, and a ping to the broker is out: its answer either
+// opens the gate or pauses again). Each outage in a row pauses longer (backoff between
+// OutageMinDelay and OutageMaxDelay, with jitter); a confirmed publish ends the streak.
+// An outage reported while paused or pinging (a batch sent before the pause) changes
+// nothing.
+type outageGate struct {
+	min, max time.Duration
+	until    time.Time // end of the current pause; zero when open
+	pinging  bool
+	streak   int // outages in a row
+	// backoff returns the pause after n outages in a row; backoff() outside tests.
+	backoff func(n int, min, max time.Duration) time.Duration
+}
+
+func newOutageGate(min, max time.Duration) *outageGate {
+	return &outageGate{min: min, max: max, backoff: backoff}
+}
+
+// open reports whether messages may be sent.
+func (g *outageGate) open() bool { return g.until.IsZero() }
+
+// confirmed records a publish the broker confirmed: the outage streak ends.
+func (g *outageGate) confirmed() { g.streak = 0 }
+
+// outage records a batch that found the broker unreachable. It returns the pause it
+// began, or 0 when the gate was already closed.
+func (g *outageGate) outage(now time.Time) time.Duration {
+	if !g.open() {
+		return 0
+	}
+	return g.pause(now)
+}
+
+func (g *outageGate) pause(now time.Time) time.Duration {
+	g.streak++
+	d := g.backoff(g.streak, g.min, g.max)
+	g.until = now.Add(d)
+	return d
+}
+
+// wakeAt is when the loop must call due next: the end of the pause, or zero (open, or
+// waiting for a ping's answer).
+func (g *outageGate) wakeAt() time.Time {
+	if g.pinging {
+		return time.Time{}
+	}
+	return g.until
+}
+
+// due reports whether the pause is over at now and the broker should be checked; the
+// loop then calls ping (and sends a ping) or, when the publisher cannot be pinged,
+// reopen.
+func (g *outageGate) due(now time.Time) bool {
+	return !g.open() && !g.pinging && !now.Before(g.until)
+}
+
+// ping records that a ping to the broker is out.
+func (g *outageGate) ping() { g.pinging = true }
+
+// reopen opens the gate without a ping.
+func (g *outageGate) reopen() { g.until, g.pinging = time.Time{}, false }
+
+// pinged records the ping's answer: nil opens the gate; an error pauses again, longer,
+// and returns the pause.
+func (g *outageGate) pinged(err error, now time.Time) time.Duration {
+	g.pinging = false
+	if err == nil {
+		g.until = time.Time{}
+		return 0
+	}
+	return g.pause(now)
+}

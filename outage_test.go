@@ -1,0 +1,55 @@
+package outbox
+
+import (
+	"errors"
+	"testing"
+	"time"
+)
+
+func TestOutageGate(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	g := newOutageGate(time.Second, time.Minute)
+	g.backoff = func(n int, min, _ time.Duration) time.Duration { return time.Duration(n) * min } // no jitter
+	at := func(d time.Duration) time.Time { return t0.Add(d) }
+
+	if !g.open() || !g.wakeAt().IsZero() || g.due(t0) {
+		t.Fatal("a new gate is not open")
+	}
+	// A batch meets an outage: paused 1s. Another outage reported meanwhile (a batch sent
+	// before) changes nothing.
+	if d := g.outage(t0); d != time.Second || g.open() || !g.wakeAt().Equal(at(time.Second)) {
+		t.Fatalf("first outage: pause %v, open %v, wake %v", d, g.open(), g.wakeAt())
+	}
+	if d := g.outage(at(time.Millisecond)); d != 0 || g.streak != 1 {
+		t.Fatalf("outage while paused: pause %v, streak %d", d, g.streak)
+	}
+	if g.due(at(time.Second - 1)) {
+		t.Fatal("due before the pause ends")
+	}
+	// The pause ends: a ping goes out; while it is out, nothing wakes the loop and the
+	// gate stays closed.
+	if !g.due(at(time.Second)) {
+		t.Fatal("not due at the end of the pause")
+	}
+	g.ping()
+	if g.due(at(2*time.Second)) || !g.wakeAt().IsZero() || g.open() {
+		t.Fatal("pinging: due again, or woken, or open")
+	}
+	// The ping fails: a longer pause.
+	if d := g.pinged(errors.New("refused"), at(2*time.Second)); d != 2*time.Second || !g.wakeAt().Equal(at(4*time.Second)) {
+		t.Fatalf("failed ping: pause %v, wake %v", d, g.wakeAt())
+	}
+	// The next ping answers: open; the streak lasts until a publish is confirmed.
+	g.ping()
+	if d := g.pinged(nil, at(4*time.Second)); d != 0 || !g.open() {
+		t.Fatalf("good ping: pause %v, open %v", d, g.open())
+	}
+	if d := g.outage(at(5 * time.Second)); d != 3*time.Second {
+		t.Fatalf("outage right after reopening: pause %v, want the third of the streak", d)
+	}
+	g.reopen() // a publisher without Ping
+	g.confirmed()
+	if d := g.outage(at(9 * time.Second)); d != time.Second {
+		t.Fatalf("outage after a confirmed publish: pause %v, want the first of a new streak", d)
+	}
+}
