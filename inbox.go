@@ -53,15 +53,24 @@ func NewInbox[TTx any](driver InboxDriver[TTx], config InboxConfig) (*Inbox[TTx]
 	if any(driver) == nil {
 		return nil, errors.New("outbox: NewInbox: missing driver")
 	}
-	switch {
-	case config.Consumer == "":
-		return nil, &ConfigError{Field: "Consumer", Reason: "required: name the consumer"}
-	case len(config.Consumer) > 200:
-		return nil, &ConfigError{Field: "Consumer", Reason: "longer than 200 bytes"}
-	case !utf8.ValidString(config.Consumer):
-		return nil, &ConfigError{Field: "Consumer", Reason: "not valid UTF-8"}
+	if err := config.Validate(); err != nil {
+		return nil, err
 	}
 	return &Inbox[TTx]{driver: driver, consumer: config.Consumer}, nil
+}
+
+// Validate checks c as NewInbox and NewVersions do: a *ConfigError names the field at
+// fault.
+func (c InboxConfig) Validate() error {
+	switch {
+	case c.Consumer == "":
+		return &ConfigError{Field: "Consumer", Reason: "required: name the consumer"}
+	case len(c.Consumer) > 200:
+		return &ConfigError{Field: "Consumer", Reason: "longer than 200 bytes"}
+	case !utf8.ValidString(c.Consumer):
+		return &ConfigError{Field: "Consumer", Reason: "not valid UTF-8"}
+	}
+	return nil
 }
 
 // Consumer returns the consumer name.

@@ -122,6 +122,10 @@ func (c RelayConfig) withDefaults() RelayConfig {
 	return c
 }
 
+// Validate checks c as NewRelay does, with the defaults of the fields left zero: a
+// *ConfigError names the field at fault.
+func (c RelayConfig) Validate() error { return c.withDefaults().validate() }
+
 func (c RelayConfig) validate() error {
 	positive := []struct {
 		name string

@@ -30,6 +30,9 @@ type WriterConfig struct {
 	Inject func(ctx context.Context, m *Message)
 }
 
+// Validate checks c as NewWriter does: a *ConfigError names the field at fault.
+func (c WriterConfig) Validate() error { return c.Limits.validate() }
+
 // Writer writes messages in the caller's transaction: the messages exist if and only if
 // that transaction commits. It is safe for concurrent use; the transactions passed to it
 // follow their own library's rules (a pgx.Tx must not be used by two goroutines at once).
@@ -44,7 +47,7 @@ func NewWriter[TTx any](driver WriteDriver[TTx], config WriterConfig) (*Writer[T
 	if any(driver) == nil {
 		return nil, errors.New("outbox: missing driver (wrap a pgx pool with outboxpgx.New or a *sql.DB with outboxsql.New)")
 	}
-	if err := config.Limits.validate(); err != nil {
+	if err := config.Validate(); err != nil {
 		return nil, err
 	}
 	return &Writer[TTx]{driver: driver, limits: config.Limits.withDefaults(), inject: config.Inject}, nil

@@ -140,10 +140,6 @@ func (o *relayFlags) run(ctx context.Context, inv *invocation) error {
 	if err := o.console.check(ctx, inv); err != nil {
 		return err
 	}
-	offline, err := o.db.driver()
-	if err != nil {
-		return err
-	}
 	target, err := o.db.target("outbox relay")
 	if err != nil {
 		return err
@@ -153,9 +149,7 @@ func (o *relayFlags) run(ctx context.Context, inv *invocation) error {
 		return err
 	}
 	o.cfg.Logger = log
-	// NewRelay validates the whole configuration, cross-field rules included; this relay
-	// is never started.
-	if _, err := outbox.NewRelay(offline, nopPublisher{}, o.cfg); err != nil {
+	if err := o.cfg.Validate(); err != nil {
 		return relayConfigError(err)
 	}
 
@@ -346,8 +340,3 @@ func metricsBroker(k *brokerKind) string {
 	}
 	return k.schemes[0]
 }
-
-// nopPublisher lets NewRelay validate a configuration before the broker is dialled.
-type nopPublisher struct{}
-
-func (nopPublisher) Publish(context.Context, []*outbox.Message) []error { return nil }

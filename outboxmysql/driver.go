@@ -32,6 +32,9 @@ var (
 	_ outbox.Admin                = (*Driver)(nil)
 )
 
+// Validate checks c as New does: a *outbox.ConfigError names the field at fault.
+func (c Config) Validate() error { return sqlstore.ValidatePrefix(c.Prefix, dialect.MaxIdentLen) }
+
 // New returns a driver for the outbox in db, which must use the "mysql" driver
 // (github.com/go-sql-driver/mysql) with the utf8mb4 character set (the driver's default).
 // No other DSN setting matters: times cross the driver as integers, so parseTime and loc

@@ -73,6 +73,10 @@ func (c ConsumerConfig) withDefaults() ConsumerConfig {
 	return c
 }
 
+// Validate checks c as the consume functions do, without connecting: a
+// *outbox.ConfigError names the field at fault.
+func (c ConsumerConfig) Validate() error { return c.validate() }
+
 func (c ConsumerConfig) validate() error {
 	switch {
 	case c.Stream == "":

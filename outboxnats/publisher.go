@@ -44,6 +44,13 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
+// Validate checks c as New and Dial do, without connecting: a *outbox.ConfigError names
+// the field at fault.
+func (c Config) Validate() error {
+	_, err := c.validate()
+	return err
+}
+
 // validate checks c and parses its route.
 func (c Config) validate() (*outbox.Route, error) {
 	if c.MaxPending < 0 {

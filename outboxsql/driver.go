@@ -68,10 +68,20 @@ var (
 	_ outbox.Admin                = (*Driver)(nil)
 )
 
+// Validate checks c as New does: a *outbox.ConfigError names the field at fault.
+func (c Config) Validate() error {
+	_, err := c.names()
+	return err
+}
+
+func (c Config) names() (*pgsql.Names, error) {
+	return pgsql.NewNames(pgsql.Config{Schema: c.Schema, Prefix: c.Prefix, RotateRows: c.RotateRows, MigrateCopyLimit: c.MigrateCopyLimit})
+}
+
 // New returns a driver. db may be nil when the driver is used only to write in the
 // caller's transactions; the relay, migrations and admin calls need it.
 func New(db *sql.DB, config Config) (*Driver, error) {
-	names, err := pgsql.NewNames(pgsql.Config{Schema: config.Schema, Prefix: config.Prefix, RotateRows: config.RotateRows, MigrateCopyLimit: config.MigrateCopyLimit})
+	names, err := config.names()
 	if err != nil {
 		return nil, err
 	}

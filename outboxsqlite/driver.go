@@ -33,6 +33,9 @@ var (
 	_ outbox.Admin                = (*Driver)(nil)
 )
 
+// Validate checks c as New does: a *outbox.ConfigError names the field at fault.
+func (c Config) Validate() error { return sqlstore.ValidatePrefix(c.Prefix, dialect.MaxIdentLen) }
+
 // New returns a driver for the outbox in db, which must use the "sqlite" driver
 // (modernc.org/sqlite; Open returns such a db, set up for an outbox). db may be nil when
 // the driver only writes in the caller's transactions or renders MigrationSQL; the
