@@ -6,41 +6,91 @@ import "time"
 // outboxotel implement it; root stays free of their dependencies). The relay calls it
 // from its loop goroutine, one call at a time: methods must return quickly and must not
 // call back into the relay. Embed NopObserver to implement only some methods.
+//
+// Each method takes one event struct, so that a field added later breaks no
+// implementation.
 type Observer interface {
-	// Running reports that the relay started (true) or stopped (false).
-	Running(relayID string, running bool)
-	// FetchDone reports one fetch: the messages it returned, how long it took, and its
-	// error.
-	FetchDone(n int, took time.Duration, err error)
-	// PublishDone reports one Publisher.Publish call: the batch, its per-message errors
-	// (nil when all were confirmed; an entry wrapped with Outage is an outage), when the
-	// call started and how long it took. The messages must not be retained.
-	PublishDone(batch []*Message, errs []error, start time.Time, took time.Duration)
-	// Rejected reports a message the broker refused: the attempt it was (1 for the
-	// first), and whether it is dead-lettered (the attempt limit was reached) or will be
-	// retried.
-	Rejected(m *Message, err error, attempt int, dead bool)
-	// RecordDone reports one recording of outcomes: how many were published, retried and
-	// dead-lettered, how many the store refused because the relay's lease had moved on
-	// (fenced), how long it took, and its error.
-	RecordDone(published, retried, dead, refused int, took time.Duration, err error)
-	// LeasesChanged reports a lease round that changed the relay's shards: how many it
-	// holds now, the shards gained and lost, and the live relays.
-	LeasesChanged(held int, gained, lost []int, live int)
+	// Running reports that the relay started or stopped.
+	Running(RunningEvent)
+	// FetchDone reports one fetch.
+	FetchDone(FetchEvent)
+	// PublishDone reports one Publisher.Publish call.
+	PublishDone(PublishEvent)
+	// Rejected reports a message the broker refused.
+	Rejected(RejectEvent)
+	// RecordDone reports one recording of outcomes.
+	RecordDone(RecordEvent)
+	// LeasesChanged reports a lease round that changed the relay's shards.
+	LeasesChanged(LeaseEvent)
 	// Paused reports a pause of sending after a broker outage.
-	Paused(pause time.Duration)
+	Paused(PauseEvent)
+}
+
+// RunningEvent: the relay started (Running true) or stopped.
+type RunningEvent struct {
+	RelayID string
+	Running bool
+}
+
+// FetchEvent: one fetch returned Messages messages in Took, or failed with Err.
+type FetchEvent struct {
+	Messages int
+	Took     time.Duration
+	Err      error
+}
+
+// PublishEvent: one Publisher.Publish call on Batch, started at Start and answered in
+// Took. Errs holds the per-message errors (nil when all were confirmed; an entry wrapped
+// with Outage is an outage). The messages must not be retained.
+type PublishEvent struct {
+	Batch []*Message
+	Errs  []error
+	Start time.Time
+	Took  time.Duration
+}
+
+// RejectEvent: the broker refused Message with Err at its Attempt-th attempt (1 for the
+// first); Dead says it is dead-lettered (the attempt limit was reached or the error is
+// Permanent) rather than retried.
+type RejectEvent struct {
+	Message *Message
+	Err     error
+	Attempt int
+	Dead    bool
+}
+
+// RecordEvent: one recording of outcomes, in Took: how many were Published, Retried and
+// dead-lettered (Dead), how many the store Refused because the relay's lease had moved
+// on (fenced), and the recording's error.
+type RecordEvent struct {
+	Published, Retried, Dead, Refused int
+	Took                              time.Duration
+	Err                               error
+}
+
+// LeaseEvent: a lease round changed the relay's shards: it holds Held now, Gained and
+// Lost these shards, and Live relays run.
+type LeaseEvent struct {
+	Held         int
+	Gained, Lost []int
+	Live         int
+}
+
+// PauseEvent: sending stops for Pause after a broker outage.
+type PauseEvent struct {
+	Pause time.Duration
 }
 
 // NopObserver implements Observer with methods that do nothing.
 type NopObserver struct{}
 
-func (NopObserver) Running(string, bool)                                      {}
-func (NopObserver) FetchDone(int, time.Duration, error)                       {}
-func (NopObserver) PublishDone([]*Message, []error, time.Time, time.Duration) {}
-func (NopObserver) Rejected(*Message, error, int, bool)                       {}
-func (NopObserver) RecordDone(int, int, int, int, time.Duration, error)       {}
-func (NopObserver) LeasesChanged(int, []int, []int, int)                      {}
-func (NopObserver) Paused(time.Duration)                                      {}
+func (NopObserver) Running(RunningEvent)     {}
+func (NopObserver) FetchDone(FetchEvent)     {}
+func (NopObserver) PublishDone(PublishEvent) {}
+func (NopObserver) Rejected(RejectEvent)     {}
+func (NopObserver) RecordDone(RecordEvent)   {}
+func (NopObserver) LeasesChanged(LeaseEvent) {}
+func (NopObserver) Paused(PauseEvent)        {}
 
 var _ Observer = NopObserver{}
 
@@ -69,44 +119,44 @@ func MultiObserver(observers ...Observer) Observer {
 
 type multiObserver []Observer
 
-func (m multiObserver) Running(relayID string, running bool) {
+func (m multiObserver) Running(e RunningEvent) {
 	for _, o := range m {
-		o.Running(relayID, running)
+		o.Running(e)
 	}
 }
 
-func (m multiObserver) FetchDone(n int, took time.Duration, err error) {
+func (m multiObserver) FetchDone(e FetchEvent) {
 	for _, o := range m {
-		o.FetchDone(n, took, err)
+		o.FetchDone(e)
 	}
 }
 
-func (m multiObserver) PublishDone(batch []*Message, errs []error, start time.Time, took time.Duration) {
+func (m multiObserver) PublishDone(e PublishEvent) {
 	for _, o := range m {
-		o.PublishDone(batch, errs, start, took)
+		o.PublishDone(e)
 	}
 }
 
-func (m multiObserver) Rejected(msg *Message, err error, attempt int, dead bool) {
+func (m multiObserver) Rejected(e RejectEvent) {
 	for _, o := range m {
-		o.Rejected(msg, err, attempt, dead)
+		o.Rejected(e)
 	}
 }
 
-func (m multiObserver) RecordDone(published, retried, dead, refused int, took time.Duration, err error) {
+func (m multiObserver) RecordDone(e RecordEvent) {
 	for _, o := range m {
-		o.RecordDone(published, retried, dead, refused, took, err)
+		o.RecordDone(e)
 	}
 }
 
-func (m multiObserver) LeasesChanged(held int, gained, lost []int, live int) {
+func (m multiObserver) LeasesChanged(e LeaseEvent) {
 	for _, o := range m {
-		o.LeasesChanged(held, gained, lost, live)
+		o.LeasesChanged(e)
 	}
 }
 
-func (m multiObserver) Paused(pause time.Duration) {
+func (m multiObserver) Paused(e PauseEvent) {
 	for _, o := range m {
-		o.Paused(pause)
+		o.Paused(e)
 	}
 }

@@ -26,20 +26,21 @@ type recorder struct {
 	gained                            int
 }
 
-func (r *recorder) Running(_ string, on bool) {
+func (r *recorder) Running(e outbox.RunningEvent) {
 	r.mu.Lock()
-	r.running = append(r.running, on)
+	r.running = append(r.running, e.Running)
 	r.mu.Unlock()
 }
-func (r *recorder) FetchDone(n int, _ time.Duration, _ error) {
+func (r *recorder) FetchDone(e outbox.FetchEvent) {
 	r.mu.Lock()
-	r.fetched += n
+	r.fetched += e.Messages
 	r.mu.Unlock()
 }
-func (r *recorder) PublishDone(batch []*outbox.Message, errs []error, _ time.Time, _ time.Duration) {
+func (r *recorder) PublishDone(e outbox.PublishEvent) {
+	errs := e.Errs
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	for i := range batch {
+	for i := range e.Batch {
 		switch {
 		case errs == nil || errs[i] == nil:
 			r.confirmed++
@@ -48,24 +49,24 @@ func (r *recorder) PublishDone(batch []*outbox.Message, errs []error, _ time.Tim
 		}
 	}
 }
-func (r *recorder) Rejected(_ *outbox.Message, _ error, _ int, dead bool) {
+func (r *recorder) Rejected(e outbox.RejectEvent) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.rejected++
-	if dead {
+	if e.Dead {
 		r.dead++
 	}
 }
-func (r *recorder) RecordDone(p, rt, d, _ int, _ time.Duration, _ error) {
+func (r *recorder) RecordDone(e outbox.RecordEvent) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.recPublished += p
-	r.recRetried += rt
-	r.recDead += d
+	r.recPublished += e.Published
+	r.recRetried += e.Retried
+	r.recDead += e.Dead
 }
-func (r *recorder) LeasesChanged(_ int, gained, _ []int, _ int) {
+func (r *recorder) LeasesChanged(e outbox.LeaseEvent) {
 	r.mu.Lock()
-	r.gained += len(gained)
+	r.gained += len(e.Gained)
 	r.mu.Unlock()
 }
 
@@ -118,12 +119,12 @@ type orderObserver struct {
 	log  *[]string
 }
 
-func (o orderObserver) Paused(time.Duration) { *o.log = append(*o.log, o.name) }
+func (o orderObserver) Paused(outbox.PauseEvent) { *o.log = append(*o.log, o.name) }
 
 func TestMultiObserver(t *testing.T) {
 	var log []string
 	a, b, c := orderObserver{name: "a", log: &log}, orderObserver{name: "b", log: &log}, orderObserver{name: "c", log: &log}
-	outbox.MultiObserver(a, nil, outbox.MultiObserver(b, c)).Paused(time.Second)
+	outbox.MultiObserver(a, nil, outbox.MultiObserver(b, c)).Paused(outbox.PauseEvent{Pause: time.Second})
 	if got := strings.Join(log, ","); got != "a,b,c" {
 		t.Fatalf("events reached %q, want a,b,c", got)
 	}

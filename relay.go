@@ -303,8 +303,8 @@ func newLoop(r *Relay) *loop {
 func (l *loop) run(ctx context.Context) {
 	l.log.Info("relay starting", "batch_size", l.cfg.BatchSize, "max_in_flight", l.cfg.MaxInFlight,
 		"lease_ttl", l.cfg.LeaseTTL, "poll_interval", l.cfg.PollInterval, "max_attempts", l.cfg.MaxAttempts)
-	l.cfg.Observer.Running(l.cfg.ID, true)
-	defer l.cfg.Observer.Running(l.cfg.ID, false)
+	l.cfg.Observer.Running(RunningEvent{RelayID: l.cfg.ID, Running: true})
+	defer l.cfg.Observer.Running(RunningEvent{RelayID: l.cfg.ID})
 	var bg sync.WaitGroup
 	bgCtx, bgCancel := context.WithCancel(ctx)
 	defer func() { bgCancel(); bg.Wait() }()
@@ -460,7 +460,7 @@ func (l *loop) onLeases(res leaseResult) {
 	held := len(l.leases.tokens)
 	l.r.stats.shards.Store(int64(held))
 	if len(c.lost) > 0 || len(c.gained) > 0 {
-		l.cfg.Observer.LeasesChanged(held, c.gained, c.lost, res.state.Live)
+		l.cfg.Observer.LeasesChanged(LeaseEvent{Held: held, Gained: c.gained, Lost: c.lost, Live: res.state.Live})
 		l.log.Info("leases changed", "held", held, "target", res.state.Target, "live_relays", res.state.Live,
 			"gained", fmt.Sprint(c.gained), "lost", fmt.Sprint(c.lost))
 	}
@@ -543,7 +543,7 @@ func (l *loop) publish(ctx context.Context, batch []*item) {
 }
 
 func (l *loop) onPublished(res pubResult) {
-	l.cfg.Observer.PublishDone(res.msgs, res.errs, res.start, res.took)
+	l.cfg.Observer.PublishDone(PublishEvent{Batch: res.msgs, Errs: res.errs, Start: res.start, Took: res.took})
 	l.freeWorkers++
 	l.inFlight -= len(res.items)
 	outage := false
@@ -596,7 +596,7 @@ func (l *loop) onPublished(res pubResult) {
 // a batch found the broker unreachable.
 func (l *loop) paused(d time.Duration, cause error) {
 	l.r.stats.outages.Add(1)
-	l.cfg.Observer.Paused(d)
+	l.cfg.Observer.Paused(PauseEvent{Pause: d})
 	if cause != nil {
 		l.log.Warn("broker still unreachable; pausing", "pause", d.Round(time.Millisecond), "consecutive", l.outage.streak, "err", cause)
 	} else {
@@ -650,7 +650,7 @@ func (l *loop) reject(ln *lane, it *item, err error) {
 			"aggregate_id", it.m.Key, "event_type", it.m.EventType, "topic", it.m.Topic, "attempt", attempt,
 			"retry_in", f.Delay.Round(time.Millisecond), "err", err)
 	}
-	l.cfg.Observer.Rejected(it.m, err, attempt, f.Dead)
+	l.cfg.Observer.Rejected(RejectEvent{Message: it.m, Err: err, Attempt: attempt, Dead: f.Dead})
 	l.failed = append(l.failed, f)
 	l.unrecorded++
 	// The head stays in hand until the failure is recorded; later messages of the key are
@@ -781,7 +781,7 @@ func (l *loop) onComplete(res completeResult) {
 	l.completing = false
 	c := res.c
 	if res.err != nil {
-		l.cfg.Observer.RecordDone(0, 0, 0, res.dropped, res.took, res.err)
+		l.cfg.Observer.RecordDone(RecordEvent{Refused: res.dropped, Took: res.took, Err: res.err})
 		// Keep the outcomes and try again shortly; the messages stay in hand.
 		l.log.Error("recording outcomes failed; retrying", "err", res.err, "published", len(c.Published), "failed", len(c.Failed))
 		l.published = append(c.Published, l.published...)
@@ -823,7 +823,7 @@ func (l *loop) onComplete(res completeResult) {
 		}
 	}
 	if len(c.Published)+len(c.Failed)+res.dropped > 0 {
-		l.cfg.Observer.RecordDone(published, retried, dead, len(res.refused)+res.dropped, res.took, nil)
+		l.cfg.Observer.RecordDone(RecordEvent{Published: published, Retried: retried, Dead: dead, Refused: len(res.refused) + res.dropped, Took: res.took})
 	}
 	for _, ln := range res.lanes {
 		for _, seq := range ln.dropped {
@@ -901,7 +901,7 @@ func (l *loop) startFetch(ctx context.Context) {
 }
 
 func (l *loop) onFetch(res fetchResult) {
-	l.cfg.Observer.FetchDone(len(res.fetched), res.took, res.err)
+	l.cfg.Observer.FetchDone(FetchEvent{Messages: len(res.fetched), Took: res.took, Err: res.err})
 	l.fetching = false
 	taint, settled := l.taint, l.settled
 	if len(taint) > 0 {

@@ -357,8 +357,8 @@ type leaseWatch struct {
 	lostAll atomic.Bool
 }
 
-func (w *leaseWatch) LeasesChanged(held int, _, lost []int, _ int) {
-	if held == 0 && len(lost) > 0 {
+func (w *leaseWatch) LeasesChanged(e outbox.LeaseEvent) {
+	if e.Held == 0 && len(e.Lost) > 0 {
 		w.lostAll.Store(true)
 	}
 }

@@ -3,7 +3,6 @@ package outboxotel
 import (
 	"context"
 	"sync/atomic"
-	"time"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -55,15 +54,16 @@ func NewObserver(opts ...Option) *Observer {
 }
 
 // Running implements outbox.Observer: it keeps the relay's id for messaging.client.id.
-func (o *Observer) Running(relayID string, running bool) {
-	if running {
-		o.relayID.Store(&relayID)
+func (o *Observer) Running(e outbox.RunningEvent) {
+	if e.Running {
+		o.relayID.Store(&e.RelayID)
 	}
 }
 
 // PublishDone implements outbox.Observer: it records a publish span per message.
-func (o *Observer) PublishDone(batch []*outbox.Message, errs []error, start time.Time, took time.Duration) {
-	end := start.Add(took)
+func (o *Observer) PublishDone(e outbox.PublishEvent) {
+	batch, errs, start := e.Batch, e.Errs, e.Start
+	end := start.Add(e.Took)
 	var client []attribute.KeyValue
 	if id := o.relayID.Load(); id != nil {
 		client = []attribute.KeyValue{semconv.MessagingClientID(*id)}

@@ -244,10 +244,10 @@ func TestObserverPublishDone(t *testing.T) {
 	took := 42 * time.Millisecond
 
 	o := outboxotel.NewObserver(outboxotel.WithTracerProvider(b.tp), outboxotel.WithSystem("nats"))
-	o.Running("relay-1", true)
-	o.FetchDone(3, time.Millisecond, nil) // the Nop methods are there
-	o.PublishDone(msgs, []error{nil, errors.New("no route"), outbox.Outage(errors.New("connection refused"))}, start, took)
-	o.Running("relay-1", false)
+	o.Running(outbox.RunningEvent{RelayID: "relay-1", Running: true})
+	o.FetchDone(outbox.FetchEvent{Messages: 3, Took: time.Millisecond}) // the Nop methods are there
+	o.PublishDone(outbox.PublishEvent{Batch: msgs, Errs: []error{nil, errors.New("no route"), outbox.Outage(errors.New("connection refused"))}, Start: start, Took: took})
+	o.Running(outbox.RunningEvent{RelayID: "relay-1"})
 
 	spans := b.rec.Ended()
 	if len(spans) != 3 {
@@ -314,7 +314,7 @@ func TestObserverWithoutRelayID(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	o := outboxotel.NewObserver(outboxotel.WithTracerProvider(b.tp))
-	o.PublishDone([]*outbox.Message{{ID: outbox.NewID(), Topic: "orders"}}, nil, time.Now(), time.Millisecond)
+	o.PublishDone(outbox.PublishEvent{Batch: []*outbox.Message{{ID: outbox.NewID(), Topic: "orders"}}, Start: time.Now(), Took: time.Millisecond})
 	spans := b.rec.Ended()
 	if len(spans) != 1 {
 		t.Fatalf("%d spans, want 1", len(spans))

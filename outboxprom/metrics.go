@@ -217,13 +217,13 @@ func (m *Metrics) curry(relay string) *relayMetrics {
 // Running implements outbox.Observer. When the relay starts it learns the relay's ID
 // (the relay label) and creates the relay's series, at zero where they count, so that
 // rate() and increase() see them from the start.
-func (m *Metrics) Running(relayID string, running bool) {
+func (m *Metrics) Running(e outbox.RunningEvent) {
 	r := m.cur.Load()
-	if r == nil || r.relay != relayID {
-		r = m.curry(relayID)
+	if r == nil || r.relay != e.RelayID {
+		r = m.curry(e.RelayID)
 		m.cur.Store(r)
 	}
-	if !running {
+	if !e.Running {
 		r.up.Set(0)
 		r.shardsHeld.Set(0)
 		return
@@ -233,17 +233,17 @@ func (m *Metrics) Running(relayID string, running bool) {
 }
 
 // FetchDone implements outbox.Observer.
-func (m *Metrics) FetchDone(n int, took time.Duration, err error) {
+func (m *Metrics) FetchDone(e outbox.FetchEvent) {
 	r := m.relay()
-	r.fetchDur.Observe(took.Seconds())
-	if err != nil {
+	r.fetchDur.Observe(e.Took.Seconds())
+	if e.Err != nil {
 		r.fetchErrs.Inc()
 		return
 	}
-	if n == 0 {
+	if e.Messages == 0 {
 		return
 	}
-	r.fetchBatch.Observe(float64(n))
+	r.fetchBatch.Observe(float64(e.Messages))
 	now := m.now()
 	m.mu.Lock()
 	m.fetches[m.nfetch%fetchRing] = now
@@ -252,10 +252,11 @@ func (m *Metrics) FetchDone(n int, took time.Duration, err error) {
 }
 
 // PublishDone implements outbox.Observer.
-func (m *Metrics) PublishDone(batch []*outbox.Message, errs []error, start time.Time, took time.Duration) {
+func (m *Metrics) PublishDone(e outbox.PublishEvent) {
+	batch, errs, start := e.Batch, e.Errs, e.Start
 	r := m.relay()
 	r.publishBatch.Observe(float64(len(batch)))
-	confirmed := start.Add(took)
+	confirmed := start.Add(e.Took)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	fetched := m.fetchedBefore(start)
@@ -317,9 +318,10 @@ func (m *Metrics) remember(seq int64, seen time.Time) {
 }
 
 // Rejected implements outbox.Observer.
-func (m *Metrics) Rejected(msg *outbox.Message, _ error, _ int, dead bool) {
+func (m *Metrics) Rejected(e outbox.RejectEvent) {
+	msg := e.Message
 	r := m.relay()
-	if !dead {
+	if !e.Dead {
 		r.retried.WithLabelValues(msg.Topic).Inc()
 		return
 	}
@@ -330,24 +332,24 @@ func (m *Metrics) Rejected(msg *outbox.Message, _ error, _ int, dead bool) {
 }
 
 // RecordDone implements outbox.Observer.
-func (m *Metrics) RecordDone(_, _, _, refused int, took time.Duration, err error) {
+func (m *Metrics) RecordDone(e outbox.RecordEvent) {
 	r := m.relay()
-	if took > 0 { // 0: only outcomes refused without asking the store
-		r.recordDur.Observe(took.Seconds())
+	if e.Took > 0 { // 0: only outcomes refused without asking the store
+		r.recordDur.Observe(e.Took.Seconds())
 	}
-	if err != nil {
+	if e.Err != nil {
 		r.recordErrs.Inc()
 	}
-	r.refused.Add(float64(refused))
+	r.refused.Add(float64(e.Refused))
 }
 
 // LeasesChanged implements outbox.Observer.
-func (m *Metrics) LeasesChanged(held int, gained, lost []int, _ int) {
+func (m *Metrics) LeasesChanged(e outbox.LeaseEvent) {
 	r := m.relay()
-	r.shardsHeld.Set(float64(held))
-	r.gained.Add(float64(len(gained)))
-	r.lost.Add(float64(len(lost)))
+	r.shardsHeld.Set(float64(e.Held))
+	r.gained.Add(float64(len(e.Gained)))
+	r.lost.Add(float64(len(e.Lost)))
 }
 
 // Paused implements outbox.Observer.
-func (m *Metrics) Paused(time.Duration) { m.relay().pauses.Inc() }
+func (m *Metrics) Paused(outbox.PauseEvent) { m.relay().pauses.Inc() }

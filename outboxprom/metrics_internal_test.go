@@ -107,7 +107,7 @@ func TestObserverByHand(t *testing.T) {
 	if mfs, _ := reg.Gather(); len(mfs) != 0 {
 		t.Fatalf("series before the relay started: %v", mfs)
 	}
-	m.Running("r1", true)
+	m.Running(outbox.RunningEvent{RelayID: "r1", Running: true})
 	r1 := map[string]string{"relay": "r1"}
 	if value(t, reg, "outbox_relay_up", r1) != 1 || value(t, reg, "outbox_shards_gained_total", r1) != 0 {
 		t.Fatal("relay_up or shards_gained_total missing at start")
@@ -118,26 +118,26 @@ func TestObserverByHand(t *testing.T) {
 	}
 	m1, m2, m3 := msg(1, "a", -time.Second), msg(2, "a", 0), msg(3, "b", 0)
 	clock.t = at(time.Second)
-	m.FetchDone(3, 10*time.Millisecond, nil)
+	m.FetchDone(outbox.FetchEvent{Messages: 3, Took: 10 * time.Millisecond})
 	clock.t = at(1500 * time.Millisecond)
-	m.FetchDone(0, 5*time.Millisecond, nil) // empty: not a bound
-	m.FetchDone(0, 7*time.Millisecond, errors.New("database down"))
-	m.PublishDone([]*outbox.Message{m1, m2, m3},
-		[]error{nil, outbox.Outage(errors.New("no route")), errors.New("too large")}, at(2*time.Second), 100*time.Millisecond)
-	m.Rejected(m3, errors.New("too large"), 1, false)
+	m.FetchDone(outbox.FetchEvent{Messages: 0, Took: 5 * time.Millisecond}) // empty: not a bound
+	m.FetchDone(outbox.FetchEvent{Messages: 0, Took: 7 * time.Millisecond, Err: errors.New("database down")})
+	m.PublishDone(outbox.PublishEvent{Batch: []*outbox.Message{m1, m2, m3},
+		Errs: []error{nil, outbox.Outage(errors.New("no route")), errors.New("too large")}, Start: at(2 * time.Second), Took: 100 * time.Millisecond})
+	m.Rejected(outbox.RejectEvent{Message: m3, Err: errors.New("too large"), Attempt: 1, Dead: false})
 
 	m4 := msg(4, "b", 3*time.Second)
 	clock.t = at(4 * time.Second)
-	m.FetchDone(1, 10*time.Millisecond, nil)
-	m.PublishDone([]*outbox.Message{m2, m3, m4}, nil, at(5*time.Second), time.Second)
+	m.FetchDone(outbox.FetchEvent{Messages: 1, Took: 10 * time.Millisecond})
+	m.PublishDone(outbox.PublishEvent{Batch: []*outbox.Message{m2, m3, m4}, Start: at(5 * time.Second), Took: time.Second})
 
 	// A publish that started before every fetch remembered: its start is the bound.
 	m5 := msg(5, "c", 0)
-	m.PublishDone([]*outbox.Message{m5}, nil, at(500*time.Millisecond), 250*time.Millisecond)
+	m.PublishDone(outbox.PublishEvent{Batch: []*outbox.Message{m5}, Start: at(500 * time.Millisecond), Took: 250 * time.Millisecond})
 
 	m6 := msg(6, "c", 0)
-	m.PublishDone([]*outbox.Message{m6}, []error{errors.New("poison")}, at(6*time.Second), 0)
-	m.Rejected(m6, errors.New("poison"), 3, true)
+	m.PublishDone(outbox.PublishEvent{Batch: []*outbox.Message{m6}, Errs: []error{errors.New("poison")}, Start: at(6 * time.Second)})
+	m.Rejected(outbox.RejectEvent{Message: m6, Err: errors.New("poison"), Attempt: 3, Dead: true})
 
 	nats := func(topic string) map[string]string {
 		return map[string]string{"relay": "r1", "topic": topic, "broker": "nats"}
@@ -217,12 +217,12 @@ func TestObserverByHand(t *testing.T) {
 		}
 		return s
 	}
-	m.LeasesChanged(64, shards(0, 64), nil, 1)
-	m.LeasesChanged(32, nil, shards(32, 64), 2)
-	m.RecordDone(2, 1, 0, 3, 5*time.Millisecond, nil)
-	m.RecordDone(0, 0, 0, 2, 0, nil) // refused without asking the store: no duration
-	m.RecordDone(0, 0, 0, 0, 30*time.Millisecond, errors.New("database down"))
-	m.Paused(time.Second)
+	m.LeasesChanged(outbox.LeaseEvent{Held: 64, Gained: shards(0, 64), Live: 1})
+	m.LeasesChanged(outbox.LeaseEvent{Held: 32, Lost: shards(32, 64), Live: 2})
+	m.RecordDone(outbox.RecordEvent{Published: 2, Retried: 1, Refused: 3, Took: 5 * time.Millisecond})
+	m.RecordDone(outbox.RecordEvent{Refused: 2}) // refused without asking the store: no duration
+	m.RecordDone(outbox.RecordEvent{Took: 30 * time.Millisecond, Err: errors.New("database down")})
+	m.Paused(outbox.PauseEvent{Pause: time.Second})
 	for name, want := range map[string]float64{
 		"outbox_shards_held": 32, "outbox_shards_gained_total": 64, "outbox_shards_lost_total": 32,
 		"outbox_outcomes_refused_total": 5, "outbox_record_errors_total": 1, "outbox_broker_pauses_total": 1,
@@ -234,7 +234,7 @@ func TestObserverByHand(t *testing.T) {
 	if n, _ := histogram(t, reg, "outbox_record_duration_seconds", r1); n != 2 {
 		t.Errorf("record duration: %d samples, want 2", n)
 	}
-	m.Running("r1", false)
+	m.Running(outbox.RunningEvent{RelayID: "r1"})
 	if value(t, reg, "outbox_relay_up", r1) != 0 || value(t, reg, "outbox_shards_held", r1) != 0 {
 		t.Error("relay_up or shards_held not 0 after stop")
 	}
@@ -250,9 +250,9 @@ func TestTwoRelaysOneRegistry(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	a := New(Config{Registerer: reg, Broker: "kafka"})
 	b := New(Config{Registerer: reg, Broker: "kafka"})
-	a.Running("a", true)
-	b.Running("b", true)
-	a.PublishDone([]*outbox.Message{{Topic: "t"}}, nil, time.Now(), 0)
+	a.Running(outbox.RunningEvent{RelayID: "a", Running: true})
+	b.Running(outbox.RunningEvent{RelayID: "b", Running: true})
+	a.PublishDone(outbox.PublishEvent{Batch: []*outbox.Message{{Topic: "t"}}, Start: time.Now()})
 	if value(t, reg, "outbox_published_total", map[string]string{"relay": "a", "broker": "kafka"}) != 1 ||
 		find(t, reg, "outbox_published_total", map[string]string{"relay": "b"}) != nil {
 		t.Error("relay a's publish not counted under a alone")
