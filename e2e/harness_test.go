@@ -147,22 +147,8 @@ type child struct {
 	done   chan struct{}
 }
 
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+// syncBuffer is the output of a command the test reads while it is written.
+type syncBuffer = testenv.Buffer
 
 func (e *env) startRelay(id string) *child {
 	e.t.Helper()

@@ -1,7 +1,6 @@
 package outboxamqp_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -122,23 +121,8 @@ func awaitDepth(t *testing.T, conn *amqp.Connection, queue string, n int) {
 	})
 }
 
-// syncBuffer is a bytes.Buffer safe for a logger writing while the test reads.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+// syncBuffer is the output of a command the test reads while it is written.
+type syncBuffer = testenv.Buffer
 
 func TestConsumeOrderAndAck(t *testing.T) {
 	t.Parallel()

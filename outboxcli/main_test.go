@@ -1,13 +1,11 @@
 package outboxcli
 
 import (
-	"bytes"
 	"flag"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/outboxkit/outbox/internal/testinfra/testdb"
@@ -15,23 +13,8 @@ import (
 	"github.com/outboxkit/outbox/outboxpgx"
 )
 
-// syncBuffer is a bytes.Buffer safe for a command writing while the test reads.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+// syncBuffer is the output of a command the test reads while it is written.
+type syncBuffer = testenv.Buffer
 
 type result struct {
 	code           int

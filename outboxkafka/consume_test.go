@@ -550,22 +550,8 @@ func TestConsumeNoDeadLetterTopic(t *testing.T) {
 	}
 }
 
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
+// syncBuffer is the output of a command the test reads while it is written.
+type syncBuffer = testenv.Buffer
 
 // TestConsumeGracefulShutdown: a handler in progress when ctx is cancelled finishes with
 // a live context, its offset is committed, the records behind it are left to the next

@@ -1,7 +1,6 @@
 package outboxprom
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -289,23 +288,8 @@ func checkMessageLogs(t *testing.T, logs string, outage, flaky, poison outbox.Me
 	}
 }
 
-// syncBuffer is a bytes.Buffer safe for a relay logging while the test reads.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+// syncBuffer is the output of a command the test reads while it is written.
+type syncBuffer = testenv.Buffer
 
 // pausableStore freezes one relay's lease renewals and outcome writes, like a process
 // stopped with SIGSTOP, while its fetches and publishes go on.
