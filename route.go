@@ -125,16 +125,24 @@ func (r *Route) Example() string {
 
 // Destination returns m's destination, or a *RouteError when a placeholder's field is
 // empty.
-func (r *Route) Destination(m *Message) (string, error) {
-	if len(r.parts) == 1 {
-		p := r.parts[0]
-		if p.field == nil {
-			return p.text, nil
+func (r *Route) Destination(m *Message) (string, error) { return r.DestinationEscaped(m, nil) }
+
+// DestinationEscaped is Destination with every placeholder's value passed through escape
+// (nil: taken as it is), for destinations where a field's characters have a meaning of
+// their own, such as a URL: the template's literal text is left as written.
+func (r *Route) DestinationEscaped(m *Message, escape func(string) string) (string, error) {
+	value := func(p routePart) (string, error) {
+		v := p.field(m)
+		if v == "" {
+			return "", &RouteError{Template: r.template, Field: p.name}
 		}
-		if v := p.field(m); v != "" {
-			return v, nil
+		if escape != nil {
+			v = escape(v)
 		}
-		return "", &RouteError{Template: r.template, Field: p.name}
+		return v, nil
+	}
+	if len(r.parts) == 1 && r.parts[0].field != nil {
+		return value(r.parts[0]) // the common "{topic}", without a builder
 	}
 	var b strings.Builder
 	for _, p := range r.parts {
@@ -142,9 +150,9 @@ func (r *Route) Destination(m *Message) (string, error) {
 			b.WriteString(p.text)
 			continue
 		}
-		v := p.field(m)
-		if v == "" {
-			return "", &RouteError{Template: r.template, Field: p.name}
+		v, err := value(p)
+		if err != nil {
+			return "", err
 		}
 		b.WriteString(v)
 	}

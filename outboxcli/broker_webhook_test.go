@@ -72,7 +72,7 @@ func TestRelayWebhook(t *testing.T) {
 			d.header.Get(outboxwebhook.HeaderIdempotencyKey) != m.DedupID() {
 			t.Errorf("webhook %d: %v %s, want payload %s, id %s", i, d.header, d.body, m.Payload, m.ID)
 		}
-		if n := strings.Count(d.header.Get(outboxwebhook.HeaderSignature), "v1="); n != 2 {
+		if n := strings.Count(d.header.Get(outboxwebhook.HeaderSignature), "v2="); n != 2 {
 			t.Errorf("webhook %d: %d signatures, want one per secret", i, n)
 		}
 	}

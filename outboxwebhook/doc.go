@@ -28,11 +28,14 @@
 // the message has one) and Content-Type, plus:
 //
 //	Idempotency-Key:  the message's dedup key (outbox.Message.DedupID)
-//	Outbox-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256>[,v1=<...>]
+//	Outbox-Signature: t=<unix seconds>,v2=<hex HMAC-SHA256>[,v2=<...>]
 //
-// Each v1 value is the HMAC-SHA256, with one of Config.Secrets, of the timestamp, a line
-// feed, the Idempotency-Key, a line feed and the body (see Sign for the exact rule and
-// why). A receiver checks it with Verify or VerifyHandler, or in any language: recompute
+// Each v2 value is the HMAC-SHA256, with one of Config.Secrets, of the timestamp, the
+// method, the request target (path and query as sent), the Outbox-Id, the
+// Idempotency-Key and the body, each but the body followed by a line feed (see Sign for
+// the exact rule and why). A request captured on the way can therefore be replayed only
+// to the same endpoint, within the tolerance, under the same Outbox-Id: a receiver that
+// records the ids it processed (outbox.Inbox) drops it. A receiver checks it with Verify or VerifyHandler, or in any language: recompute
 // the HMAC with each of its secrets, compare in constant time, and refuse timestamps more
 // than a few minutes from its clock. Header names travel in canonical form (traceparent
 // arrives as Traceparent: HTTP header names are case-insensitive), and values are trimmed

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/outboxkit/outbox"
 )
 
 // TestStatusOutage pins the status table of the package documentation, every family.
@@ -87,33 +89,43 @@ func TestRedactURL(t *testing.T) {
 	}
 }
 
-func TestResolve(t *testing.T) {
+// TestTarget: a message's fields never choose the host, add path segments or a query.
+func TestTarget(t *testing.T) {
 	t.Parallel()
 	base, _ := url.Parse("https://u:p@h.example/hooks/?token=t")
-	for _, tc := range []struct{ dest, want, err string }{
-		{"orders", "https://u:p@h.example/hooks/orders?token=t", ""},
-		{"/orders", "https://u:p@h.example/hooks/orders?token=t", ""},
-		{"order.placed/v1", "https://u:p@h.example/hooks/order.placed/v1?token=t", ""},
-		{"a b?c#d%e", "https://u:p@h.example/hooks/a%20b%3Fc%23d%25e?token=t", ""},
-		{"ünï", "https://u:p@h.example/hooks/%C3%BCn%C3%AF?token=t", ""},
-		{"HTTPS://other.example/x#frag", "https://other.example/x", ""},
-		{"http://other.example:8080", "http://other.example:8080", ""},
-		{"..", "", `".." segment`},
-		{"a/./b", "", `"." segment`},
-		{"a/../../admin", "", `".." segment`},
-		{"https:///nohost", "", "no host"},
-		{"http://bad host/", "", "not a valid URL"},
+	const hooks = "https://u:p@h.example/hooks/"
+	for _, tc := range []struct{ route, topic, want, err string }{
+		{"{topic}", "orders", hooks + "orders?token=t", ""},
+		{"/{topic}", "orders", hooks + "orders?token=t", ""},
+		{"{topic}/v1", "order.placed", hooks + "order.placed/v1?token=t", ""},
+		{"in box/{topic}", "orders", hooks + "in%20box/orders?token=t", ""},
+		{"{topic}", "a b?c#d%e/f", hooks + "a%20b%3Fc%23d%25e%2Ff?token=t", ""},
+		{"{topic}", "ünï", hooks + "%C3%BCn%C3%AF?token=t", ""},
+		{"{topic}", "http://127.0.0.1:18082/stolen", hooks + "http%3A%2F%2F127.0.0.1%3A18082%2Fstolen?token=t", ""},
+		{"a/{topic}", "../../admin", hooks + "a/..%2F..%2Fadmin?token=t", ""},
+		{"{topic}", "..", "", `".." segment`},
+		{"a/{topic}/b", ".", "", `"." segment`},
+		{"HTTPS://other.example/x/{topic}", "orders", "https://other.example/x/orders", ""},
+		{"https://other.example/x/{topic}", "evil.example#", "https://other.example/x/evil.example%23", ""},
+		{"https://other.example/in?t={topic}", "a&b=c", "https://other.example/in?t=a%26b%3Dc", ""},
+		{"https://other.example/{topic}", "..", "", `".." segment`},
 	} {
-		u, err := resolve(base, tc.dest)
+		route := outbox.MustParseRoute(tc.route)
+		if err := checkRoute(base, route); err != nil {
+			t.Errorf("route %q: %v", tc.route, err)
+			continue
+		}
+		p := &Publisher{base: base, route: route}
+		u, err := p.target(&outbox.Message{ID: outbox.NewID(), Topic: tc.topic})
 		switch {
 		case tc.err != "":
 			if err == nil || !strings.Contains(err.Error(), tc.err) {
-				t.Errorf("resolve(%q) = %v, %v; want an error with %q", tc.dest, u, err, tc.err)
+				t.Errorf("route %q, topic %q: %v, %v; want an error with %q", tc.route, tc.topic, u, err, tc.err)
 			}
 		case err != nil:
-			t.Errorf("resolve(%q): %v", tc.dest, err)
+			t.Errorf("route %q, topic %q: %v", tc.route, tc.topic, err)
 		case u.String() != tc.want:
-			t.Errorf("resolve(%q) = %q, want %q", tc.dest, u, tc.want)
+			t.Errorf("route %q, topic %q: %q, want %q", tc.route, tc.topic, u, tc.want)
 		}
 	}
 }

@@ -55,7 +55,8 @@ func ExampleVerify() {
 			http.Error(w, err.Error(), http.StatusUnauthorized) // the publisher pauses
 			return
 		}
-		// Store the event, once per Idempotency-Key, then answer 2xx.
+		// Store the event, once per Outbox-Id (outbox.Inbox does it in the same
+		// transaction), then answer 2xx.
 		fmt.Printf("verified %s\n", body)
 		w.WriteHeader(http.StatusNoContent)
 	}
@@ -63,8 +64,11 @@ func ExampleVerify() {
 	// A request as a Publisher signs it.
 	body := []byte(`{"id":42}`)
 	r := httptest.NewRequest(http.MethodPost, "/outbox/orders", bytes.NewReader(body))
+	id := outbox.NewID().String()
 	r.Header.Set(outboxwebhook.HeaderIdempotencyKey, "order-42-placed")
-	r.Header.Set(outboxwebhook.HeaderSignature, outboxwebhook.Sign(secrets, time.Now(), "order-42-placed", body))
+	r.Header.Set(outbox.HeaderID, id)
+	r.Header.Set(outboxwebhook.HeaderSignature, outboxwebhook.Sign(secrets, outboxwebhook.Signed{
+		Time: time.Now(), Method: http.MethodPost, Target: "/outbox/orders", ID: id, Key: "order-42-placed", Body: body}))
 	w := httptest.NewRecorder()
 	handler(w, r)
 	fmt.Println(w.Code)

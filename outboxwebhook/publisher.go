@@ -28,12 +28,15 @@ type Config struct {
 	URL string
 
 	// Route maps a message to the URL it is posted to, by an outbox.ParseRoute template.
-	// A destination that starts with http:// or https:// is the whole URL, with
-	// placeholders filled in unescaped ("https://{aggregate_type}.hooks.example/in"); any
-	// other destination is a path appended to URL's path with one slash between, every
-	// character that a path cannot hold escaped ("{topic}" posts a message with topic
-	// "order.placed" to <URL>/order.placed). To post every message to one URL, give that
-	// URL as the Route. Defaults to "{topic}".
+	// A template that starts with http:// or https:// is a whole URL whose scheme and host
+	// are written out: placeholders may fill only its path and query
+	// ("https://hooks.example/in/{aggregate_type}"). Any other template is a path appended
+	// to URL's path with one slash between ("{topic}" posts a message with topic
+	// "order.placed" to <URL>/order.placed). Either way, a placeholder's value is escaped
+	// whole (every byte but letters, digits and "-._~"), so that a message's fields can
+	// never choose the host, add path segments or a query: a topic "a/b" goes to
+	// <URL>/a%2Fb, and a value "." or ".." is refused. To post every message to one URL,
+	// give that URL as the Route. Defaults to "{topic}".
 	Route string
 
 	// Secrets sign every request, one HMAC-SHA256 signature per secret in the
@@ -109,7 +112,7 @@ func (c Config) parse() (*url.URL, *outbox.Route, error) {
 		}
 		return nil, nil, err
 	}
-	if _, err := resolve(base, route.Example()); err != nil {
+	if err := checkRoute(base, route); err != nil {
 		return nil, nil, &outbox.ConfigError{Field: "Route", Reason: fmt.Sprintf("%q does not form URLs: %v", route, err)}
 	}
 	switch {
@@ -471,7 +474,8 @@ func (p *Publisher) newRequest(ctx context.Context, u *url.URL, m *outbox.Messag
 	key := m.DedupID()
 	h.Set(HeaderIdempotencyKey, key)
 	if len(p.cfg.Secrets) > 0 {
-		h.Set(HeaderSignature, Sign(p.cfg.Secrets, p.now(), key, m.Payload))
+		h.Set(HeaderSignature, Sign(p.cfg.Secrets, Signed{Time: p.now(), Method: req.Method, Target: u.RequestURI(),
+			ID: m.ID.String(), Key: key, Body: m.Payload}))
 	}
 	return req, nil
 }
@@ -492,21 +496,36 @@ func newHTTPRequest(ctx context.Context, method string, u *url.URL, body io.Read
 
 // target returns the URL m is posted to.
 func (p *Publisher) target(m *outbox.Message) (*url.URL, error) {
-	dest, err := p.route.Destination(m)
+	dest, err := p.route.DestinationEscaped(m, escapeValue)
 	if err != nil {
 		return nil, err // a *outbox.RouteError, a rejection
 	}
-	u, err := resolve(p.base, dest)
+	u, err := resolve(p.base, dest, p.route)
 	if err != nil {
 		return nil, fmt.Errorf("outboxwebhook: message %s: route %q gives no URL: %w", m.ID, p.route, err)
 	}
 	return u, nil
 }
 
-// resolve returns the URL of a route's destination: dest itself when it is an http or
-// https URL, else base with dest appended to its path.
-func resolve(base *url.URL, dest string) (*url.URL, error) {
-	if hasHTTPScheme(dest) {
+// checkRoute refuses a route whose messages could choose where they go: a whole-URL
+// template whose scheme and host are not written out before its first placeholder.
+func checkRoute(base *url.URL, route *outbox.Route) error {
+	tmpl := route.String()
+	if literal, _, placeholder := strings.Cut(tmpl, "{"); placeholder && hasHTTPScheme(tmpl) {
+		_, afterScheme, _ := strings.Cut(literal, "://")
+		if !strings.Contains(afterScheme, "/") {
+			return errors.New("placeholders may fill a whole URL's path and query only: write out its scheme, host and the slash that starts the path (https://hooks.example/{topic})")
+		}
+	}
+	_, err := resolve(base, route.Example(), route)
+	return err
+}
+
+// resolve returns the URL of dest, a route's destination with its placeholders escaped:
+// dest itself when the route is a whole URL (its scheme and host are the template's), or
+// else base with dest appended to its path.
+func resolve(base *url.URL, dest string, route *outbox.Route) (*url.URL, error) {
+	if hasHTTPScheme(route.String()) {
 		u, err := url.Parse(dest)
 		switch {
 		case err != nil:
@@ -515,17 +534,52 @@ func resolve(base *url.URL, dest string) (*url.URL, error) {
 			return nil, errors.New("the URL has no host")
 		}
 		u.Fragment, u.RawFragment = "", ""
-		return u, nil
+		return u, checkSegments(u.EscapedPath())
 	}
-	for seg := range strings.SplitSeq(dest, "/") {
-		if seg == "." || seg == ".." {
-			return nil, fmt.Errorf("path %q has a %q segment, which would step out of the URL's path", dest, seg)
-		}
+	escaped := (&url.URL{Path: strings.TrimPrefix(dest, "/")}).EscapedPath()
+	if route.String() != dest { // placeholders filled: dest is escaped already
+		escaped = strings.TrimPrefix(dest, "/")
+	}
+	if err := checkSegments(escaped); err != nil {
+		return nil, err
 	}
 	u := *base
-	u.Path = strings.TrimSuffix(base.Path, "/") + "/" + strings.TrimPrefix(dest, "/")
-	u.RawPath = ""
+	u.RawPath = strings.TrimSuffix(base.EscapedPath(), "/") + "/" + escaped
+	var err error
+	if u.Path, err = url.PathUnescape(u.RawPath); err != nil {
+		return nil, fmt.Errorf("path %q is not valid: %v", u.RawPath, err)
+	}
 	return &u, nil
+}
+
+// checkSegments refuses a path with a "." or ".." segment, which would step out of the
+// path it was given.
+func checkSegments(path string) error {
+	for seg := range strings.SplitSeq(path, "/") {
+		if seg == "." || seg == ".." {
+			return fmt.Errorf("path %q has a %q segment, which would step out of the URL's path", path, seg)
+		}
+	}
+	return nil
+}
+
+// escapeValue escapes a placeholder's value whole for a URL: every byte but ASCII
+// letters, digits and "-._~" (RFC 3986's unreserved characters) as %XX.
+func escapeValue(v string) string {
+	const hex = "0123456789ABCDEF"
+	var b strings.Builder
+	b.Grow(len(v))
+	for i := range len(v) {
+		switch c := v[i]; {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9', c == '-', c == '.', c == '_', c == '~':
+			b.WriteByte(c)
+		default:
+			b.WriteByte('%')
+			b.WriteByte(hex[c>>4])
+			b.WriteByte(hex[c&15])
+		}
+	}
+	return b.String()
 }
 
 func hasHTTPScheme(s string) bool {

@@ -307,6 +307,9 @@ func TestConfig(t *testing.T) {
 		{"Route", outboxwebhook.Config{URL: "http://h", Route: "{topic", Secrets: testSecrets}},
 		{"Route", outboxwebhook.Config{URL: "http://h", Route: "{topic}/../admin", Secrets: testSecrets}},
 		{"Route", outboxwebhook.Config{URL: "http://h", Route: "https:///{topic}", Secrets: testSecrets}},
+		{"Route", outboxwebhook.Config{URL: "http://h", Route: "https://{key}.example/in", Secrets: testSecrets}},
+		{"Route", outboxwebhook.Config{URL: "http://h", Route: "https://hooks.example{topic}", Secrets: testSecrets}},
+		{"Route", outboxwebhook.Config{URL: "http://h", Route: "http://{aggregate_type}/x", Secrets: testSecrets}},
 		{"Secrets", outboxwebhook.Config{URL: "http://h"}},
 		{"Secrets[1]", outboxwebhook.Config{URL: "http://h", Secrets: [][]byte{[]byte("s"), {}}}},
 		{"Unsigned", outboxwebhook.Config{URL: "http://h", Secrets: testSecrets, Unsigned: true}},
@@ -325,7 +328,7 @@ func TestConfig(t *testing.T) {
 	for _, cfg := range []outboxwebhook.Config{
 		{URL: "http://h", Secrets: testSecrets},
 		{URL: "https://u:p@h:8443/x/?token=t", Route: "{aggregate_type}.{event_type}", Secrets: testSecrets},
-		{URL: "http://h", Route: "https://{key}.example/in", Unsigned: true, Timeout: -1},
+		{URL: "http://h", Route: "https://hooks.example/in/{key}", Unsigned: true, Timeout: -1},
 	} {
 		if _, err := outboxwebhook.New(http.DefaultClient, cfg); err != nil {
 			t.Errorf("%+v: %v", cfg, err)

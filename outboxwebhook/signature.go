@@ -7,12 +7,13 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"hash"
 	"io"
 	"net/http"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/outboxkit/outbox"
 )
 
 // Header names of the webhook protocol, next to the Outbox-* headers of package outbox.
@@ -33,53 +34,59 @@ const DefaultTolerance = 5 * time.Minute
 // signature: missing, malformed, expired, or made with none of the receiver's secrets.
 var ErrInvalidSignature = errors.New("outboxwebhook: invalid signature")
 
-// Sign returns the value of the Outbox-Signature header for a request carrying body and
-// the idempotency key key, sent at t, signed with every secret:
+// Signed is what a request's signature covers.
+type Signed struct {
+	Time   time.Time // when it was signed: the t= of the header, in whole seconds
+	Method string    // the request's method: POST
+	Target string    // the request target as sent: escaped path and query ("/hooks/orders?x=1")
+	ID     string    // the message's ID, the Outbox-Id header
+	Key    string    // the Idempotency-Key header (the message's dedup key)
+	Body   []byte
+}
+
+// Sign returns the value of the Outbox-Signature header for a request, signed with every
+// secret:
 //
-//	t=<unix seconds>,v1=<hex HMAC-SHA256 with secrets[0]>,v1=<... with secrets[1]>,...
+//	t=<unix seconds>,v2=<hex HMAC-SHA256 with secrets[0]>,v2=<... with secrets[1]>,...
 //
 // Each HMAC-SHA256 is computed over
 //
-//	<unix seconds> "\n" <idempotency key> "\n" <body>
+//	<unix seconds> "\n" <method> "\n" <target> "\n" <id> "\n" <idempotency key> "\n" <body>
 //
-// where the key is trimmed of surrounding spaces and tabs, as HTTP trims it in transit.
-// Neither the timestamp nor a header value can hold a line feed, so the signed string
-// cannot be read two ways (with a dot between key and body, key "a.b" with body "c" and
-// key "a" with body "b.c" would sign alike). Signing with several secrets lets a secret
-// be rotated without a moment where the publisher and the receiver disagree: the
-// publisher signs with the old and the new secret, receivers move to the new one, then
-// the publisher drops the old one.
+// where the id and the key are trimmed of surrounding spaces and tabs, as HTTP trims
+// them in transit. None of the parts before the body can hold a line feed, so the
+// signed string cannot be read two ways. Signing with several secrets lets a secret be
+// rotated without a moment where the publisher and the receiver disagree: the publisher
+// signs with the old and the new secret, receivers move to the new one, then the
+// publisher drops the old one.
 //
-// The signature covers the timestamp (so a captured request can be replayed only within
-// the receiver's tolerance), the idempotency key (so a replay within it is a duplicate
-// the receiver drops) and the body. It does not cover the other headers (Outbox-Event-Type
-// and the like): a receiver that must trust them puts them in the body too.
-func Sign(secrets [][]byte, t time.Time, key string, body []byte) string {
-	ts := strconv.FormatInt(t.Unix(), 10)
-	key = trimOWS(key)
-	b := make([]byte, 0, len("t=")+len(ts)+len(secrets)*(len(",v1=")+2*sha256.Size))
+// The signature covers the timestamp (a captured request can be replayed only within the
+// receiver's tolerance), the method and target (it cannot be replayed to another
+// endpoint of the receiver), the message's ID and idempotency key (a replay within the
+// tolerance is a duplicate the receiver drops: see Verify) and the body. It does not
+// cover the other headers (Outbox-Event-Type and the like): a receiver that must trust
+// them puts them in the body too.
+func Sign(secrets [][]byte, s Signed) string {
+	ts := strconv.FormatInt(s.Time.Unix(), 10)
+	b := make([]byte, 0, len("t=")+len(ts)+len(secrets)*(len(",v2=")+2*sha256.Size))
 	b = append(b, "t="...)
 	b = append(b, ts...)
-	for _, s := range secrets {
-		b = append(b, ",v1="...)
-		b = hex.AppendEncode(b, signature(s, ts, key, body))
+	for _, secret := range secrets {
+		b = append(b, ",v2="...)
+		b = hex.AppendEncode(b, signature(secret, ts, s))
 	}
 	return string(b)
 }
 
-// signature is the v1 HMAC of one secret.
-func signature(secret []byte, ts, key string, body []byte) []byte {
+// signature is the v2 HMAC of one secret, ts standing for s.Time.
+func signature(secret []byte, ts string, s Signed) []byte {
 	mac := hmac.New(sha256.New, secret)
-	writeSigned(mac, ts, key, body)
+	for _, part := range []string{ts, s.Method, s.Target, trimOWS(s.ID), trimOWS(s.Key)} {
+		io.WriteString(mac, part)
+		mac.Write([]byte{'\n'})
+	}
+	mac.Write(s.Body)
 	return mac.Sum(nil)
-}
-
-func writeSigned(h hash.Hash, ts, key string, body []byte) {
-	io.WriteString(h, ts)
-	h.Write([]byte{'\n'})
-	io.WriteString(h, key)
-	h.Write([]byte{'\n'})
-	h.Write(body)
 }
 
 func trimOWS(s string) string { return strings.Trim(s, " \t") }
@@ -88,12 +95,16 @@ func trimOWS(s string) string { return strings.Trim(s, " \t") }
 // body, read in full. It fails with an error matching ErrInvalidSignature when the header
 // is missing or malformed, when its timestamp is further than tolerance from the
 // receiver's clock (DefaultTolerance when tolerance is zero or negative), or when no
-// signature in it was made with one of secrets over this body and Idempotency-Key.
-// Empty secrets are ignored: they would let anyone sign. Comparisons take constant time.
+// signature in it was made with one of secrets over this method, request target,
+// Outbox-Id, Idempotency-Key and body. The request target is the one the request line
+// carried (r.RequestURI): behind a proxy that rewrites paths, give the receiver the
+// path the publisher was configured with. Empty secrets are ignored: they would let anyone
+// sign. Comparisons take constant time.
 //
-// A request within the tolerance can be replayed by whoever captured it; it carries the
-// same Idempotency-Key, so a receiver that deduplicates on it (as it must anyway:
-// delivery is at least once) drops the replay. Verify reads the body without a limit:
+// A request within the tolerance can be replayed, to the same endpoint only, by whoever
+// captured it; it carries the same Outbox-Id, so a receiver that records the ids it
+// processed (as it must anyway: delivery is at least once; outbox.Inbox does it in the
+// handler's own transaction) drops the replay. Verify reads the body without a limit:
 // bound it with http.MaxBytesReader (or wrap the handler in http.MaxBytesHandler) first.
 // An error reading the body is returned as it is.
 func Verify(r *http.Request, secrets [][]byte, tolerance time.Duration) (body []byte, err error) {
@@ -121,12 +132,16 @@ func verify(r *http.Request, secrets [][]byte, tolerance time.Duration, now time
 	if err != nil {
 		return nil, err
 	}
-	key := trimOWS(r.Header.Get(HeaderIdempotencyKey))
+	target := r.RequestURI
+	if target == "" { // a client-side request, not one a server read
+		target = r.URL.RequestURI()
+	}
+	signed := Signed{Method: r.Method, Target: target, ID: r.Header.Get(outbox.HeaderID), Key: r.Header.Get(HeaderIdempotencyKey), Body: body}
 	for _, s := range secrets {
 		if len(s) == 0 {
 			continue
 		}
-		want := signature(s, ts, key, body)
+		want := signature(s, ts, signed)
 		for _, sig := range sigs {
 			if hmac.Equal(sig, want) {
 				return body, nil
@@ -137,9 +152,9 @@ func verify(r *http.Request, secrets [][]byte, tolerance time.Duration, now time
 		ErrInvalidSignature, len(sigs), len(secrets))
 }
 
-// parseSignature splits an Outbox-Signature header into its timestamp and its v1
-// signatures. Unknown schemes (v2=...) are skipped, so that a future scheme can be sent
-// next to v1.
+// parseSignature splits an Outbox-Signature header into its timestamp and its v2
+// signatures. Other schemes (v1=, of earlier versions, which covered neither the target
+// nor the id, or a future v3=) are skipped, so that a new scheme can be sent next to v2.
 func parseSignature(header string) (ts string, sigs [][]byte, err error) {
 	malformed := func(reason string) error {
 		return fmt.Errorf("%w: malformed %s header: %s", ErrInvalidSignature, HeaderSignature, reason)
@@ -158,10 +173,10 @@ func parseSignature(header string) (ts string, sigs [][]byte, err error) {
 				return "", nil, malformed("the timestamp is not a number of seconds")
 			}
 			ts = value
-		case "v1":
+		case "v2":
 			sig, err := hex.DecodeString(value)
 			if err != nil || len(sig) != sha256.Size {
-				return "", nil, malformed("a v1 signature is not 64 hex digits")
+				return "", nil, malformed("a v2 signature is not 64 hex digits")
 			}
 			sigs = append(sigs, sig)
 		}
@@ -170,7 +185,7 @@ func parseSignature(header string) (ts string, sigs [][]byte, err error) {
 	case ts == "":
 		return "", nil, malformed("no timestamp (t=)")
 	case len(sigs) == 0:
-		return "", nil, malformed("no v1 signature")
+		return "", nil, malformed("no v2 signature")
 	}
 	return ts, sigs, nil
 }

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/outboxwebhook"
 )
 
@@ -22,24 +23,39 @@ var (
 
 // TestSignKnownAnswer pins the wire format, so receivers written in other languages can
 // rely on it. The HMACs were computed with Python's hmac module:
-// hmac.new(secret, b"1700000000\norder-42\n" + body, hashlib.sha256).hexdigest().
+// hmac.new(secret, b"1700000000\nPOST\n/hooks/orders?tenant=7\n<id>\norder-42\n" + body,
+// hashlib.sha256).hexdigest().
 func TestSignKnownAnswer(t *testing.T) {
 	t.Parallel()
-	got := outboxwebhook.Sign([][]byte{oldSecret, newSecret}, time.Unix(1_700_000_000, 0), " order-42\t", []byte(`{"id":42}`))
+	got := outboxwebhook.Sign([][]byte{oldSecret, newSecret}, outboxwebhook.Signed{
+		Time: time.Unix(1_700_000_000, 0), Method: http.MethodPost, Target: "/hooks/orders?tenant=7",
+		ID: "01890a5d-ac96-774b-bcce-b302099a8057", Key: " order-42\t", Body: []byte(`{"id":42}`)})
 	want := "t=1700000000" +
-		",v1=6e22150ef559bff98d95640fc1b480ae322f3e6999dee62618cce9c4933c7a91" +
-		",v1=f627a222e574fdcf4038c33dc2b6348b9aa0f9a8f643f06e248b9caeaa5e4aa8"
+		",v2=7522619a282f44a1393872100bfa78a1b430060baedae6380e780974865a8d84" +
+		",v2=596b861b799d234133e91ed4a82ec9e90a2fddfefe92cc7edbb69ad0e64c97b5"
 	if got != want {
 		t.Errorf("Sign =\n%s\nwant\n%s", got, want)
 	}
 }
 
-// signedRequest is a request as a Publisher sends it, signed at t.
+// testID is the Outbox-Id of the requests signedRequest makes.
+const testID = "01890a5d-ac96-774b-bcce-b302099a8057"
+
+// signedRequest is a request as a Publisher sends it to /hooks/orders, signed at t.
 func signedRequest(secrets [][]byte, t time.Time, key string, body []byte) *http.Request {
 	r := httptest.NewRequest(http.MethodPost, "/hooks/orders", bytes.NewReader(body))
 	r.Header.Set(outboxwebhook.HeaderIdempotencyKey, key)
-	r.Header.Set(outboxwebhook.HeaderSignature, outboxwebhook.Sign(secrets, t, key, body))
+	r.Header.Set(outbox.HeaderID, testID)
+	r.Header.Set(outboxwebhook.HeaderSignature, outboxwebhook.Sign(secrets, outboxwebhook.Signed{
+		Time: t, Method: http.MethodPost, Target: "/hooks/orders", ID: testID, Key: key, Body: body}))
 	return r
+}
+
+// replayedTo is r sent again by someone who captured it, to another target or method.
+func replayedTo(r *http.Request, method, target string) *http.Request {
+	r2 := httptest.NewRequest(method, target, r.Body)
+	r2.Header = r.Header
+	return r2
 }
 
 func TestVerify(t *testing.T) {
@@ -84,6 +100,20 @@ func TestVerify(t *testing.T) {
 			r.Body = io.NopCloser(strings.NewReader("c"))
 			return r
 		}, [][]byte{oldSecret}, 0, false},
+		{"replayed to another endpoint", func() *http.Request {
+			return replayedTo(signedRequest([][]byte{oldSecret}, now, "k", body), http.MethodPost, "/hooks/admin")
+		}, [][]byte{oldSecret}, 0, false},
+		{"replayed with a query added", func() *http.Request {
+			return replayedTo(signedRequest([][]byte{oldSecret}, now, "k", body), http.MethodPost, "/hooks/orders?x=1")
+		}, [][]byte{oldSecret}, 0, false},
+		{"replayed with another method", func() *http.Request {
+			return replayedTo(signedRequest([][]byte{oldSecret}, now, "k", body), http.MethodPut, "/hooks/orders")
+		}, [][]byte{oldSecret}, 0, false},
+		{"replayed under another id", func() *http.Request {
+			r := signedRequest([][]byte{oldSecret}, now, "k", body)
+			r.Header.Set(outbox.HeaderID, "01890a5d-ac96-774b-bcce-b302099a8058")
+			return r
+		}, [][]byte{oldSecret}, 0, false},
 		{"tampered timestamp", func() *http.Request {
 			r := signedRequest([][]byte{oldSecret}, now, "k", body)
 			sig := r.Header.Get(outboxwebhook.HeaderSignature)
@@ -97,11 +127,17 @@ func TestVerify(t *testing.T) {
 		{"within long tolerance", func() *http.Request { return signedRequest([][]byte{oldSecret}, now.Add(-time.Hour), "k", body) }, [][]byte{oldSecret}, 2 * time.Hour, true},
 		// An empty secret would let anyone sign: it never verifies.
 		{"empty secret", func() *http.Request { return signedRequest([][]byte{{}}, now, "k", body) }, [][]byte{{}}, 0, false},
-		{"unknown scheme next to v1", func() *http.Request {
+		{"unknown scheme next to v2", func() *http.Request {
 			r := signedRequest([][]byte{oldSecret}, now, "k", body)
-			r.Header.Set(outboxwebhook.HeaderSignature, r.Header.Get(outboxwebhook.HeaderSignature)+",v2=future")
+			r.Header.Set(outboxwebhook.HeaderSignature, r.Header.Get(outboxwebhook.HeaderSignature)+",v3=future")
 			return r
 		}, [][]byte{oldSecret}, 0, true},
+		// The first version's scheme signed neither the target nor the id: not accepted.
+		{"v1 only", func() *http.Request {
+			r := signedRequest([][]byte{oldSecret}, now, "k", body)
+			r.Header.Set(outboxwebhook.HeaderSignature, strings.ReplaceAll(r.Header.Get(outboxwebhook.HeaderSignature), "v2=", "v1="))
+			return r
+		}, [][]byte{oldSecret}, 0, false},
 	} {
 		body, err := outboxwebhook.Verify(tc.req(), tc.secrets, tc.tolerance)
 		switch {
@@ -122,14 +158,14 @@ func TestVerify(t *testing.T) {
 func TestVerifyMalformed(t *testing.T) {
 	t.Parallel()
 	now := strconv.FormatInt(time.Now().Unix(), 10)
-	sig := "v1=" + strings.Repeat("ab", 32)
+	sig := "v2=" + strings.Repeat("ab", 32)
 	for _, header := range []string{
 		"",
 		"garbage",
 		"t=" + now,
 		sig,
-		"t=" + now + ",v1=zz" + strings.Repeat("ab", 31),
-		"t=" + now + ",v1=" + strings.Repeat("ab", 31),
+		"t=" + now + ",v2=zz" + strings.Repeat("ab", 31),
+		"t=" + now + ",v2=" + strings.Repeat("ab", 31),
 		"t=" + now + ",t=" + now + "," + sig,
 		"t=-5," + sig,
 		"t=+5," + sig,
@@ -185,14 +221,14 @@ func TestVerifyHandler(t *testing.T) {
 // FuzzVerify checks that Verify never panics on any signature header, and that a request
 // signed by Sign verifies whatever its idempotency key and body.
 func FuzzVerify(f *testing.F) {
-	f.Add("order-42", []byte(`{"id":42}`), "t=1700000000,v1="+strings.Repeat("ab", 32))
+	f.Add("order-42", []byte(`{"id":42}`), "t=1700000000,v2="+strings.Repeat("ab", 32))
 	f.Add(" spaced\t", []byte{}, "t=1,t=2")
-	f.Add("a.b", []byte("\n\x00"), ",,v1=,=")
+	f.Add("a.b", []byte("\n\x00"), ",,v2=,=")
 	f.Fuzz(func(t *testing.T, key string, body []byte, header string) {
 		r := httptest.NewRequest(http.MethodPost, "/", bytes.NewReader(body))
 		r.Header.Set(outboxwebhook.HeaderSignature, header)
 		r.Header.Set(outboxwebhook.HeaderIdempotencyKey, key)
-		if _, err := outboxwebhook.Verify(r, [][]byte{oldSecret}, 0); err == nil && !strings.Contains(header, "v1=") {
+		if _, err := outboxwebhook.Verify(r, [][]byte{oldSecret}, 0); err == nil && !strings.Contains(header, "v2=") {
 			t.Fatalf("header %q verified without a signature", header)
 		}
 		got, err := outboxwebhook.Verify(signedRequest([][]byte{newSecret, oldSecret}, time.Now(), key, body), [][]byte{oldSecret}, 0)
