@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -252,22 +251,13 @@ type loop struct {
 
 	inFlight    int
 	freeWorkers int
-	// unrecorded counts outcomes the broker gave but the store has not yet recorded.
-	// They count against MaxInFlight with the messages in flight, so that if recording
-	// stalls (the database hangs, the process is paused) the relay stops sending, and the
-	// duplicates a takeover can cause stay bounded by MaxInFlight.
-	unrecorded int
+	outcomes    outcomeBuffer // the broker's answers until the store records them
 
-	published []Outcome
-	failed    []Failure
-	failLanes []*lane
-
-	completing, fetching, leaseBusy bool
-	taint                           map[string]bool // keys released while a fetch ran
-	settled                         map[int64]bool  // seqs whose outcome was recorded while a fetch ran
-	fetch                           fetchPlan
-	outage                          *outageGate
-	completeRetryAt                 time.Time
+	fetching, leaseBusy bool
+	taint               map[string]bool // keys released while a fetch ran
+	settled             map[int64]bool  // seqs whose outcome was recorded while a fetch ran
+	fetch               fetchPlan
+	outage              *outageGate
 
 	pings        chan error
 	pubResults   chan pubResult
@@ -336,7 +326,7 @@ func (l *loop) run(ctx context.Context) {
 	stopping := false
 	stop := l.r.stop
 	for {
-		if stopping && l.inFlight == 0 && !l.completing && !l.fetching && len(l.published) == 0 && len(l.failed) == 0 {
+		if stopping && l.inFlight == 0 && !l.fetching && l.outcomes.idle() {
 			break
 		}
 		if !stopping {
@@ -346,7 +336,7 @@ func (l *loop) run(ctx context.Context) {
 		l.startComplete(ctx)
 		// Wake up for a paused outage or a pending complete retry.
 		var next time.Time
-		for _, t := range []time.Time{l.outage.wakeAt(), l.completeRetryAt} {
+		for _, t := range []time.Time{l.outage.wakeAt(), l.outcomes.retryAt} {
 			if !t.IsZero() && (next.IsZero() || t.Before(next)) {
 				next = t
 			}
@@ -387,9 +377,7 @@ func (l *loop) run(ctx context.Context) {
 			if l.outage.due(time.Now()) {
 				l.resume(ctx)
 			}
-			if !l.completeRetryAt.IsZero() && !time.Now().Before(l.completeRetryAt) {
-				l.completeRetryAt = time.Time{}
-			}
+			// A recording retry that came due starts at the top of the loop.
 		}
 	}
 	// Drained: give the leases back so other relays take over without waiting for expiry.
@@ -488,8 +476,8 @@ func (l *loop) dispatch(ctx context.Context) {
 	if !l.outage.open() {
 		return
 	}
-	for l.freeWorkers > 0 && len(l.ready) > 0 && l.inFlight+l.unrecorded < l.cfg.MaxInFlight {
-		n := min(l.cfg.PublishBatchSize, l.cfg.MaxInFlight-l.inFlight-l.unrecorded)
+	for l.freeWorkers > 0 && len(l.ready) > 0 && l.inFlight+l.outcomes.unrecorded < l.cfg.MaxInFlight {
+		n := min(l.cfg.PublishBatchSize, l.cfg.MaxInFlight-l.inFlight-l.outcomes.unrecorded)
 		batch := make([]*item, 0, min(n, len(l.ready)))
 		rest := l.ready[:0]
 		for i, ln := range l.ready {
@@ -560,8 +548,7 @@ func (l *loop) onPublished(res pubResult) {
 		switch {
 		case err == nil:
 			confirmed++
-			l.unrecorded++
-			l.published = append(l.published, Outcome{Seq: it.m.Seq, Token: it.token})
+			l.outcomes.confirmed(Outcome{Seq: it.m.Seq, Token: it.token})
 			l.advance(ln)
 		case IsOutage(err):
 			outage = true
@@ -651,8 +638,6 @@ func (l *loop) reject(ln *lane, it *item, err error) {
 			"retry_in", f.Delay.Round(time.Millisecond), "err", err)
 	}
 	l.cfg.Observer.Rejected(RejectEvent{Message: it.m, Err: err, Attempt: attempt, Dead: f.Dead})
-	l.failed = append(l.failed, f)
-	l.unrecorded++
 	// The head stays in hand until the failure is recorded; later messages of the key are
 	// dropped now and fetched again once the store knows the key is blocked.
 	ln.failed = true
@@ -660,7 +645,7 @@ func (l *loop) reject(ln *lane, it *item, err error) {
 		ln.dropped = append(ln.dropped, rest.m.Seq)
 	}
 	ln.queue = ln.queue[:1]
-	l.failLanes = append(l.failLanes, ln)
+	l.outcomes.rejected(f, ln)
 }
 
 func truncate(s string, n int) string {
@@ -739,14 +724,10 @@ func (l *loop) dropStaleOutcomes() (dropped int) {
 			return false
 		}
 		l.forget(o.Seq)
-		l.unrecorded--
 		l.r.stats.refused.Add(1)
 		return true
 	}
-	n := len(l.published) + len(l.failed)
-	l.published = slices.DeleteFunc(l.published, stale)
-	l.failed = slices.DeleteFunc(l.failed, func(f Failure) bool { return stale(f.Outcome) })
-	if dropped = n - len(l.published) - len(l.failed); dropped > 0 {
+	if dropped = l.outcomes.dropStale(stale); dropped > 0 {
 		l.log.Warn("outcomes dropped: the lease moved on, its owner publishes these messages again", "refused", dropped)
 	}
 	return dropped
@@ -755,14 +736,13 @@ func (l *loop) dropStaleOutcomes() (dropped int) {
 // startComplete records the outcomes gathered so far, unless a complete is running or
 // the last one failed moments ago.
 func (l *loop) startComplete(ctx context.Context) {
-	if l.completing || !l.completeRetryAt.IsZero() || (len(l.published) == 0 && len(l.failed) == 0 && len(l.failLanes) == 0) {
+	if !l.outcomes.ready(time.Now()) {
 		return
 	}
 	dropped := l.dropStaleOutcomes()
-	c := Completion{RelayID: l.cfg.ID, Published: l.published, Failed: l.failed}
-	lanes := l.failLanes
-	l.published, l.failed, l.failLanes = nil, nil, nil
-	l.completing = true
+	c := Completion{RelayID: l.cfg.ID}
+	var lanes []*lane
+	c.Published, c.Failed, lanes = l.outcomes.take()
 	go func() {
 		res := completeResult{c: c, lanes: lanes, dropped: dropped}
 		if len(c.Published) > 0 || len(c.Failed) > 0 {
@@ -778,19 +758,15 @@ func (l *loop) startComplete(ctx context.Context) {
 }
 
 func (l *loop) onComplete(res completeResult) {
-	l.completing = false
 	c := res.c
 	if res.err != nil {
 		l.cfg.Observer.RecordDone(RecordEvent{Refused: res.dropped, Took: res.took, Err: res.err})
 		// Keep the outcomes and try again shortly; the messages stay in hand.
 		l.log.Error("recording outcomes failed; retrying", "err", res.err, "published", len(c.Published), "failed", len(c.Failed))
-		l.published = append(c.Published, l.published...)
-		l.failed = append(c.Failed, l.failed...)
-		l.failLanes = append(res.lanes, l.failLanes...)
-		l.completeRetryAt = time.Now().Add(time.Second)
+		l.outcomes.failedAt(c, res.lanes, time.Now())
 		return
 	}
-	l.unrecorded -= len(c.Published) + len(c.Failed)
+	l.outcomes.recorded(c)
 	refused := make(map[int64]bool, len(res.refused))
 	for _, s := range res.refused {
 		refused[s] = true

@@ -1,0 +1,93 @@
+package outbox
+
+import (
+	"slices"
+	"time"
+)
+
+// completeRetryDelay is how long the relay waits before recording again after a
+// recording failed.
+const completeRetryDelay = time.Second
+
+// outcomeBuffer holds the broker's answers until the store records them: the confirmed
+// messages, the rejected ones, and the lanes whose failure the recording settles. It does
+// no I/O and reads no clock.
+//
+// Invariants:
+//   - unrecorded counts every outcome buffered or in the running recording; the relay
+//     counts it against MaxInFlight with the messages in flight, so that if recording
+//     stalls, sending stops and the duplicates a takeover can cause stay bounded;
+//   - at most one recording runs (running); take hands over everything buffered;
+//   - a recording that failed is put back in front of what was buffered since, and the
+//     next one waits completeRetryDelay (retryAt): the messages stay in hand meanwhile.
+type outcomeBuffer struct {
+	published  []Outcome
+	failed     []Failure
+	lanes      []*lane // failed lanes whose failure a recording settles
+	unrecorded int
+	running    bool
+	retryAt    time.Time // zero, or when a failed recording may be tried again
+}
+
+// confirmed buffers the outcome of a message the broker confirmed.
+func (b *outcomeBuffer) confirmed(o Outcome) {
+	b.published = append(b.published, o)
+	b.unrecorded++
+}
+
+// rejected buffers a rejection, and the lane it settles.
+func (b *outcomeBuffer) rejected(f Failure, ln *lane) {
+	b.failed = append(b.failed, f)
+	b.unrecorded++
+	b.lanes = append(b.lanes, ln)
+}
+
+// idle reports whether nothing is buffered or being recorded (failed lanes without an
+// outcome left, their failures dropped as stale, do not count).
+func (b *outcomeBuffer) idle() bool {
+	return !b.running && len(b.published) == 0 && len(b.failed) == 0
+}
+
+// ready reports whether a recording should start at now: nothing running, no retry
+// pending, something buffered.
+func (b *outcomeBuffer) ready(now time.Time) bool {
+	if b.running || now.Before(b.retryAt) {
+		return false
+	}
+	return len(b.published) > 0 || len(b.failed) > 0 || len(b.lanes) > 0
+}
+
+// dropStale removes the outcomes stale reports (fetched under a lease token the relay no
+// longer holds) and returns how many.
+func (b *outcomeBuffer) dropStale(stale func(Outcome) bool) int {
+	n := len(b.published) + len(b.failed)
+	b.published = slices.DeleteFunc(b.published, stale)
+	b.failed = slices.DeleteFunc(b.failed, func(f Failure) bool { return stale(f.Outcome) })
+	dropped := n - len(b.published) - len(b.failed)
+	b.unrecorded -= dropped
+	return dropped
+}
+
+// take hands everything buffered to a recording, which then runs.
+func (b *outcomeBuffer) take() (published []Outcome, failed []Failure, lanes []*lane) {
+	published, failed, lanes = b.published, b.failed, b.lanes
+	b.published, b.failed, b.lanes = nil, nil, nil
+	b.running, b.retryAt = true, time.Time{}
+	return published, failed, lanes
+}
+
+// recorded ends a recording that the store took (refusals included).
+func (b *outcomeBuffer) recorded(c Completion) {
+	b.running = false
+	b.unrecorded -= len(c.Published) + len(c.Failed)
+}
+
+// failedAt ends a recording that failed at now: its outcomes go back in front, and the
+// next recording waits completeRetryDelay.
+func (b *outcomeBuffer) failedAt(c Completion, lanes []*lane, now time.Time) {
+	b.running = false
+	b.published = append(c.Published, b.published...)
+	b.failed = append(c.Failed, b.failed...)
+	b.lanes = append(lanes, b.lanes...)
+	b.retryAt = now.Add(completeRetryDelay)
+}
