@@ -150,16 +150,20 @@ func transportError(publishCtx, requestCtx context.Context, method string, u *ur
 	return outbox.Outage(fmt.Errorf("outboxwebhook: %s %s: %w", method, target, err))
 }
 
-// redactURL hides the user information (a user name may be a token) and the query (it
-// often carries one) of u.
+// redactURL renders u for errors, logs and last_error: scheme and host only, with
+// "REDACTED" for user information and the query and "…" for the path, any of which can
+// carry a token (https://hooks.example/services/T000/B000/<token>).
 func redactURL(u *url.URL) string {
-	r := *u
-	if r.User != nil {
+	r := url.URL{Scheme: u.Scheme, Host: u.Host}
+	if u.User != nil {
 		r.User = url.User("REDACTED")
 	}
-	if r.RawQuery != "" || r.ForceQuery {
-		r.RawQuery = "REDACTED"
+	s := r.String()
+	if p := u.EscapedPath(); p != "" && p != "/" {
+		s += "/…"
 	}
-	r.Fragment, r.RawFragment = "", ""
-	return r.String()
+	if u.RawQuery != "" || u.ForceQuery {
+		s += "?REDACTED"
+	}
+	return s
 }

@@ -75,9 +75,12 @@ func TestOneLine(t *testing.T) {
 func TestRedactURL(t *testing.T) {
 	t.Parallel()
 	for in, want := range map[string]string{
-		"https://h/p":                   "https://h/p",
-		"https://u:p4ss@h:8443/p?x=1#f": "https://REDACTED@h:8443/p?REDACTED",
-		"http://t0ken@h/p?token=secret": "http://REDACTED@h/p?REDACTED",
+		"https://h":                     "https://h",
+		"https://h/":                    "https://h",
+		"https://h/p":                   "https://h/…",
+		"https://u:p4ss@h:8443/p?x=1#f": "https://REDACTED@h:8443/…?REDACTED",
+		"http://t0ken@h/p?token=secret": "http://REDACTED@h/…?REDACTED",
+		"https://hooks.example/services/T000/B000/PathS3cretTok": "https://hooks.example/…",
 	} {
 		u, err := url.Parse(in)
 		if err != nil {

@@ -121,7 +121,7 @@ func TestStatuses(t *testing.T) {
 			t.Errorf("%s: body %q", code, se.Body)
 		}
 		if se.StatusCode/100 == 3 {
-			if se.Location != s.srv.URL+"/moved?REDACTED" || !strings.Contains(err.Error(), "not followed") {
+			if se.Location != s.srv.URL+"/…?REDACTED" || !strings.Contains(err.Error(), "not followed") {
 				t.Errorf("%s: %v, want the redacted Location and a hint", code, err)
 			}
 		}

@@ -23,7 +23,9 @@ type Config struct {
 	// URL is the endpoint base, http:// or https://. A message goes to URL with its
 	// route's destination appended as a path segment (see Route). User information in it
 	// (https://user:password@host/) is sent as HTTP basic authentication, and a query
-	// (?token=...) is kept on every request; neither ever appears in an error. Ping checks
+	// (?token=...) is kept on every request; neither ever appears in an error, nor does
+	// the path (it may hold a token, as in /services/T000/B000/<token>): errors, logs and
+	// dead letters' last_error show the scheme and host only. Ping checks
 	// this URL. Required (Dial takes it as its argument).
 	URL string
 
