@@ -600,6 +600,11 @@ var hopHeaders = map[string]bool{
 	"Proxy-Connection": true, "Te": true, "Trailer": true, "Transfer-Encoding": true, "Upgrade": true,
 }
 
+// credentialHeaders carry credentials: a message may not set them, or it would replace
+// the configured ones (net/http sends the URL's user information only when the request
+// has no Authorization header).
+var credentialHeaders = map[string]bool{"Authorization": true, "Proxy-Authorization": true, "Cookie": true}
+
 // checkHeader returns why a header cannot travel in an HTTP request, or "".
 func checkHeader(name, value string) string {
 	if name == "" {
@@ -612,6 +617,9 @@ func checkHeader(name, value string) string {
 	}
 	if hopHeaders[http.CanonicalHeaderKey(name)] {
 		return "it is managed by the HTTP connection"
+	}
+	if credentialHeaders[http.CanonicalHeaderKey(name)] {
+		return "credentials come from the publisher's configuration (the URL's user information), never from a message"
 	}
 	for i := range len(value) {
 		if c := value[i]; (c < ' ' && c != '\t') || c == 0x7f {

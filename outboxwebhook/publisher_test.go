@@ -271,6 +271,8 @@ func TestHeaderRejections(t *testing.T) {
 		{"X-Ctl": "a\x01b"},
 		{"Transfer-Encoding": "chunked"},
 		{"Host": "elsewhere.example"},
+		{"Authorization": "Basic bWU6bWluZQ=="},
+		{"cookie": "session=1"},
 	}
 	batch := []*outbox.Message{newMsg("t", "good", "{}")}
 	for i, h := range bad {
