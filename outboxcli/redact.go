@@ -276,6 +276,14 @@ func brokerSecrets(s string) []string {
 			out = append(out, guessSecrets(p)...)
 			continue
 		}
+		for name, values := range u.Query() {
+			if secretParam(name) {
+				out = append(out, values...)
+			}
+		}
+		if (u.Scheme == "http" || u.Scheme == "https") && u.Path != "" && u.Path != "/" {
+			out = append(out, u.Path, u.EscapedPath()) // a webhook path may hold a token
+		}
 		if u.User == nil {
 			continue
 		}
@@ -286,6 +294,18 @@ func brokerSecrets(s string) []string {
 		}
 	}
 	return out
+}
+
+// secretParam reports whether a broker URL's query parameter name looks like it carries
+// a credential (password=, auth_token=, secret_key=, ...).
+func secretParam(name string) bool {
+	name = strings.ToLower(name)
+	for _, word := range []string{"pass", "pwd", "token", "secret", "key", "auth", "cred", "sig", "session"} {
+		if strings.Contains(name, word) {
+			return true
+		}
+	}
+	return false
 }
 
 // minSecretLen is the shortest secret the scrubber replaces: shorter ones would blank

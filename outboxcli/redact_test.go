@@ -3,6 +3,7 @@ package outboxcli
 import (
 	"bytes"
 	"net/url"
+	"slices"
 	"strings"
 	"testing"
 
@@ -124,6 +125,8 @@ func TestBrokerSecretsNeverPrinted(t *testing.T) {
 		"nats://alice:" + canary + "@127.0.0.1:1",
 		"nats://" + canary + "@127.0.0.1:1", // token
 		"nats://127.0.0.1:1,nats://bob:" + canary + "@127.0.0.1:2",
+		"nats://127.0.0.1:1?auth_token=" + canary,
+		"amqp://127.0.0.1:1/?password=" + canary,
 	} {
 		r := cli(t, b.env, "relay", "--broker", broker)
 		if r.code != 1 || strings.Contains(r.stdout+r.stderr, "CANARY") {
@@ -161,4 +164,24 @@ func FuzzRedactDSN(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestBrokerSecrets: the scrubber knows every credential a broker URL can carry, so that
+// a library error quoting the URL prints none of them.
+func TestBrokerSecrets(t *testing.T) {
+	t.Parallel()
+	for _, broker := range []string{
+		"nats://alice:" + canary + "@127.0.0.1:1",
+		"nats://127.0.0.1:1?auth_token=" + canary,
+		"amqp://127.0.0.1:1/?password=" + canary,
+		"sqs://127.0.0.1:1/?region=eu-west-1&secret_key=" + canary,
+		"https://hooks.example/services/T000/B000/" + canary,
+	} {
+		if got := brokerSecrets(broker); !slices.ContainsFunc(got, func(s string) bool { return strings.Contains(s, canary) }) {
+			t.Errorf("brokerSecrets(%q) = %q: the credential is missing", broker, got)
+		}
+	}
+	if got := brokerSecrets("sqs://127.0.0.1:1/?region=eu-west-1"); len(got) != 0 {
+		t.Errorf("brokerSecrets of a URL without credentials = %q", got)
+	}
 }
