@@ -47,7 +47,19 @@ type Config struct {
 	LatencyBuckets  []float64
 	DurationBuckets []float64
 	BatchBuckets    []float64
+
+	// MaxTopics is how many distinct topics get series of their own (the topic label of
+	// the counters and histograms); the messages of later topics are counted under the
+	// topic OtherTopic, so that the number of series stays bounded however many topics
+	// the application invents. Defaults to MaxTopicsDefault; -1 means no limit.
+	MaxTopics int
 }
+
+// MaxTopicsDefault is Config.MaxTopics' default.
+const MaxTopicsDefault = 200
+
+// OtherTopic is the topic label of the messages of the topics beyond Config.MaxTopics.
+const OtherTopic = "_other"
 
 // Metrics is an outbox.Observer that keeps Prometheus metrics of one relay. Pass it in
 // outbox.RelayConfig.Observer; use one Metrics per relay. The relay label of its series
@@ -69,6 +81,10 @@ type Metrics struct {
 	nfetch  int                  // fetches recorded so far
 	seen    map[int64]time.Time  // seq -> first-seen bound of messages that failed an attempt here
 	lastPub time.Time            // the latest confirmation
+
+	maxTopics int
+	topicMu   sync.Mutex
+	topics    map[string]bool // the topics that have series of their own
 }
 
 // fetchRing is how many recent fetches the commit-latency bound remembers. A publish
@@ -149,7 +165,26 @@ func New(c Config) *Metrics {
 		fetchDur:       histogram("fetch_duration_seconds", "Duration of fetches of due messages, failed and empty ones included.", durations, "relay"),
 		recordDur:      histogram("record_duration_seconds", "Duration of the database writes that record publish outcomes.", durations, "relay"),
 	}
-	return &Metrics{broker: cmp.Or(c.Broker, BrokerDefault), vecs: v, now: time.Now, seen: map[int64]time.Time{}}
+	return &Metrics{broker: cmp.Or(c.Broker, BrokerDefault), vecs: v, now: time.Now, seen: map[int64]time.Time{},
+		maxTopics: cmp.Or(c.MaxTopics, MaxTopicsDefault), topics: map[string]bool{}}
+}
+
+// topic returns the topic label of a message of topic t: t itself for the first
+// maxTopics topics seen, OtherTopic for the rest.
+func (m *Metrics) topic(t string) string {
+	if m.maxTopics < 0 {
+		return t
+	}
+	m.topicMu.Lock()
+	defer m.topicMu.Unlock()
+	switch {
+	case m.topics[t]:
+		return t
+	case len(m.topics) >= m.maxTopics:
+		return OtherTopic
+	}
+	m.topics[t] = true
+	return t
 }
 
 func orDefault(v, def []float64) []float64 {
@@ -266,6 +301,7 @@ func (m *Metrics) PublishDone(e outbox.PublishEvent) {
 		if errs != nil {
 			err = errs[i]
 		}
+		topic := m.topic(msg.Topic)
 		seen, ok := m.seen[msg.Seq]
 		if !ok {
 			seen = fetched
@@ -274,16 +310,16 @@ func (m *Metrics) PublishDone(e outbox.PublishEvent) {
 		case err == nil:
 			some = true
 			delete(m.seen, msg.Seq)
-			r.published.WithLabelValues(msg.Topic).Inc()
+			r.published.WithLabelValues(topic).Inc()
 			if !msg.CreatedAt.IsZero() {
-				r.publishLatency.WithLabelValues(msg.Topic).Observe(max(confirmed.Sub(msg.CreatedAt), 0).Seconds())
+				r.publishLatency.WithLabelValues(topic).Observe(max(confirmed.Sub(msg.CreatedAt), 0).Seconds())
 			}
-			r.commitLatency.WithLabelValues(msg.Topic).Observe(max(confirmed.Sub(seen), 0).Seconds())
+			r.commitLatency.WithLabelValues(topic).Observe(max(confirmed.Sub(seen), 0).Seconds())
 		case outbox.IsOutage(err):
-			r.failedOutage.WithLabelValues(msg.Topic).Inc()
+			r.failedOutage.WithLabelValues(topic).Inc()
 			m.remember(msg.Seq, seen)
 		default:
-			r.failedRejected.WithLabelValues(msg.Topic).Inc()
+			r.failedRejected.WithLabelValues(topic).Inc()
 			m.remember(msg.Seq, seen)
 		}
 	}
@@ -322,10 +358,10 @@ func (m *Metrics) Rejected(e outbox.RejectEvent) {
 	msg := e.Message
 	r := m.relay()
 	if !e.Dead {
-		r.retried.WithLabelValues(msg.Topic).Inc()
+		r.retried.WithLabelValues(m.topic(msg.Topic)).Inc()
 		return
 	}
-	r.dead.WithLabelValues(msg.Topic).Inc()
+	r.dead.WithLabelValues(m.topic(msg.Topic)).Inc()
 	m.mu.Lock()
 	delete(m.seen, msg.Seq)
 	m.mu.Unlock()

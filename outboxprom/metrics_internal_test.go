@@ -271,3 +271,23 @@ func TestTwoRelaysOneRegistry(t *testing.T) {
 	}()
 	New(Config{Registerer: clash})
 }
+
+// TestTopicLabelsBounded: topics beyond MaxTopics share the series of OtherTopic.
+func TestTopicLabelsBounded(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m := New(Config{Registerer: reg, Broker: "nats", MaxTopics: 2})
+	m.Running(outbox.RunningEvent{RelayID: "r", Running: true})
+	var batch []*outbox.Message
+	for _, topic := range []string{"a", "b", "c", "d", "a", "c"} {
+		batch = append(batch, &outbox.Message{Topic: topic, Seq: int64(len(batch) + 1)})
+	}
+	m.PublishDone(outbox.PublishEvent{Batch: batch, Start: time.Now()})
+	for topic, want := range map[string]float64{"a": 2, "b": 1, OtherTopic: 3} {
+		if got := value(t, reg, "outbox_published_total", map[string]string{"topic": topic}); got != want {
+			t.Errorf("published_total{topic=%q} = %v, want %v", topic, got, want)
+		}
+	}
+	if find(t, reg, "outbox_published_total", map[string]string{"topic": "c"}) != nil {
+		t.Error("topic c has series of its own beyond MaxTopics")
+	}
+}
