@@ -162,12 +162,7 @@ func (c *consoleFlags) start(ctx context.Context, inv *invocation, admin outbox.
 	if err != nil {
 		return nil, fmt.Errorf("--http-addr: %w", err)
 	}
-	srv := &http.Server{
-		Handler:           h,
-		ReadHeaderTimeout: 10 * time.Second,
-		IdleTimeout:       2 * time.Minute,
-		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
-	}
+	srv := newServer(h, log)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)

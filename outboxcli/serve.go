@@ -45,6 +45,21 @@ func checkListenAddr(flagName, addr string) error {
 	return nil
 }
 
+// newServer returns the HTTP server of the metrics, health and console endpoints, with
+// timeouts, so that a slow or idle client cannot hold a connection (and its goroutine)
+// open: 10 s for the request's headers, 30 s for the whole request, 2 minutes to write
+// the answer and between requests on a kept-alive connection.
+func newServer(h http.Handler, log *slog.Logger) *http.Server {
+	return &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       30 * time.Second,
+		WriteTimeout:      2 * time.Minute,
+		IdleTimeout:       2 * time.Minute,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+}
+
 // serveHTTP listens on addr and serves h in the background until stop is called. It
 // returns once the address is bound, so that a taken address fails the command before
 // the relay starts. what names the server in the log ("metrics and health checks"); the
@@ -57,11 +72,7 @@ func serveHTTP(ctx context.Context, what, addr string, h http.Handler, log *slog
 	if err != nil {
 		return nil, err
 	}
-	srv := &http.Server{
-		Handler:           h,
-		ReadHeaderTimeout: 10 * time.Second,
-		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
-	}
+	srv := newServer(h, log)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)

@@ -299,3 +299,15 @@ func TestReadiness(t *testing.T) {
 	r.stopping()
 	expect(503, "not ready: stopping\n")
 }
+
+// TestServerTimeouts: the metrics and console servers bound every phase of a request, so
+// a client that sends slowly or never reads cannot hold a connection open.
+func TestServerTimeouts(t *testing.T) {
+	srv := newServer(http.NotFoundHandler(), slog.New(slog.DiscardHandler))
+	for name, d := range map[string]time.Duration{"ReadHeaderTimeout": srv.ReadHeaderTimeout, "ReadTimeout": srv.ReadTimeout,
+		"WriteTimeout": srv.WriteTimeout, "IdleTimeout": srv.IdleTimeout} {
+		if d <= 0 {
+			t.Errorf("%s is %v: unbounded", name, d)
+		}
+	}
+}
