@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // Admin is what operators need from a store: its status and its dead letters. The
@@ -36,6 +37,28 @@ type Admin interface {
 // count). Deleting every dead letter is DeadPurgeAll, so that it cannot happen by
 // forgetting to fill in a field.
 var ErrEmptyDeadFilter = errors.New("outbox: DeadPurge needs a filter (IDs, Topic, Key, ErrorContains, Since or Until); use DeadPurgeAll to delete every dead letter")
+
+// Validate reports the first problem of f as a *ConfigError naming the field
+// ("DeadFilter.Topic"): a negative Limit, Since not before Until, or a Topic, Key or
+// ErrorContains that no message can hold (invalid UTF-8, a NUL byte). The stores check
+// it before any SQL runs.
+func (f DeadFilter) Validate() error {
+	for _, field := range []struct{ name, value string }{{"Topic", f.Topic}, {"Key", f.Key}, {"ErrorContains", f.ErrorContains}} {
+		switch {
+		case !utf8.ValidString(field.value):
+			return &ConfigError{Field: "DeadFilter." + field.name, Reason: "not valid UTF-8"}
+		case strings.IndexByte(field.value, 0) >= 0:
+			return &ConfigError{Field: "DeadFilter." + field.name, Reason: "holds a NUL byte"}
+		}
+	}
+	switch {
+	case f.Limit < 0:
+		return &ConfigError{Field: "DeadFilter.Limit", Reason: "must not be negative (0 means no limit)"}
+	case !f.Since.IsZero() && !f.Until.IsZero() && !f.Since.Before(f.Until):
+		return &ConfigError{Field: "DeadFilter.Since", Reason: "is not before Until"}
+	}
+	return nil
+}
 
 // IsEmpty reports whether f selects nothing in particular (see ErrEmptyDeadFilter).
 func (f DeadFilter) IsEmpty() bool {

@@ -64,7 +64,7 @@ func (o *deadFilterFlags) filter() (outbox.DeadFilter, error) {
 	if !f.Since.IsZero() && !f.Until.IsZero() && !f.Since.Before(f.Until) {
 		return f, usageErrorf("--since (%s) is not before --until (%s)", f.Since.Format(time.RFC3339), f.Until.Format(time.RFC3339))
 	}
-	return f, nil
+	return f, flagError(f.Validate(), deadFilterFields)
 }
 
 // describeNone says that nothing matched f.
@@ -75,9 +75,8 @@ func describeNone(f outbox.DeadFilter) string {
 	return "there are no dead letters"
 }
 
-func isEmptyFilter(f outbox.DeadFilter) bool {
-	return len(f.IDs) == 0 && f.Topic == "" && f.Key == "" && f.ErrorContains == "" && f.Since.IsZero() && f.Until.IsZero()
-}
+// deadFilterFields maps DeadFilter's fields to their flags, for error messages.
+var deadFilterFields = map[string]string{"DeadFilter.Topic": "topic", "DeadFilter.Key": "key", "DeadFilter.ErrorContains": "error"}
 
 const listLimitDefault = 100
 
@@ -371,9 +370,9 @@ Without --yes it only says how many it would delete; --dry-run lists them.`,
 				return err
 			}
 			switch {
-			case *all && (!isEmptyFilter(f) || f.Limit > 0):
+			case *all && (!f.IsEmpty() || f.Limit > 0):
 				return usageErrorf("--all deletes every dead letter: leave out the filters, or leave out --all")
-			case !*all && isEmptyFilter(f):
+			case !*all && f.IsEmpty():
 				return usageErrorf("purge needs a filter (--id, --topic, --key, --error, --since, --until), or --all to delete every dead letter")
 			}
 			drv, err := db.openMigrated(ctx, "outbox dead")

@@ -232,3 +232,19 @@ func TestDeadOutputEscapesControls(t *testing.T) {
 		t.Errorf("dead show: the payload is not shown escaped, line by line:\n%s", r.stdout)
 	}
 }
+
+// TestDeadFilterInputErrors: a filter no message can match (NUL, invalid UTF-8) is a
+// usage error, found before connecting.
+func TestDeadFilterInputErrors(t *testing.T) {
+	t.Parallel()
+	env := map[string]string{"OUTBOX_DATABASE_URL": unreachableDB}
+	for _, args := range [][]string{
+		{"dead", "list", "--topic", "a\x00b"},
+		{"dead", "list", "--key", "\xff"},
+		{"dead", "purge", "--error", "\xc3", "--yes"},
+	} {
+		if r := must(t, 2, env, args...); !strings.Contains(r.stderr, "--") {
+			t.Errorf("%v: %s", args, r)
+		}
+	}
+}

@@ -238,7 +238,7 @@ func TestDeadListFilters(t *testing.T) {
 	if body := b.mustGet(t, "/dead?topic=nope"); !strings.Contains(body, `No dead letters match topic=&#34;nope&#34;`) {
 		t.Errorf("an empty result is not explained:\n%s", body)
 	}
-	for _, q := range []string{"since=yesterday", "limit=0", "limit=5000", "since=1h&until=2h"} {
+	for _, q := range []string{"since=yesterday", "limit=0", "limit=5000", "since=1h&until=2h", "topic=a%00b", "key=%FF", "error=%C3"} {
 		r := b.get(t, "/dead?"+q)
 		if r.status != http.StatusBadRequest || !strings.Contains(r.body, `class="error"`) {
 			t.Errorf("/dead?%s: status %d, want 400 with the error:\n%s", q, r.status, r.body)
@@ -405,7 +405,7 @@ func TestConfirmationErrors(t *testing.T) {
 	t.Parallel()
 	b := setup(t, Config{})
 	addDeadLetters(t, b.db)
-	for _, q := range []string{"do=replay-selected", "do=explode-all", "do=replay-everything", "do=purge-selected&id=nope", "do=purge-all&since=soon"} {
+	for _, q := range []string{"do=replay-selected", "do=explode-all", "do=replay-everything", "do=purge-selected&id=nope", "do=purge-all&since=soon", "do=purge-all&topic=%00"} {
 		if r := b.get(t, "/dead/confirm?"+q); r.status != http.StatusBadRequest || strings.Contains(r.body, `method="post" action="/dead`) {
 			t.Errorf("/dead/confirm?%s: status %d, want 400 without a form:\n%s", q, r.status, r.body)
 		}

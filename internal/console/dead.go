@@ -55,7 +55,7 @@ func parseListFilter(v url.Values, now time.Time) (listFilter, error) {
 		}
 		f.Limit = n
 	}
-	return f, nil
+	return f, f.dead(false).Validate()
 }
 
 // parsePointInTime reads an RFC 3339 time, a UTC date and time ("2024-05-01 12:00"), or

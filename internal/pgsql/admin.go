@@ -132,8 +132,8 @@ func (q *deadQuery) arg(v any) string {
 // deadWhere renders f. It is a condition on the dead table, which holds nothing but dead
 // letters, so no pending or published message can ever match.
 func deadWhere(f outbox.DeadFilter) (*deadQuery, error) {
-	if f.Limit < 0 {
-		return nil, &outbox.ConfigError{Field: "DeadFilter.Limit", Reason: "must not be negative (0 means no limit)"}
+	if err := f.Validate(); err != nil {
+		return nil, err
 	}
 	q := &deadQuery{}
 	var conds []string

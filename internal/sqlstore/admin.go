@@ -159,8 +159,8 @@ type deadQuery struct {
 // deadWhere renders f. It is a condition on the dead table, which holds nothing but dead
 // letters, so no pending or published message can match.
 func (s *Store) deadWhere(f outbox.DeadFilter) (*deadQuery, error) {
-	if f.Limit < 0 {
-		return nil, &outbox.ConfigError{Field: "DeadFilter.Limit", Reason: "must not be negative (0 means no limit)"}
+	if err := f.Validate(); err != nil {
+		return nil, err
 	}
 	q := &deadQuery{}
 	var conds []string
