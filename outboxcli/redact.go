@@ -250,7 +250,7 @@ func redactBroker(s string) string {
 			continue
 		}
 		u, err := url.Parse(p)
-		if err != nil || u.Host == "" {
+		if err != nil || (u.Host == "" && u.Scheme != "sqs") { // sqs://?region=... has no host
 			parts[i] = "(unparseable URL, not shown)"
 			continue
 		}
@@ -263,6 +263,9 @@ func redactBroker(s string) string {
 			}
 		}
 		parts[i] = out.String()
+		if u.Host == "" {
+			parts[i] = u.Scheme + "://" // sqs:// takes its region from the query or the environment
+		}
 	}
 	return strings.Join(parts, ",")
 }

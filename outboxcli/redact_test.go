@@ -65,6 +65,7 @@ func TestRedactBroker(t *testing.T) {
 		"nats://a:" + canary + "%zz@n1":                          "(unparseable URL, not shown)",
 		"kafka://k1:9092,k2:9092":                                "kafka://k1:9092,k2:9092",
 		"kafka://k1:9092,u:" + canary + "@k2:9092/x?y=" + canary: "kafka://k1:9092,REDACTED@k2:9092",
+		"sqs://?region=eu-west-1&secret_key=" + canary:           "sqs://",
 	} {
 		if got := redactBroker(in); got != want {
 			t.Errorf("redactBroker(%q) = %q, want %q", in, got, want)

@@ -156,10 +156,15 @@ func TestCheckHeader(t *testing.T) {
 		{"transfer-encoding", "chunked", false},
 		{"Connection", "close", false},
 		{"content-length", "5", false},
+		{"Authorization", "Basic eDp5", false},
 	} {
 		if got := checkHeader(tc.name, tc.value) == ""; got != tc.ok {
 			t.Errorf("checkHeader(%q, %q) ok = %v, want %v (%s)", tc.name, tc.value, got, tc.ok, checkHeader(tc.name, tc.value))
 		}
+	}
+	// A name with a non-ASCII character names that character, not its first byte.
+	if got := checkHeader("X-é", "x"); !strings.Contains(got, "'é' at byte 2") {
+		t.Errorf("checkHeader(X-é) = %q, want the character named", got)
 	}
 }
 

@@ -14,6 +14,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/outboxkit/outbox"
 )
@@ -610,9 +611,9 @@ func checkHeader(name, value string) string {
 	if name == "" {
 		return "empty name"
 	}
-	for i := range len(name) {
-		if !isTokenChar(name[i]) {
-			return fmt.Sprintf("the name has %q at byte %d, which is not a token character", name[i], i)
+	for i, r := range name {
+		if r >= utf8.RuneSelf || !isTokenChar(byte(r)) {
+			return fmt.Sprintf("the name has %q at byte %d, which is not a token character", r, i)
 		}
 	}
 	if hopHeaders[http.CanonicalHeaderKey(name)] {
