@@ -20,6 +20,8 @@ import (
 	"github.com/outboxkit/outbox/internal/testinfra/testdb"
 	"github.com/outboxkit/outbox/internal/testinfra/testenv"
 	"github.com/outboxkit/outbox/internal/testinfra/testnats"
+	"github.com/outboxkit/outbox/outboxpgx"
+	"github.com/outboxkit/outbox/outboxsqlite"
 )
 
 // opsGet returns the status and body of a GET, or 0 and the error's text.
@@ -309,5 +311,29 @@ func TestServerTimeouts(t *testing.T) {
 		if d <= 0 {
 			t.Errorf("%s is %v: unbounded", name, d)
 		}
+	}
+}
+
+// TestLeaseWatchKeepsOptionalInterfaces: the readiness wrapper hides none of the store's
+// optional interfaces from the relay (PostgreSQL's LISTEN, maintenance, pending ring),
+// and adds none to a store without them.
+func TestLeaseWatchKeepsOptionalInterfaces(t *testing.T) {
+	pg, err := outboxpgx.New(nil, outboxpgx.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := newLeaseWatch(pg, time.Second).store()
+	_, lis := s.(outbox.Listener)
+	_, mnt := s.(outbox.Maintainer)
+	_, rec := s.(outbox.Recycler)
+	if !lis || !mnt || !rec {
+		t.Errorf("PostgreSQL behind the lease watch: Listener %v, Maintainer %v, Recycler %v", lis, mnt, rec)
+	}
+	lite, err := outboxsqlite.New(nil, outboxsqlite.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := newLeaseWatch(lite, time.Second).store().(outbox.Listener); ok {
+		t.Error("SQLite behind the lease watch claims LISTEN")
 	}
 }
