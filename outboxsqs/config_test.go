@@ -34,6 +34,8 @@ func TestConfigValidate(t *testing.T) {
 		{Config{Route: strings.Repeat("q", 81)}, "Route"},
 		{Config{Route: "https://sqs.eu-west-1.amazonaws.com/123456789012/{topic}?x=1"}, "Route"},
 		{Config{Route: "https:///123/q"}, "Route"},
+		{Config{Route: "https://sqs.eu-west-1.amazonaws.com/{topic}/orders"}, "Route"},
+		{Config{Route: "https://{topic}.amazonaws.com/123456789012/orders"}, "Route"},
 		{Config{MaxMessageBytes: -1}, "MaxMessageBytes"},
 		{Config{MaxMessageBytes: 1000}, "MaxMessageBytes"},
 		{Config{MaxInflight: -1}, "MaxInflight"},

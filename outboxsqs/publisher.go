@@ -101,7 +101,20 @@ func (c Config) validate() (*outbox.Route, error) {
 	if _, reason := checkQueue(route.Example()); reason != "" {
 		return nil, &outbox.ConfigError{Field: "Route", Reason: fmt.Sprintf("%q does not form valid queue names or URLs: %s", route.String(), reason)}
 	}
+	if t := route.String(); isURL(t) && strings.Contains(t, "{") && strings.LastIndexByte(t, '/') > strings.IndexByte(t, '{') {
+		return nil, &outbox.ConfigError{Field: "Route", Reason: fmt.Sprintf("%q: placeholders may fill only the queue name, after the URL's last slash (https://sqs.eu-west-1.amazonaws.com/123456789012/{topic})", t)}
+	}
 	return route, nil
+}
+
+// urlRoute returns, for a route that gives queue URLs, the part of every URL before the
+// queue name (scheme, host and account); "" for a route that gives queue names.
+func urlRoute(route *outbox.Route) string {
+	t := route.String()
+	if !isURL(t) {
+		return ""
+	}
+	return t[:strings.LastIndexByte(t, '/')+1]
 }
 
 // ErrClosed is matched (errors.Is) by the outages of a Publisher that was closed.
@@ -475,6 +488,13 @@ func (p *Publisher) destination(m *outbox.Message) (dest, name string, err error
 	dest, err = p.route.Destination(m)
 	if err != nil {
 		return "", "", err
+	}
+	// A message's fields never choose the account or the endpoint: a route of names gives
+	// names, and a route of URLs fills only the queue name after its fixed part.
+	if prefix := urlRoute(p.route); prefix == "" && isURL(dest) {
+		return "", "", fmt.Errorf("outboxsqs: route %q gives %q for topic %q: a message's fields may name a queue, not a queue URL: %w", p.route.String(), dest, m.Topic, ErrInvalidQueue)
+	} else if prefix != "" && strings.Contains(dest[len(prefix):], "/") {
+		return "", "", fmt.Errorf("outboxsqs: route %q gives %q for topic %q: a message's fields may fill the queue name only: %w", p.route.String(), dest, m.Topic, ErrInvalidQueue)
 	}
 	name, reason := checkQueue(dest)
 	if reason != "" {

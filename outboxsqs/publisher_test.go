@@ -365,6 +365,28 @@ func TestCheckQueue(t *testing.T) {
 	}
 }
 
+// TestMessageCannotChooseQueueURL: with a route of names, a topic that is a queue URL
+// (another account's queue) is a rejection; with a route of URLs, a topic can fill only
+// the queue name.
+func TestMessageCannotChooseQueueURL(t *testing.T) {
+	t.Parallel()
+	other := "https://sqs.eu-west-1.amazonaws.com/999999999999/theirs"
+	byName := setup(t, outboxsqs.Config{})
+	byURL := setup(t, outboxsqs.Config{Route: "https://sqs.eu-west-1.amazonaws.com/123456789012/{topic}"})
+	for _, tc := range []struct {
+		pub   *outboxsqs.Publisher
+		topic string
+	}{
+		{byName.pub, other},
+		{byURL.pub, "999999999999/theirs"},
+	} {
+		_, _, err := tc.pub.Entry(&outbox.Message{ID: outbox.NewID(), Topic: tc.topic, Payload: []byte("x")})
+		if !errors.Is(err, outboxsqs.ErrInvalidQueue) {
+			t.Errorf("topic %q: %v, want the rejection ErrInvalidQueue", tc.topic, err)
+		}
+	}
+}
+
 // dialProxied dials fauxqs through a proxy the test can cut.
 func dialProxied(t *testing.T, cfg outboxsqs.Config) (*testproxy.Proxy, *outboxsqs.Publisher, *sqs.Client) {
 	t.Helper()
