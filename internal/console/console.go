@@ -10,6 +10,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/outboxkit/outbox"
@@ -70,9 +71,13 @@ type Handler struct {
 	css   []byte
 
 	key  []byte // signs sessions and the CSRF token: the token, or random bytes without one
-	csrf string
+	csrf string // the CSRF token of requests without a session (no token configured)
 	cop  *http.CrossOriginProtection
 	now  func() time.Time
+
+	mu       sync.Mutex
+	revoked  map[string]time.Time     // sessions logged out here -> their expiry
+	failures map[string]*loginBackoff // remote host -> its failed logins
 
 	storeRate, relayRate sampler
 }
@@ -99,7 +104,8 @@ func New(cfg Config) (*Handler, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	h := &Handler{cfg: cfg, cop: http.NewCrossOriginProtection(), now: time.Now}
+	h := &Handler{cfg: cfg, cop: http.NewCrossOriginProtection(), now: time.Now,
+		revoked: map[string]time.Time{}, failures: map[string]*loginBackoff{}}
 	if cfg.Token != "" {
 		// Derived from the token, the CSRF token and sessions hold across every relay
 		// that serves the console behind one address.
@@ -180,7 +186,7 @@ func (h *Handler) render(w http.ResponseWriter, r *http.Request, status int, nam
 
 func (h *Handler) renderPage(w http.ResponseWriter, r *http.Request, status int, name string, p page) {
 	p.Title = pageTitles[name]
-	p.CSRF = h.csrf
+	p.CSRF = h.csrfFor(r)
 	if h.cfg.Token != "" {
 		if c, err := r.Cookie(sessionCookie); err == nil && h.validSession(c.Value, h.now()) {
 			p.Logout = true

@@ -11,6 +11,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -687,3 +688,79 @@ func (failingAdmin) DeadCount(context.Context, outbox.DeadFilter) (int, error)  
 func (failingAdmin) DeadReplay(context.Context, outbox.DeadFilter) (int, error) { return 0, errDown }
 func (failingAdmin) DeadPurge(context.Context, outbox.DeadFilter) (int, error)  { return 0, errDown }
 func (failingAdmin) DeadPurgeAll(context.Context) (int, error)                  { return 0, errDown }
+
+// TestLoginSessions: failed logins from one address slow down, the right token
+// included; each login's CSRF token is its own; a logged-out session is refused.
+func TestLoginSessions(t *testing.T) {
+	t.Parallel()
+	db := testdb.Migrated(t)
+	h, err := New(Config{Admin: db.Driver, Token: testToken, Logger: testdb.Logger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var clock atomic.Int64
+	clock.Store(time.Now().UnixNano())
+	h.now = func() time.Time { return time.Unix(0, clock.Load()) }
+	advance := func(d time.Duration) { clock.Add(int64(d)) }
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	c := *srv.Client()
+	c.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	b := &testBundle{db: db, h: h, srv: srv, client: &c}
+	addDeadLetters(t, db)
+
+	login := func() []string {
+		t.Helper()
+		r := b.post(t, "/login", url.Values{"token": {testToken}, "next": {"/"}})
+		cookies := (&http.Response{Header: r.header}).Cookies()
+		if r.status != http.StatusSeeOther || len(cookies) != 1 {
+			t.Fatalf("login: status %d, cookies %v:\n%s", r.status, cookies, r.body)
+		}
+		return []string{"Cookie", sessionCookie + "=" + cookies[0].Value}
+	}
+
+	// Five wrong tokens are answered; the sixth blocks the address for a second, even
+	// for the right token, then two, ...
+	for i := range loginFreeFailures + 1 {
+		if r := b.post(t, "/login", url.Values{"token": {"guess"}}); r.status != http.StatusUnauthorized {
+			t.Fatalf("wrong login %d: status %d", i+1, r.status)
+		}
+	}
+	r := b.post(t, "/login", url.Values{"token": {testToken}})
+	if r.status != http.StatusTooManyRequests || r.header.Get("Retry-After") == "" {
+		t.Fatalf("login while blocked: status %d, Retry-After %q", r.status, r.header.Get("Retry-After"))
+	}
+	advance(time.Second)
+	if r := b.post(t, "/login", url.Values{"token": {"guess"}}); r.status != http.StatusUnauthorized {
+		t.Fatalf("login after the block: status %d", r.status)
+	}
+	if r := b.post(t, "/login", url.Values{"token": {testToken}}); r.status != http.StatusTooManyRequests {
+		t.Fatalf("login right after the seventh failure: status %d, want 429 (2 s)", r.status)
+	}
+	advance(2 * time.Second)
+	one := login() // clears the count
+	if r := b.post(t, "/login", url.Values{"token": {"guess"}}); r.status != http.StatusUnauthorized {
+		t.Fatalf("a failure after a login is blocked: status %d", r.status)
+	}
+
+	// Two sessions, two CSRF tokens: one session's does not work with the other's cookie.
+	two := login()
+	action, formOne, _ := b.confirmForm(t, "do=replay-all&topic=orders", one...)
+	_, formTwo, _ := b.confirmForm(t, "do=replay-all&topic=orders", two...)
+	if formOne.Get("csrf") == formTwo.Get("csrf") || formOne.Get("csrf") == h.csrf {
+		t.Fatalf("the sessions share a CSRF token")
+	}
+	if r := b.post(t, action, formOne, two...); r.status != http.StatusForbidden {
+		t.Errorf("session one's form with session two's cookie: status %d, want 403", r.status)
+	}
+
+	// Logging out ends the session: its cookie no longer opens a page.
+	b.mustGet(t, "/", one...)
+	if r := b.post(t, "/logout", url.Values{"csrf": {formOne.Get("csrf")}}, one...); r.status != http.StatusSeeOther {
+		t.Fatalf("logout: status %d:\n%s", r.status, r.body)
+	}
+	if r := b.get(t, "/", one...); r.status != http.StatusSeeOther {
+		t.Errorf("a logged-out session: status %d, want a redirect to log in", r.status)
+	}
+	b.mustGet(t, "/", two...)
+}

@@ -3,6 +3,7 @@ package console
 import (
 	"context"
 	"crypto/hmac"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -118,27 +119,109 @@ func equal(a, b string) bool {
 	return hmac.Equal(ha[:], hb[:])
 }
 
-// newSession returns a session cookie value that expires at exp: "v1.EXPIRY.MAC".
+// newSession returns a session cookie value that expires at exp:
+// "v2.EXPIRY.NONCE.MAC". The random nonce sets each login apart: its CSRF token and its
+// revocation at logout are its own.
 func (h *Handler) newSession(exp time.Time) string {
 	e := strconv.FormatInt(exp.Unix(), 10)
-	return "v1." + e + "." + h.mac("session|"+e)
+	var b [16]byte
+	rand.Read(b[:])
+	nonce := hex.EncodeToString(b[:])
+	return "v2." + e + "." + nonce + "." + h.mac("session|"+e+"|"+nonce)
 }
 
-// validSession reports whether v is a session value of this token that has not expired.
+// validSession reports whether v is a session value of this token that has not expired
+// and was not logged out here.
 func (h *Handler) validSession(v string, now time.Time) bool {
-	version, rest, ok := strings.Cut(v, ".")
-	if !ok || version != "v1" {
+	parts := strings.Split(v, ".")
+	if len(parts) != 4 || parts[0] != "v2" {
 		return false
 	}
-	e, sig, ok := strings.Cut(rest, ".")
-	if !ok {
-		return false
-	}
+	e, nonce, sig := parts[1], parts[2], parts[3]
 	exp, err := strconv.ParseInt(e, 10, 64)
-	if err != nil || !equal(sig, h.mac("session|"+e)) {
+	if err != nil || !equal(sig, h.mac("session|"+e+"|"+nonce)) {
 		return false
 	}
-	return now.Unix() < exp
+	h.mu.Lock()
+	_, revoked := h.revoked[v]
+	h.mu.Unlock()
+	return now.Unix() < exp && !revoked
+}
+
+// csrfFor returns the CSRF token of r's forms: bound to r's session when it has one (a
+// token captured from one session is worthless in another), else the handler's.
+func (h *Handler) csrfFor(r *http.Request) string {
+	if h.cfg.Token != "" {
+		if c, err := r.Cookie(sessionCookie); err == nil && h.validSession(c.Value, h.now()) {
+			return h.mac("csrf|" + c.Value)
+		}
+	}
+	return h.csrf
+}
+
+// revoke refuses session v from now on, in this process (a console served by several
+// relays behind one address keeps accepting it on the others until it expires), and
+// forgets the revoked sessions that have expired anyway.
+func (h *Handler) revoke(v string, now time.Time) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for s, exp := range h.revoked {
+		if !now.Before(exp) {
+			delete(h.revoked, s)
+		}
+	}
+	h.revoked[v] = now.Add(h.cfg.SessionTTL)
+}
+
+// Failed logins: from one remote host, loginFreeFailures in a row are answered at once;
+// each one after that blocks the next attempt for twice as long as the last, from 1 s up
+// to loginMaxBlock, the right token included. A successful login clears the count.
+const (
+	loginFreeFailures = 5
+	loginMaxBlock     = 5 * time.Minute
+	loginHostsMax     = 10_000 // remote hosts remembered; the map is cleared when full
+)
+
+type loginBackoff struct {
+	failures int
+	until    time.Time // no attempt from this host is checked before then
+}
+
+// loginBlocked returns how long host must still wait before its next login attempt.
+func (h *Handler) loginBlocked(host string, now time.Time) time.Duration {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if b := h.failures[host]; b != nil && now.Before(b.until) {
+		return b.until.Sub(now)
+	}
+	return 0
+}
+
+// loginFailed counts a failed login from host.
+func (h *Handler) loginFailed(host string, now time.Time) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	b := h.failures[host]
+	if b == nil {
+		if len(h.failures) >= loginHostsMax {
+			clear(h.failures)
+		}
+		b = &loginBackoff{}
+		h.failures[host] = b
+	}
+	b.failures++
+	if n := b.failures - loginFreeFailures; n > 0 {
+		b.until = now.Add(min(time.Second<<min(n-1, 20), loginMaxBlock))
+	}
+}
+
+// remoteHost is the host part of a request's remote address.
+func remoteHost(r *http.Request) string {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		return r.RemoteAddr
+	}
+	return host
 }
 
 // authorize reports how r is authenticated: bearer when it carries the token in an
@@ -196,7 +279,7 @@ func (h *Handler) guard(next http.Handler) http.Handler {
 				h.fail(w, r, http.StatusForbidden, "Cross-origin requests are refused.")
 				return
 			}
-			if r.URL.Path != "/login" && !bearer && !equal(r.PostFormValue("csrf"), h.csrf) {
+			if r.URL.Path != "/login" && !bearer && !equal(r.PostFormValue("csrf"), h.csrfFor(r)) {
 				h.cfg.Logger.Warn("console: refused a POST without a valid CSRF token", "remote", r.RemoteAddr, "path", r.URL.Path)
 				h.fail(w, r, http.StatusForbidden, "The form's security token is missing or stale: go back, reload the page and try again.")
 				return
@@ -236,11 +319,22 @@ func (h *Handler) login(w http.ResponseWriter, r *http.Request) {
 		http.Redirect(w, r, next, http.StatusSeeOther)
 		return
 	}
+	host, now := remoteHost(r), h.now()
+	if wait := h.loginBlocked(host, now); wait > 0 {
+		w.Header().Set("Retry-After", strconv.Itoa(int(wait.Round(time.Second).Seconds())+1))
+		h.render(w, r, http.StatusTooManyRequests, "login", loginData{Next: next,
+			Error: fmt.Sprintf("Too many failed logins from your address: try again in %s.", wait.Round(time.Second)+time.Second)})
+		return
+	}
 	if !equal(r.PostFormValue("token"), h.cfg.Token) {
+		h.loginFailed(host, now)
 		h.cfg.Logger.Warn("console: failed login", "remote", r.RemoteAddr)
 		h.render(w, r, http.StatusUnauthorized, "login", loginData{Next: next, Error: "That is not the console's token."})
 		return
 	}
+	h.mu.Lock()
+	delete(h.failures, host)
+	h.mu.Unlock()
 	exp := h.now().Add(h.cfg.SessionTTL)
 	http.SetCookie(w, &http.Cookie{
 		Name: sessionCookie, Value: h.newSession(exp), Path: "/", Expires: exp, MaxAge: int(h.cfg.SessionTTL.Seconds()),
@@ -251,6 +345,9 @@ func (h *Handler) login(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *Handler) logout(w http.ResponseWriter, r *http.Request) {
+	if c, err := r.Cookie(sessionCookie); err == nil && h.validSession(c.Value, h.now()) {
+		h.revoke(c.Value, h.now())
+	}
 	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: "", Path: "/", MaxAge: -1,
 		HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: isHTTPS(r)})
 	http.Redirect(w, r, "/login", http.StatusSeeOther)
