@@ -539,9 +539,9 @@ func resolve(base *url.URL, dest string, route *outbox.Route) (*url.URL, error) 
 		u.Fragment, u.RawFragment = "", ""
 		return u, checkSegments(u.EscapedPath())
 	}
-	escaped := (&url.URL{Path: strings.TrimPrefix(dest, "/")}).EscapedPath()
-	if route.String() != dest { // placeholders filled: dest is escaped already
-		escaped = strings.TrimPrefix(dest, "/")
+	escaped := strings.TrimPrefix(dest, "/") // its placeholders' values are escaped
+	if _, static := route.Static(); static {
+		escaped = (&url.URL{Path: escaped}).EscapedPath() // literal text, as written
 	}
 	if err := checkSegments(escaped); err != nil {
 		return nil, err
