@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -159,49 +158,18 @@ func (r *Relay) Run(ctx context.Context, grace time.Duration) error {
 // publish workers (at most MaxInFlight/PublishBatchSize at once), at most one Complete
 // and one Fetch running at a time (they overlap each other), and one lease worker.
 //
-// Why a fetch never hands back a message the relay must not send:
-//   - every message in hand (queued, in flight, or whose outcome is being recorded) is in
-//     known, and rows of known are ignored when a fetch returns; a message leaves known
-//     only after its outcome is recorded, and a fetch running at that moment may have
-//     read it as still pending (a continuation does not exclude known: it starts above
-//     the cursor, and messages in hand can lie above a cursor that a full fetch moved
-//     down), so its seq is kept in settled and ignored in that fetch's rows too;
-//   - a rejected message's key is held back in the store only once the failure is
-//     recorded. Rows of that key a fetch returns are ignored until then (lane.failed),
-//     and a fetch already running when the failure is recorded may predate it: its rows
-//     of that key are ignored too (taint);
-//   - a message dropped from hand unsent (its shard lost or draining, or its leases
-//     lapsed locally) was excluded, as in hand, by a fetch running at that moment, which
-//     may return its key's later messages: that fetch's rows of the key are ignored too
-//     (taint), and the next full fetch returns the key from the dropped message on.
-
-// inHand is what the loop keeps of a message in hand besides the message itself.
-type inHand struct {
-	shard int
-	key   string
-}
+// The loop is the wiring; the state it owns lives in types that do no I/O and read no
+// clock, each with its invariants and tests: the shard leases (leaseBook, leases.go), the
+// messages in hand and the key gate (hand, hand.go), the fetch planner and the keys'
+// floors (fetchPlan and floors: fetchplan.go, floors.go), the outcomes awaiting record
+// (outcomeBuffer, outcomes.go) and the pause after an outage (outageGate, outage.go).
+// Messages enter the hand from one source, the store's Fetch (startFetch and onFetch);
+// another source hands them in the same way, through hand.fetchStarted and hand.fetched,
+// under the same leases.
 
 // keyFloors bounds the keys whose floor a relay remembers: a continuation sends them all,
 // about 30 bytes each.
 const keyFloors = 4096
-
-type item struct {
-	m     *Message
-	token int64 // lease token of m's shard when m was fetched
-}
-
-type lane struct {
-	key      string
-	shard    int
-	queue    []*item // queue[0] is the head; it is in flight when inFlight is set
-	inFlight bool
-	queued   bool // in loop.ready
-	// failed is set when the head was rejected: the rest of the queue was dropped and
-	// rows of this key that a fetch returns are ignored until the failure is recorded,
-	// after which the store blocks the key until the retry is due.
-	failed  bool
-	dropped []int64
-}
 
 type pubResult struct {
 	items []*item
@@ -241,11 +209,8 @@ type loop struct {
 
 	lastOutageLog time.Time
 
-	lanes    map[string]*lane
-	ready    []*lane
-	known    map[int64]inHand // every message in hand (queued, in flight, awaiting record) by seq
-	perShard map[int]int
-	floors   *floors // the continuation's lower bound per key
+	hand   *hand   // the messages in hand, by key: the key gate (hand.go)
+	floors *floors // the continuation's lower bound per key
 
 	leases *leaseBook
 
@@ -253,11 +218,9 @@ type loop struct {
 	freeWorkers int
 	outcomes    outcomeBuffer // the broker's answers until the store records them
 
-	fetching, leaseBusy bool
-	taint               map[string]bool // keys released while a fetch ran
-	settled             map[int64]bool  // seqs whose outcome was recorded while a fetch ran
-	fetch               fetchPlan
-	outage              *outageGate
+	leaseBusy bool
+	fetch     fetchPlan
+	outage    *outageGate
 
 	pings        chan error
 	pubResults   chan pubResult
@@ -272,10 +235,8 @@ func newLoop(r *Relay) *loop {
 	hostname, _ := os.Hostname()
 	return &loop{
 		r: r, cfg: r.cfg, log: r.log, hostname: hostname,
-		lanes:        map[string]*lane{},
-		known:        map[int64]inHand{},
+		hand:         newHand(),
 		floors:       newFloors(keyFloors),
-		perShard:     map[int]int{},
 		leases:       newLeaseBook(r.cfg.LeaseTTL),
 		outage:       newOutageGate(r.cfg.OutageMinDelay, r.cfg.OutageMaxDelay),
 		freeWorkers:  max(workers, 1),
@@ -283,8 +244,6 @@ func newLoop(r *Relay) *loop {
 		pings:        make(chan error, 1),
 		completes:    make(chan completeResult, 1),
 		fetches:      make(chan fetchResult, 1),
-		taint:        map[string]bool{},
-		settled:      map[int64]bool{},
 		leaseResults: make(chan leaseResult, 1),
 		wake:         make(chan struct{}, 1),
 	}
@@ -326,7 +285,7 @@ func (l *loop) run(ctx context.Context) {
 	stopping := false
 	stop := l.r.stop
 	for {
-		if stopping && l.inFlight == 0 && !l.fetching && l.outcomes.idle() {
+		if stopping && l.inFlight == 0 && !l.hand.fetching && l.outcomes.idle() {
 			break
 		}
 		if !stopping {
@@ -352,7 +311,7 @@ func (l *loop) run(ctx context.Context) {
 			stop = nil
 			stopping = true
 			l.log.Info("relay stopping", "in_flight", l.inFlight)
-			l.dropUnsent(func(*lane) bool { return true })
+			l.hand.dropUnsent(func(*lane) bool { return true })
 		case res := <-l.pubResults:
 			l.onPublished(res)
 		case res := <-l.completes:
@@ -417,7 +376,7 @@ func (l *loop) syncLeases(ctx context.Context, final bool) {
 		return
 	}
 	req := l.leases.request(LeaseRequest{RelayID: l.cfg.ID, Hostname: l.hostname, PID: os.Getpid(), TTL: l.cfg.LeaseTTL,
-		RenewBelow: renewBelow(l.cfg.LeaseTTL)}, final, func(shard int) bool { return l.perShard[shard] == 0 })
+		RenewBelow: renewBelow(l.cfg.LeaseTTL)}, final, l.hand.idle)
 	l.leaseBusy = true
 	started := time.Now()
 	go func() {
@@ -443,7 +402,7 @@ func (l *loop) onLeases(res leaseResult) {
 		for _, s := range append(c.lost, c.drain...) {
 			gone[s] = true
 		}
-		l.dropUnsent(func(ln *lane) bool { return gone[ln.shard] })
+		l.hand.dropUnsent(func(ln *lane) bool { return gone[ln.shard] })
 	}
 	held := len(l.leases.tokens)
 	l.r.stats.shards.Store(int64(held))
@@ -456,11 +415,7 @@ func (l *loop) onLeases(res leaseResult) {
 		l.fetch.gained()
 	}
 	// Lanes skipped while the leases had lapsed locally become sendable again.
-	for _, ln := range l.lanes {
-		if !ln.inFlight && !ln.failed && len(ln.queue) > 0 && l.sendable(ln.shard) {
-			l.enqueue(ln)
-		}
-	}
+	l.hand.requeue(l.sendable)
 }
 
 // sendable reports whether messages of shard may be sent now.
@@ -476,26 +431,10 @@ func (l *loop) dispatch(ctx context.Context) {
 	if !l.outage.open() {
 		return
 	}
-	for l.freeWorkers > 0 && len(l.ready) > 0 && l.inFlight+l.outcomes.unrecorded < l.cfg.MaxInFlight {
-		n := min(l.cfg.PublishBatchSize, l.cfg.MaxInFlight-l.inFlight-l.outcomes.unrecorded)
-		batch := make([]*item, 0, min(n, len(l.ready)))
-		rest := l.ready[:0]
-		for i, ln := range l.ready {
-			if len(batch) == n {
-				rest = append(rest, l.ready[i:]...)
-				break
-			}
-			ln.queued = false
-			if ln.inFlight || ln.failed || len(ln.queue) == 0 || l.lanes[ln.key] != ln {
-				continue
-			}
-			if !l.sendable(ln.shard) {
-				continue // lease lost or draining: dropUnsent cleans up; or leases lapsed: the next renewal re-queues
-			}
-			ln.inFlight = true
-			batch = append(batch, ln.queue[0])
-		}
-		l.ready = rest
+	for l.freeWorkers > 0 && l.hand.readyLen() > 0 && l.inFlight+l.outcomes.unrecorded < l.cfg.MaxInFlight {
+		// Lanes whose shard is not sendable are passed over: lost or draining shards are
+		// dropped by the lease round (dropUnsent), lapsed leases re-queued by the next one.
+		batch := l.hand.takeReady(min(l.cfg.PublishBatchSize, l.cfg.MaxInFlight-l.inFlight-l.outcomes.unrecorded), l.sendable)
 		if len(batch) == 0 {
 			return
 		}
@@ -537,7 +476,6 @@ func (l *loop) onPublished(res pubResult) {
 	outage := false
 	confirmed := 0
 	for i, it := range res.items {
-		ln := l.lanes[laneKey(it.m)]
 		var err error
 		if res.errs != nil {
 			err = res.errs[i]
@@ -549,7 +487,7 @@ func (l *loop) onPublished(res pubResult) {
 		case err == nil:
 			confirmed++
 			l.outcomes.confirmed(Outcome{Seq: it.m.Seq, Token: it.token})
-			l.advance(ln)
+			l.hand.confirmed(it, l.sendable)
 		case IsOutage(err):
 			outage = true
 			// One line a second is enough to see an outage; the pause is logged below.
@@ -559,14 +497,9 @@ func (l *loop) onPublished(res pubResult) {
 					"aggregate_id", it.m.Key, "event_type", it.m.EventType, "topic", it.m.Topic,
 					"attempt", it.m.Attempts+1, "err", err)
 			}
-			ln.inFlight = false
-			if l.sendable(ln.shard) {
-				l.enqueue(ln)
-			} else {
-				l.dropLane(ln)
-			}
+			l.hand.unsent(it, l.sendable)
 		default:
-			l.reject(ln, it, err)
+			l.reject(it, err)
 		}
 	}
 	if confirmed > 0 {
@@ -607,24 +540,8 @@ func (l *loop) resume(ctx context.Context) {
 	}()
 }
 
-// advance pops the confirmed head of ln and queues the next message, if any.
-func (l *loop) advance(ln *lane) {
-	ln.inFlight = false
-	ln.queue = ln.queue[1:]
-	if len(ln.queue) == 0 {
-		delete(l.lanes, ln.key)
-		return
-	}
-	if l.sendable(ln.shard) {
-		l.enqueue(ln)
-	} else {
-		l.dropLane(ln)
-	}
-}
-
-// reject records a rejected attempt of ln's head and holds the key back.
-func (l *loop) reject(ln *lane, it *item, err error) {
-	ln.inFlight = false
+// reject records a rejected attempt of it, its lane's head, and holds the key back.
+func (l *loop) reject(it *item, err error) {
 	attempt := it.m.Attempts + 1
 	f := Failure{Outcome: Outcome{Seq: it.m.Seq, Token: it.token}, Error: truncate(err.Error(), 2000)}
 	if attempt >= l.cfg.MaxAttempts || IsPermanent(err) {
@@ -640,12 +557,7 @@ func (l *loop) reject(ln *lane, it *item, err error) {
 	l.cfg.Observer.Rejected(RejectEvent{Message: it.m, Err: err, Attempt: attempt, Dead: f.Dead})
 	// The head stays in hand until the failure is recorded; later messages of the key are
 	// dropped now and fetched again once the store knows the key is blocked.
-	ln.failed = true
-	for _, rest := range ln.queue[1:] {
-		ln.dropped = append(ln.dropped, rest.m.Seq)
-	}
-	ln.queue = ln.queue[:1]
-	l.outcomes.rejected(f, ln)
+	l.outcomes.rejected(f, l.hand.rejected(it))
 }
 
 func truncate(s string, n int) string {
@@ -655,75 +567,16 @@ func truncate(s string, n int) string {
 	return s[:n] + "..."
 }
 
-func (l *loop) enqueue(ln *lane) {
-	if !ln.queued {
-		ln.queued = true
-		l.ready = append(l.ready, ln)
-	}
-}
-
-// dropLane forgets ln's unsent messages; its in-flight head, if any, stays. A fetch
-// running meanwhile excluded them as in hand and may return the key's later messages:
-// its rows of the key are ignored (taint), or they would overtake the dropped ones.
-func (l *loop) dropLane(ln *lane) {
-	if ln.failed {
-		return // settles when its failure is recorded
-	}
-	keep := 0
-	if ln.inFlight {
-		keep = 1
-	}
-	if l.fetching && len(ln.queue) > keep {
-		l.taint[ln.key] = true
-	}
-	for _, it := range ln.queue[keep:] {
-		l.forget(it.m.Seq)
-	}
-	ln.queue = ln.queue[:keep]
-	if keep == 0 {
-		delete(l.lanes, ln.key)
-	}
-}
-
-// dropUnsent drops the unsent messages of every lane that match.
-func (l *loop) dropUnsent(match func(*lane) bool) {
-	for _, ln := range l.lanes {
-		if match(ln) {
-			l.dropLane(ln)
-		}
-	}
-}
-
-// settle forgets a message whose outcome was recorded, and keeps it out of the rows of
-// a fetch that is running. It returns the message's key.
-func (l *loop) settle(seq int64) (key string) {
-	key = l.known[seq].key
-	l.forget(seq)
-	if l.fetching {
-		l.settled[seq] = true
-	}
-	return key
-}
-
-func (l *loop) forget(seq int64) {
-	if h, ok := l.known[seq]; ok {
-		delete(l.known, seq)
-		if l.perShard[h.shard]--; l.perShard[h.shard] <= 0 {
-			delete(l.perShard, h.shard)
-		}
-	}
-}
-
 // dropStaleOutcomes refuses, without asking the store, outcomes fetched under a lease
 // token the relay no longer holds for the message's shard: the shard moved on (perhaps
 // back to this relay under a new token), and its current owner publishes the message.
 func (l *loop) dropStaleOutcomes() (dropped int) {
 	stale := func(o Outcome) bool {
-		h, ok := l.known[o.Seq]
-		if ok && l.leases.holds(h.shard, o.Token) {
+		shard, ok := l.hand.shardOf(o.Seq)
+		if ok && l.leases.holds(shard, o.Token) {
 			return false
 		}
-		l.forget(o.Seq)
+		l.hand.forget(o.Seq)
 		l.r.stats.refused.Add(1)
 		return true
 	}
@@ -778,7 +631,7 @@ func (l *loop) onComplete(res completeResult) {
 	}
 	var published, retried, dead int
 	for _, o := range c.Published {
-		key := l.settle(o.Seq)
+		key := l.hand.settle(o.Seq)
 		if !refused[o.Seq] {
 			published++
 			l.floors.raise(key, o.Seq)
@@ -786,7 +639,7 @@ func (l *loop) onComplete(res completeResult) {
 	}
 	l.r.stats.published.Add(int64(published))
 	for _, f := range c.Failed {
-		key := l.settle(f.Seq)
+		key := l.hand.settle(f.Seq)
 		switch {
 		case refused[f.Seq]:
 		case f.Dead:
@@ -801,22 +654,10 @@ func (l *loop) onComplete(res completeResult) {
 	if len(c.Published)+len(c.Failed)+res.dropped > 0 {
 		l.cfg.Observer.RecordDone(RecordEvent{Published: published, Retried: retried, Dead: dead, Refused: len(res.refused) + res.dropped, Took: res.took})
 	}
-	for _, ln := range res.lanes {
-		for _, seq := range ln.dropped {
-			l.forget(seq)
-		}
-		ln.dropped = nil
-		ln.failed = false
-		if l.lanes[ln.key] == ln {
-			delete(l.lanes, ln.key)
-		}
-		if l.fetching {
-			l.taint[ln.key] = true
-		}
-	}
+	l.hand.failureRecorded(res.lanes)
 	// Draining shards may now be empty: release them soon.
 	for s := range l.leases.draining {
-		if l.perShard[s] == 0 {
+		if l.hand.idle(s) {
 			l.wantLeaseSoon()
 			break
 		}
@@ -830,9 +671,9 @@ func (l *loop) onComplete(res completeResult) {
 // above the key's floor, or the relay holds the key's lane. Messages skipped (a key
 // released after a rejection, a shard just gained) come with the next full fetch.
 func (l *loop) startFetch(ctx context.Context) {
-	room := l.cfg.BatchSize + l.cfg.MaxInFlight - len(l.known)
+	room := l.cfg.BatchSize + l.cfg.MaxInFlight - l.hand.size()
 	now := time.Now()
-	if l.fetching || !now.Before(l.leases.until) {
+	if l.hand.fetching || !now.Before(l.leases.until) {
 		return
 	}
 	ok, full, after := l.fetch.next(now, room, l.cfg.BatchSize)
@@ -850,23 +691,12 @@ func (l *loop) startFetch(ctx context.Context) {
 	}
 	l.fetch.started(full, now)
 	if full {
-		req.Exclude = make([]int64, 0, len(l.known))
-		for seq := range l.known {
-			req.Exclude = append(req.Exclude, seq)
-		}
+		req.Exclude = l.hand.seqs()
 	} else {
 		req.After = after
-		held := make(map[string]int64, len(l.lanes))
-		for key, ln := range l.lanes {
-			if !ln.failed && key[0] != 0 && len(ln.queue) > 0 {
-				// The lane holds the key's pending messages up to its last one (those
-				// before its head are confirmed and being recorded).
-				held[key] = ln.queue[len(ln.queue)-1].m.Seq
-			}
-		}
-		req.Keys, req.KeySeqs = l.floors.bounds(held)
+		req.Keys, req.KeySeqs = l.floors.bounds(l.hand.held())
 	}
-	l.fetching = true
+	l.hand.fetchStarted()
 	go func() {
 		fctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		start := time.Now()
@@ -878,15 +708,8 @@ func (l *loop) startFetch(ctx context.Context) {
 
 func (l *loop) onFetch(res fetchResult) {
 	l.cfg.Observer.FetchDone(FetchEvent{Messages: len(res.fetched), Took: res.took, Err: res.err})
-	l.fetching = false
-	taint, settled := l.taint, l.settled
-	if len(taint) > 0 {
-		l.taint = map[string]bool{}
-	}
-	if len(settled) > 0 {
-		l.settled = map[int64]bool{}
-	}
 	if res.err != nil {
+		l.hand.fetched(nil, nil)
 		l.log.Error("fetch failed", "err", res.err)
 		l.fetch.failed()
 		return
@@ -900,33 +723,14 @@ func (l *loop) onFetch(res fetchResult) {
 	for _, ls := range res.req.Leases {
 		tokens[ls.Shard] = ls.Token
 	}
-	for _, m := range res.fetched {
-		if _, dup := l.known[m.Seq]; dup || settled[m.Seq] {
-			continue
-		}
+	l.hand.fetched(res.fetched, func(m *Message) (int64, bool) {
 		token, ok := tokens[m.Shard]
 		if broken.Has(broken.NoKeyGate) {
 			token, ok = l.leases.tokens[m.Shard], true // canary: rows of any shard taken
 		}
-		if !ok || !l.leases.holds(m.Shard, token) || l.leases.draining[m.Shard] {
-			continue // lease changed while fetching
-		}
-		key := laneKey(m)
-		ln := l.lanes[key]
-		if (ln != nil && ln.failed) || taint[key] {
-			continue // the key's failure was not yet recorded when this fetch began
-		}
-		if ln == nil {
-			ln = &lane{key: key, shard: m.Shard}
-			l.lanes[key] = ln
-		}
-		ln.queue = append(ln.queue, &item{m: m, token: token})
-		l.known[m.Seq] = inHand{shard: m.Shard, key: m.Key}
-		l.perShard[m.Shard]++
-		if !ln.inFlight {
-			l.enqueue(ln)
-		}
-	}
+		// The lease may have changed while fetching.
+		return token, ok && l.leases.holds(m.Shard, token) && !l.leases.draining[m.Shard]
+	})
 }
 
 // wantLeaseSoon shortens the wait for the next lease round trip after a drain.
@@ -934,13 +738,6 @@ func (l *loop) wantLeaseSoon() {
 	if !l.leaseBusy {
 		l.syncLeases(context.Background(), false)
 	}
-}
-
-func laneKey(m *Message) string {
-	if m.Key == "" || broken.Has(broken.NoKeyGate) { // the canary gives every message a lane
-		return "\x00" + strconv.FormatInt(m.Seq, 10)
-	}
-	return m.Key
 }
 
 func (l *loop) listen(ctx context.Context, lis Listener) {
