@@ -1,0 +1,114 @@
+package outbox
+
+import (
+	"context"
+	"time"
+)
+
+// The relay's background tasks, started by loop.run beside the loop: they share no state
+// with it but the wake channel. LISTEN wakes the loop for new messages; maintenance
+// (retention of published history, partitions ahead) and recycling (the pending ring)
+// are the store's own upkeep, which the store coordinates between relays (PostgreSQL: an
+// advisory lock per task, so one relay does the work at a time).
+
+func (l *loop) listen(ctx context.Context, lis Listener) {
+	wake := func() {
+		select {
+		case l.wake <- struct{}{}:
+		default:
+		}
+	}
+	for fails := 1; ctx.Err() == nil; fails++ {
+		err := lis.Listen(ctx, wake)
+		if ctx.Err() != nil {
+			return
+		}
+		d := backoff(min(fails, 8), time.Second, 30*time.Second)
+		l.log.Warn("LISTEN connection lost; polling meanwhile", "err", err, "retry_in", d.Round(time.Millisecond))
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(d):
+		}
+	}
+}
+
+// maintain calls m (the store's upkeep, or a rowCleaner) at start and every
+// CleanupInterval.
+func (l *loop) maintain(ctx context.Context, m Maintainer) {
+	t := time.NewTicker(l.cfg.CleanupInterval)
+	defer t.Stop()
+	for {
+		done, err := m.Maintain(ctx, MaintainRequest{Retention: l.cfg.Retention, Limit: l.cfg.CleanupBatch})
+		switch {
+		case err != nil && ctx.Err() == nil:
+			l.log.Error("maintenance failed", "err", err)
+		case len(done.Created) > 0 || len(done.Dropped) > 0:
+			l.log.Info("maintenance", "partitions_created", len(done.Created), "partitions_dropped", len(done.Dropped), "deleted", done.Deleted)
+		case done.Deleted > 0:
+			l.log.Debug("maintenance", "deleted", done.Deleted)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// recycleInterval is how often a relay calls Recycler.Recycle: the ring rotates at most
+// this often, so it bounds, with the store's rows per bucket, the dead storage a fetch
+// walks while a snapshot is held open. recycleDraining is the interval while a retired
+// bucket holds a backlog, so that it is emptied soon after the backlog is published.
+const (
+	recycleInterval = time.Second
+	recycleDraining = 100 * time.Millisecond
+)
+
+// recycle calls rc at start and every recycleInterval, or recycleDraining.
+func (l *loop) recycle(ctx context.Context, rc Recycler) {
+	t := time.NewTimer(recycleInterval)
+	defer t.Stop()
+	for {
+		began := time.Now()
+		done, err := rc.Recycle(ctx)
+		switch {
+		case err != nil && ctx.Err() == nil:
+			l.log.Error("recycling the pending table failed", "err", err)
+		case done.Rotated || done.Reclaimed > 0:
+			l.log.Debug("recycled the pending table", "rotated", done.Rotated, "reclaimed", done.Reclaimed, "moved", done.Moved,
+				"elapsed", time.Since(began))
+		}
+		next := recycleInterval
+		if done.Draining {
+			next = recycleDraining
+		}
+		t.Reset(next)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// rowCleaner maintains a store that is not a Maintainer: it deletes expired published
+// rows (and whatever the store expires with them) through DeletePublished, in batches of
+// req.Limit with a short pause between them, until a batch comes back short.
+type rowCleaner struct{ store Store }
+
+func (c rowCleaner) Maintain(ctx context.Context, req MaintainRequest) (Maintenance, error) {
+	var m Maintenance
+	for {
+		n, err := c.store.DeletePublished(ctx, req.Retention, req.Limit)
+		m.Deleted += n
+		if err != nil || n < req.Limit {
+			return m, err
+		}
+		select { // leave the database room between batches
+		case <-ctx.Done():
+			return m, ctx.Err()
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
