@@ -19,7 +19,8 @@ type Admin interface {
 	// DeadList returns the dead letters that match f, the most recently dead-lettered
 	// first.
 	DeadList(ctx context.Context, f DeadFilter) ([]DeadLetter, error)
-	// DeadCount counts the dead letters that match f (ignoring f.Limit).
+	// DeadCount counts the dead letters that match f, at most f.Limit when it is set:
+	// what DeadReplay or DeadPurge would act on if called now.
 	DeadCount(ctx context.Context, f DeadFilter) (int, error)
 	// DeadReplay moves the dead letters that match f back to pending, due at once, with
 	// their attempts reset and their ID, dedup key and position kept, and returns how

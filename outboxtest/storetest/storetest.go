@@ -9,7 +9,8 @@
 // It drives the outbox.Store seam directly, as a relay does, and then runs relays on
 // it: write and rollback visibility, shard leases and their takeover in database time,
 // fencing of a relay that lost its lease, per-key order and blocking, retries with
-// backoff, dead letters and their replay, dedup keys, and retention.
+// backoff, dead letters and their replay, dedup keys, and retention; and the operator's
+// side, outbox.Admin: status counts, dead-letter filters, replay and purge (admin.go).
 package storetest
 
 import (
@@ -62,6 +63,13 @@ func Run(t *testing.T, open func(t *testing.T) Outbox) {
 		{"DedupKey", dedupKey},
 		{"Retention", retention},
 		{"RelaysDrainInOrder", relaysDrainInOrder},
+		{"AdminStatusCountsEveryState", adminStatusCountsEveryState},
+		{"AdminStatusEmptyOutbox", adminStatusEmptyOutbox},
+		{"AdminDeadListFilters", adminDeadListFilters},
+		{"AdminDeadReplaySameIdentity", adminDeadReplaySameIdentity},
+		{"AdminDeadReplayLimitAndState", adminDeadReplayLimitAndState},
+		{"AdminDeadPurgeOnlyMatches", adminDeadPurgeOnlyMatches},
+		{"AdminDeadFilterValidated", adminDeadFilterValidated},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
