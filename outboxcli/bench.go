@@ -13,7 +13,8 @@ import (
 var benchCommand = &command{
 	name:    "bench",
 	summary: "Measure the relay end to end: drain rate, latency and memory",
-	help: `Measures store (--db) -> relay -> broker on the given servers, in three phases:
+	help: `Measures store (--db) -> relay -> broker on the given servers, in three phases (four
+with --writers):
   1. raw: the same messages published straight with the broker's client library, with
      the same confirms and no database: the reference the relay's rate is compared with
      (ratio = eps / raw_eps);
@@ -21,7 +22,15 @@ var benchCommand = &command{
      relays drain it; eps is events per second, rss_mib the process's peak memory;
   3. latency: --rate events per second for --duration, each in its own transaction,
      woken by LISTEN/NOTIFY on PostgreSQL (the other stores poll every 50 ms here);
-     p50/p95/p99 are COMMIT returned -> broker confirmed.
+     p50/p95/p99 are COMMIT returned -> broker confirmed;
+  4. writers (with --writers N): N goroutines commit one event per transaction as fast
+     as they can for --writers-duration while the relays publish, as an application and
+     its relay share a database; writer_eps is their rate, relay_eps the same events
+     published per second (writers' start -> last confirm), relay_writer_ratio the
+     second over the first (1.00: the relay keeps up), catch_up_ms how long after the
+     last commit the last event was confirmed, writers_p50/p95/p99_ms COMMIT returned ->
+     broker confirmed. On SQLite it shows whether the relay gets its turns at the one
+     write lock: outbox bench --db sqlite --writers 8 --duration -1s.
 With --pin-xmin, phases 1 to 3 run a second time with a snapshot held open in the bench's
 database (PostgreSQL: REPEATABLE READ, which pins the xmin horizon; MySQL: a consistent
 snapshot, which holds back purge; SQLite: a read transaction, which holds back
@@ -43,6 +52,8 @@ last line on stdout is "bench: key=value ...". With no flags it uses the local s
 		fs.IntVar(&cfg.Relays, "relays", 1, "relays draining the backlog at once")
 		fs.IntVar(&cfg.Rate, "rate", 1_000, "events per second in the latency phase")
 		fs.DurationVar(&cfg.Duration, "duration", 10*time.Second, "length of the latency phase (-1s skips it)")
+		fs.IntVar(&cfg.Writers, "writers", 0, "writers committing at full speed while the relays publish, in a fourth phase\n(0: no such phase)")
+		fs.DurationVar(&cfg.WritersDuration, "writers-duration", 10*time.Second, "length of the writers phase")
 		fs.IntVar(&cfg.Runs, "runs", 1, "raw + drain measurements to take; the figures are their medians")
 		fs.BoolVar(&cfg.PinXmin, "pin-xmin", false, "measure the drain and latency phases again with a snapshot held open in the\nbench's database (a long transaction), and report them as pinned_*")
 		fs.IntVar(&cfg.RotateRows, "rotate-rows", 0, "PostgreSQL: the pending ring's bucket size (`n` messages; default the store's, 2000)")
@@ -63,6 +74,9 @@ last line on stdout is "bench: key=value ...". With no flags it uses the local s
 			}
 			if cfg.Events < 1 || cfg.Keys < 1 || cfg.PayloadBytes < 1 || cfg.Relays < 1 || cfg.Rate < 1 || cfg.Runs < 1 {
 				return usageErrorf("--events, --keys, --payload-bytes, --relays, --rate and --runs must be positive")
+			}
+			if cfg.Writers < 0 || cfg.WritersDuration <= 0 {
+				return usageErrorf("--writers must not be negative, --writers-duration must be positive")
 			}
 			cfg.Progress = inv.stderr
 			res, err := bench.Run(ctx, cfg)

@@ -17,12 +17,21 @@ transaction, rolling some back; the relay publishing the events; and a shipping
 consumer that handles them through an inbox, with some acks "lost" after the work
 committed so that the broker delivers those events again. It prints progress, then a
 summary that checks the guarantees on what just happened: every committed event
-handled, no rolled-back event handled, per-key order, no duplicate effect.
+handled, no rolled-back event handled, per-key order, no duplicate effect (every
+redelivery skipped by the inbox); then the latencies, commit -> published (the relay)
+and commit -> handled (the consumer, which claims its deliveries in batches), and what
+to run next.
 
 Nothing needs to be installed or running: the database is a SQLite file and the broker
-an embedded NATS JetStream server, both in a temporary directory removed at the end.
+an embedded NATS JetStream server, both in a temporary directory removed at the end
+(--dir keeps them, to look at with 'outbox status' or 'outbox console').
 --database-url and --broker use real servers instead (a throwaway schema and stream,
-removed at the end). Exit status 0 when every guarantee held, 1 otherwise.`,
+removed at the end). Exit status 0 when every guarantee held, 1 otherwise.
+
+Bigger runs: --orders sets how many orders are placed (two events each) and --writers
+how many order transactions run at once, e.g.
+  outbox demo --orders 50000 --writers 32
+--rollback and --crash set the shares rolled back and of acks lost.`,
 	setup: func(fs *flag.FlagSet) runFunc {
 		var cfg demo.Config
 		fs.IntVar(&cfg.Orders, "orders", 2000, "orders to place (each writes 2 events)")

@@ -88,6 +88,9 @@ func mustSub(f fs.FS, dir string) fs.FS {
 // that reads, then writes, fails with SQLITE_BUSY when another connection wrote in
 // between, however long busy_timeout is. The store's own transactions all read, then
 // write, so they take the write lock up front, whatever DSN the *sql.DB was opened with.
+// On a pool from Open they first take their turn in the file's write queue, as the
+// application's transactions do, so the relay and the cleaner are served in the order
+// they asked, not after every eager writer.
 type immediateTx struct {
 	conn *sql.Conn
 }
@@ -97,11 +100,22 @@ func beginImmediate(ctx context.Context, db *sql.DB) (sqlstore.Tx, error) {
 	if err != nil {
 		return nil, err
 	}
-	if _, err := conn.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
+	err = conn.Raw(func(dc any) error {
+		if qc, ok := dc.(*queuedConn); ok {
+			return qc.takeTurn(ctx)
+		}
+		return nil
+	})
+	if err != nil {
 		conn.Close()
 		return nil, err
 	}
-	return &immediateTx{conn: conn}, nil
+	t := &immediateTx{conn: conn}
+	if _, err := conn.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
+		t.close()
+		return nil, err
+	}
+	return t, nil
 }
 
 func (t *immediateTx) ExecContext(ctx context.Context, q string, args ...any) (sql.Result, error) {
@@ -123,7 +137,8 @@ func (t *immediateTx) Commit() error {
 		_ = t.Rollback()
 		return err
 	}
-	return t.conn.Close()
+	t.close()
+	return nil
 }
 
 // Rollback rolls back. A connection whose ROLLBACK failed is discarded rather than
@@ -131,10 +146,23 @@ func (t *immediateTx) Commit() error {
 func (t *immediateTx) Rollback() error {
 	_, err := t.conn.ExecContext(context.Background(), "ROLLBACK")
 	if err != nil {
+		// Closing the connection ends the transaction and gives its turn back.
 		_ = t.conn.Raw(func(any) error { return driver.ErrBadConn })
 	}
-	_ = t.conn.Close()
+	t.close()
 	return err
+}
+
+// close gives the connection's turn in the write queue back, if it holds one, and
+// returns the connection to the pool.
+func (t *immediateTx) close() {
+	_ = t.conn.Raw(func(dc any) error {
+		if qc, ok := dc.(*queuedConn); ok {
+			qc.giveTurnBack()
+		}
+		return nil
+	})
+	_ = t.conn.Close()
 }
 
 // isDuplicate reports a primary-key or unique violation.

@@ -50,8 +50,12 @@
 //
 //   - One writer at a time. SQLite has one write lock per database: writers, the relays'
 //     outcome and lease transactions and the retention cleaner take turns, each commit
-//     costing an fsync. Because inserts commit in seq order, the commit-order trap of
-//     PostgreSQL and MySQL (a lower seq committing after a higher one) cannot happen here.
+//     costing an fsync. SQLite's own wait for that lock is not fair (eager writers keep
+//     it and the relay waits until they pause), so the write transactions of pools from
+//     Open queue first come, first served within the process (see Open); across
+//     processes, SQLite's busy handler is all there is. Because inserts commit in seq
+//     order, the commit-order trap of PostgreSQL and MySQL (a lower seq committing after
+//     a higher one) cannot happen here.
 //   - Transactions must begin IMMEDIATE. A deferred transaction that reads, then writes,
 //     fails with SQLITE_BUSY when another connection wrote in between, whatever the busy
 //     timeout. The store's own transactions always begin IMMEDIATE; the application's

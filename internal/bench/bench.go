@@ -39,6 +39,14 @@ type Config struct {
 	Rate         int           // Events per second in the latency phase. Defaults to 1,000.
 	Runs         int           // Raw + drain measurements; the result is their median. Defaults to 1.
 	Duration     time.Duration // Length of the latency phase. Defaults to 10s; -1 skips it.
+	// Writers, when positive, adds the writers phase: that many goroutines commit one
+	// event per transaction as fast as they can for WritersDuration while the relays
+	// publish, as an application's writers and its relay share a database. It measures
+	// the writers' rate, the relays' rate over the same events and commit-to-confirm
+	// latency together: on SQLite, whether the relay gets its turns at the write lock.
+	Writers int
+	// WritersDuration is the length of the writers phase. Defaults to 10s.
+	WritersDuration time.Duration
 	// PinXmin, when set, measures the drain and latency phases a second time with a
 	// snapshot held open in the bench's database for their whole length (PostgreSQL: a
 	// REPEATABLE READ transaction, which pins the xmin horizon so vacuum removes nothing;
@@ -75,6 +83,19 @@ type Phases struct {
 	P50, P95, P99 time.Duration
 	LatencyEvents int
 	RSSMiB        float64 // peak resident memory while the relays drained
+	Writers       *WritersPhase
+}
+
+// WritersPhase is what the writers phase measured (Config.Writers).
+type WritersPhase struct {
+	Writers int
+	Events  int
+	// WriterEPS is events committed per second while the writers ran; RelayEPS is the
+	// same events published per second, from the writers' start to the last confirm.
+	WriterEPS, RelayEPS float64
+	// CatchUp is how long after the last commit the last event was confirmed.
+	CatchUp       time.Duration
+	P50, P95, P99 time.Duration // COMMIT returned -> broker confirmed
 }
 
 // String is the one-line summary, `bench: key=value ...`.
@@ -88,6 +109,10 @@ func (r Result) String() string {
 	}
 	line := fmt.Sprintf("bench: db=%s events=%d relays=%d runs=%d eps=%.0f raw_eps=%.0f ratio=%.2f drain_s=%.2f rate=%d latency_events=%d p50_ms=%s p95_ms=%s p99_ms=%s rss_mib=%.0f",
 		r.DB, r.Events, r.Relays, max(r.Runs, 1), r.EPS, r.RawEPS, ratio, r.DrainSeconds, r.Rate, r.LatencyEvents, ms(r.P50), ms(r.P95), ms(r.P99), r.RSSMiB)
+	if w := r.Writers; w != nil {
+		line += fmt.Sprintf(" writers=%d writers_events=%d writer_eps=%.0f relay_eps=%.0f relay_writer_ratio=%.2f catch_up_ms=%s writers_p50_ms=%s writers_p95_ms=%s writers_p99_ms=%s",
+			w.Writers, w.Events, w.WriterEPS, w.RelayEPS, w.RelayEPS/max(w.WriterEPS, 1e-9), ms(w.CatchUp), ms(w.P50), ms(w.P95), ms(w.P99))
+	}
 	if p := r.Pinned; p != nil {
 		div := func(a, b float64) float64 {
 			if b == 0 {
@@ -114,6 +139,7 @@ func (c Config) withDefaults() Config {
 	c.Rate = cmp.Or(c.Rate, 1_000)
 	c.Runs = cmp.Or(c.Runs, 1)
 	c.Duration = cmp.Or(c.Duration, 10*time.Second)
+	c.WritersDuration = cmp.Or(c.WritersDuration, 10*time.Second)
 	if c.Progress == nil {
 		c.Progress = io.Discard
 	}
@@ -276,7 +302,86 @@ func (m *measurer) phases(ctx context.Context, label string) (Phases, error) {
 			ph.P50, ph.P95, ph.P99 = percentiles(lat)
 		}
 	}
+
+	// Phase 4: writers at full speed while the relays publish.
+	if cfg.Writers > 0 {
+		say("%swriters: %d writers at full speed for %s, one event per transaction, while the relays publish", label, cfg.Writers, cfg.WritersDuration)
+		w, err := writersPhase(ctx, m.db, cfg, m.payload, m.confirmed)
+		if err != nil {
+			return ph, err
+		}
+		say("%swriters: %d events, writers %.0f/s, relays %.0f/s (%.2f of the writers), caught up %.0f ms after the last commit, p99 %.2f ms",
+			label, w.Events, w.WriterEPS, w.RelayEPS, w.RelayEPS/max(w.WriterEPS, 1e-9), float64(w.CatchUp)/float64(time.Millisecond), float64(w.P99)/float64(time.Millisecond))
+		ph.Writers = w
+	}
 	return ph, nil
+}
+
+// writersPhase runs cfg.Writers goroutines that each commit one event per transaction,
+// beginning the next as soon as the last committed, for cfg.WritersDuration, while the
+// relays (already running) publish; then it waits until every event is confirmed.
+func writersPhase(ctx context.Context, db database, cfg Config, payload []byte, confirmed *confirmLog) (*WritersPhase, error) {
+	confirmed.begin()
+	type commit struct {
+		id outbox.ID
+		at time.Time
+	}
+	commits := make([][]commit, cfg.Writers)
+	errs := make([]error, cfg.Writers)
+	start := time.Now()
+	deadline := start.Add(cfg.WritersDuration)
+	var wg sync.WaitGroup
+	for g := range cfg.Writers {
+		wg.Go(func() {
+			for i := 0; time.Now().Before(deadline) && ctx.Err() == nil; i++ {
+				m := outbox.Message{ID: outbox.NewID(), Topic: "orders", Key: "writer-" + strconv.Itoa(g) + "-" + strconv.Itoa(i%(cfg.Keys/cfg.Writers+1)),
+					Payload: payload, ContentType: "application/octet-stream"}
+				if err := db.write(ctx, []outbox.Message{m}); err != nil {
+					errs[g] = err
+					return
+				}
+				commits[g] = append(commits[g], commit{m.ID, time.Now()})
+			}
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, fmt.Errorf("writers: %w", err)
+	}
+	var all []commit
+	for _, c := range commits {
+		all = append(all, c...)
+	}
+	w := &WritersPhase{Writers: cfg.Writers, Events: len(all)}
+	if len(all) == 0 {
+		return w, nil
+	}
+	var lastCommit, lastConfirm time.Time
+	lat := make([]time.Duration, 0, len(all))
+	waitUntil := time.Now().Add(60 * time.Second)
+	for _, c := range all {
+		for {
+			if t, ok := confirmed.get(c.id); ok {
+				lat = append(lat, max(t.Sub(c.at), 0))
+				if t.After(lastConfirm) {
+					lastConfirm = t
+				}
+				break
+			}
+			if time.Now().After(waitUntil) {
+				return nil, fmt.Errorf("writers: event %s committed but not confirmed within 60s of the writers' end", c.id)
+			}
+			time.Sleep(time.Millisecond)
+		}
+		if c.at.After(lastCommit) {
+			lastCommit = c.at
+		}
+	}
+	w.WriterEPS = float64(len(all)) / lastCommit.Sub(start).Seconds()
+	w.RelayEPS = float64(len(all)) / lastConfirm.Sub(start).Seconds()
+	w.CatchUp = max(lastConfirm.Sub(lastCommit), 0)
+	w.P50, w.P95, w.P99 = percentiles(lat)
+	return w, nil
 }
 
 // percentiles returns the 50th, 95th and 99th percentiles of lat, which it sorts.

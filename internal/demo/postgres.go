@@ -67,12 +67,22 @@ CREATE TABLE `+q("shipments")+` (event_id text NOT NULL, order_id text NOT NULL,
 			}
 			return tx.Commit(ctx)
 		},
-		consume: func(ctx context.Context, d *outbox.Delivery) (fresh bool, err error) {
+		consume: func(ctx context.Context, ds []*outbox.Delivery) (fresh []bool, err error) {
 			err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-				if fresh, err = inbox.Claim(ctx, tx, d.ID); err != nil || !fresh {
+				ids := make([]string, len(ds))
+				for i, d := range ds {
+					ids[i] = d.ID
+				}
+				if fresh, err = inbox.ClaimBatch(ctx, tx, ids); err != nil {
 					return err
 				}
-				_, err := tx.Exec(ctx, `INSERT INTO `+q("shipments")+` VALUES ($1, $2, $3)`, d.ID, d.Key, d.EventType)
+				var rows [][]any
+				for i, d := range ds {
+					if fresh[i] {
+						rows = append(rows, []any{d.ID, d.Key, d.EventType})
+					}
+				}
+				_, err := tx.CopyFrom(ctx, pgx.Identifier{schema, "shipments"}, []string{"event_id", "order_id", "event_type"}, pgx.CopyFromRows(rows))
 				return err
 			})
 			return fresh, err
@@ -80,6 +90,10 @@ CREATE TABLE `+q("shipments")+` (event_id text NOT NULL, order_id text NOT NULL,
 		effects: func(ctx context.Context) (rows, distinct int, err error) {
 			err = pool.QueryRow(ctx, `SELECT count(*), count(DISTINCT event_id) FROM `+q("shipments")).Scan(&rows, &distinct)
 			return rows, distinct, err
+		},
+		next: []string{
+			"outbox demo --help                 (bigger runs: --orders, --writers)",
+			"outbox migrate up --database-url URL, then outbox relay --database-url URL --broker nats://...   (an outbox of your own)",
 		},
 		close: drop,
 	}, nil

@@ -13,7 +13,8 @@ import (
 // sqliteBackend runs the demo on two SQLite files in dir: the order service's database
 // (orders and the outbox) and the shipping consumer's (shipments and its inbox), as two
 // services would have.
-func sqliteBackend(ctx context.Context, dir string) (*backend, error) {
+// kept says whether dir outlives the run (--dir), which decides what to run next.
+func sqliteBackend(ctx context.Context, dir string, kept bool) (*backend, error) {
 	var closers []func()
 	closeAll := func() {
 		for i := len(closers) - 1; i >= 0; i-- {
@@ -80,13 +81,24 @@ func sqliteBackend(ctx context.Context, dir string) (*backend, error) {
 			}
 			return tx.Commit()
 		},
-		consume: func(ctx context.Context, d *outbox.Delivery) (fresh bool, err error) {
+		consume: func(ctx context.Context, ds []*outbox.Delivery) (fresh []bool, err error) {
 			err = inTx(ctx, func(tx *sql.Tx) error {
-				if fresh, err = inbox.Claim(ctx, tx, d.ID); err != nil || !fresh {
+				ids := make([]string, len(ds))
+				for i, d := range ds {
+					ids[i] = d.ID
+				}
+				if fresh, err = inbox.ClaimBatch(ctx, tx, ids); err != nil {
 					return err
 				}
-				_, err := tx.ExecContext(ctx, `INSERT INTO shipments VALUES (?, ?, ?)`, d.ID, d.Key, d.EventType)
-				return err
+				for i, d := range ds {
+					if !fresh[i] {
+						continue
+					}
+					if _, err := tx.ExecContext(ctx, `INSERT INTO shipments VALUES (?, ?, ?)`, d.ID, d.Key, d.EventType); err != nil {
+						return err
+					}
+				}
+				return nil
 			})
 			return fresh, err
 		},
@@ -94,6 +106,27 @@ func sqliteBackend(ctx context.Context, dir string) (*backend, error) {
 			err = shipping.QueryRowContext(ctx, `SELECT count(*), count(DISTINCT event_id) FROM shipments`).Scan(&rows, &distinct)
 			return rows, distinct, err
 		},
+		next:  sqliteNext(dir, kept),
 		close: closeAll,
 	}, nil
+}
+
+// sqliteNext is what to run after a demo on SQLite: look at the outbox it left, or, when
+// its directory is removed at the end, run it again keeping one.
+func sqliteNext(dir string, kept bool) []string {
+	if !kept {
+		return []string{
+			"outbox demo --dir outbox-demo     (keeps the databases; then:)",
+			"outbox status --database-url sqlite:outbox-demo/orders.db",
+			"outbox console --database-url sqlite:outbox-demo/orders.db   (the web console, http://127.0.0.1:8080)",
+		}
+	}
+	url := "sqlite:" + filepath.ToSlash(filepath.Join(dir, "orders.db"))
+	if abs, err := filepath.Abs(filepath.Join(dir, "orders.db")); err == nil {
+		url = "sqlite://" + filepath.ToSlash(abs)
+	}
+	return []string{
+		"outbox status --database-url " + url,
+		"outbox console --database-url " + url + "   (the web console, http://127.0.0.1:8080)",
+	}
 }
