@@ -51,8 +51,10 @@
 //		return ship(ctx, tx, d) // in the same transaction as the inbox record
 //	})
 //
-// This package imports only the standard library. Stores (outboxpgx, outboxsql,
-// outboxsqlite, outboxmysql), brokers (outboxnats, outboxamqp, outboxkafka, outboxredis,
-// outboxsqs, outboxwebhook) and plugins (outboxprom, outboxotel) live in their own
-// packages.
+// Stores (outboxpgx, outboxsql, outboxsqlite, outboxmysql), brokers (outboxnats,
+// outboxamqp, outboxkafka, outboxredis, outboxsqs, outboxwebhook) and plugins (outboxprom,
+// outboxotel) live in their own packages. The interfaces a store implements, and the
+// status and dead-letter types operators' tools read, are in outboxdriver; this package
+// imports only it, outboxtype (whose names it declares as its own) and the standard
+// library.
 package outbox

@@ -53,22 +53,6 @@ func (e *DuplicateError) Error() string {
 // Is makes errors.Is(err, ErrDuplicate) true.
 func (e *DuplicateError) Is(target error) bool { return target == ErrDuplicate }
 
-// ErrInvalidConfig is matched (errors.Is) by every *ConfigError.
-var ErrInvalidConfig = errors.New("outbox: invalid configuration")
-
-// ConfigError names the configuration field that is wrong.
-type ConfigError struct {
-	Field  string
-	Reason string
-}
-
-func (e *ConfigError) Error() string {
-	return fmt.Sprintf("outbox: invalid configuration: %s: %s", e.Field, e.Reason)
-}
-
-// Is makes errors.Is(err, ErrInvalidConfig) true.
-func (e *ConfigError) Is(target error) bool { return target == ErrInvalidConfig }
-
 // OutageError marks a publish failure as a connection-level outage: the broker could not
 // be reached or the connection broke, so the message was neither accepted nor rejected
 // on its merits. The relay pauses with backoff and does not count an attempt. Publishers

@@ -11,33 +11,41 @@ import (
 	"testing"
 )
 
-// TestRootImportsStdlibOnly keeps the root package free of third-party imports, so that
-// users compile only the drivers and brokers they import. internal/broken (the canaries'
-// deliberate bugs) is the one module path allowed: it uses only the standard library.
+// TestRootImportsStdlibOnly keeps the root package and the two it is made with
+// (outboxdriver, outboxtype) free of third-party imports, so that users compile only the
+// drivers and brokers they import. The module paths allowed are those three packages and
+// internal/broken (the canaries' deliberate bugs), which use only the standard library.
 func TestRootImportsStdlibOnly(t *testing.T) {
 	t.Parallel()
-	files, err := filepath.Glob("*.go")
-	if err != nil {
-		t.Fatal(err)
+	allowed := []string{
+		"github.com/outboxkit/outbox/internal/broken",
+		"github.com/outboxkit/outbox/outboxdriver",
+		"github.com/outboxkit/outbox/outboxtype",
 	}
 	fset := token.NewFileSet()
-	for _, f := range files {
-		if strings.HasSuffix(f, "_test.go") {
-			continue
-		}
-		src, err := os.ReadFile(f)
+	for _, dir := range []string{".", "outboxdriver", "outboxtype"} {
+		files, err := filepath.Glob(filepath.Join(dir, "*.go"))
 		if err != nil {
 			t.Fatal(err)
 		}
-		af, err := parser.ParseFile(fset, f, src, parser.ImportsOnly)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, imp := range af.Imports {
-			path := strings.Trim(imp.Path.Value, `"`)
-			first, _, _ := strings.Cut(path, "/")
-			if strings.Contains(first, ".") && !strings.HasPrefix(path, "golang.org/x/sync") && path != "github.com/outboxkit/outbox/internal/broken" {
-				t.Errorf("%s imports %s: the root package may import only the standard library", f, path)
+		for _, f := range files {
+			if strings.HasSuffix(f, "_test.go") {
+				continue
+			}
+			src, err := os.ReadFile(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			af, err := parser.ParseFile(fset, f, src, parser.ImportsOnly)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, imp := range af.Imports {
+				path := strings.Trim(imp.Path.Value, `"`)
+				first, _, _ := strings.Cut(path, "/")
+				if strings.Contains(first, ".") && !slices.Contains(allowed, path) {
+					t.Errorf("%s imports %s: the root package, outboxdriver and outboxtype may import only the standard library and each other", f, path)
+				}
 			}
 		}
 	}

@@ -7,20 +7,9 @@ import (
 	"fmt"
 	"time"
 	"unicode/utf8"
-)
 
-// InboxDriver records which messages a consumer has processed, in the consumer's own
-// transaction. TTx is the transaction type of the database library. Drivers live in the
-// store packages (outboxpgx, ...); this interface is the seam between them and Inbox.
-//
-// The seam may grow: implement it inside this module, not outside.
-type InboxDriver[TTx any] interface {
-	// Claim records (consumer, id) for every id in tx unless already recorded, and
-	// reports, per id, whether this call recorded it. ids are distinct. When another
-	// open transaction recorded the same pair, Claim waits for it to end: the pair is
-	// then taken if that transaction commits and recorded here if it rolls back.
-	Claim(ctx context.Context, tx TTx, consumer string, ids []string) (fresh []bool, err error)
-}
+	"github.com/outboxkit/outbox/outboxdriver"
+)
 
 // InboxConfig configures an Inbox.
 type InboxConfig struct {
@@ -44,12 +33,12 @@ type InboxConfig struct {
 //
 // An Inbox is safe for concurrent use.
 type Inbox[TTx any] struct {
-	driver   InboxDriver[TTx]
+	driver   outboxdriver.InboxDriver[TTx]
 	consumer string
 }
 
 // NewInbox returns an Inbox that records through driver.
-func NewInbox[TTx any](driver InboxDriver[TTx], config InboxConfig) (*Inbox[TTx], error) {
+func NewInbox[TTx any](driver outboxdriver.InboxDriver[TTx], config InboxConfig) (*Inbox[TTx], error) {
 	if any(driver) == nil {
 		return nil, errors.New("outbox: NewInbox: missing driver")
 	}
@@ -134,17 +123,6 @@ func (in *Inbox[TTx]) Process(ctx context.Context, tx TTx, id string, work func(
 	return true, work(ctx)
 }
 
-// VersionDriver records the newest version of each aggregate a consumer applied, in the
-// consumer's transaction. Drivers live in the store packages.
-//
-// The seam may grow: implement it inside this module, not outside.
-type VersionDriver[TTx any] interface {
-	// AdvanceVersion stores version for (consumer, aggregateType, aggregateID) in tx if
-	// it is newer than the stored one, or none is stored, and reports whether it did.
-	// A concurrent transaction advancing the same aggregate makes it wait for that one.
-	AdvanceVersion(ctx context.Context, tx TTx, consumer, aggregateType, aggregateID string, version int64) (bool, error)
-}
-
 // Versions is the aggregate-version style of idempotence: an event carries the version
 // of its aggregate after the change (1, 2, 3, ...), and a consumer applies it only if it
 // is newer than the last version it applied for that aggregate. Unlike the Inbox it keeps
@@ -155,7 +133,7 @@ type VersionDriver[TTx any] interface {
 // The version travels in a header the producer sets (HeaderAggregateVersion); see
 // Delivery.Version.
 type Versions[TTx any] struct {
-	driver   VersionDriver[TTx]
+	driver   outboxdriver.VersionDriver[TTx]
 	consumer string
 }
 
@@ -164,7 +142,7 @@ type Versions[TTx any] struct {
 const HeaderAggregateVersion = "Outbox-Aggregate-Version"
 
 // NewVersions returns Versions recording through driver for the consumer named in config.
-func NewVersions[TTx any](driver VersionDriver[TTx], config InboxConfig) (*Versions[TTx], error) {
+func NewVersions[TTx any](driver outboxdriver.VersionDriver[TTx], config InboxConfig) (*Versions[TTx], error) {
 	in, err := NewInbox[TTx](nopInbox[TTx]{}, config)
 	if err != nil {
 		return nil, err
@@ -193,11 +171,6 @@ type nopInbox[TTx any] struct{}
 
 func (nopInbox[TTx]) Claim(context.Context, TTx, string, []string) ([]bool, error) { return nil, nil }
 
-// InboxCleaner deletes old inbox rows: the store drivers' DeleteInbox.
-type InboxCleaner interface {
-	DeleteInbox(ctx context.Context, olderThan time.Duration, limit int) (int, error)
-}
-
 // InboxCleanupConfig configures CleanInbox.
 type InboxCleanupConfig struct {
 	// Retention is how long an inbox row is kept: longer than any broker keeps
@@ -218,7 +191,7 @@ const InboxRetentionDefault = 30 * 24 * time.Hour
 // CleanInbox deletes inbox rows older than the retention through c, in batches, every
 // interval, until ctx is done; then it returns ctx's error. Run it in one goroutine per
 // inbox, in any number of processes: the stores delete with SKIP LOCKED where they can.
-func CleanInbox(ctx context.Context, c InboxCleaner, cfg InboxCleanupConfig) error {
+func CleanInbox(ctx context.Context, c outboxdriver.InboxCleaner, cfg InboxCleanupConfig) error {
 	retention := cmp.Or(cfg.Retention, InboxRetentionDefault)
 	interval := cmp.Or(cfg.Interval, time.Minute)
 	batch := cmp.Or(cfg.Batch, 10_000)

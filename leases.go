@@ -4,6 +4,8 @@ import (
 	"cmp"
 	"slices"
 	"time"
+
+	"github.com/outboxkit/outbox/outboxdriver"
 )
 
 // leaseBook is the relay's view of its shard leases: which shards it holds under which
@@ -37,9 +39,9 @@ type leaseChange struct {
 
 // request fills the held and released leases of a round into req: a draining shard with
 // nothing in hand (idle) is released, every lease is when final.
-func (b *leaseBook) request(req LeaseRequest, final bool, idle func(shard int) bool) LeaseRequest {
+func (b *leaseBook) request(req outboxdriver.LeaseRequest, final bool, idle func(shard int) bool) outboxdriver.LeaseRequest {
 	for _, shard := range sortedShards(b.tokens) {
-		lease := Lease{Shard: shard, Token: b.tokens[shard]}
+		lease := outboxdriver.Lease{Shard: shard, Token: b.tokens[shard]}
 		if final || (b.draining[shard] && idle(shard)) {
 			req.Release = append(req.Release, lease)
 		} else {
@@ -55,7 +57,7 @@ func (b *leaseBook) request(req LeaseRequest, final bool, idle func(shard int) b
 // apply takes the answer of a round that started at started: the leases held from now
 // on, the sending deadline, and shards beyond the fair share (st.Target) set draining,
 // the highest numbers first.
-func (b *leaseBook) apply(st LeaseState, started time.Time) leaseChange {
+func (b *leaseBook) apply(st outboxdriver.LeaseState, started time.Time) leaseChange {
 	var c leaseChange
 	next := make(map[int]int64, len(st.Held))
 	for _, ls := range st.Held {
@@ -99,11 +101,11 @@ func (b *leaseBook) holds(shard int, token int64) bool {
 }
 
 // active returns the held leases that are not draining, by shard: what a fetch may read.
-func (b *leaseBook) active() []Lease {
-	var out []Lease
+func (b *leaseBook) active() []outboxdriver.Lease {
+	var out []outboxdriver.Lease
 	for _, shard := range sortedShards(b.tokens) {
 		if !b.draining[shard] {
-			out = append(out, Lease{Shard: shard, Token: b.tokens[shard]})
+			out = append(out, outboxdriver.Lease{Shard: shard, Token: b.tokens[shard]})
 		}
 	}
 	return out

@@ -4,12 +4,14 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/outboxkit/outbox/outboxdriver"
 )
 
-func held(shards ...int) []Lease {
-	var out []Lease
+func held(shards ...int) []outboxdriver.Lease {
+	var out []outboxdriver.Lease
 	for _, s := range shards {
-		out = append(out, Lease{Shard: s, Token: int64(100 + s)})
+		out = append(out, outboxdriver.Lease{Shard: s, Token: int64(100 + s)})
 	}
 	return out
 }
@@ -20,7 +22,7 @@ func TestLeaseBookApply(t *testing.T) {
 	b := newLeaseBook(ttl)
 
 	// First round: everything gained; the deadline is the TTL less a fifth.
-	c := b.apply(LeaseState{Held: held(3, 1, 2), Target: 3}, t0)
+	c := b.apply(outboxdriver.LeaseState{Held: held(3, 1, 2), Target: 3}, t0)
 	if !slices.Equal(c.gained, []int{1, 2, 3}) || c.lost != nil || c.drain != nil {
 		t.Fatalf("first round: %+v", c)
 	}
@@ -28,7 +30,7 @@ func TestLeaseBookApply(t *testing.T) {
 		t.Fatalf("until = %v, want %v", b.until, want)
 	}
 	// A round that renewed only some leases: the soonest has 9s left.
-	c = b.apply(LeaseState{Held: held(1, 2, 3), Target: 3, Left: 9 * time.Second}, t0.Add(time.Second))
+	c = b.apply(outboxdriver.LeaseState{Held: held(1, 2, 3), Target: 3, Left: 9 * time.Second}, t0.Add(time.Second))
 	if c.gained != nil || c.lost != nil || c.drain != nil {
 		t.Fatalf("steady round changed: %+v", c)
 	}
@@ -37,7 +39,7 @@ func TestLeaseBookApply(t *testing.T) {
 	}
 	// A newcomer: the fair share drops to 2, the highest shard drains, once.
 	for i := range 2 {
-		c = b.apply(LeaseState{Held: held(1, 2, 3), Target: 2}, t0.Add(time.Duration(2+i)*time.Second))
+		c = b.apply(outboxdriver.LeaseState{Held: held(1, 2, 3), Target: 2}, t0.Add(time.Duration(2+i)*time.Second))
 		want := []int{3}
 		if i == 1 {
 			want = nil
@@ -48,7 +50,7 @@ func TestLeaseBookApply(t *testing.T) {
 	}
 	// Shard 3 released, shard 2 taken over under a new token: both lost, 2 gained again
 	// under its new token; shard 3 no longer draining.
-	c = b.apply(LeaseState{Held: []Lease{{Shard: 1, Token: 101}, {Shard: 2, Token: 999}}, Target: 2}, t0.Add(4*time.Second))
+	c = b.apply(outboxdriver.LeaseState{Held: []outboxdriver.Lease{{Shard: 1, Token: 101}, {Shard: 2, Token: 999}}, Target: 2}, t0.Add(4*time.Second))
 	if !slices.Equal(c.lost, []int{2, 3}) || !slices.Equal(c.gained, []int{2}) || len(b.draining) != 0 {
 		t.Fatalf("takeover: %+v, draining %v", c, b.draining)
 	}
@@ -59,8 +61,8 @@ func TestLeaseBookApply(t *testing.T) {
 
 func TestLeaseBookRequest(t *testing.T) {
 	b := newLeaseBook(15 * time.Second)
-	b.apply(LeaseState{Held: held(1, 2, 3, 4), Target: 2}, time.Unix(0, 0)) // 3 and 4 drain
-	base := LeaseRequest{RelayID: "r", TTL: 15 * time.Second}
+	b.apply(outboxdriver.LeaseState{Held: held(1, 2, 3, 4), Target: 2}, time.Unix(0, 0)) // 3 and 4 drain
+	base := outboxdriver.LeaseRequest{RelayID: "r", TTL: 15 * time.Second}
 	inHand := map[int]int{4: 1}
 	idle := func(s int) bool { return inHand[s] == 0 }
 
@@ -80,7 +82,7 @@ func TestLeaseBookRequest(t *testing.T) {
 func TestLeaseBookSendable(t *testing.T) {
 	t0 := time.Unix(1000, 0)
 	b := newLeaseBook(10 * time.Second)
-	b.apply(LeaseState{Held: held(1, 2), Target: 1}, t0) // 2 drains; sendable until t0+8s
+	b.apply(outboxdriver.LeaseState{Held: held(1, 2), Target: 1}, t0) // 2 drains; sendable until t0+8s
 	for _, tc := range []struct {
 		shard int
 		at    time.Duration

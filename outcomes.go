@@ -3,6 +3,8 @@ package outbox
 import (
 	"slices"
 	"time"
+
+	"github.com/outboxkit/outbox/outboxdriver"
 )
 
 // completeRetryDelay is how long the relay waits before recording again after a
@@ -21,8 +23,8 @@ const completeRetryDelay = time.Second
 //   - a recording that failed is put back in front of what was buffered since, and the
 //     next one waits completeRetryDelay (retryAt): the messages stay in hand meanwhile.
 type outcomeBuffer struct {
-	published  []Outcome
-	failed     []Failure
+	published  []outboxdriver.Outcome
+	failed     []outboxdriver.Failure
 	lanes      []*lane // failed lanes whose failure a recording settles
 	unrecorded int
 	running    bool
@@ -30,13 +32,13 @@ type outcomeBuffer struct {
 }
 
 // confirmed buffers the outcome of a message the broker confirmed.
-func (b *outcomeBuffer) confirmed(o Outcome) {
+func (b *outcomeBuffer) confirmed(o outboxdriver.Outcome) {
 	b.published = append(b.published, o)
 	b.unrecorded++
 }
 
 // rejected buffers a rejection, and the lane it settles.
-func (b *outcomeBuffer) rejected(f Failure, ln *lane) {
+func (b *outcomeBuffer) rejected(f outboxdriver.Failure, ln *lane) {
 	b.failed = append(b.failed, f)
 	b.unrecorded++
 	b.lanes = append(b.lanes, ln)
@@ -59,17 +61,17 @@ func (b *outcomeBuffer) ready(now time.Time) bool {
 
 // dropStale removes the outcomes stale reports (fetched under a lease token the relay no
 // longer holds) and returns how many.
-func (b *outcomeBuffer) dropStale(stale func(Outcome) bool) int {
+func (b *outcomeBuffer) dropStale(stale func(outboxdriver.Outcome) bool) int {
 	n := len(b.published) + len(b.failed)
 	b.published = slices.DeleteFunc(b.published, stale)
-	b.failed = slices.DeleteFunc(b.failed, func(f Failure) bool { return stale(f.Outcome) })
+	b.failed = slices.DeleteFunc(b.failed, func(f outboxdriver.Failure) bool { return stale(f.Outcome) })
 	dropped := n - len(b.published) - len(b.failed)
 	b.unrecorded -= dropped
 	return dropped
 }
 
 // take hands everything buffered to a recording, which then runs.
-func (b *outcomeBuffer) take() (published []Outcome, failed []Failure, lanes []*lane) {
+func (b *outcomeBuffer) take() (published []outboxdriver.Outcome, failed []outboxdriver.Failure, lanes []*lane) {
 	published, failed, lanes = b.published, b.failed, b.lanes
 	b.published, b.failed, b.lanes = nil, nil, nil
 	b.running, b.retryAt = true, time.Time{}
@@ -77,14 +79,14 @@ func (b *outcomeBuffer) take() (published []Outcome, failed []Failure, lanes []*
 }
 
 // recorded ends a recording that the store took (refusals included).
-func (b *outcomeBuffer) recorded(c Completion) {
+func (b *outcomeBuffer) recorded(c outboxdriver.Completion) {
 	b.running = false
 	b.unrecorded -= len(c.Published) + len(c.Failed)
 }
 
 // failedAt ends a recording that failed at now: its outcomes go back in front, and the
 // next recording waits completeRetryDelay.
-func (b *outcomeBuffer) failedAt(c Completion, lanes []*lane, now time.Time) {
+func (b *outcomeBuffer) failedAt(c outboxdriver.Completion, lanes []*lane, now time.Time) {
 	b.running = false
 	b.published = append(c.Published, b.published...)
 	b.failed = append(c.Failed, b.failed...)

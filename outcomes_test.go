@@ -3,6 +3,8 @@ package outbox
 import (
 	"testing"
 	"time"
+
+	"github.com/outboxkit/outbox/outboxdriver"
 )
 
 func TestOutcomeBuffer(t *testing.T) {
@@ -12,14 +14,14 @@ func TestOutcomeBuffer(t *testing.T) {
 		t.Fatal("an empty buffer is not idle")
 	}
 	ln := &lane{key: "k"}
-	b.confirmed(Outcome{Seq: 1, Token: 7})
-	b.confirmed(Outcome{Seq: 2, Token: 8})
-	b.rejected(Failure{Outcome: Outcome{Seq: 3, Token: 7}, Error: "no"}, ln)
+	b.confirmed(outboxdriver.Outcome{Seq: 1, Token: 7})
+	b.confirmed(outboxdriver.Outcome{Seq: 2, Token: 8})
+	b.rejected(outboxdriver.Failure{Outcome: outboxdriver.Outcome{Seq: 3, Token: 7}, Error: "no"}, ln)
 	if b.unrecorded != 3 || b.idle() || !b.ready(t0) {
 		t.Fatalf("after 3 outcomes: unrecorded %d, idle %v, ready %v", b.unrecorded, b.idle(), b.ready(t0))
 	}
 	// Outcomes under a lease token no longer held are dropped, and no longer count.
-	if n := b.dropStale(func(o Outcome) bool { return o.Token == 8 }); n != 1 || b.unrecorded != 2 {
+	if n := b.dropStale(func(o outboxdriver.Outcome) bool { return o.Token == 8 }); n != 1 || b.unrecorded != 2 {
 		t.Fatalf("dropStale = %d, unrecorded %d", n, b.unrecorded)
 	}
 	pub, failed, lanes := b.take()
@@ -28,8 +30,8 @@ func TestOutcomeBuffer(t *testing.T) {
 	}
 	// More outcomes arrive while it runs; the recording fails: its outcomes go back in
 	// front, still counted, and the next try waits a second.
-	b.confirmed(Outcome{Seq: 4, Token: 7})
-	c := Completion{Published: pub, Failed: failed}
+	b.confirmed(outboxdriver.Outcome{Seq: 4, Token: 7})
+	c := outboxdriver.Completion{Published: pub, Failed: failed}
 	b.failedAt(c, lanes, t0)
 	if b.unrecorded != 3 || b.published[0].Seq != 1 || b.published[1].Seq != 4 || b.lanes[0] != ln {
 		t.Fatalf("after a failed recording: unrecorded %d, published %v, lanes %v", b.unrecorded, b.published, b.lanes)
@@ -38,7 +40,7 @@ func TestOutcomeBuffer(t *testing.T) {
 		t.Fatal("a failed recording is not retried after completeRetryDelay")
 	}
 	pub, failed, _ = b.take()
-	b.recorded(Completion{Published: pub, Failed: failed})
+	b.recorded(outboxdriver.Completion{Published: pub, Failed: failed})
 	if b.unrecorded != 0 || !b.idle() || b.ready(t0.Add(time.Hour)) {
 		t.Fatalf("after the recording: unrecorded %d, idle %v", b.unrecorded, b.idle())
 	}

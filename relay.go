@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/outboxkit/outbox/internal/broken"
+	"github.com/outboxkit/outbox/outboxdriver"
 )
 
 // Relay publishes committed messages from a Store to a Publisher. Several relays may run
@@ -21,7 +22,7 @@ import (
 //
 // Start and Stop are safe for concurrent use; Stats may be called at any time.
 type Relay struct {
-	store Store
+	store outboxdriver.Store
 	pub   Publisher
 	cfg   RelayConfig
 	log   *slog.Logger
@@ -50,7 +51,7 @@ type relayStats struct {
 }
 
 // NewRelay returns a relay that reads from store and sends to pub. It does not start it.
-func NewRelay(store Store, pub Publisher, config RelayConfig) (*Relay, error) {
+func NewRelay(store outboxdriver.Store, pub Publisher, config RelayConfig) (*Relay, error) {
 	if store == nil {
 		return nil, errors.New("outbox: missing store (wrap a pgx pool with outboxpgx.New)")
 	}
@@ -180,7 +181,7 @@ type pubResult struct {
 }
 
 type completeResult struct {
-	c       Completion
+	c       outboxdriver.Completion
 	lanes   []*lane // failed lanes whose failure this completion records
 	refused []int64
 	dropped int // outcomes refused before asking the store (dropStaleOutcomes)
@@ -189,14 +190,14 @@ type completeResult struct {
 }
 
 type fetchResult struct {
-	req     *FetchRequest
+	req     *outboxdriver.FetchRequest
 	fetched []*Message
 	err     error
 	took    time.Duration
 }
 
 type leaseResult struct {
-	state   LeaseState
+	state   outboxdriver.LeaseState
 	err     error
 	started time.Time
 }
@@ -257,11 +258,11 @@ func (l *loop) run(ctx context.Context) {
 	var bg sync.WaitGroup
 	bgCtx, bgCancel := context.WithCancel(ctx)
 	defer func() { bgCancel(); bg.Wait() }()
-	if lis, ok := l.r.store.(Listener); ok {
+	if lis, ok := l.r.store.(outboxdriver.Listener); ok {
 		bg.Add(1)
 		go func() { defer bg.Done(); l.listen(bgCtx, lis) }()
 	}
-	m, ok := l.r.store.(Maintainer)
+	m, ok := l.r.store.(outboxdriver.Maintainer)
 	if !ok && l.cfg.Retention > 0 {
 		m, ok = rowCleaner{l.r.store}, true
 	}
@@ -269,7 +270,7 @@ func (l *loop) run(ctx context.Context) {
 		bg.Add(1)
 		go func() { defer bg.Done(); l.maintain(bgCtx, m) }()
 	}
-	if rc, ok := l.r.store.(Recycler); ok {
+	if rc, ok := l.r.store.(outboxdriver.Recycler); ok {
 		bg.Add(1)
 		go func() { defer bg.Done(); l.recycle(bgCtx, rc) }()
 	}
@@ -375,7 +376,7 @@ func (l *loop) syncLeases(ctx context.Context, final bool) {
 	if l.leaseBusy {
 		return
 	}
-	req := l.leases.request(LeaseRequest{RelayID: l.cfg.ID, Hostname: l.hostname, PID: os.Getpid(), TTL: l.cfg.LeaseTTL,
+	req := l.leases.request(outboxdriver.LeaseRequest{RelayID: l.cfg.ID, Hostname: l.hostname, PID: os.Getpid(), TTL: l.cfg.LeaseTTL,
 		RenewBelow: renewBelow(l.cfg.LeaseTTL)}, final, l.hand.idle)
 	l.leaseBusy = true
 	started := time.Now()
@@ -486,7 +487,7 @@ func (l *loop) onPublished(res pubResult) {
 		switch {
 		case err == nil:
 			confirmed++
-			l.outcomes.confirmed(Outcome{Seq: it.m.Seq, Token: it.token})
+			l.outcomes.confirmed(outboxdriver.Outcome{Seq: it.m.Seq, Token: it.token})
 			l.hand.confirmed(it, l.sendable)
 		case IsOutage(err):
 			outage = true
@@ -543,7 +544,7 @@ func (l *loop) resume(ctx context.Context) {
 // reject records a rejected attempt of it, its lane's head, and holds the key back.
 func (l *loop) reject(it *item, err error) {
 	attempt := it.m.Attempts + 1
-	f := Failure{Outcome: Outcome{Seq: it.m.Seq, Token: it.token}, Error: truncate(err.Error(), 2000)}
+	f := outboxdriver.Failure{Outcome: outboxdriver.Outcome{Seq: it.m.Seq, Token: it.token}, Error: truncate(err.Error(), 2000)}
 	if attempt >= l.cfg.MaxAttempts || IsPermanent(err) {
 		f.Dead = true
 		l.log.Error("message dead-lettered", "event_id", it.m.ID.String(), "dedup_key", it.m.DedupKey,
@@ -571,7 +572,7 @@ func truncate(s string, n int) string {
 // token the relay no longer holds for the message's shard: the shard moved on (perhaps
 // back to this relay under a new token), and its current owner publishes the message.
 func (l *loop) dropStaleOutcomes() (dropped int) {
-	stale := func(o Outcome) bool {
+	stale := func(o outboxdriver.Outcome) bool {
 		shard, ok := l.hand.shardOf(o.Seq)
 		if ok && l.leases.holds(shard, o.Token) {
 			return false
@@ -593,7 +594,7 @@ func (l *loop) startComplete(ctx context.Context) {
 		return
 	}
 	dropped := l.dropStaleOutcomes()
-	c := Completion{RelayID: l.cfg.ID}
+	c := outboxdriver.Completion{RelayID: l.cfg.ID}
 	var lanes []*lane
 	c.Published, c.Failed, lanes = l.outcomes.take()
 	go func() {
@@ -684,7 +685,7 @@ func (l *loop) startFetch(ctx context.Context) {
 		// Canary: "id > cursor" polling, never below the highest seq seen.
 		full, after, l.fetch.cursor, l.fetch.want = false, l.fetch.maxSeq, l.fetch.maxSeq, false
 	}
-	req := &FetchRequest{RelayID: l.cfg.ID, Limit: min(room, l.cfg.BatchSize)}
+	req := &outboxdriver.FetchRequest{RelayID: l.cfg.ID, Limit: min(room, l.cfg.BatchSize)}
 	req.Leases = l.leases.active()
 	if len(req.Leases) == 0 {
 		return

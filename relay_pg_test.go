@@ -15,6 +15,7 @@ import (
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/testinfra/testdb"
 	"github.com/outboxkit/outbox/internal/testinfra/testenv"
+	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/outboxtest"
 )
 
@@ -45,7 +46,7 @@ func (b *relayBundle) tryWrite(msgs ...outbox.Message) error {
 	return pgx.BeginFunc(ctx, b.Pool, func(tx pgx.Tx) error { return b.Writer.Write(ctx, tx, msgs...) })
 }
 
-func (b *relayBundle) relay(t *testing.T, store outbox.Store, pub outbox.Publisher, cfg outbox.RelayConfig) *outbox.Relay {
+func (b *relayBundle) relay(t *testing.T, store outboxdriver.Store, pub outbox.Publisher, cfg outbox.RelayConfig) *outbox.Relay {
 	t.Helper()
 	if cfg.Logger == nil {
 		cfg.Logger = testdb.Logger()
@@ -234,7 +235,7 @@ func TestRelayPoisonDeadLetter(t *testing.T) {
 	}
 	// Replay keeps the id: consumers deduplicate on it.
 	pub.Fail = nil
-	if n, err := b.Driver.DeadReplay(ctx, outbox.DeadFilter{IDs: []outbox.ID{poison}}); err != nil || n != 1 {
+	if n, err := b.Driver.DeadReplay(ctx, outboxdriver.DeadFilter{IDs: []outbox.ID{poison}}); err != nil || n != 1 {
 		t.Fatalf("replay: %d, %v", n, err)
 	}
 	got = pub.Await(t, 52)
@@ -310,7 +311,7 @@ func TestRelayCommitOrderTrap(t *testing.T) {
 // with SIGSTOP, while other relays go on: its outcome writes first, then its lease
 // renewals too.
 type pausableStore struct {
-	outbox.Store
+	outboxdriver.Store
 	mu              sync.Mutex
 	completes, sync chan struct{} // closed, or nil, when calls may pass
 }
@@ -341,12 +342,12 @@ func (p *pausableStore) resume() {
 	p.mu.Unlock()
 }
 
-func (p *pausableStore) SyncLeases(ctx context.Context, r outbox.LeaseRequest) (outbox.LeaseState, error) {
+func (p *pausableStore) SyncLeases(ctx context.Context, r outboxdriver.LeaseRequest) (outboxdriver.LeaseState, error) {
 	p.gate(&p.sync)
 	return p.Store.SyncLeases(ctx, r)
 }
 
-func (p *pausableStore) Complete(ctx context.Context, c outbox.Completion) ([]int64, error) {
+func (p *pausableStore) Complete(ctx context.Context, c outboxdriver.Completion) ([]int64, error) {
 	p.gate(&p.completes)
 	return p.Store.Complete(ctx, c)
 }
@@ -523,7 +524,7 @@ func TestRelayHardKillTakeover(t *testing.T) {
 // heldFetchStore holds the first Fetch that returns rows, once armed, until released,
 // and fails lease renewals on demand.
 type heldFetchStore struct {
-	outbox.Store
+	outboxdriver.Store
 	mu         sync.Mutex
 	hold       chan struct{} // armed: the next Fetch with rows waits for it to close
 	holding    chan struct{} // closed when a Fetch is being held
@@ -537,7 +538,7 @@ func (s *heldFetchStore) arm() (holding, release chan struct{}) {
 	return s.holding, s.hold
 }
 
-func (s *heldFetchStore) Fetch(ctx context.Context, req outbox.FetchRequest) ([]*outbox.Message, error) {
+func (s *heldFetchStore) Fetch(ctx context.Context, req outboxdriver.FetchRequest) ([]*outbox.Message, error) {
 	rows, err := s.Store.Fetch(ctx, req)
 	s.mu.Lock()
 	hold, holding := s.hold, s.holding
@@ -552,9 +553,9 @@ func (s *heldFetchStore) Fetch(ctx context.Context, req outbox.FetchRequest) ([]
 	return rows, err
 }
 
-func (s *heldFetchStore) SyncLeases(ctx context.Context, r outbox.LeaseRequest) (outbox.LeaseState, error) {
+func (s *heldFetchStore) SyncLeases(ctx context.Context, r outboxdriver.LeaseRequest) (outboxdriver.LeaseState, error) {
 	if s.failLeases.Load() {
-		return outbox.LeaseState{}, errors.New("test: lease renewal fails")
+		return outboxdriver.LeaseState{}, errors.New("test: lease renewal fails")
 	}
 	return s.Store.SyncLeases(ctx, r)
 }

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"time"
 )
 
 // Route maps a message to its broker destination (a NATS subject, a Kafka topic, an AMQP
@@ -177,39 +176,3 @@ func (e *RouteError) Is(target error) bool { return target == ErrUnroutable }
 // with an empty field, or (for brokers that report it) a message the broker could not
 // route to any queue.
 var ErrUnroutable = errors.New("outbox: message is unroutable")
-
-// DedupID returns the value publishers send as the broker's deduplication id: DedupKey,
-// or the ID's string form when DedupKey is empty.
-func (m *Message) DedupID() string {
-	if m.DedupKey != "" {
-		return m.DedupKey
-	}
-	return m.ID.String()
-}
-
-// WireHeaders calls set for every header a publisher puts on the wire: the message's own
-// headers first, then the Outbox-* metadata headers and Content-Type, which therefore win
-// over own headers of the same name. Empty metadata is left out.
-func (m *Message) WireHeaders(set func(name, value string)) {
-	for k, v := range m.Headers {
-		set(k, v)
-	}
-	set(HeaderID, m.ID.String())
-	set(HeaderDedupKey, m.DedupID())
-	if m.Key != "" {
-		set(HeaderKey, m.Key)
-	}
-	if m.AggregateType != "" {
-		set(HeaderAggregateType, m.AggregateType)
-	}
-	if m.EventType != "" {
-		set(HeaderEventType, m.EventType)
-	}
-	set(HeaderTopic, m.Topic)
-	if !m.CreatedAt.IsZero() {
-		set(HeaderCreatedAt, m.CreatedAt.UTC().Format(time.RFC3339Nano))
-	}
-	if m.ContentType != "" {
-		set(HeaderContentType, m.ContentType)
-	}
-}

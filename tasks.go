@@ -3,6 +3,8 @@ package outbox
 import (
 	"context"
 	"time"
+
+	"github.com/outboxkit/outbox/outboxdriver"
 )
 
 // The relay's background tasks, started by loop.run beside the loop: they share no state
@@ -11,7 +13,7 @@ import (
 // are the store's own upkeep, which the store coordinates between relays (PostgreSQL: an
 // advisory lock per task, so one relay does the work at a time).
 
-func (l *loop) listen(ctx context.Context, lis Listener) {
+func (l *loop) listen(ctx context.Context, lis outboxdriver.Listener) {
 	wake := func() {
 		select {
 		case l.wake <- struct{}{}:
@@ -35,11 +37,11 @@ func (l *loop) listen(ctx context.Context, lis Listener) {
 
 // maintain calls m (the store's upkeep, or a rowCleaner) at start and every
 // CleanupInterval.
-func (l *loop) maintain(ctx context.Context, m Maintainer) {
+func (l *loop) maintain(ctx context.Context, m outboxdriver.Maintainer) {
 	t := time.NewTicker(l.cfg.CleanupInterval)
 	defer t.Stop()
 	for {
-		done, err := m.Maintain(ctx, MaintainRequest{Retention: l.cfg.Retention, Limit: l.cfg.CleanupBatch})
+		done, err := m.Maintain(ctx, outboxdriver.MaintainRequest{Retention: l.cfg.Retention, Limit: l.cfg.CleanupBatch})
 		switch {
 		case err != nil && ctx.Err() == nil:
 			l.log.Error("maintenance failed", "err", err)
@@ -66,7 +68,7 @@ const (
 )
 
 // recycle calls rc at start and every recycleInterval, or recycleDraining.
-func (l *loop) recycle(ctx context.Context, rc Recycler) {
+func (l *loop) recycle(ctx context.Context, rc outboxdriver.Recycler) {
 	t := time.NewTimer(recycleInterval)
 	defer t.Stop()
 	for {
@@ -95,10 +97,10 @@ func (l *loop) recycle(ctx context.Context, rc Recycler) {
 // rowCleaner maintains a store that is not a Maintainer: it deletes expired published
 // rows (and whatever the store expires with them) through DeletePublished, in batches of
 // req.Limit with a short pause between them, until a batch comes back short.
-type rowCleaner struct{ store Store }
+type rowCleaner struct{ store outboxdriver.Store }
 
-func (c rowCleaner) Maintain(ctx context.Context, req MaintainRequest) (Maintenance, error) {
-	var m Maintenance
+func (c rowCleaner) Maintain(ctx context.Context, req outboxdriver.MaintainRequest) (outboxdriver.Maintenance, error) {
+	var m outboxdriver.Maintenance
 	for {
 		n, err := c.store.DeletePublished(ctx, req.Retention, req.Limit)
 		m.Deleted += n

@@ -4,19 +4,9 @@ import (
 	"context"
 	"errors"
 	"maps"
-)
 
-// WriteDriver inserts messages in the caller's transaction. TTx is the transaction type
-// of the database library (pgx.Tx, *sql.Tx). Drivers live in their own packages
-// (outboxpgx, outboxsql); this interface is the seam between them and Writer.
-//
-// The seam may grow: implement it inside this module, not outside.
-type WriteDriver[TTx any] interface {
-	// Insert writes msgs, already validated and with defaults filled, in tx. It returns
-	// the dedup keys of the messages it skipped because the dedup key was taken, in call
-	// order, and no error for them.
-	Insert(ctx context.Context, tx TTx, msgs []Message) (skipped []string, err error)
-}
+	"github.com/outboxkit/outbox/outboxdriver"
+)
 
 // WriterConfig configures a Writer.
 type WriterConfig struct {
@@ -37,13 +27,13 @@ func (c WriterConfig) Validate() error { return c.Limits.validate() }
 // that transaction commits. It is safe for concurrent use; the transactions passed to it
 // follow their own library's rules (a pgx.Tx must not be used by two goroutines at once).
 type Writer[TTx any] struct {
-	driver WriteDriver[TTx]
+	driver outboxdriver.WriteDriver[TTx]
 	limits Limits
 	inject func(context.Context, *Message)
 }
 
 // NewWriter returns a Writer that inserts through driver.
-func NewWriter[TTx any](driver WriteDriver[TTx], config WriterConfig) (*Writer[TTx], error) {
+func NewWriter[TTx any](driver outboxdriver.WriteDriver[TTx], config WriterConfig) (*Writer[TTx], error) {
 	if any(driver) == nil {
 		return nil, errors.New("outbox: missing driver (wrap a pgx pool with outboxpgx.New or a *sql.DB with outboxsql.New)")
 	}

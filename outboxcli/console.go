@@ -13,6 +13,7 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/console"
+	"github.com/outboxkit/outbox/outboxdriver"
 )
 
 // consoleAddrDefault is where `outbox console` listens unless told otherwise: loopback,
@@ -134,7 +135,7 @@ func (c *consoleFlags) check(ctx context.Context, inv *invocation) error {
 
 // handler returns the console over admin. relayStats and relayID describe the relay
 // that serves it; nil and "" without one.
-func (c *consoleFlags) handler(ctx context.Context, inv *invocation, admin outbox.Admin, relayStats func() outbox.RelayStats, relayID string, log *slog.Logger) (http.Handler, error) {
+func (c *consoleFlags) handler(ctx context.Context, inv *invocation, admin outboxdriver.Admin, relayStats func() outbox.RelayStats, relayID string, log *slog.Logger) (http.Handler, error) {
 	if err := c.check(ctx, inv); err != nil {
 		return nil, err
 	}
@@ -150,7 +151,7 @@ func (c *consoleFlags) handler(ctx context.Context, inv *invocation, admin outbo
 // start serves the console on --http-addr in the background and returns the function
 // that stops it, waiting up to consoleShutdownGrace for requests under way. With an empty
 // --http-addr it serves nothing and stop does nothing.
-func (c *consoleFlags) start(ctx context.Context, inv *invocation, admin outbox.Admin, relayStats func() outbox.RelayStats, relayID string, log *slog.Logger) (stop func(), err error) {
+func (c *consoleFlags) start(ctx context.Context, inv *invocation, admin outboxdriver.Admin, relayStats func() outbox.RelayStats, relayID string, log *slog.Logger) (stop func(), err error) {
 	if c.addr == "" {
 		return func() {}, nil
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/outboxmysql"
 	"github.com/outboxkit/outbox/outboxpgx"
 	"github.com/outboxkit/outbox/outboxsqlite"
@@ -42,8 +43,8 @@ func (k dbKind) String() string {
 // relay's store, the operator's Admin, and the migrations. outboxpgx, outboxmysql and
 // outboxsqlite implement it.
 type storeDriver interface {
-	outbox.Store
-	outbox.Admin
+	outboxdriver.Store
+	outboxdriver.Admin
 	MigrateUp(ctx context.Context, target int) ([]int, error)
 	MigrateDown(ctx context.Context, target int) ([]int, error)
 	MigrationStatus(ctx context.Context) ([]outboxpgx.MigrationStatus, error)

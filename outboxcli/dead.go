@@ -13,6 +13,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/outboxdriver"
 )
 
 var deadCommand = &command{
@@ -49,8 +50,8 @@ func addDeadFilterFlags(fs *flag.FlagSet, defaultLimit int, limitHelp string) *d
 	return o
 }
 
-func (o *deadFilterFlags) filter() (outbox.DeadFilter, error) {
-	f := outbox.DeadFilter{Topic: o.topic, Key: o.key, ErrorContains: o.errContains, Since: o.since.t, Until: o.until.t, Limit: o.limit}
+func (o *deadFilterFlags) filter() (outboxdriver.DeadFilter, error) {
+	f := outboxdriver.DeadFilter{Topic: o.topic, Key: o.key, ErrorContains: o.errContains, Since: o.since.t, Until: o.until.t, Limit: o.limit}
 	for _, s := range o.ids {
 		id, err := outbox.ParseID(strings.TrimSpace(s))
 		if err != nil {
@@ -68,7 +69,7 @@ func (o *deadFilterFlags) filter() (outbox.DeadFilter, error) {
 }
 
 // describeNone says that nothing matched f.
-func describeNone(f outbox.DeadFilter) string {
+func describeNone(f outboxdriver.DeadFilter) string {
 	if parts := f.String(); parts != "" {
 		return "no dead letters match " + parts
 	}
@@ -127,7 +128,7 @@ var deadListCommand = &command{
 }
 
 // deadLetterJSON is a dead letter in the output of --json: snake_case keys like
-// outbox.Status, the payload in base64.
+// outboxdriver.Status, the payload in base64.
 type deadLetterJSON struct {
 	ID            outbox.ID         `json:"id"`
 	DedupKey      string            `json:"dedup_key"`
@@ -146,7 +147,7 @@ type deadLetterJSON struct {
 	LastError     string            `json:"last_error"`
 }
 
-func toJSON(dl outbox.DeadLetter) deadLetterJSON {
+func toJSON(dl outboxdriver.DeadLetter) deadLetterJSON {
 	h := dl.Headers
 	if h == nil {
 		h = map[string]string{}
@@ -158,7 +159,7 @@ func toJSON(dl outbox.DeadLetter) deadLetterJSON {
 	}
 }
 
-func printDeadTable(w io.Writer, dls []outbox.DeadLetter) error {
+func printDeadTable(w io.Writer, dls []outboxdriver.DeadLetter) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "DEAD AT\tID\tTOPIC\tKEY\tEVENT TYPE\tATTEMPTS\tLAST ERROR")
 	for _, dl := range dls {
@@ -202,7 +203,7 @@ text when it is valid UTF-8, in base64 otherwise).`,
 				return err
 			}
 			defer drv.close()
-			dls, err := drv.DeadList(ctx, outbox.DeadFilter{IDs: []outbox.ID{id}})
+			dls, err := drv.DeadList(ctx, outboxdriver.DeadFilter{IDs: []outbox.ID{id}})
 			if err != nil {
 				return err
 			}
@@ -217,7 +218,7 @@ text when it is valid UTF-8, in base64 otherwise).`,
 	},
 }
 
-func printDeadLetter(w io.Writer, dl outbox.DeadLetter) error {
+func printDeadLetter(w io.Writer, dl outboxdriver.DeadLetter) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	row := func(k string, v any) {
 		if v == "" {
@@ -277,7 +278,7 @@ func addConfirmFlags(fs *flag.FlagSet, verb, past string) *confirmFlags {
 
 // changeDead is the shared flow of replay and purge: count, preview, then act only
 // with --yes.
-func changeDead(ctx context.Context, inv *invocation, drv storeDriver, f outbox.DeadFilter, c *confirmFlags,
+func changeDead(ctx context.Context, inv *invocation, drv storeDriver, f outboxdriver.DeadFilter, c *confirmFlags,
 	verb, past string, act func() (int, error), after string) error {
 	n, err := drv.DeadCount(ctx, f)
 	if err != nil {

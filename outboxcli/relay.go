@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/outboxpgx"
 	"github.com/outboxkit/outbox/outboxprom"
 )
@@ -212,7 +213,7 @@ func (o *relayFlags) run(ctx context.Context, inv *invocation) error {
 		checkPendingTopics(ctx, log, drv, broker)
 	}
 
-	var store outbox.Store = drv.storeDriver
+	var store outboxdriver.Store = drv.storeDriver
 	if ready != nil {
 		reg.MustRegister(outboxprom.NewStatusCollector(drv, outboxprom.StatusConfig{Logger: log}))
 		leases := newLeaseWatch(drv.storeDriver, o.cfg.LeaseTTL)
@@ -301,7 +302,7 @@ func relayConfigError(err error) error {
 // checkPendingTopics has the broker check the topics with pending messages (50 at most),
 // so that a destination it cannot take is named in the log at start, not only in outage
 // messages later.
-func checkPendingTopics(ctx context.Context, log *slog.Logger, drv outbox.Admin, broker *openedBroker) {
+func checkPendingTopics(ctx context.Context, log *slog.Logger, drv outboxdriver.Admin, broker *openedBroker) {
 	status, err := drv.Status(ctx)
 	if err != nil {
 		log.Warn("could not read the outbox status to check the broker's destinations", "err", err)

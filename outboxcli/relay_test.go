@@ -20,6 +20,7 @@ import (
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/testinfra/testenv"
 	"github.com/outboxkit/outbox/internal/testinfra/testnats"
+	"github.com/outboxkit/outbox/outboxdriver"
 )
 
 // natsStream returns a fresh stream name and subject prefix, and deletes the stream
@@ -71,10 +72,10 @@ func streamMessages(t *testing.T, js jetstream.JetStream, stream string, n int) 
 	return out
 }
 
-func statusJSON(t *testing.T, b *testBundle) outbox.Status {
+func statusJSON(t *testing.T, b *testBundle) outboxdriver.Status {
 	t.Helper()
 	r := must(t, 0, b.env, "status", "--json")
-	var st outbox.Status
+	var st outboxdriver.Status
 	if err := json.Unmarshal([]byte(r.stdout), &st); err != nil {
 		t.Fatalf("status --json does not parse: %v\n%s", err, r)
 	}

@@ -11,11 +11,10 @@ import (
 	"sync"
 	"time"
 
+	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-
-	"github.com/outboxkit/outbox"
 )
 
 // This file serves the relay's HTTP endpoints for operators: /metrics, /healthz and
@@ -242,28 +241,28 @@ func (r *readiness) changed(key string, log func()) {
 // leaseWatch is the relay's store with the outcome of the last lease round kept for
 // /readyz. Give the relay store(), which keeps the store's optional methods visible.
 type leaseWatch struct {
-	outbox.Store
+	outboxdriver.Store
 	ttl time.Duration    // the relay's LeaseTTL
 	now func() time.Time // time.Now; a test replaces it
 
 	mu       sync.Mutex
 	synced   time.Time // when the last successful round returned; zero before the first
-	state    outbox.LeaseState
+	state    outboxdriver.LeaseState
 	released bool // the last round gave every lease back: the relay is leaving
 }
 
-func newLeaseWatch(s outbox.Store, ttl time.Duration) *leaseWatch {
+func newLeaseWatch(s outboxdriver.Store, ttl time.Duration) *leaseWatch {
 	return &leaseWatch{Store: s, ttl: ttl, now: time.Now}
 }
 
 // store returns w as the relay's store, with the optional interfaces of the store it
 // wraps (LISTEN, maintenance and the pending ring: PostgreSQL's driver has all three,
 // the other stores none).
-func (w *leaseWatch) store() outbox.Store {
+func (w *leaseWatch) store() outboxdriver.Store {
 	type full interface {
-		outbox.Listener
-		outbox.Maintainer
-		outbox.Recycler
+		outboxdriver.Listener
+		outboxdriver.Maintainer
+		outboxdriver.Recycler
 	}
 	if f, ok := w.Store.(full); ok {
 		return struct {
@@ -274,8 +273,8 @@ func (w *leaseWatch) store() outbox.Store {
 	return w
 }
 
-// SyncLeases implements outbox.Store.
-func (w *leaseWatch) SyncLeases(ctx context.Context, req outbox.LeaseRequest) (outbox.LeaseState, error) {
+// SyncLeases implements outboxdriver.Store.
+func (w *leaseWatch) SyncLeases(ctx context.Context, req outboxdriver.LeaseRequest) (outboxdriver.LeaseState, error) {
 	st, err := w.Store.SyncLeases(ctx, req)
 	if err == nil {
 		w.mu.Lock()

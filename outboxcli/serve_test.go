@@ -20,6 +20,7 @@ import (
 	"github.com/outboxkit/outbox/internal/testinfra/testdb"
 	"github.com/outboxkit/outbox/internal/testinfra/testenv"
 	"github.com/outboxkit/outbox/internal/testinfra/testnats"
+	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/outboxpgx"
 	"github.com/outboxkit/outbox/outboxsqlite"
 )
@@ -269,9 +270,9 @@ func TestReadiness(t *testing.T) {
 		w.mu.Lock()
 		defer w.mu.Unlock()
 		w.synced, w.released = synced, released
-		w.state = outbox.LeaseState{Shards: 64, Live: live, Target: target}
+		w.state = outboxdriver.LeaseState{Shards: 64, Live: live, Target: target}
 		for i := range held {
-			w.state.Held = append(w.state.Held, outbox.Lease{Shard: i})
+			w.state.Held = append(w.state.Held, outboxdriver.Lease{Shard: i})
 		}
 	}
 	set(now, 32, 2, 32, false)
@@ -323,9 +324,9 @@ func TestLeaseWatchKeepsOptionalInterfaces(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := newLeaseWatch(pg, time.Second).store()
-	_, lis := s.(outbox.Listener)
-	_, mnt := s.(outbox.Maintainer)
-	_, rec := s.(outbox.Recycler)
+	_, lis := s.(outboxdriver.Listener)
+	_, mnt := s.(outboxdriver.Maintainer)
+	_, rec := s.(outboxdriver.Recycler)
 	if !lis || !mnt || !rec {
 		t.Errorf("PostgreSQL behind the lease watch: Listener %v, Maintainer %v, Recycler %v", lis, mnt, rec)
 	}
@@ -333,7 +334,7 @@ func TestLeaseWatchKeepsOptionalInterfaces(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := newLeaseWatch(lite, time.Second).store().(outbox.Listener); ok {
+	if _, ok := newLeaseWatch(lite, time.Second).store().(outboxdriver.Listener); ok {
 		t.Error("SQLite behind the lease watch claims LISTEN")
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/outboxdriver"
 )
 
 func TestStatus(t *testing.T) {
@@ -66,16 +67,16 @@ func TestDescribe(t *testing.T) {
 	id := outbox.NewID()
 	for _, tc := range []struct {
 		n    int
-		f    outbox.DeadFilter
+		f    outboxdriver.DeadFilter
 		want string
 	}{
-		{3, outbox.DeadFilter{}, "all 3 dead letters"},
-		{1, outbox.DeadFilter{}, "the only dead letter"},
-		{5, outbox.DeadFilter{Limit: 5}, "the newest 5 dead letters"},
-		{2, outbox.DeadFilter{Limit: 5}, "all 2 dead letters"},
-		{1, outbox.DeadFilter{Topic: "orders", Limit: 1}, `the newest dead letter matching topic="orders"`},
-		{2, outbox.DeadFilter{Topic: "orders", ErrorContains: "time out"}, `2 dead letters matching topic="orders" error~"time out"`},
-		{1, outbox.DeadFilter{IDs: []outbox.ID{id}}, "1 dead letter matching id=" + id.String()},
+		{3, outboxdriver.DeadFilter{}, "all 3 dead letters"},
+		{1, outboxdriver.DeadFilter{}, "the only dead letter"},
+		{5, outboxdriver.DeadFilter{Limit: 5}, "the newest 5 dead letters"},
+		{2, outboxdriver.DeadFilter{Limit: 5}, "all 2 dead letters"},
+		{1, outboxdriver.DeadFilter{Topic: "orders", Limit: 1}, `the newest dead letter matching topic="orders"`},
+		{2, outboxdriver.DeadFilter{Topic: "orders", ErrorContains: "time out"}, `2 dead letters matching topic="orders" error~"time out"`},
+		{1, outboxdriver.DeadFilter{IDs: []outbox.ID{id}}, "1 dead letter matching id=" + id.String()},
 	} {
 		if got := tc.f.Describe(tc.n); got != tc.want {
 			t.Errorf("Describe(%d) of %+v = %q, want %q", tc.n, tc.f, got, tc.want)

@@ -15,6 +15,7 @@ import (
 	"github.com/outboxkit/outbox/internal/testinfra/testenv"
 	"github.com/outboxkit/outbox/internal/testinfra/testmysql"
 	"github.com/outboxkit/outbox/internal/testinfra/testnats"
+	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/outboxmysql"
 	"github.com/outboxkit/outbox/outboxsqlite"
 )
@@ -28,7 +29,7 @@ func TestCommandsOnEveryStore(t *testing.T) {
 	t.Run("sqlite", func(t *testing.T) {
 		t.Parallel()
 		path := filepath.Join(t.TempDir(), "app.db")
-		commandsOnStore(t, "sqlite://"+path, func(t *testing.T) (*sql.DB, outbox.WriteDriver[*sql.Tx]) {
+		commandsOnStore(t, "sqlite://"+path, func(t *testing.T) (*sql.DB, outboxdriver.WriteDriver[*sql.Tx]) {
 			db, err := outboxsqlite.Open(path)
 			if err != nil {
 				t.Fatal(err)
@@ -48,7 +49,7 @@ func TestCommandsOnEveryStore(t *testing.T) {
 			t.Fatal(err)
 		}
 		u := url.URL{Scheme: "mysql", User: url.UserPassword(cfg.User, cfg.Passwd), Host: cfg.Addr, Path: "/" + cfg.DBName}
-		commandsOnStore(t, u.String(), func(t *testing.T) (*sql.DB, outbox.WriteDriver[*sql.Tx]) {
+		commandsOnStore(t, u.String(), func(t *testing.T) (*sql.DB, outboxdriver.WriteDriver[*sql.Tx]) {
 			db := testmysql.Open(t, dsn)
 			drv, err := outboxmysql.New(db, outboxmysql.Config{Prefix: "app_"})
 			if err != nil {
@@ -59,11 +60,11 @@ func TestCommandsOnEveryStore(t *testing.T) {
 	})
 }
 
-func commandsOnStore(t *testing.T, dbURL string, open func(*testing.T) (*sql.DB, outbox.WriteDriver[*sql.Tx])) {
+func commandsOnStore(t *testing.T, dbURL string, open func(*testing.T) (*sql.DB, outboxdriver.WriteDriver[*sql.Tx])) {
 	env := map[string]string{"OUTBOX_DATABASE_URL": dbURL, "OUTBOX_PREFIX": "app_"}
-	status := func() outbox.Status {
+	status := func() outboxdriver.Status {
 		t.Helper()
-		var st outbox.Status
+		var st outboxdriver.Status
 		if err := json.Unmarshal([]byte(must(t, 0, env, "status", "--json").stdout), &st); err != nil {
 			t.Fatal(err)
 		}
@@ -135,7 +136,7 @@ func commandsOnStore(t *testing.T, dbURL string, open func(*testing.T) (*sql.DB,
 	}
 
 	r := must(t, 0, env, "dead", "list", "--json")
-	var dead []outbox.DeadLetter
+	var dead []outboxdriver.DeadLetter
 	if err := json.Unmarshal([]byte(r.stdout), &dead); err != nil || len(dead) != 1 || dead[0].Topic != bad.Topic {
 		t.Fatalf("dead list: %v\n%s", err, r)
 	}

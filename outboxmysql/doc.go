@@ -1,6 +1,6 @@
 // Package outboxmysql is the MySQL and MariaDB store: it writes messages in the caller's
-// database/sql transaction, and it is the relay's outbox.Store and the operator's
-// outbox.Admin. It uses github.com/go-sql-driver/mysql (driver name "mysql") and needs
+// database/sql transaction, and it is the relay's outboxdriver.Store and the operator's
+// outboxdriver.Admin. It uses github.com/go-sql-driver/mysql (driver name "mysql") and needs
 // MySQL 8.0.4+ or MariaDB 10.6+ (SKIP LOCKED and JSON_TABLE), InnoDB, and a utf8mb4
 // connection (the driver's default).
 //

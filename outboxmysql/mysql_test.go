@@ -14,6 +14,7 @@ import (
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/testinfra/testenv"
 	"github.com/outboxkit/outbox/internal/testinfra/testmysql"
+	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/outboxmysql"
 	"github.com/outboxkit/outbox/outboxtest"
 	"github.com/outboxkit/outbox/outboxtest/storetest"
@@ -98,11 +99,11 @@ func TestTimesAreUTC(t *testing.T) {
 	}
 	before := time.Now()
 	b.write(t, outbox.Message{Topic: "t", Payload: []byte(`{}`)})
-	st, err := b.drv.SyncLeases(c, outbox.LeaseRequest{RelayID: "r", TTL: time.Minute})
+	st, err := b.drv.SyncLeases(c, outboxdriver.LeaseRequest{RelayID: "r", TTL: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := b.drv.Fetch(c, outbox.FetchRequest{RelayID: "r", Leases: st.Held, Limit: 1})
+	got, err := b.drv.Fetch(c, outboxdriver.FetchRequest{RelayID: "r", Leases: st.Held, Limit: 1})
 	if err != nil || len(got) != 1 {
 		t.Fatalf("fetched %d, %v", len(got), err)
 	}

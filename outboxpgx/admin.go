@@ -7,18 +7,18 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/pgsql"
+	"github.com/outboxkit/outbox/outboxdriver"
 )
 
 // This file is the operator's side of the driver: the figures behind `outbox status`
 // and the dead-letter tooling behind `outbox dead`. The statements are pgsql's, shared
 // with outboxsql.
 
-// ErrEmptyDeadFilter is outbox.ErrEmptyDeadFilter.
-var ErrEmptyDeadFilter = outbox.ErrEmptyDeadFilter
+// ErrEmptyDeadFilter is outboxdriver.ErrEmptyDeadFilter.
+var ErrEmptyDeadFilter = outboxdriver.ErrEmptyDeadFilter
 
-var _ outbox.Admin = (*Driver)(nil)
+var _ outboxdriver.Admin = (*Driver)(nil)
 
 // PublishedExactBelow is the size of the published table, as estimated by PostgreSQL's
 // statistics, under which Status counts published rows exactly. Above it the count is an
@@ -39,11 +39,11 @@ const PublishedExactBelow = pgsql.PublishedExactBelow
 //
 // Relays lists the relays in the relays table (expired ones are kept about an hour and
 // shown with Live false) with the number of shards each holds an unexpired lease on.
-func (d *Driver) Status(ctx context.Context) (outbox.Status, error) {
+func (d *Driver) Status(ctx context.Context) (outboxdriver.Status, error) {
 	if err := d.needPool(); err != nil {
-		return outbox.Status{}, err
+		return outboxdriver.Status{}, err
 	}
-	st := outbox.Status{Topics: []outbox.TopicStatus{}, Relays: []outbox.RelayInfo{}}
+	st := outboxdriver.Status{Topics: []outboxdriver.TopicStatus{}, Relays: []outboxdriver.RelayInfo{}}
 	opts := pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}
 	err := pgx.BeginTxFunc(ctx, d.pool, opts, func(tx pgx.Tx) error {
 		// Dashboards poll this; see pgsql.NoJIT.
@@ -65,19 +65,19 @@ func (d *Driver) Status(ctx context.Context) (outbox.Status, error) {
 		return nil
 	})
 	if err != nil {
-		return outbox.Status{}, fmt.Errorf("outbox status: %w", err)
+		return outboxdriver.Status{}, fmt.Errorf("outbox status: %w", err)
 	}
 	return st, nil
 }
 
 // topicStatus fills the per-topic rows and the totals.
-func (d *Driver) topicStatus(ctx context.Context, tx pgx.Tx, st *outbox.Status) error {
+func (d *Driver) topicStatus(ctx context.Context, tx pgx.Tx, st *outboxdriver.Status) error {
 	rows, err := tx.Query(ctx, d.names.StatusTopics())
 	if err != nil {
 		return err
 	}
-	topics, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (outbox.TopicStatus, error) {
-		var t outbox.TopicStatus
+	topics, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (outboxdriver.TopicStatus, error) {
+		var t outboxdriver.TopicStatus
 		var ageMicros int64
 		err := r.Scan(&t.Topic, &t.Pending, &t.Due, &t.Retrying, &t.Dead, &ageMicros)
 		t.OldestPendingAge = time.Duration(ageMicros) * time.Microsecond
@@ -92,7 +92,7 @@ func (d *Driver) topicStatus(ctx context.Context, tx pgx.Tx, st *outbox.Status) 
 
 // publishedCount counts the published table exactly while it is small and estimates it
 // when it is large (see Status).
-func (d *Driver) publishedCount(ctx context.Context, tx pgx.Tx, st *outbox.Status) error {
+func (d *Driver) publishedCount(ctx context.Context, tx pgx.Tx, st *outboxdriver.Status) error {
 	var relTuples, liveTuples int64
 	var legacy bool
 	q, args := d.names.StatusPublishedStats()
@@ -106,13 +106,13 @@ func (d *Driver) publishedCount(ctx context.Context, tx pgx.Tx, st *outbox.Statu
 	return tx.QueryRow(ctx, d.names.StatusPublishedCount(legacy)).Scan(&st.Published)
 }
 
-func (d *Driver) relayStatus(ctx context.Context, tx pgx.Tx, st *outbox.Status) error {
+func (d *Driver) relayStatus(ctx context.Context, tx pgx.Tx, st *outboxdriver.Status) error {
 	rows, err := tx.Query(ctx, d.names.StatusRelays())
 	if err != nil {
 		return err
 	}
-	relays, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (outbox.RelayInfo, error) {
-		var ri outbox.RelayInfo
+	relays, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (outboxdriver.RelayInfo, error) {
+		var ri outboxdriver.RelayInfo
 		var pid int32
 		err := r.Scan(&ri.ID, &ri.Hostname, &pid, &ri.StartedAt, &ri.HeartbeatAt, &ri.Live, &ri.Shards)
 		ri.PID = int(pid)
@@ -126,7 +126,7 @@ func (d *Driver) relayStatus(ctx context.Context, tx pgx.Tx, st *outbox.Status) 
 }
 
 // DeadList returns the dead letters that match f, most recently dead-lettered first.
-func (d *Driver) DeadList(ctx context.Context, f outbox.DeadFilter) ([]outbox.DeadLetter, error) {
+func (d *Driver) DeadList(ctx context.Context, f outboxdriver.DeadFilter) ([]outboxdriver.DeadLetter, error) {
 	if err := d.needPool(); err != nil {
 		return nil, err
 	}
@@ -145,8 +145,8 @@ func (d *Driver) DeadList(ctx context.Context, f outbox.DeadFilter) ([]outbox.De
 	return out, nil
 }
 
-func scanDeadLetter(row pgx.CollectableRow) (outbox.DeadLetter, error) {
-	var dl outbox.DeadLetter
+func scanDeadLetter(row pgx.CollectableRow) (outboxdriver.DeadLetter, error) {
+	var dl outboxdriver.DeadLetter
 	m := &dl.Message
 	var id [16]byte
 	var headers []byte
@@ -164,7 +164,7 @@ func scanDeadLetter(row pgx.CollectableRow) (outbox.DeadLetter, error) {
 
 // DeadCount returns how many dead letters match f (at most f.Limit when it is set): what
 // DeadReplay or DeadPurge would act on if called now.
-func (d *Driver) DeadCount(ctx context.Context, f outbox.DeadFilter) (int, error) {
+func (d *Driver) DeadCount(ctx context.Context, f outboxdriver.DeadFilter) (int, error) {
 	if err := d.needPool(); err != nil {
 		return 0, err
 	}
@@ -193,7 +193,7 @@ func (d *Driver) DeadCount(ctx context.Context, f outbox.DeadFilter) (int, error
 //
 // The matching dead letters are locked and moved from the dead table to the pending one
 // in one transaction, and relays listening for notifications are woken in it.
-func (d *Driver) DeadReplay(ctx context.Context, f outbox.DeadFilter) (int, error) {
+func (d *Driver) DeadReplay(ctx context.Context, f outboxdriver.DeadFilter) (int, error) {
 	if err := d.needPool(); err != nil {
 		return 0, err
 	}
@@ -237,7 +237,7 @@ func (d *Driver) DeadReplay(ctx context.Context, f outbox.DeadFilter) (int, erro
 //
 // A filter that selects nothing in particular is refused with ErrEmptyDeadFilter:
 // deleting everything is DeadPurgeAll.
-func (d *Driver) DeadPurge(ctx context.Context, f outbox.DeadFilter) (int, error) {
+func (d *Driver) DeadPurge(ctx context.Context, f outboxdriver.DeadFilter) (int, error) {
 	if f.IsEmpty() {
 		return 0, ErrEmptyDeadFilter
 	}
@@ -247,10 +247,10 @@ func (d *Driver) DeadPurge(ctx context.Context, f outbox.DeadFilter) (int, error
 // DeadPurgeAll deletes every dead letter and returns how many it deleted. Pending and
 // published messages are not touched. Dedup keys are released later, as for DeadPurge.
 func (d *Driver) DeadPurgeAll(ctx context.Context) (int, error) {
-	return d.deadPurge(ctx, outbox.DeadFilter{})
+	return d.deadPurge(ctx, outboxdriver.DeadFilter{})
 }
 
-func (d *Driver) deadPurge(ctx context.Context, f outbox.DeadFilter) (int, error) {
+func (d *Driver) deadPurge(ctx context.Context, f outboxdriver.DeadFilter) (int, error) {
 	if err := d.needPool(); err != nil {
 		return 0, err
 	}

@@ -6,6 +6,7 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/testinfra/testenv"
+	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/outboxpgx"
 )
 
@@ -46,10 +47,10 @@ func TestAdminNeedsPool(t *testing.T) {
 	if _, err := drv.Status(ctx); err == nil {
 		t.Fatal("Status without a pool: no error")
 	}
-	if _, err := drv.DeadList(ctx, outbox.DeadFilter{}); err == nil {
+	if _, err := drv.DeadList(ctx, outboxdriver.DeadFilter{}); err == nil {
 		t.Fatal("DeadList without a pool: no error")
 	}
-	if _, err := drv.DeadReplay(ctx, outbox.DeadFilter{}); err == nil {
+	if _, err := drv.DeadReplay(ctx, outboxdriver.DeadFilter{}); err == nil {
 		t.Fatal("DeadReplay without a pool: no error")
 	}
 	if _, err := drv.DeadPurgeAll(ctx); err == nil {

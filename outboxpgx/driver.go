@@ -19,6 +19,7 @@ import (
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/broken"
 	"github.com/outboxkit/outbox/internal/pgsql"
+	"github.com/outboxkit/outbox/outboxdriver"
 )
 
 // Config names where the outbox lives. The zero value uses the public schema and no
@@ -40,8 +41,8 @@ type Config struct {
 	MigrateCopyLimit int
 }
 
-// Driver writes messages in pgx transactions and implements outbox.Store (and
-// outbox.Listener) over a pool. It is safe for concurrent use.
+// Driver writes messages in pgx transactions and implements outboxdriver.Store (and
+// outboxdriver.Listener) over a pool. It is safe for concurrent use.
 type Driver struct {
 	pool  *pgxpool.Pool
 	names *pgsql.Names
@@ -50,9 +51,9 @@ type Driver struct {
 }
 
 var (
-	_ outbox.WriteDriver[pgx.Tx] = (*Driver)(nil)
-	_ outbox.Store               = (*Driver)(nil)
-	_ outbox.Listener            = (*Driver)(nil)
+	_ outboxdriver.WriteDriver[pgx.Tx] = (*Driver)(nil)
+	_ outboxdriver.Store               = (*Driver)(nil)
+	_ outboxdriver.Listener            = (*Driver)(nil)
 )
 
 // Validate checks c as New does: a *outbox.ConfigError names the field at fault.
@@ -90,7 +91,7 @@ func (d *Driver) needPool() error {
 	return nil
 }
 
-// Insert implements outbox.WriteDriver: one statement for any number of messages.
+// Insert implements outboxdriver.WriteDriver: one statement for any number of messages.
 func (d *Driver) Insert(ctx context.Context, tx pgx.Tx, msgs []outbox.Message) ([]string, error) {
 	if tx == nil {
 		return nil, errors.New("outboxpgx: nil transaction: Write must run inside the caller's transaction")
@@ -129,8 +130,8 @@ func (d *Driver) Insert(ctx context.Context, tx pgx.Tx, msgs []outbox.Message) (
 	return pgsql.SkippedKeys(msgs, written), nil
 }
 
-// Fetch implements outbox.Store.
-func (d *Driver) Fetch(ctx context.Context, req outbox.FetchRequest) ([]*outbox.Message, error) {
+// Fetch implements outboxdriver.Store.
+func (d *Driver) Fetch(ctx context.Context, req outboxdriver.FetchRequest) ([]*outbox.Message, error) {
 	if err := d.needPool(); err != nil {
 		return nil, err
 	}
@@ -199,8 +200,8 @@ func scanMessage(row pgx.CollectableRow) (*outbox.Message, error) {
 	return m, nil
 }
 
-// Complete implements outbox.Store in one statement.
-func (d *Driver) Complete(ctx context.Context, c outbox.Completion) ([]int64, error) {
+// Complete implements outboxdriver.Store in one statement.
+func (d *Driver) Complete(ctx context.Context, c outboxdriver.Completion) ([]int64, error) {
 	if err := d.needPool(); err != nil {
 		return nil, err
 	}
@@ -237,12 +238,12 @@ const MigrateCopyLimitDefault = pgsql.MigrateCopyLimitDefault
 // RotateRowsDefault is Config.RotateRows's default.
 const RotateRowsDefault = pgsql.RotateRowsDefault
 
-// Maintain implements outbox.Maintainer: the published history's daily partitions are
+// Maintain implements outboxdriver.Maintainer: the published history's daily partitions are
 // created 7 days ahead and dropped whole once older than the retention time, and expired
 // dedup keys are deleted in batches of req.Limit. Every relay calls it; one at a time does
 // the work (an advisory lock), and DDL gives up after a short lock_timeout and is tried
 // again at the next call. Before migration 3 it deletes expired published rows instead.
-func (d *Driver) Maintain(ctx context.Context, req outbox.MaintainRequest) (outbox.Maintenance, error) {
+func (d *Driver) Maintain(ctx context.Context, req outboxdriver.MaintainRequest) (outboxdriver.Maintenance, error) {
 	m, err := d.names.Maintain(ctx, d.inTx, req)
 	if err != nil {
 		return m, fmt.Errorf("maintenance: %w", err)
@@ -250,12 +251,12 @@ func (d *Driver) Maintain(ctx context.Context, req outbox.MaintainRequest) (outb
 	return m, nil
 }
 
-// Recycle implements outbox.Recycler (schema version 4): retired buckets of the pending
+// Recycle implements outboxdriver.Recycler (schema version 4): retired buckets of the pending
 // ring whose rows are nearly all gone are emptied with TRUNCATE, their few pending rows
 // moved to the current bucket first with their seq, and the ring moves on once the
 // current bucket has taken Config.RotateRows rows. Every relay calls it about every
 // second; one at a time does the work. Before migration 4 it does nothing.
-func (d *Driver) Recycle(ctx context.Context) (outbox.Recycling, error) {
+func (d *Driver) Recycle(ctx context.Context) (outboxdriver.Recycling, error) {
 	r, err := d.names.Recycle(ctx, d.inTx)
 	if err != nil {
 		return r, fmt.Errorf("recycle: %w", err)
@@ -296,7 +297,7 @@ func (d *Driver) DropPartitions(ctx context.Context, retention time.Duration, dr
 // try again in a moment.
 var ErrBusy = errors.New("another process is maintaining the outbox; try again in a moment")
 
-// DeletePublished implements outbox.Store: it deletes up to limit published messages
+// DeletePublished implements outboxdriver.Store: it deletes up to limit published messages
 // older than olderThan, and up to limit dedup keys of that age whose message is neither
 // pending nor dead, and returns how many rows it deleted.
 func (d *Driver) DeletePublished(ctx context.Context, olderThan time.Duration, limit int) (int, error) {
@@ -315,12 +316,12 @@ func (d *Driver) DeletePublished(ctx context.Context, olderThan time.Duration, l
 	return n + int(tag.RowsAffected()), nil
 }
 
-// SyncLeases implements outbox.Store in one transaction.
-func (d *Driver) SyncLeases(ctx context.Context, req outbox.LeaseRequest) (outbox.LeaseState, error) {
+// SyncLeases implements outboxdriver.Store in one transaction.
+func (d *Driver) SyncLeases(ctx context.Context, req outboxdriver.LeaseRequest) (outboxdriver.LeaseState, error) {
 	if err := d.needPool(); err != nil {
-		return outbox.LeaseState{}, err
+		return outboxdriver.LeaseState{}, err
 	}
-	var st outbox.LeaseState
+	var st outboxdriver.LeaseState
 	err := pgx.BeginFunc(ctx, d.pool, func(tx pgx.Tx) error {
 		n := d.names
 		ttl := req.TTL.Milliseconds()
@@ -370,20 +371,20 @@ func (d *Driver) SyncLeases(ctx context.Context, req outbox.LeaseRequest) (outbo
 		return nil
 	})
 	if err != nil {
-		return outbox.LeaseState{}, fmt.Errorf("sync leases: %w", err)
+		return outboxdriver.LeaseState{}, fmt.Errorf("sync leases: %w", err)
 	}
 	return st, nil
 }
 
 // held returns the relay's leases and the time left on the one that expires first.
-func (d *Driver) held(ctx context.Context, tx pgx.Tx, relayID string) ([]outbox.Lease, time.Duration, error) {
+func (d *Driver) held(ctx context.Context, tx pgx.Tx, relayID string) ([]outboxdriver.Lease, time.Duration, error) {
 	rows, err := tx.Query(ctx, d.names.LeaseHeld(), relayID)
 	if err != nil {
 		return nil, 0, err
 	}
 	var left pgsql.LeastLeft
-	held, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (outbox.Lease, error) {
-		var l outbox.Lease
+	held, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (outboxdriver.Lease, error) {
+		var l outboxdriver.Lease
 		var shard int16
 		var ms int64
 		err := r.Scan(&shard, &l.Token, &ms)
@@ -394,7 +395,7 @@ func (d *Driver) held(ctx context.Context, tx pgx.Tx, relayID string) ([]outbox.
 	return held, left.Duration(), err
 }
 
-// Listen implements outbox.Listener with LISTEN on a connection of its own. It does not
+// Listen implements outboxdriver.Listener with LISTEN on a connection of its own. It does not
 // work through PgBouncer in transaction pooling mode (the session that listens is not
 // kept); the relay's polling covers that case.
 func (d *Driver) Listen(ctx context.Context, wake func()) error {

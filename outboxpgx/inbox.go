@@ -8,13 +8,13 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/pgsql"
+	"github.com/outboxkit/outbox/outboxdriver"
 )
 
-var _ outbox.InboxDriver[pgx.Tx] = (*Driver)(nil)
+var _ outboxdriver.InboxDriver[pgx.Tx] = (*Driver)(nil)
 
-// Claim implements outbox.InboxDriver: one INSERT ... ON CONFLICT DO NOTHING in tx.
+// Claim implements outboxdriver.InboxDriver: one INSERT ... ON CONFLICT DO NOTHING in tx.
 func (d *Driver) Claim(ctx context.Context, tx pgx.Tx, consumer string, ids []string) ([]bool, error) {
 	rows, err := tx.Query(ctx, d.names.InboxClaim(), consumer, ids)
 	if err != nil {
@@ -42,9 +42,9 @@ func (d *Driver) DeleteInbox(ctx context.Context, olderThan time.Duration, limit
 	return int(tag.RowsAffected()), nil
 }
 
-var _ outbox.VersionDriver[pgx.Tx] = (*Driver)(nil)
+var _ outboxdriver.VersionDriver[pgx.Tx] = (*Driver)(nil)
 
-// AdvanceVersion implements outbox.VersionDriver with one upsert in tx.
+// AdvanceVersion implements outboxdriver.VersionDriver with one upsert in tx.
 func (d *Driver) AdvanceVersion(ctx context.Context, tx pgx.Tx, consumer, aggregateType, aggregateID string, version int64) (bool, error) {
 	var ok bool
 	err := tx.QueryRow(ctx, d.names.VersionAdvance(), consumer, aggregateType, aggregateID, version).Scan(&ok)

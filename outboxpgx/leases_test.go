@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/outboxdriver"
 )
 
 // TestLeaseRenewBelow: a renewal with RenewBelow rewrites only the leases with less than
@@ -25,9 +25,9 @@ func TestLeaseRenewBelow(t *testing.T) {
 		}
 		return v
 	}
-	sync := func(held []outbox.Lease, below time.Duration) outbox.LeaseState {
+	sync := func(held []outboxdriver.Lease, below time.Duration) outboxdriver.LeaseState {
 		t.Helper()
-		st, err := b.Driver.SyncLeases(ctx, outbox.LeaseRequest{RelayID: "r", TTL: ttl, Held: held, RenewBelow: below})
+		st, err := b.Driver.SyncLeases(ctx, outboxdriver.LeaseRequest{RelayID: "r", TTL: ttl, Held: held, RenewBelow: below})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -13,6 +13,7 @@ import (
 	"github.com/outboxkit/outbox/internal/pgsql"
 	"github.com/outboxkit/outbox/internal/testinfra/testdb"
 	"github.com/outboxkit/outbox/internal/testinfra/testenv"
+	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/outboxpgx"
 	"github.com/outboxkit/outbox/outboxtest"
 )
@@ -57,7 +58,7 @@ func TestMaintainPartitions(t *testing.T) {
 	b.Exec(t, `INSERT INTO %[1]s.outbox_published SELECT 2, gen_random_uuid(), 't', 'k', '', '', 'x', 'x', '{}', 'd-new', 0, now(), 0, now()`)
 	b.Exec(t, `DROP TABLE %[1]s.`+dayName(today.AddDate(0, 0, 3)))
 
-	m, err := b.Driver.Maintain(ctx, outbox.MaintainRequest{Retention: 7 * 24 * time.Hour, Limit: 100})
+	m, err := b.Driver.Maintain(ctx, outboxdriver.MaintainRequest{Retention: 7 * 24 * time.Hour, Limit: 100})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -76,7 +77,7 @@ func TestMaintainPartitions(t *testing.T) {
 
 	// Keep forever: days are still created, none dropped.
 	b.Exec(t, `DROP TABLE %[1]s.`+dayName(today.AddDate(0, 0, 7)))
-	m, err = b.Driver.Maintain(ctx, outbox.MaintainRequest{Retention: -1, Limit: 100})
+	m, err = b.Driver.Maintain(ctx, outboxdriver.MaintainRequest{Retention: -1, Limit: 100})
 	if err != nil || len(m.Created) != 1 || len(m.Dropped) != 0 {
 		t.Fatalf("Maintain keeping forever: %+v, %v; want one day created, none dropped", m, err)
 	}
@@ -100,7 +101,7 @@ func TestMaintainBusy(t *testing.T) {
 	if _, err := holder.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('outbox-maintain:' || $1))`, b.Schema+".outbox"); err != nil {
 		t.Fatal(err)
 	}
-	m, err := b.Driver.Maintain(ctx, outbox.MaintainRequest{Retention: time.Hour, Limit: 100})
+	m, err := b.Driver.Maintain(ctx, outboxdriver.MaintainRequest{Retention: time.Hour, Limit: 100})
 	if err != nil || !m.Skipped || len(m.Created) != 0 {
 		t.Fatalf("Maintain while another holds the lock: %+v, %v; want skipped", m, err)
 	}
@@ -110,7 +111,7 @@ func TestMaintainBusy(t *testing.T) {
 	if err := holder.Rollback(ctx); err != nil {
 		t.Fatal(err)
 	}
-	m, err = b.Driver.Maintain(ctx, outbox.MaintainRequest{Retention: time.Hour, Limit: 100})
+	m, err = b.Driver.Maintain(ctx, outboxdriver.MaintainRequest{Retention: time.Hour, Limit: 100})
 	if err != nil || m.Skipped || len(m.Created) != 3 {
 		t.Fatalf("Maintain once the lock is free: %+v, %v; want the 3 missing days created", m, err)
 	}
@@ -158,11 +159,11 @@ func TestMissingPartitionKeepsPending(t *testing.T) {
 	ctx := context.Background()
 	b.Write(t, outbox.Message{Topic: "t", Key: "k", Payload: []byte(`1`)})
 	b.Exec(t, `DROP TABLE %[1]s.`+dayName(b.Today(t)))
-	st, err := b.Driver.SyncLeases(ctx, outbox.LeaseRequest{RelayID: "r", TTL: time.Minute})
+	st, err := b.Driver.SyncLeases(ctx, outboxdriver.LeaseRequest{RelayID: "r", TTL: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := b.Driver.Fetch(ctx, outbox.FetchRequest{RelayID: "r", Leases: st.Held, Limit: 10})
+	got, err := b.Driver.Fetch(ctx, outboxdriver.FetchRequest{RelayID: "r", Leases: st.Held, Limit: 10})
 	if err != nil || len(got) != 1 {
 		t.Fatalf("fetch: %d messages, %v", len(got), err)
 	}
@@ -170,14 +171,14 @@ func TestMissingPartitionKeepsPending(t *testing.T) {
 	for _, l := range st.Held {
 		token[l.Shard] = l.Token
 	}
-	c := outbox.Completion{RelayID: "r", Published: []outbox.Outcome{{Seq: got[0].Seq, Token: token[got[0].Shard]}}}
+	c := outboxdriver.Completion{RelayID: "r", Published: []outboxdriver.Outcome{{Seq: got[0].Seq, Token: token[got[0].Shard]}}}
 	if _, err := b.Driver.Complete(ctx, c); !errors.Is(err, pgsql.ErrNoPartition) {
 		t.Fatalf("Complete without today's partition: %v; want ErrNoPartition", err)
 	}
 	if n := b.CountIn(t, "outbox", "true"); n != 1 {
 		t.Fatalf("%d pending after the failed Complete; want the message still pending", n)
 	}
-	if _, err := b.Driver.Maintain(ctx, outbox.MaintainRequest{Retention: time.Hour, Limit: 100}); err != nil {
+	if _, err := b.Driver.Maintain(ctx, outboxdriver.MaintainRequest{Retention: time.Hour, Limit: 100}); err != nil {
 		t.Fatal(err)
 	}
 	if refused, err := b.Driver.Complete(ctx, c); err != nil || len(refused) != 0 {
@@ -264,7 +265,7 @@ func TestMigrateToPartitionsWhileRelaying(t *testing.T) {
 		t.Fatal(err)
 	}
 	db.Exec(t, `UPDATE %[1]s.outbox_migrations SET applied_at = now() - interval '8 days' WHERE version = 3`)
-	m, err := drv.Maintain(testenv.Context(t), outbox.MaintainRequest{Retention: 7 * 24 * time.Hour, Limit: 100})
+	m, err := drv.Maintain(testenv.Context(t), outboxdriver.MaintainRequest{Retention: 7 * 24 * time.Hour, Limit: 100})
 	if err != nil || m.Skipped {
 		t.Fatalf("maintain: %+v, %v", m, err)
 	}
@@ -283,7 +284,7 @@ func TestStatusPartitions(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	today := b.Today(t)
-	status := func() *outbox.PartitionStatus {
+	status := func() *outboxdriver.PartitionStatus {
 		t.Helper()
 		st, err := b.Driver.Status(testenv.Context(t))
 		if err != nil || st.Partitions == nil {

@@ -16,6 +16,7 @@ import (
 	"github.com/outboxkit/outbox/internal/pgsql"
 	"github.com/outboxkit/outbox/internal/testinfra/testdb"
 	"github.com/outboxkit/outbox/internal/testinfra/testenv"
+	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/outboxpgx"
 	"github.com/outboxkit/outbox/outboxtest"
 )
@@ -34,7 +35,7 @@ func driverAt(t *testing.T, db *testdb.DB, cfg outboxpgx.Config, version int) *o
 	return drv
 }
 
-func recycle(t *testing.T, drv *outboxpgx.Driver) outbox.Recycling {
+func recycle(t *testing.T, drv *outboxpgx.Driver) outboxdriver.Recycling {
 	t.Helper()
 	r, err := drv.Recycle(testenv.Context(t))
 	if err != nil {
@@ -46,9 +47,9 @@ func recycle(t *testing.T, drv *outboxpgx.Driver) outbox.Recycling {
 // recycleUntil calls Recycle until done is true of the sum of what the calls did: a
 // reclaim that cannot lock its bucket at once (autovacuum may hold it) gives up and is
 // tried again.
-func recycleUntil(t *testing.T, drv *outboxpgx.Driver, what string, done func(outbox.Recycling) bool) outbox.Recycling {
+func recycleUntil(t *testing.T, drv *outboxpgx.Driver, what string, done func(outboxdriver.Recycling) bool) outboxdriver.Recycling {
 	t.Helper()
-	var sum outbox.Recycling
+	var sum outboxdriver.Recycling
 	testenv.Await(t, what, func() (any, bool) {
 		r := recycle(t, drv)
 		sum.Rotated, sum.Draining = sum.Rotated || r.Rotated, r.Draining
@@ -122,7 +123,7 @@ func TestRingRotatesAndReclaims(t *testing.T) {
 	t.Parallel()
 	db := testdb.Migrated(t)
 	drv := driverAt(t, db, outboxpgx.Config{RotateRows: 10}, 0)
-	if st, err := drv.Status(testenv.Context(t)); err != nil || st.Ring == nil || *st.Ring != (outbox.RingStatus{}) {
+	if st, err := drv.Status(testenv.Context(t)); err != nil || st.Ring == nil || *st.Ring != (outboxdriver.RingStatus{}) {
 		t.Fatalf("status of a new outbox: ring %+v, %v; want bucket 0, no rotation, no rows", st.Ring, err)
 	}
 	writeN(t, db, 0, 25)
@@ -139,11 +140,11 @@ func TestRingRotatesAndReclaims(t *testing.T) {
 		t.Fatalf("rows by bucket %v; want 25 in 0 and 5 in 1", got)
 	}
 	st, err := drv.Status(testenv.Context(t))
-	if err != nil || st.Ring == nil || *st.Ring != (outbox.RingStatus{Current: 1, Rotations: 1, RowsSinceRotation: 5}) {
+	if err != nil || st.Ring == nil || *st.Ring != (outboxdriver.RingStatus{Current: 1, Rotations: 1, RowsSinceRotation: 5}) {
 		t.Fatalf("status: ring %+v, %v; want bucket 1, 1 rotation, 5 rows since", st.Ring, err)
 	}
 	before := pendingRows(t, db)
-	r := recycleUntil(t, drv, "bucket 0 reclaimed", func(r outbox.Recycling) bool { return r.Reclaimed > 0 })
+	r := recycleUntil(t, drv, "bucket 0 reclaimed", func(r outboxdriver.Recycling) bool { return r.Reclaimed > 0 })
 	if r.Rotated || r.Reclaimed != 1 || r.Moved != 25 {
 		t.Fatalf("recycled %+v; want bucket 0 reclaimed with its 25 rows moved, no rotation", r)
 	}
@@ -216,7 +217,7 @@ func TestRingReclaimYieldsToWriters(t *testing.T) {
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	r := recycleUntil(t, drv, "bucket 0 reclaimed after the commit", func(r outbox.Recycling) bool { return r.Reclaimed > 0 })
+	r := recycleUntil(t, drv, "bucket 0 reclaimed after the commit", func(r outboxdriver.Recycling) bool { return r.Reclaimed > 0 })
 	if r.Reclaimed != 1 || r.Moved != 1 {
 		t.Fatalf("after the commit: %+v; want the writer's row moved", r)
 	}

@@ -11,7 +11,7 @@
 //		Observer: outboxprom.New(outboxprom.Config{Registerer: reg, Broker: "nats"}),
 //	})
 //	...
-//	reg.MustRegister(outboxprom.NewStatusCollector(store, outboxprom.StatusConfig{})) // store: an outbox.Admin (outboxpgx.Driver)
+//	reg.MustRegister(outboxprom.NewStatusCollector(store, outboxprom.StatusConfig{})) // store: an outboxdriver.Admin (outboxpgx.Driver)
 //	http.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 //
 // `outbox relay --metrics-addr :9187` serves the same metrics, with /healthz and /readyz.
@@ -50,7 +50,7 @@
 //
 // # Metrics of the outbox (StatusCollector)
 //
-// Read with outbox.Admin.Status when scraped; the same figures on every relay of an
+// Read with outboxdriver.Admin.Status when scraped; the same figures on every relay of an
 // outbox (aggregate with max, not sum).
 //
 //	Metric                                  Type   Labels  Meaning

@@ -18,6 +18,7 @@ import (
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/testinfra/testdb"
 	"github.com/outboxkit/outbox/internal/testinfra/testenv"
+	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/outboxtest"
 )
 
@@ -93,7 +94,7 @@ func counts(g prometheus.Gatherer, all bool) string {
 	return b.String()
 }
 
-func startRelay(t *testing.T, store outbox.Store, pub outbox.Publisher, cfg outbox.RelayConfig) *outbox.Relay {
+func startRelay(t *testing.T, store outboxdriver.Store, pub outbox.Publisher, cfg outbox.RelayConfig) *outbox.Relay {
 	t.Helper()
 	if cfg.Logger == nil {
 		cfg.Logger = testdb.Logger()
@@ -294,7 +295,7 @@ type syncBuffer = testenv.Buffer
 // pausableStore freezes one relay's lease renewals and outcome writes, like a process
 // stopped with SIGSTOP, while its fetches and publishes go on.
 type pausableStore struct {
-	outbox.Store
+	outboxdriver.Store
 	mu     sync.Mutex
 	paused chan struct{}
 }
@@ -324,12 +325,12 @@ func (p *pausableStore) resume() {
 	p.mu.Unlock()
 }
 
-func (p *pausableStore) SyncLeases(ctx context.Context, r outbox.LeaseRequest) (outbox.LeaseState, error) {
+func (p *pausableStore) SyncLeases(ctx context.Context, r outboxdriver.LeaseRequest) (outboxdriver.LeaseState, error) {
 	p.gate()
 	return p.Store.SyncLeases(ctx, r)
 }
 
-func (p *pausableStore) Complete(ctx context.Context, c outbox.Completion) ([]int64, error) {
+func (p *pausableStore) Complete(ctx context.Context, c outboxdriver.Completion) ([]int64, error) {
 	p.gate()
 	return p.Store.Complete(ctx, c)
 }

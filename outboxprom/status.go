@@ -8,9 +8,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/outboxkit/outbox"
 )
 
 // Defaults for StatusConfig.
@@ -54,7 +53,7 @@ type StatusConfig struct {
 //
 // StatusCollector is safe for concurrent use; concurrent scrapes share one Status call.
 type StatusCollector struct {
-	admin outbox.Admin
+	admin outboxdriver.Admin
 	cfg   StatusConfig
 	now   func() time.Time
 
@@ -65,7 +64,7 @@ type StatusCollector struct {
 
 	mu     sync.Mutex // held during a Status call, so that concurrent scrapes wait for it
 	at     time.Time  // when snap or err was read; zero before the first read
-	snap   outbox.Status
+	snap   outboxdriver.Status
 	err    error
 	topics map[string]bool
 }
@@ -74,7 +73,7 @@ var _ prometheus.Collector = (*StatusCollector)(nil)
 
 // NewStatusCollector returns a collector that reads admin's Status on scrapes. Register
 // it with prometheus.Registerer.Register.
-func NewStatusCollector(admin outbox.Admin, c StatusConfig) *StatusCollector {
+func NewStatusCollector(admin outboxdriver.Admin, c StatusConfig) *StatusCollector {
 	c.Timeout = cmp.Or(c.Timeout, StatusTimeoutDefault)
 	c.MaxAge = cmp.Or(c.MaxAge, StatusMaxAgeDefault)
 	desc := func(name, help string, labels ...string) *prometheus.Desc {
@@ -115,7 +114,7 @@ func (s *StatusCollector) Collect(ch chan<- prometheus.Metric) {
 		return
 	}
 	ch <- prometheus.MustNewConstMetric(s.up, prometheus.GaugeValue, 1)
-	byTopic := make(map[string]outbox.TopicStatus, len(st.Topics))
+	byTopic := make(map[string]outboxdriver.TopicStatus, len(st.Topics))
 	for _, t := range st.Topics {
 		byTopic[t.Topic] = t
 	}
@@ -152,7 +151,7 @@ func (s *StatusCollector) Collect(ch chan<- prometheus.Metric) {
 
 // read returns a snapshot no older than MaxAge, reading a new one if needed, and the
 // topics to report, sorted.
-func (s *StatusCollector) read() (outbox.Status, []string, error) {
+func (s *StatusCollector) read() (outboxdriver.Status, []string, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.at.IsZero() || s.cfg.MaxAge < 0 || s.now().Sub(s.at) >= s.cfg.MaxAge {
@@ -177,7 +176,7 @@ func (s *StatusCollector) read() (outbox.Status, []string, error) {
 		}
 	}
 	if s.err != nil {
-		return outbox.Status{}, nil, s.err
+		return outboxdriver.Status{}, nil, s.err
 	}
 	topics := make([]string, 0, len(s.topics))
 	for t := range s.topics {

@@ -11,21 +11,21 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/testinfra/testenv"
+	"github.com/outboxkit/outbox/outboxdriver"
 )
 
 // fakeAdmin answers Status with whatever the test set, counting the calls.
 type fakeAdmin struct {
-	outbox.Admin // only Status is called
-	mu           sync.Mutex
-	st           outbox.Status
-	err          error
-	block        chan struct{} // when set, Status waits for it or for ctx
-	calls        atomic.Int32
+	outboxdriver.Admin // only Status is called
+	mu                 sync.Mutex
+	st                 outboxdriver.Status
+	err                error
+	block              chan struct{} // when set, Status waits for it or for ctx
+	calls              atomic.Int32
 }
 
-func (a *fakeAdmin) Status(ctx context.Context) (outbox.Status, error) {
+func (a *fakeAdmin) Status(ctx context.Context) (outboxdriver.Status, error) {
 	a.calls.Add(1)
 	a.mu.Lock()
 	st, err, block := a.st, a.err, a.block
@@ -34,13 +34,13 @@ func (a *fakeAdmin) Status(ctx context.Context) (outbox.Status, error) {
 		select {
 		case <-block:
 		case <-ctx.Done():
-			return outbox.Status{}, ctx.Err()
+			return outboxdriver.Status{}, ctx.Err()
 		}
 	}
 	return st, err
 }
 
-func (a *fakeAdmin) set(st outbox.Status, err error) {
+func (a *fakeAdmin) set(st outboxdriver.Status, err error) {
 	a.mu.Lock()
 	a.st, a.err = st, err
 	a.mu.Unlock()
@@ -50,7 +50,7 @@ func (a *fakeAdmin) set(st outbox.Status, err error) {
 // scrapes too; the next scrape after MaxAge reads again; -1 reads every time.
 func TestStatusCollectorCache(t *testing.T) {
 	t.Parallel()
-	admin := &fakeAdmin{st: outbox.Status{Topics: []outbox.TopicStatus{{Topic: "t", Pending: 1}}}}
+	admin := &fakeAdmin{st: outboxdriver.Status{Topics: []outboxdriver.TopicStatus{{Topic: "t", Pending: 1}}}}
 	c := NewStatusCollector(admin, StatusConfig{MaxAge: time.Minute})
 	clock := &fakeClock{t: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)}
 	c.now = clock.now
@@ -104,11 +104,11 @@ func TestStatusCollectorCache(t *testing.T) {
 // reported at zero once Status recovers.
 func TestStatusCollectorFailure(t *testing.T) {
 	t.Parallel()
-	admin := &fakeAdmin{st: outbox.Status{
-		Topics: []outbox.TopicStatus{{Topic: "orders", Pending: 3, Due: 2, Retrying: 1, Dead: 4, OldestPendingAge: 90 * time.Second}},
-		Relays: []outbox.RelayInfo{{ID: "a", Live: true}, {ID: "b"}, {ID: "c", Live: true}},
+	admin := &fakeAdmin{st: outboxdriver.Status{
+		Topics: []outboxdriver.TopicStatus{{Topic: "orders", Pending: 3, Due: 2, Retrying: 1, Dead: 4, OldestPendingAge: 90 * time.Second}},
+		Relays: []outboxdriver.RelayInfo{{ID: "a", Live: true}, {ID: "b"}, {ID: "c", Live: true}},
 		Shards: 64, ShardsLeased: 60,
-		Partitions:           &outbox.PartitionStatus{Count: 9, DaysAhead: 6},
+		Partitions:           &outboxdriver.PartitionStatus{Count: 9, DaysAhead: 6},
 		OldestTransactionAge: 42 * time.Second,
 	}}
 	reg := prometheus.NewRegistry()
@@ -138,9 +138,9 @@ func TestStatusCollectorFailure(t *testing.T) {
 			t.Fatalf("%s: want outbox_status_up 0 alone, got %v", why, mfs)
 		}
 	}
-	admin.set(outbox.Status{}, errors.New("connection refused"))
+	admin.set(outboxdriver.Status{}, errors.New("connection refused"))
 	onlyUp("Status failing")
-	admin.set(outbox.Status{}, nil)
+	admin.set(outboxdriver.Status{}, nil)
 	admin.mu.Lock()
 	admin.block = make(chan struct{}) // never released: Status times out
 	admin.mu.Unlock()
@@ -149,7 +149,7 @@ func TestStatusCollectorFailure(t *testing.T) {
 	admin.mu.Lock()
 	admin.block = nil
 	admin.mu.Unlock()
-	admin.set(outbox.Status{Topics: []outbox.TopicStatus{{Topic: "billing", Pending: 1}}, Shards: 64}, nil)
+	admin.set(outboxdriver.Status{Topics: []outboxdriver.TopicStatus{{Topic: "billing", Pending: 1}}, Shards: 64}, nil)
 	if value(t, reg, "outbox_status_up", nil) != 1 || value(t, reg, "outbox_pending", orders) != 0 ||
 		value(t, reg, "outbox_dead", orders) != 0 || value(t, reg, "outbox_pending", map[string]string{"topic": "billing"}) != 1 {
 		t.Fatal("after recovery: want orders at zero and billing at 1")

@@ -10,6 +10,7 @@ import (
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/testinfra/testdb"
 	"github.com/outboxkit/outbox/internal/testinfra/testenv"
+	"github.com/outboxkit/outbox/outboxdriver"
 )
 
 // TestStatusCollectorPostgres reads a known outbox in PostgreSQL: two topics with due,
@@ -28,7 +29,7 @@ func TestStatusCollectorPostgres(t *testing.T) {
 	db.Exec(t, `UPDATE %[1]s.outbox SET created_at = now() - interval '1 hour' WHERE key = 'o1'`)
 	db.Exec(t, `UPDATE %[1]s.outbox SET attempts = 1, next_attempt_at = now() + interval '1 hour' WHERE key = 'o2'`)
 	db.Kill(t, dead, 3, "refused", 0)
-	if _, err := db.Driver.SyncLeases(testenv.Context(t), outbox.LeaseRequest{RelayID: "status-test", Hostname: "h", PID: 1, TTL: time.Minute}); err != nil {
+	if _, err := db.Driver.SyncLeases(testenv.Context(t), outboxdriver.LeaseRequest{RelayID: "status-test", Hostname: "h", PID: 1, TTL: time.Minute}); err != nil {
 		t.Fatal(err)
 	}
 

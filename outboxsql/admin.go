@@ -6,11 +6,11 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/pgsql"
+	"github.com/outboxkit/outbox/outboxdriver"
 )
 
-// This file is the operator's side of the driver (outbox.Admin): the figures behind
+// This file is the operator's side of the driver (outboxdriver.Admin): the figures behind
 // `outbox status` and the dead-letter tooling behind `outbox dead`. The statements are
 // pgsql's, the same text outboxpgx runs, so both report and act alike.
 
@@ -32,11 +32,11 @@ const PublishedExactBelow = pgsql.PublishedExactBelow
 //
 // Relays lists the relays in the relays table (expired ones are kept about an hour and
 // shown with Live false) with the number of shards each holds an unexpired lease on.
-func (d *Driver) Status(ctx context.Context) (outbox.Status, error) {
+func (d *Driver) Status(ctx context.Context) (outboxdriver.Status, error) {
 	if err := d.needDB(); err != nil {
-		return outbox.Status{}, err
+		return outboxdriver.Status{}, err
 	}
-	st := outbox.Status{Topics: []outbox.TopicStatus{}, Relays: []outbox.RelayInfo{}}
+	st := outboxdriver.Status{Topics: []outboxdriver.TopicStatus{}, Relays: []outboxdriver.RelayInfo{}}
 	opts := &sql.TxOptions{Isolation: sql.LevelRepeatableRead, ReadOnly: true}
 	err := withTx(ctx, d.db, opts, func(tx *sql.Tx) error {
 		// Dashboards poll this; see pgsql.NoJIT.
@@ -58,14 +58,14 @@ func (d *Driver) Status(ctx context.Context) (outbox.Status, error) {
 		return nil
 	})
 	if err != nil {
-		return outbox.Status{}, fmt.Errorf("outbox status: %w", err)
+		return outboxdriver.Status{}, fmt.Errorf("outbox status: %w", err)
 	}
 	return st, nil
 }
 
-func (d *Driver) topicStatus(ctx context.Context, tx *sql.Tx, st *outbox.Status) error {
-	topics, err := collect(ctx, tx, d.names.StatusTopics(), nil, func(rows *sql.Rows) (outbox.TopicStatus, error) {
-		var t outbox.TopicStatus
+func (d *Driver) topicStatus(ctx context.Context, tx *sql.Tx, st *outboxdriver.Status) error {
+	topics, err := collect(ctx, tx, d.names.StatusTopics(), nil, func(rows *sql.Rows) (outboxdriver.TopicStatus, error) {
+		var t outboxdriver.TopicStatus
 		var ageMicros int64
 		err := rows.Scan(&t.Topic, &t.Pending, &t.Due, &t.Retrying, &t.Dead, &ageMicros)
 		t.OldestPendingAge = time.Duration(ageMicros) * time.Microsecond
@@ -78,7 +78,7 @@ func (d *Driver) topicStatus(ctx context.Context, tx *sql.Tx, st *outbox.Status)
 	return nil
 }
 
-func (d *Driver) publishedCount(ctx context.Context, tx *sql.Tx, st *outbox.Status) error {
+func (d *Driver) publishedCount(ctx context.Context, tx *sql.Tx, st *outboxdriver.Status) error {
 	var relTuples, liveTuples int64
 	var legacy bool
 	q, args := d.names.StatusPublishedStats()
@@ -92,9 +92,9 @@ func (d *Driver) publishedCount(ctx context.Context, tx *sql.Tx, st *outbox.Stat
 	return tx.QueryRowContext(ctx, d.names.StatusPublishedCount(legacy)).Scan(&st.Published)
 }
 
-func (d *Driver) relayStatus(ctx context.Context, tx *sql.Tx, st *outbox.Status) error {
-	relays, err := collect(ctx, tx, d.names.StatusRelays(), nil, func(rows *sql.Rows) (outbox.RelayInfo, error) {
-		var ri outbox.RelayInfo
+func (d *Driver) relayStatus(ctx context.Context, tx *sql.Tx, st *outboxdriver.Status) error {
+	relays, err := collect(ctx, tx, d.names.StatusRelays(), nil, func(rows *sql.Rows) (outboxdriver.RelayInfo, error) {
+		var ri outboxdriver.RelayInfo
 		err := rows.Scan(&ri.ID, &ri.Hostname, &ri.PID, &ri.StartedAt, &ri.HeartbeatAt, &ri.Live, &ri.Shards)
 		return ri, err
 	})
@@ -106,7 +106,7 @@ func (d *Driver) relayStatus(ctx context.Context, tx *sql.Tx, st *outbox.Status)
 }
 
 // DeadList returns the dead letters that match f, most recently dead-lettered first.
-func (d *Driver) DeadList(ctx context.Context, f outbox.DeadFilter) ([]outbox.DeadLetter, error) {
+func (d *Driver) DeadList(ctx context.Context, f outboxdriver.DeadFilter) ([]outboxdriver.DeadLetter, error) {
 	if err := d.needDB(); err != nil {
 		return nil, err
 	}
@@ -114,8 +114,8 @@ func (d *Driver) DeadList(ctx context.Context, f outbox.DeadFilter) ([]outbox.De
 	if err != nil {
 		return nil, err
 	}
-	out, err := collect(ctx, d.db, q, args, func(rows *sql.Rows) (outbox.DeadLetter, error) {
-		var dl outbox.DeadLetter
+	out, err := collect(ctx, d.db, q, args, func(rows *sql.Rows) (outboxdriver.DeadLetter, error) {
+		var dl outboxdriver.DeadLetter
 		err := scanMessage(rows, &dl.Message, &dl.DeadAt)
 		return dl, err
 	})
@@ -127,7 +127,7 @@ func (d *Driver) DeadList(ctx context.Context, f outbox.DeadFilter) ([]outbox.De
 
 // DeadCount returns how many dead letters match f (at most f.Limit when it is set): what
 // DeadReplay or DeadPurge would act on if called now.
-func (d *Driver) DeadCount(ctx context.Context, f outbox.DeadFilter) (int, error) {
+func (d *Driver) DeadCount(ctx context.Context, f outboxdriver.DeadFilter) (int, error) {
 	if err := d.needDB(); err != nil {
 		return 0, err
 	}
@@ -157,7 +157,7 @@ func (d *Driver) DeadCount(ctx context.Context, f outbox.DeadFilter) (int, error
 // The matching dead letters are locked and moved from the dead table to the pending one
 // in one transaction, which also wakes the relays that listen for notifications (relays
 // on outboxpgx; relays on this package poll).
-func (d *Driver) DeadReplay(ctx context.Context, f outbox.DeadFilter) (int, error) {
+func (d *Driver) DeadReplay(ctx context.Context, f outboxdriver.DeadFilter) (int, error) {
 	if err := d.needDB(); err != nil {
 		return 0, err
 	}
@@ -195,11 +195,11 @@ func (d *Driver) DeadReplay(ctx context.Context, f outbox.DeadFilter) (int, erro
 // releases it later, once it is older than the retention time. Until then a message
 // written with the same dedup key is still skipped as a duplicate.
 //
-// A filter that selects nothing in particular is refused with outbox.ErrEmptyDeadFilter:
+// A filter that selects nothing in particular is refused with outboxdriver.ErrEmptyDeadFilter:
 // deleting everything is DeadPurgeAll.
-func (d *Driver) DeadPurge(ctx context.Context, f outbox.DeadFilter) (int, error) {
+func (d *Driver) DeadPurge(ctx context.Context, f outboxdriver.DeadFilter) (int, error) {
 	if f.IsEmpty() {
-		return 0, outbox.ErrEmptyDeadFilter
+		return 0, outboxdriver.ErrEmptyDeadFilter
 	}
 	return d.deadPurge(ctx, f)
 }
@@ -207,10 +207,10 @@ func (d *Driver) DeadPurge(ctx context.Context, f outbox.DeadFilter) (int, error
 // DeadPurgeAll deletes every dead letter and returns how many it deleted. Pending and
 // published messages are not touched. Dedup keys are released later, as for DeadPurge.
 func (d *Driver) DeadPurgeAll(ctx context.Context) (int, error) {
-	return d.deadPurge(ctx, outbox.DeadFilter{})
+	return d.deadPurge(ctx, outboxdriver.DeadFilter{})
 }
 
-func (d *Driver) deadPurge(ctx context.Context, f outbox.DeadFilter) (int, error) {
+func (d *Driver) deadPurge(ctx context.Context, f outboxdriver.DeadFilter) (int, error) {
 	if err := d.needDB(); err != nil {
 		return 0, err
 	}

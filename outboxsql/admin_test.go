@@ -8,6 +8,7 @@ import (
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/testinfra/testdb"
 	"github.com/outboxkit/outbox/internal/testinfra/testenv"
+	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/outboxsql"
 )
 
@@ -57,17 +58,17 @@ func TestStoreAndAdminNeedDB(t *testing.T) {
 	c := context.Background()
 	calls := map[string]func() error{
 		"SyncLeases": func() error {
-			_, err := drv.SyncLeases(c, outbox.LeaseRequest{RelayID: "r", TTL: time.Minute})
+			_, err := drv.SyncLeases(c, outboxdriver.LeaseRequest{RelayID: "r", TTL: time.Minute})
 			return err
 		},
-		"Fetch":           func() error { _, err := drv.Fetch(c, outbox.FetchRequest{RelayID: "r", Limit: 1}); return err },
-		"Complete":        func() error { _, err := drv.Complete(c, outbox.Completion{RelayID: "r"}); return err },
+		"Fetch":           func() error { _, err := drv.Fetch(c, outboxdriver.FetchRequest{RelayID: "r", Limit: 1}); return err },
+		"Complete":        func() error { _, err := drv.Complete(c, outboxdriver.Completion{RelayID: "r"}); return err },
 		"DeletePublished": func() error { _, err := drv.DeletePublished(c, time.Hour, 1); return err },
 		"Status":          func() error { _, err := drv.Status(c); return err },
-		"DeadList":        func() error { _, err := drv.DeadList(c, outbox.DeadFilter{}); return err },
-		"DeadCount":       func() error { _, err := drv.DeadCount(c, outbox.DeadFilter{}); return err },
-		"DeadReplay":      func() error { _, err := drv.DeadReplay(c, outbox.DeadFilter{}); return err },
-		"DeadPurge":       func() error { _, err := drv.DeadPurge(c, outbox.DeadFilter{Topic: "t"}); return err },
+		"DeadList":        func() error { _, err := drv.DeadList(c, outboxdriver.DeadFilter{}); return err },
+		"DeadCount":       func() error { _, err := drv.DeadCount(c, outboxdriver.DeadFilter{}); return err },
+		"DeadReplay":      func() error { _, err := drv.DeadReplay(c, outboxdriver.DeadFilter{}); return err },
+		"DeadPurge":       func() error { _, err := drv.DeadPurge(c, outboxdriver.DeadFilter{Topic: "t"}); return err },
 		"DeadPurgeAll":    func() error { _, err := drv.DeadPurgeAll(c); return err },
 	}
 	for name, call := range calls {
@@ -77,7 +78,7 @@ func TestStoreAndAdminNeedDB(t *testing.T) {
 	}
 }
 
-func startRelay(t *testing.T, store outbox.Store, pub outbox.Publisher, cfg outbox.RelayConfig) *outbox.Relay {
+func startRelay(t *testing.T, store outboxdriver.Store, pub outbox.Publisher, cfg outbox.RelayConfig) *outbox.Relay {
 	t.Helper()
 	cfg.Logger = testdb.Logger()
 	r, err := outbox.NewRelay(store, pub, cfg)

@@ -36,7 +36,7 @@
 //
 // # Relay
 //
-// The Driver is an outbox.Store, so a relay runs on the same *sql.DB:
+// The Driver is an outboxdriver.Store, so a relay runs on the same *sql.DB:
 //
 //	relay, err := outbox.NewRelay(drv, publisher, outbox.RelayConfig{})
 //	err = relay.Start(ctx)
@@ -56,7 +56,7 @@
 //
 // # Wake-up latency
 //
-// database/sql has no portable LISTEN, so the Driver does not implement outbox.Listener
+// database/sql has no portable LISTEN, so the Driver does not implement outboxdriver.Listener
 // and a relay on it finds new messages by polling: once it has caught up, a message
 // committed just after a poll waits up to RelayConfig.PollInterval (500ms by default,
 // half that on average) before it is fetched. A relay working through a backlog fetches
@@ -69,6 +69,6 @@
 //
 // # Operations
 //
-// The Driver is an outbox.Admin too: Status and the dead-letter calls (DeadList,
+// The Driver is an outboxdriver.Admin too: Status and the dead-letter calls (DeadList,
 // DeadCount, DeadReplay, DeadPurge, DeadPurgeAll) behave as outboxpgx's.
 package outboxsql

@@ -9,6 +9,7 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/pgsql"
+	"github.com/outboxkit/outbox/outboxdriver"
 )
 
 // Config names where the outbox lives. The zero value uses the public schema and no
@@ -46,10 +47,10 @@ const cachedRows = 64
 
 // Driver writes messages in database/sql transactions on PostgreSQL, whatever the
 // driver behind the *sql.DB (pgx's stdlib, lib/pq, ...), and is the relay's store
-// (outbox.Store) and the operator's (outbox.Admin) on that *sql.DB. It is safe for
+// (outboxdriver.Store) and the operator's (outboxdriver.Admin) on that *sql.DB. It is safe for
 // concurrent use.
 //
-// It does not implement outbox.Listener: database/sql has no portable LISTEN, so a relay
+// It does not implement outboxdriver.Listener: database/sql has no portable LISTEN, so a relay
 // on this store polls (see the package documentation).
 type Driver struct {
 	db    *sql.DB
@@ -63,9 +64,9 @@ type Driver struct {
 }
 
 var (
-	_ outbox.WriteDriver[*sql.Tx] = (*Driver)(nil)
-	_ outbox.Store                = (*Driver)(nil)
-	_ outbox.Admin                = (*Driver)(nil)
+	_ outboxdriver.WriteDriver[*sql.Tx] = (*Driver)(nil)
+	_ outboxdriver.Store                = (*Driver)(nil)
+	_ outboxdriver.Admin                = (*Driver)(nil)
 )
 
 // Validate checks c as New does: a *outbox.ConfigError names the field at fault.
@@ -115,7 +116,7 @@ func (d *Driver) insertSQL(rows int) string {
 	return q
 }
 
-// Insert implements outbox.WriteDriver. Messages go in multi-row INSERT statements of at
+// Insert implements outboxdriver.WriteDriver. Messages go in multi-row INSERT statements of at
 // most 6,000 rows each, run one after the other, so their seq order is the call order.
 // Every parameter is a string, []byte, time.Time or nil, which any database/sql driver
 // for PostgreSQL can bind.

@@ -7,16 +7,16 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/pgsql"
+	"github.com/outboxkit/outbox/outboxdriver"
 )
 
 var (
-	_ outbox.InboxDriver[*sql.Tx]   = (*Driver)(nil)
-	_ outbox.VersionDriver[*sql.Tx] = (*Driver)(nil)
+	_ outboxdriver.InboxDriver[*sql.Tx]   = (*Driver)(nil)
+	_ outboxdriver.VersionDriver[*sql.Tx] = (*Driver)(nil)
 )
 
-// Claim implements outbox.InboxDriver: one INSERT ... ON CONFLICT DO NOTHING in tx.
+// Claim implements outboxdriver.InboxDriver: one INSERT ... ON CONFLICT DO NOTHING in tx.
 func (d *Driver) Claim(ctx context.Context, tx *sql.Tx, consumer string, ids []string) ([]bool, error) {
 	recorded, err := collect(ctx, tx, d.names.InboxClaim(), []any{consumer, pgsql.TextArray(ids)}, func(rows *sql.Rows) (string, error) {
 		var id string
@@ -29,7 +29,7 @@ func (d *Driver) Claim(ctx context.Context, tx *sql.Tx, consumer string, ids []s
 	return pgsql.InboxFresh(ids, recorded), nil
 }
 
-// AdvanceVersion implements outbox.VersionDriver with one upsert in tx.
+// AdvanceVersion implements outboxdriver.VersionDriver with one upsert in tx.
 func (d *Driver) AdvanceVersion(ctx context.Context, tx *sql.Tx, consumer, aggregateType, aggregateID string, version int64) (bool, error) {
 	var ok bool
 	err := tx.QueryRowContext(ctx, d.names.VersionAdvance(), consumer, aggregateType, aggregateID, version).Scan(&ok)

@@ -9,6 +9,7 @@ import (
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/pgsql"
 	"github.com/outboxkit/outbox/internal/testinfra/testenv"
+	"github.com/outboxkit/outbox/outboxdriver"
 )
 
 // The database/sql drivers report a missing day of published history as ErrNoPartition,
@@ -22,11 +23,11 @@ func TestMissingPartitionKeepsPending(t *testing.T) {
 		if _, err := b.pool.Exec(testenv.Context(t), `DROP TABLE "`+b.schema+`".outbox_published_`+todayUTC(t, b).Format("20060102")); err != nil {
 			t.Fatal(err)
 		}
-		st, err := b.drv.SyncLeases(ctx, outbox.LeaseRequest{RelayID: "r", TTL: time.Minute})
+		st, err := b.drv.SyncLeases(ctx, outboxdriver.LeaseRequest{RelayID: "r", TTL: time.Minute})
 		if err != nil {
 			t.Fatal(err)
 		}
-		got, err := b.drv.Fetch(ctx, outbox.FetchRequest{RelayID: "r", Leases: st.Held, Limit: 10})
+		got, err := b.drv.Fetch(ctx, outboxdriver.FetchRequest{RelayID: "r", Leases: st.Held, Limit: 10})
 		if err != nil || len(got) != 1 {
 			t.Fatalf("fetch: %d messages, %v", len(got), err)
 		}
@@ -36,11 +37,11 @@ func TestMissingPartitionKeepsPending(t *testing.T) {
 				token = l.Token
 			}
 		}
-		c := outbox.Completion{RelayID: "r", Published: []outbox.Outcome{{Seq: got[0].Seq, Token: token}}}
+		c := outboxdriver.Completion{RelayID: "r", Published: []outboxdriver.Outcome{{Seq: got[0].Seq, Token: token}}}
 		if _, err := b.drv.Complete(ctx, c); !errors.Is(err, pgsql.ErrNoPartition) {
 			t.Fatalf("Complete without today's partition: %v; want ErrNoPartition", err)
 		}
-		m, err := b.drv.Maintain(ctx, outbox.MaintainRequest{Retention: time.Hour, Limit: 100})
+		m, err := b.drv.Maintain(ctx, outboxdriver.MaintainRequest{Retention: time.Hour, Limit: 100})
 		if err != nil || len(m.Created) != 1 {
 			t.Fatalf("Maintain: %+v, %v; want today created", m, err)
 		}

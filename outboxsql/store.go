@@ -8,16 +8,17 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/pgsql"
+	"github.com/outboxkit/outbox/outboxdriver"
 )
 
-// This file is the relay's side of the driver (outbox.Store). The statements are
+// This file is the relay's side of the driver (outboxdriver.Store). The statements are
 // pgsql's, the same text outboxpgx runs, so the two drivers claim, fence and record
 // outcomes identically and can even serve relays of one outbox side by side. Array
 // parameters travel as PostgreSQL array literals (pgsql.IntArray, pgsql.TextArray),
 // which every database/sql driver binds as a plain string.
 
-// Fetch implements outbox.Store.
-func (d *Driver) Fetch(ctx context.Context, req outbox.FetchRequest) ([]*outbox.Message, error) {
+// Fetch implements outboxdriver.Store.
+func (d *Driver) Fetch(ctx context.Context, req outboxdriver.FetchRequest) ([]*outbox.Message, error) {
 	if err := d.needDB(); err != nil {
 		return nil, err
 	}
@@ -140,8 +141,8 @@ func scanMessage(rows *sql.Rows, m *outbox.Message, extra ...any) error {
 	return err
 }
 
-// Complete implements outbox.Store in one statement.
-func (d *Driver) Complete(ctx context.Context, c outbox.Completion) ([]int64, error) {
+// Complete implements outboxdriver.Store in one statement.
+func (d *Driver) Complete(ctx context.Context, c outboxdriver.Completion) ([]int64, error) {
 	if err := d.needDB(); err != nil {
 		return nil, err
 	}
@@ -166,12 +167,12 @@ var ErrNoPartition = pgsql.ErrNoPartition
 // (migration 4) would copy more pending messages than Config.MigrateCopyLimit.
 var ErrCopyLimit = pgsql.ErrCopyLimit
 
-// Recycle implements outbox.Recycler (schema version 4): retired buckets of the pending
+// Recycle implements outboxdriver.Recycler (schema version 4): retired buckets of the pending
 // ring whose rows are nearly all gone are emptied with TRUNCATE, their few pending rows
 // moved to the current bucket first with their seq, and the ring moves on once the
 // current bucket has taken Config.RotateRows rows. Every relay calls it about every
 // second; one at a time does the work. Before migration 4 it does nothing.
-func (d *Driver) Recycle(ctx context.Context) (outbox.Recycling, error) {
+func (d *Driver) Recycle(ctx context.Context) (outboxdriver.Recycling, error) {
 	r, err := d.names.Recycle(ctx, d.inTx)
 	if err != nil {
 		return r, fmt.Errorf("recycle: %w", err)
@@ -179,12 +180,12 @@ func (d *Driver) Recycle(ctx context.Context) (outbox.Recycling, error) {
 	return r, nil
 }
 
-// Maintain implements outbox.Maintainer: the published history's daily partitions are
+// Maintain implements outboxdriver.Maintainer: the published history's daily partitions are
 // created 7 days ahead and dropped whole once older than the retention time, and expired
 // dedup keys are deleted in batches of req.Limit. Every relay calls it; one at a time does
 // the work (an advisory lock), and DDL gives up after a short lock_timeout and is tried
 // again at the next call. Before migration 3 it deletes expired published rows instead.
-func (d *Driver) Maintain(ctx context.Context, req outbox.MaintainRequest) (outbox.Maintenance, error) {
+func (d *Driver) Maintain(ctx context.Context, req outboxdriver.MaintainRequest) (outboxdriver.Maintenance, error) {
 	m, err := d.names.Maintain(ctx, d.inTx, req)
 	if err != nil {
 		return m, fmt.Errorf("maintenance: %w", err)
@@ -192,7 +193,7 @@ func (d *Driver) Maintain(ctx context.Context, req outbox.MaintainRequest) (outb
 	return m, nil
 }
 
-// DeletePublished implements outbox.Store: it deletes up to limit published messages
+// DeletePublished implements outboxdriver.Store: it deletes up to limit published messages
 // older than olderThan, and up to limit dedup keys of that age whose message is neither
 // pending nor dead, and returns how many rows it deleted.
 func (d *Driver) DeletePublished(ctx context.Context, olderThan time.Duration, limit int) (int, error) {
@@ -218,12 +219,12 @@ func (d *Driver) DeletePublished(ctx context.Context, olderThan time.Duration, l
 	return int(n + keys), nil
 }
 
-// SyncLeases implements outbox.Store in one transaction.
-func (d *Driver) SyncLeases(ctx context.Context, req outbox.LeaseRequest) (outbox.LeaseState, error) {
+// SyncLeases implements outboxdriver.Store in one transaction.
+func (d *Driver) SyncLeases(ctx context.Context, req outboxdriver.LeaseRequest) (outboxdriver.LeaseState, error) {
 	if err := d.needDB(); err != nil {
-		return outbox.LeaseState{}, err
+		return outboxdriver.LeaseState{}, err
 	}
-	var st outbox.LeaseState
+	var st outboxdriver.LeaseState
 	err := withTx(ctx, d.db, nil, func(tx *sql.Tx) error {
 		n := d.names
 		exec := func(query string, args ...any) error {
@@ -271,16 +272,16 @@ func (d *Driver) SyncLeases(ctx context.Context, req outbox.LeaseRequest) (outbo
 		return nil
 	})
 	if err != nil {
-		return outbox.LeaseState{}, fmt.Errorf("sync leases: %w", err)
+		return outboxdriver.LeaseState{}, fmt.Errorf("sync leases: %w", err)
 	}
 	return st, nil
 }
 
 // held returns the relay's leases and the time left on the one that expires first.
-func (d *Driver) held(ctx context.Context, tx *sql.Tx, relayID string) ([]outbox.Lease, time.Duration, error) {
+func (d *Driver) held(ctx context.Context, tx *sql.Tx, relayID string) ([]outboxdriver.Lease, time.Duration, error) {
 	var left pgsql.LeastLeft
-	held, err := collect(ctx, tx, d.names.LeaseHeld(), []any{relayID}, func(rows *sql.Rows) (outbox.Lease, error) {
-		var l outbox.Lease
+	held, err := collect(ctx, tx, d.names.LeaseHeld(), []any{relayID}, func(rows *sql.Rows) (outboxdriver.Lease, error) {
+		var l outboxdriver.Lease
 		var ms int64
 		err := rows.Scan(&l.Shard, &l.Token, &ms)
 		left.Add(ms)

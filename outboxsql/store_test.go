@@ -9,6 +9,7 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/testinfra/testenv"
+	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/outboxpgx"
 	"github.com/outboxkit/outbox/outboxtest"
 )
@@ -23,11 +24,11 @@ func TestRelayStatementsLeaveSessionAlone(t *testing.T) {
 			t.Fatal(err)
 		}
 		b.mustWrite(t, msg("t", "k"))
-		st, err := b.drv.SyncLeases(c, outbox.LeaseRequest{RelayID: "r", TTL: time.Minute})
+		st, err := b.drv.SyncLeases(c, outboxdriver.LeaseRequest{RelayID: "r", TTL: time.Minute})
 		if err != nil {
 			t.Fatal(err)
 		}
-		got, err := b.drv.Fetch(c, outbox.FetchRequest{RelayID: "r", Leases: st.Held, Limit: 10})
+		got, err := b.drv.Fetch(c, outboxdriver.FetchRequest{RelayID: "r", Leases: st.Held, Limit: 10})
 		if err != nil || len(got) != 1 {
 			t.Fatalf("fetch: %d, %v", len(got), err)
 		}
@@ -35,7 +36,7 @@ func TestRelayStatementsLeaveSessionAlone(t *testing.T) {
 		if err := b.db.QueryRowContext(c, `SELECT current_setting('jit')`).Scan(&jit); err != nil || jit != "on" {
 			t.Fatalf("after Fetch the session has jit = %s (%v), want on as it was", jit, err)
 		}
-		c2 := outbox.Completion{RelayID: "r", Published: []outbox.Outcome{{Seq: got[0].Seq, Token: st.Held[0].Token}}}
+		c2 := outboxdriver.Completion{RelayID: "r", Published: []outboxdriver.Outcome{{Seq: got[0].Seq, Token: st.Held[0].Token}}}
 		for _, l := range st.Held {
 			if l.Shard == got[0].Shard {
 				c2.Published[0].Token = l.Token
@@ -63,21 +64,21 @@ func TestFetchContinuationOddKeys(t *testing.T) {
 		}
 		b.mustWrite(t, first...)
 		b.mustWrite(t, second...)
-		st, err := b.drv.SyncLeases(c, outbox.LeaseRequest{RelayID: "r", TTL: time.Minute})
+		st, err := b.drv.SyncLeases(c, outboxdriver.LeaseRequest{RelayID: "r", TTL: time.Minute})
 		if err != nil {
 			t.Fatal(err)
 		}
-		all, err := b.drv.Fetch(c, outbox.FetchRequest{RelayID: "r", Leases: st.Held, Limit: 100})
+		all, err := b.drv.Fetch(c, outboxdriver.FetchRequest{RelayID: "r", Leases: st.Held, Limit: 100})
 		if err != nil || len(all) != 2*len(keys) {
 			t.Fatalf("fetch: %d, %v", len(all), err)
 		}
 		after := all[len(keys)-1].Seq // the relay holds every key's first message
-		none, err := b.drv.Fetch(c, outbox.FetchRequest{RelayID: "r", Leases: st.Held, After: after, Limit: 100})
+		none, err := b.drv.Fetch(c, outboxdriver.FetchRequest{RelayID: "r", Leases: st.Held, After: after, Limit: 100})
 		if err != nil || len(none) != 0 {
 			t.Fatalf("continuation without keys: %d, %v; want none", len(none), err)
 		}
 		held := []int64{all[0].Seq, all[1].Seq, all[2].Seq, all[3].Seq} // each key's first message
-		got, err := b.drv.Fetch(c, outbox.FetchRequest{RelayID: "r", Leases: st.Held, After: after, Keys: keys[:4], KeySeqs: held, Limit: 100})
+		got, err := b.drv.Fetch(c, outboxdriver.FetchRequest{RelayID: "r", Leases: st.Held, After: after, Keys: keys[:4], KeySeqs: held, Limit: 100})
 		if err != nil {
 			t.Fatal(err)
 		}

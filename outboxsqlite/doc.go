@@ -1,6 +1,6 @@
 // Package outboxsqlite is the SQLite store: it writes messages in the caller's
-// database/sql transaction, and it is the relay's outbox.Store and the operator's
-// outbox.Admin. It uses modernc.org/sqlite (driver name "sqlite"): pure Go, no cgo.
+// database/sql transaction, and it is the relay's outboxdriver.Store and the operator's
+// outboxdriver.Admin. It uses modernc.org/sqlite (driver name "sqlite"): pure Go, no cgo.
 //
 //	db, err := outboxsqlite.Open("app.db") // WAL, synchronous=FULL, immediate transactions
 //	drv, err := outboxsqlite.New(db, outboxsqlite.Config{})

@@ -8,6 +8,7 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/sqlstore"
+	"github.com/outboxkit/outbox/outboxdriver"
 )
 
 // Config names where the outbox lives: the tables of the database's main schema. The
@@ -20,7 +21,7 @@ type Config struct {
 }
 
 // Driver writes messages in database/sql transactions on SQLite and is the relay's
-// outbox.Store and the operator's outbox.Admin over a *sql.DB. It is safe for concurrent
+// outboxdriver.Store and the operator's outboxdriver.Admin over a *sql.DB. It is safe for concurrent
 // use, and several Drivers (in one process or in several processes on the machine that
 // holds the file) may work on one outbox at once.
 type Driver struct {
@@ -28,9 +29,9 @@ type Driver struct {
 }
 
 var (
-	_ outbox.WriteDriver[*sql.Tx] = (*Driver)(nil)
-	_ outbox.Store                = (*Driver)(nil)
-	_ outbox.Admin                = (*Driver)(nil)
+	_ outboxdriver.WriteDriver[*sql.Tx] = (*Driver)(nil)
+	_ outboxdriver.Store                = (*Driver)(nil)
+	_ outboxdriver.Admin                = (*Driver)(nil)
 )
 
 // Validate checks c as New does: a *outbox.ConfigError names the field at fault.
@@ -48,7 +49,7 @@ func New(db *sql.DB, config Config) (*Driver, error) {
 	return &Driver{s: s}, nil
 }
 
-// Insert implements outbox.WriteDriver: it writes msgs in tx with multi-row INSERT
+// Insert implements outboxdriver.WriteDriver: it writes msgs in tx with multi-row INSERT
 // statements, in call order. A message whose dedup key is taken is skipped and
 // reported, and tx stays usable (see outbox.DuplicateError).
 func (d *Driver) Insert(ctx context.Context, tx *sql.Tx, msgs []outbox.Message) ([]string, error) {
@@ -58,61 +59,61 @@ func (d *Driver) Insert(ctx context.Context, tx *sql.Tx, msgs []outbox.Message) 
 	return d.s.Insert(ctx, tx, msgs)
 }
 
-// Fetch implements outbox.Store.
-func (d *Driver) Fetch(ctx context.Context, req outbox.FetchRequest) ([]*outbox.Message, error) {
+// Fetch implements outboxdriver.Store.
+func (d *Driver) Fetch(ctx context.Context, req outboxdriver.FetchRequest) ([]*outbox.Message, error) {
 	return d.s.Fetch(ctx, req)
 }
 
-// Complete implements outbox.Store in one IMMEDIATE transaction, fenced by lease tokens.
-func (d *Driver) Complete(ctx context.Context, c outbox.Completion) ([]int64, error) {
+// Complete implements outboxdriver.Store in one IMMEDIATE transaction, fenced by lease tokens.
+func (d *Driver) Complete(ctx context.Context, c outboxdriver.Completion) ([]int64, error) {
 	return d.s.Complete(ctx, c)
 }
 
-// SyncLeases implements outbox.Store in one IMMEDIATE transaction.
-func (d *Driver) SyncLeases(ctx context.Context, req outbox.LeaseRequest) (outbox.LeaseState, error) {
+// SyncLeases implements outboxdriver.Store in one IMMEDIATE transaction.
+func (d *Driver) SyncLeases(ctx context.Context, req outboxdriver.LeaseRequest) (outboxdriver.LeaseState, error) {
 	return d.s.SyncLeases(ctx, req)
 }
 
-// DeletePublished implements outbox.Store: it deletes up to limit published messages
+// DeletePublished implements outboxdriver.Store: it deletes up to limit published messages
 // older than olderThan, and up to limit dedup keys of that age whose message is neither
 // pending nor dead, and returns how many rows it deleted.
 func (d *Driver) DeletePublished(ctx context.Context, olderThan time.Duration, limit int) (int, error) {
 	return d.s.DeletePublished(ctx, olderThan, limit)
 }
 
-// Status implements outbox.Admin, in one read transaction (one snapshot). Every figure is
+// Status implements outboxdriver.Admin, in one read transaction (one snapshot). Every figure is
 // exact; counting the published table reads its publication-time index.
-func (d *Driver) Status(ctx context.Context) (outbox.Status, error) {
+func (d *Driver) Status(ctx context.Context) (outboxdriver.Status, error) {
 	return d.s.Status(ctx)
 }
 
-// DeadList implements outbox.Admin: the dead letters that match f, most recently
+// DeadList implements outboxdriver.Admin: the dead letters that match f, most recently
 // dead-lettered first. ErrorContains ignores the case of ASCII letters only (SQLite's
 // lower() knows no other alphabet).
-func (d *Driver) DeadList(ctx context.Context, f outbox.DeadFilter) ([]outbox.DeadLetter, error) {
+func (d *Driver) DeadList(ctx context.Context, f outboxdriver.DeadFilter) ([]outboxdriver.DeadLetter, error) {
 	return d.s.DeadList(ctx, f)
 }
 
-// DeadCount implements outbox.Admin.
-func (d *Driver) DeadCount(ctx context.Context, f outbox.DeadFilter) (int, error) {
+// DeadCount implements outboxdriver.Admin.
+func (d *Driver) DeadCount(ctx context.Context, f outboxdriver.DeadFilter) (int, error) {
 	return d.s.DeadCount(ctx, f)
 }
 
-// DeadReplay implements outbox.Admin: the matching dead letters go back to pending with
+// DeadReplay implements outboxdriver.Admin: the matching dead letters go back to pending with
 // their ID, dedup key and seq, attempts reset, due at once. With f.Limit set it takes the
 // ones DeadList shows first.
-func (d *Driver) DeadReplay(ctx context.Context, f outbox.DeadFilter) (int, error) {
+func (d *Driver) DeadReplay(ctx context.Context, f outboxdriver.DeadFilter) (int, error) {
 	return d.s.DeadReplay(ctx, f)
 }
 
-// DeadPurge implements outbox.Admin. A filter that selects nothing in particular is
-// refused with outbox.ErrEmptyDeadFilter. A purged message's dedup key is released later
+// DeadPurge implements outboxdriver.Admin. A filter that selects nothing in particular is
+// refused with outboxdriver.ErrEmptyDeadFilter. A purged message's dedup key is released later
 // by the retention cleanup.
-func (d *Driver) DeadPurge(ctx context.Context, f outbox.DeadFilter) (int, error) {
+func (d *Driver) DeadPurge(ctx context.Context, f outboxdriver.DeadFilter) (int, error) {
 	return d.s.DeadPurge(ctx, f)
 }
 
-// DeadPurgeAll implements outbox.Admin: it deletes every dead letter.
+// DeadPurgeAll implements outboxdriver.Admin: it deletes every dead letter.
 func (d *Driver) DeadPurgeAll(ctx context.Context) (int, error) {
 	return d.s.DeadPurgeAll(ctx)
 }
@@ -143,16 +144,16 @@ func (d *Driver) MigrationStatus(ctx context.Context) ([]MigrationStatus, error)
 func (d *Driver) MigrationSQL() (string, error) { return d.s.MigrationSQL() }
 
 var (
-	_ outbox.InboxDriver[*sql.Tx]   = (*Driver)(nil)
-	_ outbox.VersionDriver[*sql.Tx] = (*Driver)(nil)
+	_ outboxdriver.InboxDriver[*sql.Tx]   = (*Driver)(nil)
+	_ outboxdriver.VersionDriver[*sql.Tx] = (*Driver)(nil)
 )
 
-// Claim implements outbox.InboxDriver in tx.
+// Claim implements outboxdriver.InboxDriver in tx.
 func (d *Driver) Claim(ctx context.Context, tx *sql.Tx, consumer string, ids []string) ([]bool, error) {
 	return d.s.Claim(ctx, tx, consumer, ids)
 }
 
-// AdvanceVersion implements outbox.VersionDriver in tx.
+// AdvanceVersion implements outboxdriver.VersionDriver in tx.
 func (d *Driver) AdvanceVersion(ctx context.Context, tx *sql.Tx, consumer, aggregateType, aggregateID string, version int64) (bool, error) {
 	return d.s.AdvanceVersion(ctx, tx, consumer, aggregateType, aggregateID, version)
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/outboxmysql"
 	"github.com/outboxkit/outbox/outboxpgx"
 	"github.com/outboxkit/outbox/outboxsqlite"
@@ -25,7 +26,7 @@ type database interface {
 	write(ctx context.Context, msgs []outbox.Message) error
 	// store returns a store for one relay, on a pool of its own as a separate process
 	// would have, and the function that closes it.
-	store(ctx context.Context) (outbox.Store, func(), error)
+	store(ctx context.Context) (outboxdriver.Store, func(), error)
 	// settle runs after a backlog is written (statistics).
 	settle(ctx context.Context) error
 	// pin holds a snapshot open on a connection of its own until release is called: the
@@ -90,7 +91,7 @@ func (p *postgres) write(ctx context.Context, msgs []outbox.Message) error {
 	return pgx.BeginFunc(ctx, p.pool, func(tx pgx.Tx) error { return p.w.Write(ctx, tx, msgs...) })
 }
 
-func (p *postgres) store(ctx context.Context) (outbox.Store, func(), error) {
+func (p *postgres) store(ctx context.Context) (outboxdriver.Store, func(), error) {
 	pc, err := pgxpool.ParseConfig(p.url)
 	if err != nil {
 		return nil, nil, err
@@ -146,8 +147,8 @@ type sqlDatabase struct {
 
 // sqlDriver is what the SQLite and MySQL drivers have in common here.
 type sqlDriver interface {
-	outbox.Store
-	outbox.WriteDriver[*sql.Tx]
+	outboxdriver.Store
+	outboxdriver.WriteDriver[*sql.Tx]
 	MigrateUp(ctx context.Context, target int) ([]int, error)
 }
 
@@ -177,7 +178,7 @@ func (s *sqlDatabase) write(ctx context.Context, msgs []outbox.Message) error {
 	return outbox.SQLTx(s.db, nil)(ctx, func(tx *sql.Tx) error { return s.w.Write(ctx, tx, msgs...) })
 }
 
-func (s *sqlDatabase) store(context.Context) (outbox.Store, func(), error) {
+func (s *sqlDatabase) store(context.Context) (outboxdriver.Store, func(), error) {
 	db, err := s.newPool()
 	if err != nil {
 		return nil, nil, err

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/outboxdriver"
 )
 
 const (
@@ -27,7 +28,7 @@ const (
 type Config struct {
 	// Admin is the outbox the console shows and acts on (an *outboxpgx.Driver, ...).
 	// Required.
-	Admin outbox.Admin
+	Admin outboxdriver.Admin
 
 	// RelayStats returns the counters of the relay that serves the console: the overview
 	// shows them and derives this relay's throughput from them. Nil (the default) for a

@@ -18,6 +18,7 @@ import (
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/testinfra/testdb"
 	"github.com/outboxkit/outbox/internal/testinfra/testenv"
+	"github.com/outboxkit/outbox/outboxdriver"
 )
 
 const testToken = "console-test-token-0123456789"
@@ -680,14 +681,22 @@ type failingAdmin struct{}
 
 var errDown = errors.New("database is down")
 
-func (failingAdmin) Status(context.Context) (outbox.Status, error) { return outbox.Status{}, errDown }
-func (failingAdmin) DeadList(context.Context, outbox.DeadFilter) ([]outbox.DeadLetter, error) {
+func (failingAdmin) Status(context.Context) (outboxdriver.Status, error) {
+	return outboxdriver.Status{}, errDown
+}
+func (failingAdmin) DeadList(context.Context, outboxdriver.DeadFilter) ([]outboxdriver.DeadLetter, error) {
 	return nil, errDown
 }
-func (failingAdmin) DeadCount(context.Context, outbox.DeadFilter) (int, error)  { return 0, errDown }
-func (failingAdmin) DeadReplay(context.Context, outbox.DeadFilter) (int, error) { return 0, errDown }
-func (failingAdmin) DeadPurge(context.Context, outbox.DeadFilter) (int, error)  { return 0, errDown }
-func (failingAdmin) DeadPurgeAll(context.Context) (int, error)                  { return 0, errDown }
+func (failingAdmin) DeadCount(context.Context, outboxdriver.DeadFilter) (int, error) {
+	return 0, errDown
+}
+func (failingAdmin) DeadReplay(context.Context, outboxdriver.DeadFilter) (int, error) {
+	return 0, errDown
+}
+func (failingAdmin) DeadPurge(context.Context, outboxdriver.DeadFilter) (int, error) {
+	return 0, errDown
+}
+func (failingAdmin) DeadPurgeAll(context.Context) (int, error) { return 0, errDown }
 
 // TestLoginSessions: failed logins from one address slow down, the right token
 // included; each login's CSRF token is its own; a logged-out session is refused.

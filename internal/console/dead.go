@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/outboxdriver"
 )
 
 const (
@@ -98,9 +99,9 @@ func parseAgo(s string) (time.Duration, error) {
 	return days + d, nil
 }
 
-// dead returns the filter as an outbox.DeadFilter, with or without its limit.
-func (f listFilter) dead(withLimit bool) outbox.DeadFilter {
-	d := outbox.DeadFilter{Topic: f.Topic, Key: f.Key, ErrorContains: f.Error, Since: f.Since, Until: f.Until}
+// dead returns the filter as an outboxdriver.DeadFilter, with or without its limit.
+func (f listFilter) dead(withLimit bool) outboxdriver.DeadFilter {
+	d := outboxdriver.DeadFilter{Topic: f.Topic, Key: f.Key, ErrorContains: f.Error, Since: f.Since, Until: f.Until}
 	if withLimit {
 		d.Limit = f.Limit
 	}
@@ -158,7 +159,7 @@ func (f listFilter) Describe() string { return f.dead(false).String() }
 type deadListData struct {
 	Filter    listFilter
 	FilterErr string
-	Letters   []outbox.DeadLetter
+	Letters   []outboxdriver.DeadLetter
 	Total     int // matching, without the limit
 	Done      string
 	Now       time.Time
@@ -213,7 +214,7 @@ func (h *Handler) deadShow(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, http.StatusNotFound, "That is not a message id.")
 		return
 	}
-	dls, err := h.cfg.Admin.DeadList(r.Context(), outbox.DeadFilter{IDs: []outbox.ID{id}})
+	dls, err := h.cfg.Admin.DeadList(r.Context(), outboxdriver.DeadFilter{IDs: []outbox.ID{id}})
 	if err != nil {
 		h.storeFailed(w, r, "read the dead letter", err)
 		return
@@ -229,7 +230,7 @@ func (h *Handler) deadShow(w http.ResponseWriter, r *http.Request) {
 }
 
 type detailData struct {
-	Letter  outbox.DeadLetter
+	Letter  outboxdriver.DeadLetter
 	Headers []field
 	Payload payloadView
 	Now     time.Time
@@ -276,11 +277,11 @@ func parseSelection(v url.Values, now time.Time) (selection, error) {
 	return s, nil
 }
 
-// filter is the outbox.DeadFilter the selection acts on.
-func (s selection) filter() outbox.DeadFilter {
+// filter is the outboxdriver.DeadFilter the selection acts on.
+func (s selection) filter() outboxdriver.DeadFilter {
 	switch s.Scope {
 	case "selected":
-		return outbox.DeadFilter{IDs: s.IDs}
+		return outboxdriver.DeadFilter{IDs: s.IDs}
 	case "shown":
 		return s.List.dead(true)
 	}
@@ -291,7 +292,7 @@ type confirmData struct {
 	Sel         selection
 	Count       int
 	Description string
-	Preview     []outbox.DeadLetter
+	Preview     []outboxdriver.DeadLetter
 	IDs         []string
 	Now         time.Time
 }
@@ -368,7 +369,7 @@ func (h *Handler) deadAct(w http.ResponseWriter, r *http.Request) {
 // so that nobody deletes everything by forgetting a field; here the operator chose
 // "all" on a confirmation page that said so, which is DeadPurgeAll, and "the newest N"
 // becomes their ids.
-func (h *Handler) purge(ctx context.Context, f outbox.DeadFilter) (int, error) {
+func (h *Handler) purge(ctx context.Context, f outboxdriver.DeadFilter) (int, error) {
 	if !f.IsEmpty() {
 		return h.cfg.Admin.DeadPurge(ctx, f)
 	}
@@ -383,5 +384,5 @@ func (h *Handler) purge(ctx context.Context, f outbox.DeadFilter) (int, error) {
 	for i, dl := range dls {
 		ids[i] = dl.ID
 	}
-	return h.cfg.Admin.DeadPurge(ctx, outbox.DeadFilter{IDs: ids})
+	return h.cfg.Admin.DeadPurge(ctx, outboxdriver.DeadFilter{IDs: ids})
 }

@@ -1,7 +1,7 @@
 // Package console is the outbox's web console: an overview of the outbox (backlog,
 // throughput, oldest pending age, topics, relays and their leases) and the dead letters,
 // with filters, a detail view, and replay and purge behind a confirmation step. It is
-// served by `outbox relay --http-addr` and by `outbox console`, over any outbox.Admin.
+// served by `outbox relay --http-addr` and by `outbox console`, over any outboxdriver.Admin.
 //
 // The pages are rendered on the server with html/template from files embedded in the
 // binary; there is no JavaScript and no build step. The overview refreshes itself with a

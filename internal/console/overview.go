@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/outboxdriver"
 )
 
 // rateWindow is how far back the throughput looks: the rate is taken between the oldest
@@ -49,7 +50,7 @@ func (s *sampler) add(at time.Time, n int64) (rate float64, ok bool) {
 }
 
 type overviewData struct {
-	Status    outbox.Status
+	Status    outboxdriver.Status
 	Now       time.Time
 	StoreRate rate
 	Relay     *relayData // nil without a relay

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/outboxnats"
 )
 
@@ -62,8 +63,8 @@ var orderEvents = []string{"order.placed", "order.paid"}
 // store and the consumer's inbox, over one database.
 type backend struct {
 	name  string
-	store outbox.Store
-	admin outbox.Admin
+	store outboxdriver.Store
+	admin outboxdriver.Admin
 	// placeOrder inserts the order and writes its events in one transaction, then
 	// commits it, or rolls it back when rollback is set. It returns when the commit
 	// (or rollback) returned.

@@ -7,10 +7,10 @@ import (
 	"strings"
 	"time"
 
-	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/outboxdriver"
 )
 
-// This file holds the operator's statements (outbox.Admin): the figures behind
+// This file holds the operator's statements (outboxdriver.Admin): the figures behind
 // `outbox status` and the dead-letter selections behind `outbox dead`. Every statement is
 // built from validated, quoted names; every value travels as a parameter, of a type any
 // driver binds (string, int, time.Time), arrays included (see TextArray).
@@ -49,7 +49,7 @@ ORDER BY topic`)
 
 // AddTopics appends topics (rows of StatusTopics) to st and adds them up into its
 // totals.
-func AddTopics(st *outbox.Status, topics []outbox.TopicStatus) {
+func AddTopics(st *outboxdriver.Status, topics []outboxdriver.TopicStatus) {
 	for _, t := range topics {
 		st.Pending += t.Pending
 		st.Due += t.Due
@@ -131,7 +131,7 @@ func (q *deadQuery) arg(v any) string {
 
 // deadWhere renders f. It is a condition on the dead table, which holds nothing but dead
 // letters, so no pending or published message can ever match.
-func deadWhere(f outbox.DeadFilter) (*deadQuery, error) {
+func deadWhere(f outboxdriver.DeadFilter) (*deadQuery, error) {
 	if err := f.Validate(); err != nil {
 		return nil, err
 	}
@@ -180,7 +180,7 @@ const deadOrder = " ORDER BY dead_at DESC, seq DESC"
 
 // DeadList selects the dead letters that match f, most recently dead-lettered first:
 // the columns of ReadColumns(""), then dead_at. A negative f.Limit is a *ConfigError.
-func (n *Names) DeadList(f outbox.DeadFilter) (string, []any, error) {
+func (n *Names) DeadList(f outboxdriver.DeadFilter) (string, []any, error) {
 	q, err := deadWhere(f)
 	if err != nil {
 		return "", nil, err
@@ -190,7 +190,7 @@ func (n *Names) DeadList(f outbox.DeadFilter) (string, []any, error) {
 
 // DeadCount counts the dead letters that match f, at most f.Limit when it is set: what a
 // replay or purge would act on if run now.
-func (n *Names) DeadCount(f outbox.DeadFilter) (string, []any, error) {
+func (n *Names) DeadCount(f outboxdriver.DeadFilter) (string, []any, error) {
 	q, err := deadWhere(f)
 	if err != nil {
 		return "", nil, err
@@ -200,7 +200,7 @@ func (n *Names) DeadCount(f outbox.DeadFilter) (string, []any, error) {
 
 // DeadPick locks the dead letters that match f, in DeadList's order, and returns their
 // seqs, for Replay in the same transaction.
-func (n *Names) DeadPick(f outbox.DeadFilter) (string, []any, error) {
+func (n *Names) DeadPick(f outboxdriver.DeadFilter) (string, []any, error) {
 	q, err := deadWhere(f)
 	if err != nil {
 		return "", nil, err
@@ -210,8 +210,8 @@ func (n *Names) DeadPick(f outbox.DeadFilter) (string, []any, error) {
 
 // DeadPurge deletes the dead letters that match f, in DeadList's order when f.Limit is
 // set; its rows affected are the dead letters deleted. Refusing an empty filter is the
-// caller's business (outbox.ErrEmptyDeadFilter).
-func (n *Names) DeadPurge(f outbox.DeadFilter) (string, []any, error) {
+// caller's business (outboxdriver.ErrEmptyDeadFilter).
+func (n *Names) DeadPurge(f outboxdriver.DeadFilter) (string, []any, error) {
 	q, err := deadWhere(f)
 	if err != nil {
 		return "", nil, err
@@ -245,9 +245,9 @@ SELECT (SELECT count(*)::int FROM d),
 FROM p`, []any{n.Published}
 }
 
-// partitionStatus makes statusPartitions' row an outbox.PartitionStatus.
-func partitionStatus(count, oldest, newest, ahead int) *outbox.PartitionStatus {
-	ps := &outbox.PartitionStatus{Count: count, DaysAhead: ahead}
+// partitionStatus makes statusPartitions' row an outboxdriver.PartitionStatus.
+func partitionStatus(count, oldest, newest, ahead int) *outboxdriver.PartitionStatus {
+	ps := &outboxdriver.PartitionStatus{Count: count, DaysAhead: ahead}
 	if count > 0 {
 		ps.Oldest, ps.Newest = dayOf(oldest), dayOf(newest)
 	}
@@ -268,7 +268,7 @@ WHERE datname = current_database() AND backend_type = 'client backend'
 // StorageStatus fills in st what the drivers' Status reads the same way: the age of the
 // oldest open transaction, the published history's partitions (from migration 3) and the
 // pending ring (from migration 4). q is the Status transaction.
-func (n *Names) StorageStatus(ctx context.Context, q Querier, st *outbox.Status) error {
+func (n *Names) StorageStatus(ctx context.Context, q Querier, st *outboxdriver.Status) error {
 	var micros int64
 	if err := q.QueryRow(ctx, statusOldestTransaction, nil, &micros); err != nil {
 		return err
@@ -288,7 +288,7 @@ func (n *Names) StorageStatus(ctx context.Context, q Querier, st *outbox.Status)
 	if err := q.QueryRow(ctx, sql, args, &ringed); err != nil || ringed == 0 {
 		return err // before migration 4: no ring
 	}
-	var ring outbox.RingStatus
+	var ring outboxdriver.RingStatus
 	sql, args = n.statusRing()
 	if err := q.QueryRow(ctx, sql, args, &ring.Current, &ring.Rotations, &ring.RowsSinceRotation); err != nil {
 		return err

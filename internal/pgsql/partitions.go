@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/outboxdriver"
 )
 
 // This file keeps the published history's daily partitions (migration 3): days created
@@ -199,14 +200,14 @@ WHERE m.version = 3 AND to_regclass($1) IS NOT NULL AND m.applied_at < now() - $
 	return dropped, legacy, ran, err
 }
 
-// Maintain is outbox.Maintainer.Maintain for both drivers: days of published history
+// Maintain is outboxdriver.Maintainer.Maintain for both drivers: days of published history
 // created ahead and dropped once expired (or, before migration 3, expired rows deleted in
 // batches), and expired dedup keys deleted in batches of req.Limit. The steps are
 // independent: one that fails (rights, a lock it could not get) does not keep the others
 // from running, and the errors are joined. Skipped says that a partition step found the
 // maintenance lock taken or a table lock busy, and is left to the next call.
-func (n *Names) Maintain(ctx context.Context, inTx InTx, req outbox.MaintainRequest) (outbox.Maintenance, error) {
-	var m outbox.Maintenance
+func (n *Names) Maintain(ctx context.Context, inTx InTx, req outboxdriver.MaintainRequest) (outboxdriver.Maintenance, error) {
+	var m outboxdriver.Maintenance
 	req.Limit = cmp.Or(max(req.Limit, 0), outbox.CleanupBatchDefault)
 	partitioned, err := n.Partitioned(ctx, inTx)
 	if err != nil {
@@ -241,7 +242,7 @@ func (n *Names) Maintain(ctx context.Context, inTx InTx, req outbox.MaintainRequ
 
 // deleteBatches runs stmt (a DELETE with $1 retention seconds and $2 limit) until it
 // deletes fewer than req.Limit rows, and returns how many it deleted.
-func (n *Names) deleteBatches(ctx context.Context, inTx InTx, stmt string, req outbox.MaintainRequest) (int, error) {
+func (n *Names) deleteBatches(ctx context.Context, inTx InTx, stmt string, req outboxdriver.MaintainRequest) (int, error) {
 	deleted := 0
 	for {
 		var k []int

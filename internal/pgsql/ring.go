@@ -5,8 +5,8 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/broken"
+	"github.com/outboxkit/outbox/outboxdriver"
 )
 
 // The pending ring (migration 4). Pending rows live in RingBuckets LIST partitions of the
@@ -64,8 +64,8 @@ func (n *Names) Ringed(ctx context.Context, inTx InTx) (bool, error) {
 // Recycle reclaims the retired buckets that are nearly empty, then rotates the ring if
 // the current bucket is full and the next one is free. Before migration 4 it does
 // nothing.
-func (n *Names) Recycle(ctx context.Context, inTx InTx) (outbox.Recycling, error) {
-	var r outbox.Recycling
+func (n *Names) Recycle(ctx context.Context, inTx InTx) (outboxdriver.Recycling, error) {
+	var r outboxdriver.Recycling
 	ringed, err := n.Ringed(ctx, inTx)
 	if err != nil || !ringed {
 		return r, err

@@ -6,10 +6,10 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/outboxdriver"
 )
 
-// This file is the part of outbox.Store that is not SQL but must behave the same in
+// This file is the part of outboxdriver.Store that is not SQL but must behave the same in
 // every PostgreSQL driver: the parameters of Complete and the reading of its result, and
 // the decoding of the columns of ReadColumns.
 
@@ -26,7 +26,7 @@ type CompleteArgs struct {
 }
 
 // NewCompleteArgs sorts c's outcomes into Complete's parameters.
-func NewCompleteArgs(c outbox.Completion) CompleteArgs {
+func NewCompleteArgs(c outboxdriver.Completion) CompleteArgs {
 	a := CompleteArgs{
 		Tokens: []int64{}, Published: make([]int64, len(c.Published)),
 		RetrySeqs: []int64{}, RetryErrors: []string{}, RetryDelayMillis: []int64{},
@@ -64,7 +64,7 @@ func ErrorText(s string) string {
 
 // Refused returns the seqs of c that are not among applied (the seqs Complete returned),
 // published ones first, in c's order.
-func Refused(c outbox.Completion, applied []int64) []int64 {
+func Refused(c outboxdriver.Completion, applied []int64) []int64 {
 	if len(applied) == len(c.Published)+len(c.Failed) {
 		return nil
 	}
@@ -100,7 +100,7 @@ func DecodeHeaders(seq int64, text []byte) (map[string]string, error) {
 }
 
 // Tokens returns the tokens of ls.
-func Tokens(ls []outbox.Lease) []int64 {
+func Tokens(ls []outboxdriver.Lease) []int64 {
 	out := make([]int64, len(ls))
 	for i, l := range ls {
 		out[i] = l.Token

@@ -10,25 +10,25 @@ import (
 	"strings"
 	"time"
 
-	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/outboxdriver"
 )
 
-// This file is the operator's side of the engine: outbox.Admin. Every statement is built
+// This file is the operator's side of the engine: outboxdriver.Admin. Every statement is built
 // from validated, quoted names; every value travels as a parameter or, for ids, as a hex
 // literal of bytes the engine holds.
 
-// Status implements outbox.Admin, read in one read-only transaction at the dialect's
+// Status implements outboxdriver.Admin, read in one read-only transaction at the dialect's
 // snapshot isolation, so that its figures agree with each other.
 //
 // Pending and dead figures are exact; their cost follows the backlog and the dead-letter
 // store, not the history kept. Published is exact, except where the dialect can estimate
 // the published table's size and the estimate is PublishedExactBelow or more: then it is
 // the estimate. OldestPendingAge is measured from when the message was written.
-func (s *Store) Status(ctx context.Context) (outbox.Status, error) {
+func (s *Store) Status(ctx context.Context) (outboxdriver.Status, error) {
 	if err := s.needDB(); err != nil {
-		return outbox.Status{}, err
+		return outboxdriver.Status{}, err
 	}
-	st := outbox.Status{Topics: []outbox.TopicStatus{}, Relays: []outbox.RelayInfo{}}
+	st := outboxdriver.Status{Topics: []outboxdriver.TopicStatus{}, Relays: []outboxdriver.RelayInfo{}}
 	tx, err := s.db.BeginTx(ctx, &sql.TxOptions{ReadOnly: true, Isolation: s.d.SnapshotIsolation})
 	if err != nil {
 		return st, fmt.Errorf("outbox status: begin: %w", err)
@@ -46,16 +46,16 @@ func (s *Store) Status(ctx context.Context) (outbox.Status, error) {
 	return st, nil
 }
 
-func (s *Store) topicStatus(ctx context.Context, tx Querier, st *outbox.Status) error {
+func (s *Store) topicStatus(ctx context.Context, tx Querier, st *outboxdriver.Status) error {
 	var now int64
 	if err := tx.QueryRowContext(ctx, "SELECT "+s.d.ToMicros(s.d.Now)).Scan(&now); err != nil {
 		return err
 	}
-	topics := map[string]*outbox.TopicStatus{}
-	get := func(name string) *outbox.TopicStatus {
+	topics := map[string]*outboxdriver.TopicStatus{}
+	get := func(name string) *outboxdriver.TopicStatus {
 		t := topics[name]
 		if t == nil {
-			t = &outbox.TopicStatus{Topic: name}
+			t = &outboxdriver.TopicStatus{Topic: name}
 			topics[name] = t
 		}
 		return t
@@ -108,12 +108,12 @@ FROM {{outbox}} GROUP BY topic`))
 		st.OldestPendingAge = max(st.OldestPendingAge, t.OldestPendingAge)
 		st.Topics = append(st.Topics, *t)
 	}
-	slices.SortFunc(st.Topics, func(a, b outbox.TopicStatus) int { return cmp.Compare(a.Topic, b.Topic) })
+	slices.SortFunc(st.Topics, func(a, b outboxdriver.TopicStatus) int { return cmp.Compare(a.Topic, b.Topic) })
 	st.Delayed = st.Pending - st.Due
 	return nil
 }
 
-func (s *Store) publishedCount(ctx context.Context, tx Querier, st *outbox.Status) error {
+func (s *Store) publishedCount(ctx context.Context, tx Querier, st *outboxdriver.Status) error {
 	if s.d.PublishedEstimate != "" {
 		var est sql.NullInt64
 		if err := tx.QueryRowContext(ctx, s.d.PublishedEstimate, s.names.Raw("outbox_published")).Scan(&est); err != nil && err != sql.ErrNoRows {
@@ -127,9 +127,9 @@ func (s *Store) publishedCount(ctx context.Context, tx Querier, st *outbox.Statu
 	return tx.QueryRowContext(ctx, s.sql(`SELECT COUNT(*) FROM {{published}}`)).Scan(&st.Published)
 }
 
-func (s *Store) relayStatus(ctx context.Context, tx Querier, st *outbox.Status) error {
-	relays, err := collect(ctx, tx, func(r *sql.Rows) (outbox.RelayInfo, error) {
-		var ri outbox.RelayInfo
+func (s *Store) relayStatus(ctx context.Context, tx Querier, st *outboxdriver.Status) error {
+	relays, err := collect(ctx, tx, func(r *sql.Rows) (outboxdriver.RelayInfo, error) {
+		var ri outboxdriver.RelayInfo
 		var started, beat int64
 		var live int
 		err := r.Scan(&ri.ID, &ri.Hostname, &ri.PID, &started, &beat, &live, &ri.Shards)
@@ -158,7 +158,7 @@ type deadQuery struct {
 
 // deadWhere renders f. It is a condition on the dead table, which holds nothing but dead
 // letters, so no pending or published message can match.
-func (s *Store) deadWhere(f outbox.DeadFilter) (*deadQuery, error) {
+func (s *Store) deadWhere(f outboxdriver.DeadFilter) (*deadQuery, error) {
 	if err := f.Validate(); err != nil {
 		return nil, err
 	}
@@ -204,7 +204,7 @@ func (s *Store) deadWhere(f outbox.DeadFilter) (*deadQuery, error) {
 }
 
 // withLimit returns the arguments of a statement ending in q's LIMIT.
-func (q *deadQuery) withLimit(f outbox.DeadFilter) []any {
+func (q *deadQuery) withLimit(f outboxdriver.DeadFilter) []any {
 	if q.limit == "" {
 		return q.args
 	}
@@ -220,9 +220,9 @@ func escapeLike(s string) string {
 // letters that DeadReplay and DeadPurge act on: the same rows a list shows.
 const deadOrder = " ORDER BY dead_at DESC, seq DESC"
 
-// DeadList implements outbox.Admin: the dead letters that match f, most recently
+// DeadList implements outboxdriver.Admin: the dead letters that match f, most recently
 // dead-lettered first (as outboxpgx lists them).
-func (s *Store) DeadList(ctx context.Context, f outbox.DeadFilter) ([]outbox.DeadLetter, error) {
+func (s *Store) DeadList(ctx context.Context, f outboxdriver.DeadFilter) ([]outboxdriver.DeadLetter, error) {
 	if err := s.needDB(); err != nil {
 		return nil, err
 	}
@@ -230,13 +230,13 @@ func (s *Store) DeadList(ctx context.Context, f outbox.DeadFilter) ([]outbox.Dea
 	if err != nil {
 		return nil, err
 	}
-	out, err := collect(ctx, s.db, func(r *sql.Rows) (outbox.DeadLetter, error) {
+	out, err := collect(ctx, s.db, func(r *sql.Rows) (outboxdriver.DeadLetter, error) {
 		var deadAt int64
 		m, err := scanMessage(r, &deadAt)
 		if err != nil {
-			return outbox.DeadLetter{}, err
+			return outboxdriver.DeadLetter{}, err
 		}
-		return outbox.DeadLetter{Message: *m, DeadAt: time.UnixMicro(deadAt)}, nil
+		return outboxdriver.DeadLetter{Message: *m, DeadAt: time.UnixMicro(deadAt)}, nil
 	}, s.sql(`SELECT `+s.readColumns("")+`, `+s.d.ToMicros("dead_at")+` FROM {{dead}} WHERE `+q.where+deadOrder+q.limit), q.withLimit(f)...)
 	if err != nil {
 		return nil, fmt.Errorf("list dead letters: %w", err)
@@ -244,9 +244,9 @@ func (s *Store) DeadList(ctx context.Context, f outbox.DeadFilter) ([]outbox.Dea
 	return out, nil
 }
 
-// DeadCount implements outbox.Admin: how many dead letters match f (at most f.Limit when
+// DeadCount implements outboxdriver.Admin: how many dead letters match f (at most f.Limit when
 // it is set), what DeadReplay or DeadPurge would act on if called now.
-func (s *Store) DeadCount(ctx context.Context, f outbox.DeadFilter) (int, error) {
+func (s *Store) DeadCount(ctx context.Context, f outboxdriver.DeadFilter) (int, error) {
 	if err := s.needDB(); err != nil {
 		return 0, err
 	}
@@ -263,7 +263,7 @@ func (s *Store) DeadCount(ctx context.Context, f outbox.DeadFilter) (int, error)
 }
 
 // pickDead locks and returns the seqs of the dead letters that match f, in DeadList order.
-func (s *Store) pickDead(ctx context.Context, tx Querier, f outbox.DeadFilter) ([]int64, error) {
+func (s *Store) pickDead(ctx context.Context, tx Querier, f outboxdriver.DeadFilter) ([]int64, error) {
 	q, err := s.deadWhere(f)
 	if err != nil {
 		return nil, err
@@ -271,14 +271,14 @@ func (s *Store) pickDead(ctx context.Context, tx Querier, f outbox.DeadFilter) (
 	return collect(ctx, tx, scanInt64, s.sql(`SELECT seq FROM {{dead}} WHERE `+q.where+deadOrder+q.limit+s.d.ForUpdate), q.withLimit(f)...)
 }
 
-// DeadReplay implements outbox.Admin: it moves the dead letters that match f back to
+// DeadReplay implements outboxdriver.Admin: it moves the dead letters that match f back to
 // pending, due at once, attempts reset, and returns how many it moved.
 //
 // A replayed message keeps its ID, dedup key and position (seq), so consumers that saw
 // it deduplicate it, and replayed messages of one key go out in their original order.
 // next_attempt_at = created_at makes it due at once and keeps it out of the "waiting"
 // condition. The last error is kept until the next attempt overwrites it.
-func (s *Store) DeadReplay(ctx context.Context, f outbox.DeadFilter) (int, error) {
+func (s *Store) DeadReplay(ctx context.Context, f outboxdriver.DeadFilter) (int, error) {
 	if _, err := s.deadWhere(f); err != nil {
 		return 0, err
 	}
@@ -308,23 +308,23 @@ FROM {{dead}} WHERE seq IN (`+in+`)`)))
 	return n, nil
 }
 
-// DeadPurge implements outbox.Admin: it deletes the dead letters that match f and returns
+// DeadPurge implements outboxdriver.Admin: it deletes the dead letters that match f and returns
 // how many. A filter that selects nothing in particular is refused with
-// outbox.ErrEmptyDeadFilter. A purged message's dedup key is released later, by the
+// outboxdriver.ErrEmptyDeadFilter. A purged message's dedup key is released later, by the
 // retention cleanup, once it is older than the retention time.
-func (s *Store) DeadPurge(ctx context.Context, f outbox.DeadFilter) (int, error) {
+func (s *Store) DeadPurge(ctx context.Context, f outboxdriver.DeadFilter) (int, error) {
 	if f.IsEmpty() {
-		return 0, outbox.ErrEmptyDeadFilter
+		return 0, outboxdriver.ErrEmptyDeadFilter
 	}
 	return s.deadPurge(ctx, f)
 }
 
-// DeadPurgeAll implements outbox.Admin: it deletes every dead letter.
+// DeadPurgeAll implements outboxdriver.Admin: it deletes every dead letter.
 func (s *Store) DeadPurgeAll(ctx context.Context) (int, error) {
-	return s.deadPurge(ctx, outbox.DeadFilter{})
+	return s.deadPurge(ctx, outboxdriver.DeadFilter{})
 }
 
-func (s *Store) deadPurge(ctx context.Context, f outbox.DeadFilter) (int, error) {
+func (s *Store) deadPurge(ctx context.Context, f outboxdriver.DeadFilter) (int, error) {
 	if _, err := s.deadWhere(f); err != nil {
 		return 0, err
 	}

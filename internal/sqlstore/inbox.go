@@ -13,7 +13,7 @@ import (
 // MySQL, where it is part of the primary key).
 const MaxMessageIDLen = 512
 
-// Claim implements outbox.InboxDriver: one plain INSERT per id in tx, a duplicate-key
+// Claim implements outboxdriver.InboxDriver: one plain INSERT per id in tx, a duplicate-key
 // failure meaning "processed before". A concurrent uncommitted insert of the same row
 // makes the INSERT wait: it fails if that transaction commits, and inserts if it rolls
 // back. (An INSERT that skips conflicts would tell a batch apart from a duplicate only
@@ -36,7 +36,7 @@ func (s *Store) Claim(ctx context.Context, tx *sql.Tx, consumer string, ids []st
 	return fresh, nil
 }
 
-// AdvanceVersion implements outbox.VersionDriver: it locks the aggregate's row, then
+// AdvanceVersion implements outboxdriver.VersionDriver: it locks the aggregate's row, then
 // updates it if version is newer, or inserts it if there is none (a concurrent insert of
 // the same aggregate makes this one wait, then look again).
 func (s *Store) AdvanceVersion(ctx context.Context, tx *sql.Tx, consumer, aggregateType, aggregateID string, version int64) (bool, error) {

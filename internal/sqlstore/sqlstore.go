@@ -29,6 +29,7 @@ import (
 	"strings"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/outboxdriver"
 )
 
 // Shards is the number of lease shards, as in PostgreSQL (see Shard).
@@ -285,7 +286,7 @@ func ints[T ~int | ~int64](vs []T) string {
 // leaseMatch is a condition that holds for the lease rows (columns prefixed by alias,
 // such as "l.") whose shard and token are one of ls: the shard list lets the database
 // find the rows by primary key.
-func leaseMatch(alias string, ls []outbox.Lease) string {
+func leaseMatch(alias string, ls []outboxdriver.Lease) string {
 	var shards, cases strings.Builder
 	for i, l := range ls {
 		if i > 0 {

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/outboxdriver"
 )
 
 // TestShardMatchesPostgreSQL checks Shard against values PostgreSQL's generated column
@@ -56,7 +57,7 @@ SELECT 1`)
 
 func TestLeaseMatch(t *testing.T) {
 	t.Parallel()
-	got := leaseMatch("l.", []outbox.Lease{{Shard: 3, Token: 7}, {Shard: 10, Token: 1}})
+	got := leaseMatch("l.", []outboxdriver.Lease{{Shard: 3, Token: 7}, {Shard: 10, Token: 1}})
 	want := "l.shard IN (3,10) AND l.token = CASE l.shard WHEN 3 THEN 7 WHEN 10 THEN 1 END"
 	if got != want {
 		t.Fatalf("leaseMatch = %q, want %q", got, want)

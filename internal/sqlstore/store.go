@@ -9,9 +9,10 @@ import (
 	"time"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/outboxdriver"
 )
 
-// This file is the relay's side of the engine: outbox.Store.
+// This file is the relay's side of the engine: outboxdriver.Store.
 
 // readColumns are the columns read back for a message, in scanMessage's order.
 func (s *Store) readColumns(alias string) string {
@@ -50,7 +51,7 @@ func scanMessage(r *sql.Rows, extra ...any) (*outbox.Message, error) {
 	return m, nil
 }
 
-// Fetch implements outbox.Store: due messages of the shards the relay still holds (owner,
+// Fetch implements outboxdriver.Store: due messages of the shards the relay still holds (owner,
 // token, unexpired, checked in the same statement) in seq order.
 //
 // A key is held back while an earlier message of it waits (a retry backing off, or
@@ -64,7 +65,7 @@ func scanMessage(r *sql.Rows, extra ...any) (*outbox.Message, error) {
 // above After that skips a message whose key has a pending message at or below After
 // that the relay does not hold (of the key Keys[i] it holds those up to KeySeqs[i]): keys
 // the relay does not hold in the statement, the others in a second one (dropOvertaking).
-func (s *Store) Fetch(ctx context.Context, req outbox.FetchRequest) ([]*outbox.Message, error) {
+func (s *Store) Fetch(ctx context.Context, req outboxdriver.FetchRequest) ([]*outbox.Message, error) {
 	if err := s.needDB(); err != nil {
 		return nil, err
 	}
@@ -124,7 +125,7 @@ func nonNil[T any](s []T) []T {
 	return s
 }
 
-// Complete implements outbox.Store in one write transaction, fenced per message: an
+// Complete implements outboxdriver.Store in one write transaction, fenced per message: an
 // outcome is applied only if the message is still pending and its shard's lease is the
 // relay's, unexpired, under the very token the outcome carries.
 //
@@ -139,7 +140,7 @@ func nonNil[T any](s []T) []T {
 //
 // Rows are locked messages first, then leases; lease syncs lock only lease rows, so the
 // two cannot deadlock. It returns the seqs whose outcome was refused.
-func (s *Store) Complete(ctx context.Context, c outbox.Completion) ([]int64, error) {
+func (s *Store) Complete(ctx context.Context, c outboxdriver.Completion) ([]int64, error) {
 	if len(c.Published)+len(c.Failed) == 0 {
 		return nil, nil
 	}
@@ -230,7 +231,7 @@ func (s *Store) Complete(ctx context.Context, c outbox.Completion) ([]int64, err
 	return refused, nil
 }
 
-func (s *Store) markPublished(ctx context.Context, tx Querier, outcomes []outbox.Outcome, applied map[int64]bool) error {
+func (s *Store) markPublished(ctx context.Context, tx Querier, outcomes []outboxdriver.Outcome, applied map[int64]bool) error {
 	var seqs []int64
 	for _, o := range outcomes {
 		if applied[o.Seq] {
@@ -255,8 +256,8 @@ const failChunk = 1000
 // next attempt time (database time plus the relay's delay), a dead one moves to the dead
 // table with attempts + 1 and its error. One statement per chunk, each row's values
 // picked by CASE on its seq.
-func (s *Store) markFailed(ctx context.Context, tx Querier, failures []outbox.Failure, applied map[int64]bool) error {
-	var retry, dead []outbox.Failure
+func (s *Store) markFailed(ctx context.Context, tx Querier, failures []outboxdriver.Failure, applied map[int64]bool) error {
+	var retry, dead []outboxdriver.Failure
 	for _, f := range failures {
 		if !applied[f.Seq] {
 			continue
@@ -268,7 +269,7 @@ func (s *Store) markFailed(ctx context.Context, tx Querier, failures []outbox.Fa
 			retry = append(retry, f)
 		}
 	}
-	err := chunks(retry, failChunk, func(part []outbox.Failure) error {
+	err := chunks(retry, failChunk, func(part []outboxdriver.Failure) error {
 		var errCase, delayCase strings.Builder
 		var args []any
 		seqs := make([]int64, len(part))
@@ -290,7 +291,7 @@ WHERE seq IN (`+ints(seqs)+`)`), args...)
 	if err != nil {
 		return fmt.Errorf("record retries: %w", err)
 	}
-	err = chunks(dead, failChunk, func(part []outbox.Failure) error {
+	err = chunks(dead, failChunk, func(part []outboxdriver.Failure) error {
 		var errCase strings.Builder
 		var args []any
 		seqs := make([]int64, len(part))
@@ -320,18 +321,18 @@ func cleanError(s string) string {
 	return strings.ToValidUTF8(strings.ReplaceAll(s, "\x00", ""), "?")
 }
 
-// SyncLeases implements outbox.Store in one write transaction: release, heartbeat,
+// SyncLeases implements outboxdriver.Store in one write transaction: release, heartbeat,
 // renew, count, and take free or expired shards up to the fair share.
 //
 // A lease's token grows by one each time its shard changes owner, so a token is unique
 // per ownership of its shard; the store matches leases by (shard, token) everywhere, so
 // tokens need not be unique across shards (PostgreSQL draws them from a sequence; MySQL
 // has no sequences).
-func (s *Store) SyncLeases(ctx context.Context, req outbox.LeaseRequest) (outbox.LeaseState, error) {
-	var st outbox.LeaseState
+func (s *Store) SyncLeases(ctx context.Context, req outboxdriver.LeaseRequest) (outboxdriver.LeaseState, error) {
+	var st outboxdriver.LeaseState
 	ttl := req.TTL.Microseconds()
 	err := s.inWriteTx(ctx, func(tx Querier) error {
-		st = outbox.LeaseState{}
+		st = outboxdriver.LeaseState{}
 		if len(req.Release) > 0 {
 			q := s.sql(`UPDATE {{leases}} SET owner = NULL, expires_at = ` + s.d.FromMicros("0") + ` WHERE owner = ? AND ` + leaseMatch("", req.Release))
 			if _, err := tx.ExecContext(ctx, q, req.RelayID); err != nil {
@@ -392,14 +393,14 @@ WHERE shard IN (` + ints(free) + `) AND (owner IS NULL OR expires_at <= {{now}})
 		return nil
 	})
 	if err != nil {
-		return outbox.LeaseState{}, fmt.Errorf("sync leases: %w", err)
+		return outboxdriver.LeaseState{}, fmt.Errorf("sync leases: %w", err)
 	}
 	return st, nil
 }
 
-func (s *Store) held(ctx context.Context, tx Querier, relayID string) ([]outbox.Lease, error) {
-	ls, err := collect(ctx, tx, func(r *sql.Rows) (outbox.Lease, error) {
-		var l outbox.Lease
+func (s *Store) held(ctx context.Context, tx Querier, relayID string) ([]outboxdriver.Lease, error) {
+	ls, err := collect(ctx, tx, func(r *sql.Rows) (outboxdriver.Lease, error) {
+		var l outboxdriver.Lease
 		err := r.Scan(&l.Shard, &l.Token)
 		return l, err
 	}, s.sql(`SELECT shard, token FROM {{leases}} WHERE owner = ? AND expires_at > {{now}} ORDER BY shard`), relayID)
@@ -409,7 +410,7 @@ func (s *Store) held(ctx context.Context, tx Querier, relayID string) ([]outbox.
 	return ls, nil
 }
 
-// DeletePublished implements outbox.Store: it deletes up to limit published messages
+// DeletePublished implements outboxdriver.Store: it deletes up to limit published messages
 // older than olderThan (database time) and up to limit dedup keys of that age whose
 // message is neither pending nor dead, and returns how many rows it deleted.
 //
@@ -479,7 +480,7 @@ ORDER BY k.created_at LIMIT ?`)
 // still have a pending row at or below After above the highest one the relay holds (a
 // transaction that committed after the fetch that set the cursor): they would overtake
 // it. One statement, an index probe per held key that appears in msgs.
-func (s *Store) dropOvertaking(ctx context.Context, msgs []*outbox.Message, req outbox.FetchRequest) ([]*outbox.Message, error) {
+func (s *Store) dropOvertaking(ctx context.Context, msgs []*outbox.Message, req outboxdriver.FetchRequest) ([]*outbox.Message, error) {
 	held := req.Held()
 	var pairs [][2]any
 	seen := map[string]bool{}

@@ -10,21 +10,22 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/testinfra/testenv"
+	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/outboxtest"
 )
 
-// This file is the outbox.Admin part of the suite. It sets its rows up through the Store
+// This file is the outboxdriver.Admin part of the suite. It sets its rows up through the Store
 // seam, as a relay would (a message dies by a Failure with Dead set), so it holds for any
 // store, whatever its tables look like.
 
-func adminOf(o Outbox) outbox.Admin { return o.Store.(outbox.Admin) }
+func adminOf(o Outbox) outboxdriver.Admin { return o.Store.(outboxdriver.Admin) }
 
 // msg is a message with an ID chosen up front, so the tests can find it again.
 func msg(topic, key string) outbox.Message {
 	return outbox.Message{ID: outbox.NewID(), Topic: topic, Key: key, Payload: []byte(`{}`)}
 }
 
-func idsOf(dls []outbox.DeadLetter) []outbox.ID {
+func idsOf(dls []outboxdriver.DeadLetter) []outbox.ID {
 	out := make([]outbox.ID, len(dls))
 	for i, dl := range dls {
 		out[i] = dl.ID
@@ -33,10 +34,10 @@ func idsOf(dls []outbox.DeadLetter) []outbox.ID {
 }
 
 // fetchByID fetches every message relay can see with leases, by ID.
-func fetchByID(t *testing.T, o Outbox, relay string, leases []outbox.Lease) map[outbox.ID]*outbox.Message {
+func fetchByID(t *testing.T, o Outbox, relay string, leases []outboxdriver.Lease) map[outbox.ID]*outbox.Message {
 	t.Helper()
 	out := map[outbox.ID]*outbox.Message{}
-	for _, m := range fetch(t, o, relay, leases, outbox.FetchRequest{}) {
+	for _, m := range fetch(t, o, relay, leases, outboxdriver.FetchRequest{}) {
 		out[m.ID] = m
 	}
 	return out
@@ -44,18 +45,18 @@ func fetchByID(t *testing.T, o Outbox, relay string, leases []outbox.Lease) map[
 
 // fail records a rejected attempt of each of ms through the Store seam: a retry due
 // after delay, or a dead letter when dead is set.
-func fail(t *testing.T, o Outbox, relay string, leases []outbox.Lease, errText string, delay time.Duration, dead bool, ms ...*outbox.Message) {
+func fail(t *testing.T, o Outbox, relay string, leases []outboxdriver.Lease, errText string, delay time.Duration, dead bool, ms ...*outbox.Message) {
 	t.Helper()
-	var c outbox.Completion
+	var c outboxdriver.Completion
 	for _, m := range ms {
-		c.Failed = append(c.Failed, outbox.Failure{Outcome: outbox.Outcome{Seq: m.Seq, Token: tokenOf(t, leases, m.Shard)}, Error: errText, Delay: delay, Dead: dead})
+		c.Failed = append(c.Failed, outboxdriver.Failure{Outcome: outboxdriver.Outcome{Seq: m.Seq, Token: tokenOf(t, leases, m.Shard)}, Error: errText, Delay: delay, Dead: dead})
 	}
 	if refused := complete(t, o, relay, c); len(refused) != 0 {
 		t.Fatalf("failures of seqs %v refused", refused)
 	}
 }
 
-func deadList(t *testing.T, o Outbox, f outbox.DeadFilter) []outbox.DeadLetter {
+func deadList(t *testing.T, o Outbox, f outboxdriver.DeadFilter) []outboxdriver.DeadLetter {
 	t.Helper()
 	ctx, cancel := testenv.CallContext()
 	defer cancel()
@@ -66,7 +67,7 @@ func deadList(t *testing.T, o Outbox, f outbox.DeadFilter) []outbox.DeadLetter {
 	return got
 }
 
-func deadCount(t *testing.T, o Outbox, f outbox.DeadFilter) int {
+func deadCount(t *testing.T, o Outbox, f outboxdriver.DeadFilter) int {
 	t.Helper()
 	ctx, cancel := testenv.CallContext()
 	defer cancel()
@@ -95,8 +96,8 @@ func dedupTaken(t *testing.T, o Outbox, key string) bool {
 // that a filter leaking into live rows shows. The errors hold %, _ and ! so that a LIKE
 // pattern built without escaping matches more.
 type deadFixture struct {
-	leases           []outbox.Lease // relay "r1"'s, every shard
-	old, mid, recent outbox.DeadLetter
+	leases           []outboxdriver.Lease // relay "r1"'s, every shard
+	old, mid, recent outboxdriver.DeadLetter
 	pending          *outbox.Message // orders/k3, backing off for an hour after one attempt
 	published        *outbox.Message // orders/k4
 	written          outbox.Message  // old as written
@@ -129,7 +130,7 @@ func newDeadFixture(t *testing.T, o Outbox) *deadFixture {
 		}
 		fail(t, o, "r1", f.leases, dead.err, 0, true, got[dead.m.ID])
 	}
-	all := deadList(t, o, outbox.DeadFilter{})
+	all := deadList(t, o, outboxdriver.DeadFilter{})
 	if !slices.Equal(idsOf(all), []outbox.ID{recent.ID, mid.ID, old.ID}) {
 		t.Fatalf("dead letters %v, want %v newest first", idsOf(all), []outbox.ID{recent.ID, mid.ID, old.ID})
 	}
@@ -172,7 +173,7 @@ func adminStatusCountsEveryState(t *testing.T, o Outbox) {
 	if c, want := (counts{st.Pending, st.Due, st.Retrying, st.Delayed, st.Dead, st.Published}), (counts{5, 3, 2, 2, 2, 3}); c != want {
 		t.Errorf("counts %+v, want %+v", c, want)
 	}
-	wantTopics := []outbox.TopicStatus{
+	wantTopics := []outboxdriver.TopicStatus{
 		{Topic: "billing", Pending: 2, Due: 1, Retrying: 2, Dead: 1},
 		{Topic: "orders", Pending: 3, Due: 2, Retrying: 0, Dead: 0},
 		{Topic: "shipping", Pending: 0, Due: 0, Retrying: 0, Dead: 1},
@@ -202,7 +203,7 @@ func adminStatusCountsEveryState(t *testing.T, o Outbox) {
 	if st.Shards != r1.Shards || st.ShardsLeased != r1.Shards {
 		t.Errorf("shards %d, %d leased; want %d, all leased", st.Shards, st.ShardsLeased, r1.Shards)
 	}
-	relays := map[string]outbox.RelayInfo{}
+	relays := map[string]outboxdriver.RelayInfo{}
 	for _, r := range st.Relays {
 		relays[r.ID] = r
 	}
@@ -228,14 +229,14 @@ func adminStatusEmptyOutbox(t *testing.T, o Outbox) {
 	if st.Topics == nil || len(st.Topics) != 0 || st.Relays == nil || len(st.Relays) != 0 {
 		t.Errorf("empty outbox: topics %#v, relays %#v; want both empty and not nil", st.Topics, st.Relays)
 	}
-	if dls := deadList(t, o, outbox.DeadFilter{}); len(dls) != 0 {
+	if dls := deadList(t, o, outboxdriver.DeadFilter{}); len(dls) != 0 {
 		t.Errorf("DeadList of an empty outbox: %v", idsOf(dls))
 	}
-	if n := deadCount(t, o, outbox.DeadFilter{}); n != 0 {
+	if n := deadCount(t, o, outboxdriver.DeadFilter{}); n != 0 {
 		t.Errorf("DeadCount of an empty outbox: %d", n)
 	}
 	ctx := testenv.Context(t)
-	if n, err := adminOf(o).DeadReplay(ctx, outbox.DeadFilter{}); err != nil || n != 0 {
+	if n, err := adminOf(o).DeadReplay(ctx, outboxdriver.DeadFilter{}); err != nil || n != 0 {
 		t.Errorf("DeadReplay of an empty outbox: %d, %v", n, err)
 	}
 	if n, err := adminOf(o).DeadPurgeAll(ctx); err != nil || n != 0 {
@@ -254,28 +255,28 @@ func adminDeadListFilters(t *testing.T, o Outbox) {
 	east := time.FixedZone("east", 5*3600)
 	cases := []struct {
 		name   string
-		filter outbox.DeadFilter
+		filter outboxdriver.DeadFilter
 		want   []outbox.ID
 	}{
-		{"all, newest first", outbox.DeadFilter{}, []outbox.ID{recent, mid, old}},
-		{"topic", outbox.DeadFilter{Topic: "orders"}, []outbox.ID{mid, old}},
-		{"key", outbox.DeadFilter{Key: "k1"}, []outbox.ID{recent, old}},
-		{"topic and key", outbox.DeadFilter{Topic: "orders", Key: "k1"}, []outbox.ID{old}},
-		{"ids, live ones ignored", outbox.DeadFilter{IDs: []outbox.ID{mid, f.pending.ID, f.published.ID}}, []outbox.ID{mid}},
-		{"one id", outbox.DeadFilter{IDs: []outbox.ID{recent}}, []outbox.ID{recent}},
-		{"error, any case", outbox.DeadFilter{ErrorContains: "SCHEMA MISMATCH"}, []outbox.ID{recent}},
-		{"error with % is literal", outbox.DeadFilter{ErrorContains: "0% f"}, []outbox.ID{old}},
-		{"error with _ is literal", outbox.DeadFilter{ErrorContains: "l_d"}, []outbox.ID{old}},
-		{"error % alone", outbox.DeadFilter{ErrorContains: "%"}, []outbox.ID{old}},
-		{"error ! escape char", outbox.DeadFilter{ErrorContains: "!"}, nil},
-		{"since, inclusive", outbox.DeadFilter{Since: f.mid.DeadAt}, []outbox.ID{recent, mid}},
-		{"until, exclusive", outbox.DeadFilter{Until: f.mid.DeadAt}, []outbox.ID{old}},
-		{"since and until, other zones", outbox.DeadFilter{Since: f.old.DeadAt.In(east), Until: f.recent.DeadAt.UTC()}, []outbox.ID{mid, old}},
-		{"since and topic", outbox.DeadFilter{Since: f.mid.DeadAt, Topic: "billing"}, []outbox.ID{recent}},
-		{"limit takes the newest", outbox.DeadFilter{Limit: 2}, []outbox.ID{recent, mid}},
-		{"limit after the filter", outbox.DeadFilter{Topic: "orders", Limit: 1}, []outbox.ID{mid}},
-		{"limit above the matches", outbox.DeadFilter{Key: "k1", Limit: 10}, []outbox.ID{recent, old}},
-		{"nothing matches", outbox.DeadFilter{Topic: "nope"}, nil},
+		{"all, newest first", outboxdriver.DeadFilter{}, []outbox.ID{recent, mid, old}},
+		{"topic", outboxdriver.DeadFilter{Topic: "orders"}, []outbox.ID{mid, old}},
+		{"key", outboxdriver.DeadFilter{Key: "k1"}, []outbox.ID{recent, old}},
+		{"topic and key", outboxdriver.DeadFilter{Topic: "orders", Key: "k1"}, []outbox.ID{old}},
+		{"ids, live ones ignored", outboxdriver.DeadFilter{IDs: []outbox.ID{mid, f.pending.ID, f.published.ID}}, []outbox.ID{mid}},
+		{"one id", outboxdriver.DeadFilter{IDs: []outbox.ID{recent}}, []outbox.ID{recent}},
+		{"error, any case", outboxdriver.DeadFilter{ErrorContains: "SCHEMA MISMATCH"}, []outbox.ID{recent}},
+		{"error with % is literal", outboxdriver.DeadFilter{ErrorContains: "0% f"}, []outbox.ID{old}},
+		{"error with _ is literal", outboxdriver.DeadFilter{ErrorContains: "l_d"}, []outbox.ID{old}},
+		{"error % alone", outboxdriver.DeadFilter{ErrorContains: "%"}, []outbox.ID{old}},
+		{"error ! escape char", outboxdriver.DeadFilter{ErrorContains: "!"}, nil},
+		{"since, inclusive", outboxdriver.DeadFilter{Since: f.mid.DeadAt}, []outbox.ID{recent, mid}},
+		{"until, exclusive", outboxdriver.DeadFilter{Until: f.mid.DeadAt}, []outbox.ID{old}},
+		{"since and until, other zones", outboxdriver.DeadFilter{Since: f.old.DeadAt.In(east), Until: f.recent.DeadAt.UTC()}, []outbox.ID{mid, old}},
+		{"since and topic", outboxdriver.DeadFilter{Since: f.mid.DeadAt, Topic: "billing"}, []outbox.ID{recent}},
+		{"limit takes the newest", outboxdriver.DeadFilter{Limit: 2}, []outbox.ID{recent, mid}},
+		{"limit after the filter", outboxdriver.DeadFilter{Topic: "orders", Limit: 1}, []outbox.ID{mid}},
+		{"limit above the matches", outboxdriver.DeadFilter{Key: "k1", Limit: 10}, []outbox.ID{recent, old}},
+		{"nothing matches", outboxdriver.DeadFilter{Topic: "nope"}, nil},
 	}
 	for _, tc := range cases {
 		if got := idsOf(deadList(t, o, tc.filter)); !slices.Equal(got, tc.want) {
@@ -314,7 +315,7 @@ func adminDeadReplaySameIdentity(t *testing.T, o Outbox) {
 	if s := status(t, o); s.Pending != 0 || s.Dead != 3 {
 		t.Fatalf("after dead-lettering all three: %d pending, %d dead; want 0, 3 (dead letters move)", s.Pending, s.Dead)
 	}
-	for _, dl := range deadList(t, o, outbox.DeadFilter{}) {
+	for _, dl := range deadList(t, o, outboxdriver.DeadFilter{}) {
 		if dl.Attempts != 1 || dl.LastError != rejection || dl.DeadAt.IsZero() || dl.Seq != got[dl.ID].Seq {
 			t.Errorf("dead letter %+v: want 1 attempt, the error, a dead time, and seq %d", dl, got[dl.ID].Seq)
 		}
@@ -322,7 +323,7 @@ func adminDeadReplaySameIdentity(t *testing.T, o Outbox) {
 	sync(t, o, "r1", 0, nil, st.Held) // r1 leaves: the relay below takes every shard
 
 	ctx := testenv.Context(t)
-	if n, err := adminOf(o).DeadReplay(ctx, outbox.DeadFilter{Topic: "orders"}); err != nil || n != 2 {
+	if n, err := adminOf(o).DeadReplay(ctx, outboxdriver.DeadFilter{Topic: "orders"}); err != nil || n != 2 {
 		t.Fatalf("DeadReplay of the orders: %d, %v; want 2", n, err)
 	}
 	pub := &outboxtest.Publisher{}
@@ -352,10 +353,10 @@ func adminDeadReplaySameIdentity(t *testing.T, o Outbox) {
 	if s := status(t, o); s.Pending != 0 || s.Dead != 1 || s.Published != 2 {
 		t.Errorf("status %+v, want 0 pending, 1 dead, 2 published: replay moves rows, it does not copy them", s)
 	}
-	if left := idsOf(deadList(t, o, outbox.DeadFilter{})); !slices.Equal(left, []outbox.ID{other.ID}) {
+	if left := idsOf(deadList(t, o, outboxdriver.DeadFilter{})); !slices.Equal(left, []outbox.ID{other.ID}) {
 		t.Errorf("dead letters left %v, want only %v", left, other.ID)
 	}
-	if n, err := adminOf(o).DeadReplay(testenv.Context(t), outbox.DeadFilter{Topic: "orders"}); err != nil || n != 0 {
+	if n, err := adminOf(o).DeadReplay(testenv.Context(t), outboxdriver.DeadFilter{Topic: "orders"}); err != nil || n != 0 {
 		t.Errorf("second DeadReplay of the orders: %d, %v; want 0", n, err)
 	}
 	if !dedupTaken(t, o, "order-a-placed") {
@@ -371,16 +372,16 @@ func adminDeadReplaySameIdentity(t *testing.T, o Outbox) {
 func adminDeadReplayLimitAndState(t *testing.T, o Outbox) {
 	f := newDeadFixture(t, o)
 	ctx := testenv.Context(t)
-	if n, err := adminOf(o).DeadReplay(ctx, outbox.DeadFilter{IDs: []outbox.ID{f.pending.ID, f.published.ID}}); err != nil || n != 0 {
+	if n, err := adminOf(o).DeadReplay(ctx, outboxdriver.DeadFilter{IDs: []outbox.ID{f.pending.ID, f.published.ID}}); err != nil || n != 0 {
 		t.Errorf("DeadReplay of a pending and a published message: %d, %v; want 0", n, err)
 	}
-	if n, err := adminOf(o).DeadReplay(ctx, outbox.DeadFilter{Topic: "orders", Limit: 1}); err != nil || n != 1 {
+	if n, err := adminOf(o).DeadReplay(ctx, outboxdriver.DeadFilter{Topic: "orders", Limit: 1}); err != nil || n != 1 {
 		t.Fatalf("DeadReplay of the newest order: %d, %v; want 1", n, err)
 	}
-	if left := idsOf(deadList(t, o, outbox.DeadFilter{})); !slices.Equal(left, []outbox.ID{f.recent.ID, f.old.ID}) {
+	if left := idsOf(deadList(t, o, outboxdriver.DeadFilter{})); !slices.Equal(left, []outbox.ID{f.recent.ID, f.old.ID}) {
 		t.Errorf("dead letters left %v, want %v: limit 1 replays the newest match", left, []outbox.ID{f.recent.ID, f.old.ID})
 	}
-	got := fetch(t, o, "r1", f.leases, outbox.FetchRequest{})
+	got := fetch(t, o, "r1", f.leases, outboxdriver.FetchRequest{})
 	if len(got) != 1 || got[0].ID != f.mid.ID {
 		t.Fatalf("fetched %d messages (%v), want only the replayed one, due at once", len(got), payloads(got))
 	}
@@ -399,24 +400,24 @@ func adminDeadPurgeOnlyMatches(t *testing.T, o Outbox) {
 	f := newDeadFixture(t, o)
 	a := adminOf(o)
 	ctx := testenv.Context(t)
-	for _, empty := range []outbox.DeadFilter{{}, {Limit: 5}} {
-		if n, err := a.DeadPurge(ctx, empty); !errors.Is(err, outbox.ErrEmptyDeadFilter) || n != 0 {
+	for _, empty := range []outboxdriver.DeadFilter{{}, {Limit: 5}} {
+		if n, err := a.DeadPurge(ctx, empty); !errors.Is(err, outboxdriver.ErrEmptyDeadFilter) || n != 0 {
 			t.Errorf("DeadPurge(%+v) = %d, %v; want ErrEmptyDeadFilter", empty, n, err)
 		}
 	}
-	if n := deadCount(t, o, outbox.DeadFilter{}); n != 3 {
+	if n := deadCount(t, o, outboxdriver.DeadFilter{}); n != 3 {
 		t.Fatalf("%d dead letters after refused purges, want 3", n)
 	}
-	if n, err := a.DeadPurge(ctx, outbox.DeadFilter{Topic: "orders", Limit: 1}); err != nil || n != 1 {
+	if n, err := a.DeadPurge(ctx, outboxdriver.DeadFilter{Topic: "orders", Limit: 1}); err != nil || n != 1 {
 		t.Fatalf("DeadPurge of the newest order: %d, %v; want 1", n, err)
 	}
-	if left := idsOf(deadList(t, o, outbox.DeadFilter{})); !slices.Equal(left, []outbox.ID{f.recent.ID, f.old.ID}) {
+	if left := idsOf(deadList(t, o, outboxdriver.DeadFilter{})); !slices.Equal(left, []outbox.ID{f.recent.ID, f.old.ID}) {
 		t.Errorf("after purging the newest order, dead letters %v; want %v", left, []outbox.ID{f.recent.ID, f.old.ID})
 	}
-	if n, err := a.DeadPurge(ctx, outbox.DeadFilter{ErrorContains: "full_disk"}); err != nil || n != 1 {
+	if n, err := a.DeadPurge(ctx, outboxdriver.DeadFilter{ErrorContains: "full_disk"}); err != nil || n != 1 {
 		t.Fatalf("DeadPurge by error: %d, %v; want 1", n, err)
 	}
-	if left := idsOf(deadList(t, o, outbox.DeadFilter{})); !slices.Equal(left, []outbox.ID{f.recent.ID}) {
+	if left := idsOf(deadList(t, o, outboxdriver.DeadFilter{})); !slices.Equal(left, []outbox.ID{f.recent.ID}) {
 		t.Errorf("after purging by error, dead letters %v; want %v", left, []outbox.ID{f.recent.ID})
 	}
 	if s := status(t, o); s.Pending != 1 || s.Retrying != 1 || s.Published != 1 {
@@ -443,27 +444,27 @@ func adminDeadFilterValidated(t *testing.T, o Outbox) {
 	m := msg("t", "k")
 	write(t, o, []outbox.Message{m})
 	st := sync(t, o, "r1", ttl, nil, nil)
-	fail(t, o, "r1", st.Held, "no", 0, true, fetch(t, o, "r1", st.Held, outbox.FetchRequest{})...)
+	fail(t, o, "r1", st.Held, "no", 0, true, fetch(t, o, "r1", st.Held, outboxdriver.FetchRequest{})...)
 	now := time.Now()
 	filters := []struct {
 		field string
-		f     outbox.DeadFilter
+		f     outboxdriver.DeadFilter
 	}{
-		{"DeadFilter.Limit", outbox.DeadFilter{Topic: "t", Limit: -1}},
-		{"DeadFilter.Topic", outbox.DeadFilter{Topic: "t\x00"}},
-		{"DeadFilter.Key", outbox.DeadFilter{Key: "k\xff"}},
-		{"DeadFilter.ErrorContains", outbox.DeadFilter{ErrorContains: "no\x00"}},
-		{"DeadFilter.Since", outbox.DeadFilter{Topic: "t", Since: now, Until: now.Add(-time.Hour)}},
+		{"DeadFilter.Limit", outboxdriver.DeadFilter{Topic: "t", Limit: -1}},
+		{"DeadFilter.Topic", outboxdriver.DeadFilter{Topic: "t\x00"}},
+		{"DeadFilter.Key", outboxdriver.DeadFilter{Key: "k\xff"}},
+		{"DeadFilter.ErrorContains", outboxdriver.DeadFilter{ErrorContains: "no\x00"}},
+		{"DeadFilter.Since", outboxdriver.DeadFilter{Topic: "t", Since: now, Until: now.Add(-time.Hour)}},
 	}
 	a := adminOf(o)
 	calls := []struct {
 		name string
-		call func(outbox.DeadFilter) error
+		call func(outboxdriver.DeadFilter) error
 	}{
-		{"DeadList", func(f outbox.DeadFilter) error { _, err := a.DeadList(testenv.Context(t), f); return err }},
-		{"DeadCount", func(f outbox.DeadFilter) error { _, err := a.DeadCount(testenv.Context(t), f); return err }},
-		{"DeadReplay", func(f outbox.DeadFilter) error { _, err := a.DeadReplay(testenv.Context(t), f); return err }},
-		{"DeadPurge", func(f outbox.DeadFilter) error { _, err := a.DeadPurge(testenv.Context(t), f); return err }},
+		{"DeadList", func(f outboxdriver.DeadFilter) error { _, err := a.DeadList(testenv.Context(t), f); return err }},
+		{"DeadCount", func(f outboxdriver.DeadFilter) error { _, err := a.DeadCount(testenv.Context(t), f); return err }},
+		{"DeadReplay", func(f outboxdriver.DeadFilter) error { _, err := a.DeadReplay(testenv.Context(t), f); return err }},
+		{"DeadPurge", func(f outboxdriver.DeadFilter) error { _, err := a.DeadPurge(testenv.Context(t), f); return err }},
 	}
 	for _, c := range calls {
 		for _, tc := range filters {
@@ -474,7 +475,7 @@ func adminDeadFilterValidated(t *testing.T, o Outbox) {
 			}
 		}
 	}
-	if dls := deadList(t, o, outbox.DeadFilter{}); len(dls) != 1 || dls[0].ID != m.ID {
+	if dls := deadList(t, o, outboxdriver.DeadFilter{}); len(dls) != 1 || dls[0].ID != m.ID {
 		t.Errorf("dead letters %v after invalid filters, want %v untouched", idsOf(dls), m.ID)
 	}
 }

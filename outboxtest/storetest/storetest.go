@@ -6,11 +6,11 @@
 //		storetest.Run(t, func(t *testing.T) storetest.Outbox { ... a fresh, migrated outbox ... })
 //	}
 //
-// It drives the outbox.Store seam directly, as a relay does, and then runs relays on
+// It drives the outboxdriver.Store seam directly, as a relay does, and then runs relays on
 // it: write and rollback visibility, shard leases and their takeover in database time,
 // fencing of a relay that lost its lease, per-key order and blocking, retries with
 // backoff, dead letters and their replay, dedup keys, and retention; and the operator's
-// side, outbox.Admin: status counts, dead-letter filters, replay and purge (admin.go).
+// side, outboxdriver.Admin: status counts, dead-letter filters, replay and purge (admin.go).
 package storetest
 
 import (
@@ -25,13 +25,14 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/testinfra/testenv"
+	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/outboxtest"
 )
 
 // Outbox is one fresh, migrated, empty outbox, as a store's test gives it to the suite.
 type Outbox struct {
-	// Store is the store under test. It must implement outbox.Admin too.
-	Store outbox.Store
+	// Store is the store under test. It must implement outboxdriver.Admin too.
+	Store outboxdriver.Store
 
 	// Write writes msgs in one new transaction with the store's write driver, and
 	// commits it, or rolls it back when rollback is set. It returns Write's error (a
@@ -74,8 +75,8 @@ func Run(t *testing.T, open func(t *testing.T) Outbox) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			o := open(t)
-			if _, ok := o.Store.(outbox.Admin); !ok {
-				t.Fatalf("%T does not implement outbox.Admin", o.Store)
+			if _, ok := o.Store.(outboxdriver.Admin); !ok {
+				t.Fatalf("%T does not implement outboxdriver.Admin", o.Store)
 			}
 			tc.fn(t, o)
 		})
@@ -103,18 +104,18 @@ func write(t *testing.T, o Outbox, ms []outbox.Message) {
 	}
 }
 
-func sync(t *testing.T, o Outbox, relay string, ttl time.Duration, held, release []outbox.Lease) outbox.LeaseState {
+func sync(t *testing.T, o Outbox, relay string, ttl time.Duration, held, release []outboxdriver.Lease) outboxdriver.LeaseState {
 	t.Helper()
 	ctx, cancel := testenv.CallContext()
 	defer cancel()
-	st, err := o.Store.SyncLeases(ctx, outbox.LeaseRequest{RelayID: relay, Hostname: "test", PID: 1, TTL: ttl, Held: held, Release: release})
+	st, err := o.Store.SyncLeases(ctx, outboxdriver.LeaseRequest{RelayID: relay, Hostname: "test", PID: 1, TTL: ttl, Held: held, Release: release})
 	if err != nil {
 		t.Fatalf("SyncLeases(%s): %v", relay, err)
 	}
 	return st
 }
 
-func fetch(t *testing.T, o Outbox, relay string, leases []outbox.Lease, req outbox.FetchRequest) []*outbox.Message {
+func fetch(t *testing.T, o Outbox, relay string, leases []outboxdriver.Lease, req outboxdriver.FetchRequest) []*outbox.Message {
 	t.Helper()
 	req.RelayID, req.Leases = relay, leases
 	if req.Limit == 0 {
@@ -129,7 +130,7 @@ func fetch(t *testing.T, o Outbox, relay string, leases []outbox.Lease, req outb
 	return got
 }
 
-func complete(t *testing.T, o Outbox, relay string, c outbox.Completion) []int64 {
+func complete(t *testing.T, o Outbox, relay string, c outboxdriver.Completion) []int64 {
 	t.Helper()
 	c.RelayID = relay
 	ctx, cancel := testenv.CallContext()
@@ -142,7 +143,7 @@ func complete(t *testing.T, o Outbox, relay string, c outbox.Completion) []int64
 }
 
 // tokenOf returns the token of shard's lease among leases.
-func tokenOf(t *testing.T, leases []outbox.Lease, shard int) int64 {
+func tokenOf(t *testing.T, leases []outboxdriver.Lease, shard int) int64 {
 	t.Helper()
 	for _, l := range leases {
 		if l.Shard == shard {
@@ -153,10 +154,10 @@ func tokenOf(t *testing.T, leases []outbox.Lease, shard int) int64 {
 	return 0
 }
 
-func published(t *testing.T, o Outbox, leases []outbox.Lease, ms ...*outbox.Message) outbox.Completion {
-	var c outbox.Completion
+func published(t *testing.T, o Outbox, leases []outboxdriver.Lease, ms ...*outbox.Message) outboxdriver.Completion {
+	var c outboxdriver.Completion
 	for _, m := range ms {
-		c.Published = append(c.Published, outbox.Outcome{Seq: m.Seq, Token: tokenOf(t, leases, m.Shard)})
+		c.Published = append(c.Published, outboxdriver.Outcome{Seq: m.Seq, Token: tokenOf(t, leases, m.Shard)})
 	}
 	return c
 }
@@ -169,11 +170,11 @@ func payloads(ms []*outbox.Message) []string {
 	return out
 }
 
-func status(t *testing.T, o Outbox) outbox.Status {
+func status(t *testing.T, o Outbox) outboxdriver.Status {
 	t.Helper()
 	ctx, cancel := testenv.CallContext()
 	defer cancel()
-	st, err := o.Store.(outbox.Admin).Status(ctx)
+	st, err := o.Store.(outboxdriver.Admin).Status(ctx)
 	if err != nil {
 		t.Fatalf("Status: %v", err)
 	}
@@ -191,7 +192,7 @@ func commitVisibleRollbackNot(t *testing.T, o Outbox) {
 		t.Fatalf("write to roll back: %v", err)
 	}
 	st := sync(t, o, "r1", ttl, nil, nil)
-	got := fetch(t, o, "r1", st.Held, outbox.FetchRequest{})
+	got := fetch(t, o, "r1", st.Held, outboxdriver.FetchRequest{})
 	if len(got) != len(committed) {
 		t.Fatalf("fetched %d messages, want the %d committed: %v", len(got), len(committed), payloads(got))
 	}
@@ -219,7 +220,7 @@ func savepointRollback(t *testing.T, o Outbox) {
 		t.Fatal(err)
 	}
 	st := sync(t, o, "r1", ttl, nil, nil)
-	got := fetch(t, o, "r1", st.Held, outbox.FetchRequest{})
+	got := fetch(t, o, "r1", st.Held, outboxdriver.FetchRequest{})
 	if len(got) != 2 || got[0].Topic != "kept" || got[1].Topic != "kept" {
 		t.Fatalf("fetched %v, want the two messages outside the rolled-back savepoint", payloads(got))
 	}
@@ -233,7 +234,7 @@ func fetchOrderAndLimit(t *testing.T, o Outbox) {
 	in[3].Payload = []byte("plain text")
 	write(t, o, in)
 	st := sync(t, o, "r1", ttl, nil, nil)
-	got := fetch(t, o, "r1", st.Held, outbox.FetchRequest{})
+	got := fetch(t, o, "r1", st.Held, outboxdriver.FetchRequest{})
 	if len(got) != len(in) {
 		t.Fatalf("fetched %d, want %d", len(got), len(in))
 	}
@@ -251,11 +252,11 @@ func fetchOrderAndLimit(t *testing.T, o Outbox) {
 	if m.Headers["traceparent"] != "00-abc-def-01" || m.Headers["X-A"] != "b" || m.AggregateType != "agg" || m.ContentType != "text/plain" || m.EventType != "e" {
 		t.Errorf("fields did not round-trip: %+v", m)
 	}
-	if lim := fetch(t, o, "r1", st.Held, outbox.FetchRequest{Limit: 7}); len(lim) != 7 || lim[0].Seq != got[0].Seq {
+	if lim := fetch(t, o, "r1", st.Held, outboxdriver.FetchRequest{Limit: 7}); len(lim) != 7 || lim[0].Seq != got[0].Seq {
 		t.Errorf("Limit 7 fetched %d", len(lim))
 	}
 	excl := []int64{got[0].Seq, got[1].Seq}
-	rest := fetch(t, o, "r1", st.Held, outbox.FetchRequest{Exclude: excl})
+	rest := fetch(t, o, "r1", st.Held, outboxdriver.FetchRequest{Exclude: excl})
 	if len(rest) != len(got)-2 || slices.Contains(excl, rest[0].Seq) {
 		t.Errorf("Exclude: fetched %d starting at seq %d", len(rest), rest[0].Seq)
 	}
@@ -264,20 +265,20 @@ func fetchOrderAndLimit(t *testing.T, o Outbox) {
 func fetchOnlyHeldShards(t *testing.T, o Outbox) {
 	write(t, o, msgs("t", 50, 1))
 	st := sync(t, o, "r1", ttl, nil, nil)
-	all := fetch(t, o, "r1", st.Held, outbox.FetchRequest{})
+	all := fetch(t, o, "r1", st.Held, outboxdriver.FetchRequest{})
 	some := all[0].Shard
-	var one []outbox.Lease
+	var one []outboxdriver.Lease
 	for _, l := range st.Held {
 		if l.Shard == some {
 			one = append(one, l)
 		}
 	}
-	for _, m := range fetch(t, o, "r1", one, outbox.FetchRequest{}) {
+	for _, m := range fetch(t, o, "r1", one, outboxdriver.FetchRequest{}) {
 		if m.Shard != some {
 			t.Fatalf("fetched a message of shard %d with a lease on shard %d only", m.Shard, some)
 		}
 	}
-	if got := fetch(t, o, "other", st.Held, outbox.FetchRequest{}); len(got) != 0 {
+	if got := fetch(t, o, "other", st.Held, outboxdriver.FetchRequest{}); len(got) != 0 {
 		t.Fatalf("a relay fetched %d messages with leases it does not hold", len(got))
 	}
 }
@@ -285,17 +286,17 @@ func fetchOnlyHeldShards(t *testing.T, o Outbox) {
 func fetchContinuation(t *testing.T, o Outbox) {
 	write(t, o, msgs("t", 3, 2)) // k0 k1 k2 k0 k1 k2
 	st := sync(t, o, "r1", ttl, nil, nil)
-	all := fetch(t, o, "r1", st.Held, outbox.FetchRequest{})
+	all := fetch(t, o, "r1", st.Held, outboxdriver.FetchRequest{})
 	after := all[2].Seq // the relay holds the first three, one per key
-	if got := fetch(t, o, "r1", st.Held, outbox.FetchRequest{After: after}); len(got) != 0 {
+	if got := fetch(t, o, "r1", st.Held, outboxdriver.FetchRequest{After: after}); len(got) != 0 {
 		t.Fatalf("continuation without Keys returned %v: their keys have older pending messages", payloads(got))
 	}
-	got := fetch(t, o, "r1", st.Held, outbox.FetchRequest{After: after, Keys: []string{"k1"}, KeySeqs: []int64{all[1].Seq}})
+	got := fetch(t, o, "r1", st.Held, outboxdriver.FetchRequest{After: after, Keys: []string{"k1"}, KeySeqs: []int64{all[1].Seq}})
 	if len(got) != 1 || got[0].Key != "k1" || got[0].Seq <= after {
 		t.Fatalf("continuation with k1 held returned %v, want k1's second message", payloads(got))
 	}
 	write(t, o, []outbox.Message{{Topic: "t", Key: "fresh", Payload: []byte(`{}`)}})
-	got = fetch(t, o, "r1", st.Held, outbox.FetchRequest{After: after})
+	got = fetch(t, o, "r1", st.Held, outboxdriver.FetchRequest{After: after})
 	if len(got) != 1 || got[0].Key != "fresh" {
 		t.Fatalf("continuation returned %v, want the new key's message", payloads(got))
 	}
@@ -304,14 +305,14 @@ func fetchContinuation(t *testing.T, o Outbox) {
 	// the cursor that the relay does not hold (a transaction that committed after the
 	// fetch that set the cursor): k2's newer messages must wait for it.
 	write(t, o, []outbox.Message{{Topic: "t", Key: "k2", Payload: []byte(`{"late":true}`)}})
-	later := fetch(t, o, "r1", st.Held, outbox.FetchRequest{})
+	later := fetch(t, o, "r1", st.Held, outboxdriver.FetchRequest{})
 	cursor := later[len(later)-1].Seq
 	write(t, o, []outbox.Message{{Topic: "t", Key: "k2", Payload: []byte(`{"newest":true}`)}})
 	k2 := []string{"k2"}
-	if got := fetch(t, o, "r1", st.Held, outbox.FetchRequest{After: cursor, Keys: k2, KeySeqs: []int64{all[2].Seq}}); len(got) != 0 {
+	if got := fetch(t, o, "r1", st.Held, outboxdriver.FetchRequest{After: cursor, Keys: k2, KeySeqs: []int64{all[2].Seq}}); len(got) != 0 {
 		t.Fatalf("continuation returned %v past k2's pending messages the relay does not hold", payloads(got))
 	}
-	if got := fetch(t, o, "r1", st.Held, outbox.FetchRequest{After: cursor, Keys: k2, KeySeqs: []int64{cursor}}); len(got) != 1 || string(got[0].Payload) != `{"newest":true}` {
+	if got := fetch(t, o, "r1", st.Held, outboxdriver.FetchRequest{After: cursor, Keys: k2, KeySeqs: []int64{cursor}}); len(got) != 1 || string(got[0].Payload) != `{"newest":true}` {
 		t.Fatalf("continuation with every older k2 message held returned %v, want the newest", payloads(got))
 	}
 }
@@ -334,7 +335,7 @@ func leasesFairShare(t *testing.T, o Outbox) {
 		t.Fatalf("b holds %d after a released %d", len(b.Held), a.Shards/2)
 	}
 	for _, l := range b.Held {
-		if slices.ContainsFunc(a.Held, func(x outbox.Lease) bool { return x.Shard == l.Shard }) {
+		if slices.ContainsFunc(a.Held, func(x outboxdriver.Lease) bool { return x.Shard == l.Shard }) {
 			t.Fatalf("shard %d held by both relays", l.Shard)
 		}
 	}
@@ -376,7 +377,7 @@ func leaseTakeover(t *testing.T, o Outbox) {
 func fencedComplete(t *testing.T, o Outbox) {
 	write(t, o, msgs("t", 4, 1))
 	a := sync(t, o, "a", ttl, nil, nil)
-	got := fetch(t, o, "a", a.Held, outbox.FetchRequest{})
+	got := fetch(t, o, "a", a.Held, outboxdriver.FetchRequest{})
 	// a renews with a short TTL, then pauses past it.
 	short := 1500 * time.Millisecond
 	a = sync(t, o, "a", short, a.Held, nil)
@@ -384,21 +385,21 @@ func fencedComplete(t *testing.T, o Outbox) {
 	b := sync(t, o, "b", ttl, nil, nil)
 	// a, paused past its lease, comes back and records its outcomes: refused.
 	c := published(t, o, a.Held, got[0], got[1])
-	c.Failed = []outbox.Failure{{Outcome: outbox.Outcome{Seq: got[2].Seq, Token: tokenOf(t, a.Held, got[2].Shard)}, Error: "late", Delay: time.Hour}}
+	c.Failed = []outboxdriver.Failure{{Outcome: outboxdriver.Outcome{Seq: got[2].Seq, Token: tokenOf(t, a.Held, got[2].Shard)}, Error: "late", Delay: time.Hour}}
 	refused := complete(t, o, "a", c)
 	slices.Sort(refused)
 	want := []int64{got[0].Seq, got[1].Seq, got[2].Seq}
 	if !slices.Equal(refused, want) {
 		t.Fatalf("a's late outcomes: refused %v, want %v", refused, want)
 	}
-	again := fetch(t, o, "b", b.Held, outbox.FetchRequest{})
+	again := fetch(t, o, "b", b.Held, outboxdriver.FetchRequest{})
 	if len(again) != 4 || again[2].Attempts != 0 {
 		t.Fatalf("after the refused outcomes b fetched %d (attempts of the third %d), want all 4 untouched", len(again), again[2].Attempts)
 	}
 	if refused := complete(t, o, "b", published(t, o, b.Held, again...)); len(refused) != 0 {
 		t.Fatalf("b's outcomes refused: %v", refused)
 	}
-	if rest := fetch(t, o, "b", b.Held, outbox.FetchRequest{}); len(rest) != 0 {
+	if rest := fetch(t, o, "b", b.Held, outboxdriver.FetchRequest{}); len(rest) != 0 {
 		t.Fatalf("%d messages still pending after b published them", len(rest))
 	}
 	if s := status(t, o); s.Pending != 0 || s.Published != 4 {
@@ -412,16 +413,16 @@ func fencedComplete(t *testing.T, o Outbox) {
 func retryBackoffBlocksKey(t *testing.T, o Outbox) {
 	write(t, o, msgs("t", 3, 2)) // k0 k1 k2 k0 k1 k2
 	st := sync(t, o, "r1", ttl, nil, nil)
-	got := fetch(t, o, "r1", st.Held, outbox.FetchRequest{})
+	got := fetch(t, o, "r1", st.Held, outboxdriver.FetchRequest{})
 	k0, k1 := got[0], got[1]
-	failure := func(m *outbox.Message, delay time.Duration) outbox.Failure {
-		return outbox.Failure{Outcome: outbox.Outcome{Seq: m.Seq, Token: tokenOf(t, st.Held, m.Shard)}, Error: "broker said no", Delay: delay}
+	failure := func(m *outbox.Message, delay time.Duration) outboxdriver.Failure {
+		return outboxdriver.Failure{Outcome: outboxdriver.Outcome{Seq: m.Seq, Token: tokenOf(t, st.Held, m.Shard)}, Error: "broker said no", Delay: delay}
 	}
-	failed := []outbox.Failure{failure(k0, time.Hour), failure(k1, time.Second)}
-	if refused := complete(t, o, "r1", outbox.Completion{Failed: failed}); len(refused) != 0 {
+	failed := []outboxdriver.Failure{failure(k0, time.Hour), failure(k1, time.Second)}
+	if refused := complete(t, o, "r1", outboxdriver.Completion{Failed: failed}); len(refused) != 0 {
 		t.Fatalf("refused %v", refused)
 	}
-	now := fetch(t, o, "r1", st.Held, outbox.FetchRequest{})
+	now := fetch(t, o, "r1", st.Held, outboxdriver.FetchRequest{})
 	var k2 int
 	for _, m := range now {
 		switch m.Key {
@@ -439,7 +440,7 @@ func retryBackoffBlocksKey(t *testing.T, o Outbox) {
 	}
 	var later []*outbox.Message
 	testenv.Await(t, "k1's first message to come due after its 1 s backoff", func() (any, bool) {
-		later = fetch(t, o, "r1", st.Held, outbox.FetchRequest{})
+		later = fetch(t, o, "r1", st.Held, outboxdriver.FetchRequest{})
 		return payloads(later), len(later) == 4
 	})
 	if later[0].Seq != k1.Seq || later[0].Attempts != 1 || later[0].LastError != "broker said no" {
@@ -460,7 +461,7 @@ func deliverAtBlocksKey(t *testing.T, o Outbox) {
 	in[1].DeliverAt = time.Now().Add(time.Second)
 	write(t, o, in)
 	st := sync(t, o, "r1", ttl, nil, nil)
-	got := fetch(t, o, "r1", st.Held, outbox.FetchRequest{})
+	got := fetch(t, o, "r1", st.Held, outboxdriver.FetchRequest{})
 	var k2 int
 	for _, m := range got {
 		switch m.Key {
@@ -474,7 +475,7 @@ func deliverAtBlocksKey(t *testing.T, o Outbox) {
 		t.Fatalf("fetched %v, want k2's two messages", payloads(got))
 	}
 	testenv.Await(t, "k1's first message to come due", func() (any, bool) {
-		got = fetch(t, o, "r1", st.Held, outbox.FetchRequest{})
+		got = fetch(t, o, "r1", st.Held, outboxdriver.FetchRequest{})
 		return payloads(got), len(got) == 4
 	})
 	var keys []string
@@ -489,46 +490,46 @@ func deliverAtBlocksKey(t *testing.T, o Outbox) {
 func deadLetterAndReplay(t *testing.T, o Outbox) {
 	write(t, o, msgs("poison", 1, 2))
 	st := sync(t, o, "r1", ttl, nil, nil)
-	got := fetch(t, o, "r1", st.Held, outbox.FetchRequest{})
+	got := fetch(t, o, "r1", st.Held, outboxdriver.FetchRequest{})
 	first := got[0]
-	dead := outbox.Failure{Outcome: outbox.Outcome{Seq: first.Seq, Token: tokenOf(t, st.Held, first.Shard)}, Error: "schema mismatch", Dead: true}
-	complete(t, o, "r1", outbox.Completion{Failed: []outbox.Failure{dead}})
-	rest := fetch(t, o, "r1", st.Held, outbox.FetchRequest{})
+	dead := outboxdriver.Failure{Outcome: outboxdriver.Outcome{Seq: first.Seq, Token: tokenOf(t, st.Held, first.Shard)}, Error: "schema mismatch", Dead: true}
+	complete(t, o, "r1", outboxdriver.Completion{Failed: []outboxdriver.Failure{dead}})
+	rest := fetch(t, o, "r1", st.Held, outboxdriver.FetchRequest{})
 	if len(rest) != 1 || rest[0].Seq == first.Seq {
 		t.Fatalf("after dead-lettering the first, fetched %v, want the key's second (a dead letter does not block its key)", payloads(rest))
 	}
-	admin := o.Store.(outbox.Admin)
+	admin := o.Store.(outboxdriver.Admin)
 	ctx := testenv.Context(t)
-	list, err := admin.DeadList(ctx, outbox.DeadFilter{Topic: "poison", ErrorContains: "SCHEMA"})
+	list, err := admin.DeadList(ctx, outboxdriver.DeadFilter{Topic: "poison", ErrorContains: "SCHEMA"})
 	if err != nil || len(list) != 1 || list[0].ID != first.ID || list[0].LastError != "schema mismatch" || list[0].DeadAt.IsZero() {
 		t.Fatalf("DeadList = %+v, %v; want the dead letter with its error", list, err)
 	}
-	if n, err := admin.DeadCount(ctx, outbox.DeadFilter{Key: first.Key}); err != nil || n != 1 {
+	if n, err := admin.DeadCount(ctx, outboxdriver.DeadFilter{Key: first.Key}); err != nil || n != 1 {
 		t.Fatalf("DeadCount = %d, %v", n, err)
 	}
-	if n, err := admin.DeadList(ctx, outbox.DeadFilter{Topic: "other"}); err != nil || len(n) != 0 {
+	if n, err := admin.DeadList(ctx, outboxdriver.DeadFilter{Topic: "other"}); err != nil || len(n) != 0 {
 		t.Fatalf("DeadList of another topic = %v, %v", n, err)
 	}
-	if _, err := admin.DeadPurge(ctx, outbox.DeadFilter{}); !errors.Is(err, outbox.ErrEmptyDeadFilter) {
+	if _, err := admin.DeadPurge(ctx, outboxdriver.DeadFilter{}); !errors.Is(err, outboxdriver.ErrEmptyDeadFilter) {
 		t.Fatalf("DeadPurge with an empty filter = %v, want ErrEmptyDeadFilter", err)
 	}
 	if s := status(t, o); s.Dead != 1 {
 		t.Errorf("status dead = %d", s.Dead)
 	}
-	if n, err := admin.DeadReplay(ctx, outbox.DeadFilter{IDs: []outbox.ID{first.ID}}); err != nil || n != 1 {
+	if n, err := admin.DeadReplay(ctx, outboxdriver.DeadFilter{IDs: []outbox.ID{first.ID}}); err != nil || n != 1 {
 		t.Fatalf("DeadReplay = %d, %v", n, err)
 	}
-	again := fetch(t, o, "r1", st.Held, outbox.FetchRequest{Exclude: []int64{rest[0].Seq}})
+	again := fetch(t, o, "r1", st.Held, outboxdriver.FetchRequest{Exclude: []int64{rest[0].Seq}})
 	if len(again) != 1 || again[0].ID != first.ID || again[0].DedupKey != first.DedupKey || again[0].Attempts != 0 {
 		t.Fatalf("after replay fetched %+v, want the original message with its id and no attempts", again)
 	}
 	// Dead again, then purged.
 	dead.Token = tokenOf(t, st.Held, first.Shard)
-	complete(t, o, "r1", outbox.Completion{Failed: []outbox.Failure{dead}})
-	if n, err := admin.DeadPurge(ctx, outbox.DeadFilter{Topic: "poison"}); err != nil || n != 1 {
+	complete(t, o, "r1", outboxdriver.Completion{Failed: []outboxdriver.Failure{dead}})
+	if n, err := admin.DeadPurge(ctx, outboxdriver.DeadFilter{Topic: "poison"}); err != nil || n != 1 {
 		t.Fatalf("DeadPurge = %d, %v", n, err)
 	}
-	if n, err := admin.DeadCount(ctx, outbox.DeadFilter{}); err != nil || n != 0 {
+	if n, err := admin.DeadCount(ctx, outboxdriver.DeadFilter{}); err != nil || n != 0 {
 		t.Fatalf("DeadCount after purge = %d, %v", n, err)
 	}
 }
@@ -544,7 +545,7 @@ func dedupKey(t *testing.T, o Outbox) {
 		t.Fatalf("second write with a taken dedup key: %v, want a *DuplicateError naming it", err)
 	}
 	st := sync(t, o, "r1", ttl, nil, nil)
-	got := payloads(fetch(t, o, "r1", st.Held, outbox.FetchRequest{}))
+	got := payloads(fetch(t, o, "r1", st.Held, outboxdriver.FetchRequest{}))
 	if !slices.Equal(got, []string{`{"v":1}`, `{"v":3}`}) {
 		t.Fatalf("fetched %v, want the first write and the non-duplicate of the second", got)
 	}
@@ -553,7 +554,7 @@ func dedupKey(t *testing.T, o Outbox) {
 func retention(t *testing.T, o Outbox) {
 	write(t, o, msgs("t", 10, 1))
 	st := sync(t, o, "r1", ttl, nil, nil)
-	got := fetch(t, o, "r1", st.Held, outbox.FetchRequest{})
+	got := fetch(t, o, "r1", st.Held, outboxdriver.FetchRequest{})
 	complete(t, o, "r1", published(t, o, st.Held, got...))
 	ctx := testenv.Context(t)
 	if n, err := o.Store.DeletePublished(ctx, time.Hour, 100); err != nil || n != 0 {

@@ -29,16 +29,17 @@ import (
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/sqlstore"
 	"github.com/outboxkit/outbox/internal/testinfra/testenv"
+	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/outboxtest"
 )
 
 // Driver is what the stores' drivers have in common.
 type Driver interface {
-	outbox.WriteDriver[*sql.Tx]
-	outbox.Store
-	outbox.Admin
-	outbox.InboxDriver[*sql.Tx]
-	outbox.VersionDriver[*sql.Tx]
+	outboxdriver.WriteDriver[*sql.Tx]
+	outboxdriver.Store
+	outboxdriver.Admin
+	outboxdriver.InboxDriver[*sql.Tx]
+	outboxdriver.VersionDriver[*sql.Tx]
 	DeleteInbox(ctx context.Context, olderThan time.Duration, limit int) (int, error)
 	MigrateUp(ctx context.Context, target int) ([]int, error)
 	MigrateDown(ctx context.Context, target int) ([]int, error)
@@ -139,14 +140,14 @@ func (b *bundle) write(ctx context.Context, msgs ...outbox.Message) error {
 }
 
 // fetchAll takes every shard and returns every due message.
-func (b *bundle) fetchAll(t *testing.T, relay string) ([]*outbox.Message, outbox.LeaseState) {
+func (b *bundle) fetchAll(t *testing.T, relay string) ([]*outbox.Message, outboxdriver.LeaseState) {
 	t.Helper()
 	ctx := testenv.Context(t)
-	st, err := b.drv.SyncLeases(ctx, outbox.LeaseRequest{RelayID: relay, TTL: time.Minute})
+	st, err := b.drv.SyncLeases(ctx, outboxdriver.LeaseRequest{RelayID: relay, TTL: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := b.drv.Fetch(ctx, outbox.FetchRequest{RelayID: relay, Leases: st.Held, Limit: 1 << 20})
+	got, err := b.drv.Fetch(ctx, outboxdriver.FetchRequest{RelayID: relay, Leases: st.Held, Limit: 1 << 20})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -158,9 +159,9 @@ func (b *bundle) fetchAll(t *testing.T, relay string) ([]*outbox.Message, outbox
 func (b *bundle) release(t *testing.T, relay string) {
 	t.Helper()
 	ctx := testenv.Context(t)
-	st, err := b.drv.SyncLeases(ctx, outbox.LeaseRequest{RelayID: relay, TTL: time.Minute})
+	st, err := b.drv.SyncLeases(ctx, outboxdriver.LeaseRequest{RelayID: relay, TTL: time.Minute})
 	if err == nil {
-		_, err = b.drv.SyncLeases(ctx, outbox.LeaseRequest{RelayID: relay, Release: st.Held})
+		_, err = b.drv.SyncLeases(ctx, outboxdriver.LeaseRequest{RelayID: relay, Release: st.Held})
 	}
 	if err != nil {
 		t.Fatal(err)
@@ -527,7 +528,7 @@ func bigFetchLists(t *testing.T, h Harness) {
 		exclude[i] = int64(i) + all[2].Seq + 1000 // none of them exists
 	}
 	exclude[n-1] = all[0].Seq
-	got, err := b.drv.Fetch(ctx, outbox.FetchRequest{RelayID: "r", Leases: st.Held, Exclude: exclude, Limit: 10})
+	got, err := b.drv.Fetch(ctx, outboxdriver.FetchRequest{RelayID: "r", Leases: st.Held, Exclude: exclude, Limit: 10})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -543,7 +544,7 @@ func bigFetchLists(t *testing.T, h Harness) {
 	for i := range held {
 		held[i] = all[0].Seq
 	}
-	got, err = b.drv.Fetch(ctx, outbox.FetchRequest{RelayID: "r", Leases: st.Held, After: all[0].Seq, Keys: keys, KeySeqs: held, Limit: 10})
+	got, err = b.drv.Fetch(ctx, outboxdriver.FetchRequest{RelayID: "r", Leases: st.Held, After: all[0].Seq, Keys: keys, KeySeqs: held, Limit: 10})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -567,23 +568,23 @@ func fencingAcrossProcesses(t *testing.T, h Harness) {
 	}
 	// a's leases last long enough that b surely finds them live, however slow the
 	// machine; a then renews them with a short TTL and pauses past it.
-	sa, err := a.drv.SyncLeases(ctx, outbox.LeaseRequest{RelayID: "a", TTL: time.Minute})
+	sa, err := a.drv.SyncLeases(ctx, outboxdriver.LeaseRequest{RelayID: "a", TTL: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := a.drv.Fetch(ctx, outbox.FetchRequest{RelayID: "a", Leases: sa.Held, Limit: 100})
+	got, err := a.drv.Fetch(ctx, outboxdriver.FetchRequest{RelayID: "a", Leases: sa.Held, Limit: 100})
 	if err != nil || len(got) != len(msgs) {
 		t.Fatalf("a fetched %d, %v", len(got), err)
 	}
-	if sb, err := b.drv.SyncLeases(ctx, outbox.LeaseRequest{RelayID: "b", TTL: time.Minute}); err != nil || len(sb.Held) != 0 {
+	if sb, err := b.drv.SyncLeases(ctx, outboxdriver.LeaseRequest{RelayID: "b", TTL: time.Minute}); err != nil || len(sb.Held) != 0 {
 		t.Fatalf("b took %d shards from a live relay: %v", len(sb.Held), err)
 	}
 	short := 1500 * time.Millisecond
-	if sa, err = a.drv.SyncLeases(ctx, outbox.LeaseRequest{RelayID: "a", TTL: short, Held: sa.Held}); err != nil || len(sa.Held) != sa.Shards {
+	if sa, err = a.drv.SyncLeases(ctx, outboxdriver.LeaseRequest{RelayID: "a", TTL: short, Held: sa.Held}); err != nil || len(sa.Held) != sa.Shards {
 		t.Fatalf("a renewed %d of %d leases: %v", len(sa.Held), sa.Shards, err)
 	}
 	time.Sleep(short + 500*time.Millisecond) // a pauses past its lease (time, not work)
-	sb, err := b.drv.SyncLeases(ctx, outbox.LeaseRequest{RelayID: "b", TTL: time.Minute})
+	sb, err := b.drv.SyncLeases(ctx, outboxdriver.LeaseRequest{RelayID: "b", TTL: time.Minute})
 	if err != nil || len(sb.Held) != sb.Shards {
 		t.Fatalf("b holds %d of %d shards after a's expired: %v", len(sb.Held), sb.Shards, err)
 	}
@@ -591,19 +592,19 @@ func fencingAcrossProcesses(t *testing.T, h Harness) {
 	for _, l := range sa.Held {
 		tokens[l.Shard] = l.Token
 	}
-	var c outbox.Completion
+	var c outboxdriver.Completion
 	c.RelayID = "a"
 	for _, m := range got[:4] {
-		c.Published = append(c.Published, outbox.Outcome{Seq: m.Seq, Token: tokens[m.Shard]})
+		c.Published = append(c.Published, outboxdriver.Outcome{Seq: m.Seq, Token: tokens[m.Shard]})
 	}
 	for _, m := range got[4:] {
-		c.Failed = append(c.Failed, outbox.Failure{Outcome: outbox.Outcome{Seq: m.Seq, Token: tokens[m.Shard]}, Error: "late", Dead: true})
+		c.Failed = append(c.Failed, outboxdriver.Failure{Outcome: outboxdriver.Outcome{Seq: m.Seq, Token: tokens[m.Shard]}, Error: "late", Dead: true})
 	}
 	refused, err := a.drv.Complete(ctx, c)
 	if err != nil || len(refused) != len(msgs) {
 		t.Fatalf("a's late outcomes: refused %d of %d, %v", len(refused), len(msgs), err)
 	}
-	again, err := b.drv.Fetch(ctx, outbox.FetchRequest{RelayID: "b", Leases: sb.Held, Limit: 100})
+	again, err := b.drv.Fetch(ctx, outboxdriver.FetchRequest{RelayID: "b", Leases: sb.Held, Limit: 100})
 	if err != nil || len(again) != len(msgs) {
 		t.Fatalf("b fetched %d after the refusal, %v", len(again), err)
 	}
@@ -611,9 +612,9 @@ func fencingAcrossProcesses(t *testing.T, h Harness) {
 	for _, l := range sb.Held {
 		tokens[l.Shard] = l.Token
 	}
-	c = outbox.Completion{RelayID: "b"}
+	c = outboxdriver.Completion{RelayID: "b"}
 	for _, m := range again {
-		c.Published = append(c.Published, outbox.Outcome{Seq: m.Seq, Token: tokens[m.Shard]})
+		c.Published = append(c.Published, outboxdriver.Outcome{Seq: m.Seq, Token: tokens[m.Shard]})
 	}
 	if refused, err := b.drv.Complete(ctx, c); err != nil || len(refused) != 0 {
 		t.Fatalf("b's outcomes: refused %v, %v", refused, err)
@@ -750,7 +751,7 @@ func relayEndToEnd(t *testing.T, h Harness) {
 	testenv.Await(t, "the poison dead-lettered and 3 outcomes recorded", func() (any, bool) {
 		ctx, cancel := testenv.CallContext()
 		defer cancel()
-		n, err := b.drv.DeadCount(ctx, outbox.DeadFilter{})
+		n, err := b.drv.DeadCount(ctx, outboxdriver.DeadFilter{})
 		if err != nil {
 			t.Fatalf("DeadCount: %v", err)
 		}
@@ -760,21 +761,21 @@ func relayEndToEnd(t *testing.T, h Harness) {
 	if len(got) != 3 || r.Stats().Rejected != 2 || r.Stats().DeadLettered != 1 {
 		t.Fatalf("published %d, stats %+v; want 3 published, 2 rejections, 1 dead letter", len(got), r.Stats())
 	}
-	dead, err := b.drv.DeadList(testenv.Context(t), outbox.DeadFilter{Key: "o2"})
+	dead, err := b.drv.DeadList(testenv.Context(t), outboxdriver.DeadFilter{Key: "o2"})
 	if err != nil || len(dead) != 1 || dead[0].EventType != "poison" || dead[0].Attempts != 3 || !strings.Contains(dead[0].LastError, "rejects poison") {
 		t.Fatalf("DeadList = %+v, %v", dead, err)
 	}
 	mu.Lock()
 	fixed = true
 	mu.Unlock()
-	if n, err := b.drv.DeadReplay(testenv.Context(t), outbox.DeadFilter{ErrorContains: "REJECTS"}); err != nil || n != 1 {
+	if n, err := b.drv.DeadReplay(testenv.Context(t), outboxdriver.DeadFilter{ErrorContains: "REJECTS"}); err != nil || n != 1 {
 		t.Fatalf("DeadReplay = %d, %v", n, err)
 	}
 	got = pub.Await(t, 4)
 	if got[3].ID != dead[0].ID {
 		t.Fatalf("the replayed message went out as %+v", got[3])
 	}
-	var st outbox.Status
+	var st outboxdriver.Status
 	testenv.Await(t, "the replayed message recorded as published", func() (any, bool) {
 		ctx, cancel := testenv.CallContext()
 		defer cancel()
@@ -789,7 +790,7 @@ func relayEndToEnd(t *testing.T, h Harness) {
 	}
 }
 
-func startRelay(t *testing.T, s outbox.Store, pub outbox.Publisher, id string) *outbox.Relay {
+func startRelay(t *testing.T, s outboxdriver.Store, pub outbox.Publisher, id string) *outbox.Relay {
 	t.Helper()
 	// The suite counts duplicates, which a lease lost to a stall of the machine may cause
 	// by design: the TTL is far above any stall.

@@ -1,4 +1,4 @@
-package outbox
+package outboxdriver
 
 import (
 	"context"
@@ -8,6 +8,8 @@ import (
 	"strings"
 	"time"
 	"unicode/utf8"
+
+	"github.com/outboxkit/outbox/outboxtype"
 )
 
 // Admin is what operators need from a store: its status and its dead letters. The
@@ -47,16 +49,16 @@ func (f DeadFilter) Validate() error {
 	for _, field := range []struct{ name, value string }{{"Topic", f.Topic}, {"Key", f.Key}, {"ErrorContains", f.ErrorContains}} {
 		switch {
 		case !utf8.ValidString(field.value):
-			return &ConfigError{Field: "DeadFilter." + field.name, Reason: "not valid UTF-8"}
+			return &outboxtype.ConfigError{Field: "DeadFilter." + field.name, Reason: "not valid UTF-8"}
 		case strings.IndexByte(field.value, 0) >= 0:
-			return &ConfigError{Field: "DeadFilter." + field.name, Reason: "holds a NUL byte"}
+			return &outboxtype.ConfigError{Field: "DeadFilter." + field.name, Reason: "holds a NUL byte"}
 		}
 	}
 	switch {
 	case f.Limit < 0:
-		return &ConfigError{Field: "DeadFilter.Limit", Reason: "must not be negative (0 means no limit)"}
+		return &outboxtype.ConfigError{Field: "DeadFilter.Limit", Reason: "must not be negative (0 means no limit)"}
 	case !f.Since.IsZero() && !f.Until.IsZero() && !f.Since.Before(f.Until):
-		return &ConfigError{Field: "DeadFilter.Since", Reason: "is not before Until"}
+		return &outboxtype.ConfigError{Field: "DeadFilter.Since", Reason: "is not before Until"}
 	}
 	return nil
 }
@@ -133,7 +135,7 @@ type RelayInfo struct {
 // DeadFilter selects dead letters. Zero fields match everything; set fields must all
 // match.
 type DeadFilter struct {
-	IDs           []ID
+	IDs           []outboxtype.ID
 	Topic         string
 	Key           string
 	ErrorContains string    // substring of the last error, case-insensitive
@@ -143,7 +145,7 @@ type DeadFilter struct {
 
 // DeadLetter is a dead-lettered message with why it died.
 type DeadLetter struct {
-	Message
+	outboxtype.Message
 	DeadAt time.Time `json:"dead_at"`
 }
 

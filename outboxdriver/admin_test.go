@@ -1,9 +1,11 @@
-package outbox
+package outboxdriver
 
 import (
 	"errors"
 	"testing"
 	"time"
+
+	"github.com/outboxkit/outbox/outboxtype"
 )
 
 func TestDeadFilterValidate(t *testing.T) {
@@ -21,12 +23,12 @@ func TestDeadFilterValidate(t *testing.T) {
 		{DeadFilter{Since: now, Until: now}, "DeadFilter.Since"},
 	} {
 		err := tc.f.Validate()
-		var ce *ConfigError
+		var ce *outboxtype.ConfigError
 		switch {
 		case tc.field == "" && err != nil:
 			t.Errorf("%+v: %v", tc.f, err)
 		case tc.field != "" && (!errors.As(err, &ce) || ce.Field != tc.field):
-			t.Errorf("%+v: %v, want a *ConfigError for %s", tc.f, err, tc.field)
+			t.Errorf("%+v: %v, want a *outboxtype.ConfigError for %s", tc.f, err, tc.field)
 		}
 	}
 }

@@ -1,8 +1,10 @@
-package outbox
+package outboxdriver
 
 import (
 	"context"
 	"time"
+
+	"github.com/outboxkit/outbox/outboxtype"
 )
 
 // Store is what a Relay needs from a database: shard leases, reading due messages, and
@@ -23,7 +25,7 @@ type Store interface {
 	// (and that the relay still holds in the database), in Seq order, skipping
 	// req.Exclude and any message whose key has an earlier message that is pending but
 	// not yet due (a retry backing off, or a delayed message).
-	Fetch(ctx context.Context, req FetchRequest) ([]*Message, error)
+	Fetch(ctx context.Context, req FetchRequest) ([]*outboxtype.Message, error)
 
 	// Complete records publish outcomes in one transaction, fenced: an outcome is
 	// applied only if the lease token it carries is still the relay's unexpired lease on
