@@ -27,13 +27,15 @@ type fetchPlan struct {
 	cursor     int64     // 0: the next fetch is full
 	maxSeq     int64     // highest seq any fetch returned
 	lastFull   time.Time // when the last full fetch started
+	retryAt    time.Time // after a failed fetch: no fetch before it
+	failures   int       // fetches failed in a row
 }
 
 // next says whether to fetch at now, given room for that many messages in hand against
 // a batch size, and whether that fetch is full; after is the continuation's lower bound.
 // The loop calls started when it sends the fetch.
 func (p *fetchPlan) next(now time.Time, room, batch int) (fetch, full bool, after int64) {
-	if !(p.want || p.moreLikely) || room < batch/2 {
+	if !(p.want || p.moreLikely) || room < batch/2 || now.Before(p.retryAt) {
 		return false, false, 0
 	}
 	full = p.cursor == 0 || !p.moreLikely || (p.want && now.Sub(p.lastFull) >= fullFetchEvery)
@@ -55,6 +57,7 @@ func (p *fetchPlan) started(full bool, now time.Time) {
 // came back full, and the lower bound it continued from (0 for a full fetch).
 func (p *fetchPlan) done(top int64, full bool, after int64) {
 	p.moreLikely = full
+	p.failures, p.retryAt = 0, time.Time{}
 	p.maxSeq = max(p.maxSeq, top)
 	switch {
 	case after > 0:
@@ -66,8 +69,22 @@ func (p *fetchPlan) done(top int64, full bool, after int64) {
 	}
 }
 
-// failed records a fetch that failed: the next one is full.
-func (p *fetchPlan) failed() { p.moreLikely = false }
+// wakeAt is when a fetch held back after a failure may go, for the loop's timer: zero
+// when none is held back at now.
+func (p *fetchPlan) wakeAt(now time.Time) time.Time {
+	if now.Before(p.retryAt) {
+		return p.retryAt
+	}
+	return time.Time{}
+}
+
+// failed records a fetch that failed at now: the next one is full, and goes after
+// dbRetry, longer after each failure in a row, rather than at the next poll.
+func (p *fetchPlan) failed(now time.Time) {
+	p.moreLikely, p.want = false, true
+	p.failures++
+	p.retryAt = now.Add(dbRetry(p.failures))
+}
 
 // gained records new shards: the next fetch is full and starts over.
 func (p *fetchPlan) gained() { p.want, p.cursor = true, 0 }

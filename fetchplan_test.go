@@ -55,12 +55,25 @@ func TestFetchPlan(t *testing.T) {
 	if p.cursor != 700 {
 		t.Fatalf("cursor after a short full fetch = %d, want 700", p.cursor)
 	}
-	// A failed fetch ends the backlog mode, and keeps the cursor.
+	// A failed fetch ends the backlog mode, keeps the cursor, and is tried again, full,
+	// after dbRetry (not at the next poll), longer after each failure in a row.
 	p.moreLikely = true
-	p.failed()
-	check("after a failure", t0.Add(time.Second), 1000, want{})
-	if p.cursor != 700 {
-		t.Fatalf("cursor after a failure = %d", p.cursor)
+	p.failed(t0.Add(time.Second))
+	check("right after a failure", t0.Add(time.Second), 1000, want{})
+	if p.cursor != 700 || !p.wakeAt(t0.Add(time.Second)).Equal(t0.Add(time.Second+dbRetry(1))) {
+		t.Fatalf("after a failure: cursor %d, wake %v", p.cursor, p.wakeAt(t0.Add(time.Second)))
+	}
+	check("retry after a failure", t0.Add(time.Second+dbRetry(1)), 1000, want{fetch: true, full: true})
+	if !p.wakeAt(t0.Add(time.Second + dbRetry(1))).IsZero() {
+		t.Fatal("a fetch retry that came due still wakes the loop")
+	}
+	p.failed(t0.Add(2 * time.Second))
+	check("second failure", t0.Add(2*time.Second+dbRetry(1)), 1000, want{})
+	check("retry after the second failure", t0.Add(2*time.Second+dbRetry(2)), 1000, want{fetch: true, full: true})
+	p.started(true, t0.Add(2*time.Second+dbRetry(2)))
+	p.done(700, false, 0)
+	if p.failures != 0 || !p.wakeAt(t0).IsZero() {
+		t.Fatalf("after a fetch succeeded: failures %d, wake %v", p.failures, p.wakeAt(t0))
 	}
 	// New shards: a full fetch, and the cursor starts over.
 	p.moreLikely = true

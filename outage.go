@@ -10,6 +10,8 @@ import "time"
 // before until); pinging (until passed, and a ping to the broker is out: its answer either
 // opens the gate or pauses again). Each outage in a row pauses longer (backoff between
 // OutageMinDelay and OutageMaxDelay, with jitter); a confirmed publish ends the streak.
+// The backoff spaces the probes, not the reaction: a publisher that reports its
+// connection back (Reconnector) ends a pause at once.
 // An outage reported while paused or pinging (a batch sent before the pause) changes
 // nothing.
 type outageGate struct {
@@ -61,6 +63,16 @@ func (g *outageGate) wakeAt() time.Time {
 // reopen.
 func (g *outageGate) due(now time.Time) bool {
 	return !g.open() && !g.pinging && !now.Before(g.until)
+}
+
+// reconnected records that the publisher's connection came back at now: a pause ends at
+// once. It reports whether the gate is due (the loop then pings, as after a pause).
+func (g *outageGate) reconnected(now time.Time) bool {
+	if g.open() || g.pinging {
+		return false
+	}
+	g.until = now
+	return true
 }
 
 // ping records that a ping to the broker is out.

@@ -53,3 +53,28 @@ func TestOutageGate(t *testing.T) {
 		t.Fatalf("outage after a confirmed publish: pause %v, want the first of a new streak", d)
 	}
 }
+
+func TestOutageGateReconnected(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	g := newOutageGate(time.Second, time.Minute)
+	g.backoff = func(n int, min, _ time.Duration) time.Duration { return time.Duration(n) * min }
+
+	if g.reconnected(t0) {
+		t.Fatal("an open gate is due after a reconnection")
+	}
+	g.outage(t0)
+	g.ping()
+	g.pinged(errors.New("refused"), t0.Add(time.Second)) // paused until t0+3s
+	// The connection is back 100 ms into the pause: due now, not at the pause's end.
+	now := t0.Add(1100 * time.Millisecond)
+	if !g.reconnected(now) || !g.due(now) {
+		t.Fatalf("reconnected during a pause: due %v, wake %v", g.due(now), g.wakeAt())
+	}
+	g.ping()
+	if g.reconnected(now) {
+		t.Fatal("a reconnection while a ping is out asks for another ping")
+	}
+	if d := g.pinged(nil, now); d != 0 || !g.open() {
+		t.Fatalf("ping after the reconnection: pause %v, open %v", d, g.open())
+	}
+}

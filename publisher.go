@@ -32,3 +32,14 @@ type Publisher interface {
 type Pinger interface {
 	Ping(ctx context.Context) error
 }
+
+// Reconnector is implemented by publishers that keep a connection to the broker and know
+// when it comes back. A relay paused by an outage probes the broker with backoff (Ping);
+// with a Reconnector it also resumes at once when the publisher's connection is back,
+// without waiting for its next probe.
+type Reconnector interface {
+	// Reconnected returns a channel that receives a value soon after each time the
+	// publisher connects to the broker again. It is called once; values sent while nobody
+	// listens may be dropped, but not the last one.
+	Reconnected() <-chan struct{}
+}

@@ -282,6 +282,11 @@ func (l *loop) run(ctx context.Context) {
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 
+	var reconnected <-chan struct{}
+	if rc, ok := l.r.pub.(Reconnector); ok {
+		reconnected = rc.Reconnected()
+	}
+
 	l.syncLeases(ctx, false)
 	stopping := false
 	stop := l.r.stop
@@ -294,9 +299,9 @@ func (l *loop) run(ctx context.Context) {
 			l.startFetch(ctx)
 		}
 		l.startComplete(ctx)
-		// Wake up for a paused outage or a pending complete retry.
+		// Wake up for a paused outage or a pending recording or fetch retry.
 		var next time.Time
-		for _, t := range []time.Time{l.outage.wakeAt(), l.outcomes.retryAt} {
+		for _, t := range []time.Time{l.outage.wakeAt(), l.outcomes.retryAt, l.fetch.wakeAt(time.Now())} {
 			if !t.IsZero() && (next.IsZero() || t.Before(next)) {
 				next = t
 			}
@@ -332,6 +337,12 @@ func (l *loop) run(ctx context.Context) {
 		case err := <-l.pings:
 			if d := l.outage.pinged(err, time.Now()); d > 0 {
 				l.paused(d, fmt.Errorf("broker ping: %w", err))
+			}
+		case <-reconnected:
+			// The publisher's connection is back: check now rather than at the end of the
+			// pause (a no-op when the gate is open or a ping is out).
+			if l.outage.reconnected(time.Now()) {
+				l.resume(ctx)
 			}
 		case <-timer.C:
 			if l.outage.due(time.Now()) {
@@ -712,7 +723,7 @@ func (l *loop) onFetch(res fetchResult) {
 	if res.err != nil {
 		l.hand.fetched(nil, nil)
 		l.log.Error("fetch failed", "err", res.err)
-		l.fetch.failed()
+		l.fetch.failed(time.Now())
 		return
 	}
 	var top int64

@@ -49,7 +49,11 @@ type RelayConfig struct {
 	RetryMaxDelay time.Duration
 
 	// OutageMinDelay and OutageMaxDelay bound the pause after a broker outage, growing
-	// the same way with each consecutive outage. Defaults to 100ms and 30s.
+	// the same way with each consecutive outage; at the end of each pause the broker is
+	// probed (Pinger). Defaults to 100ms and 1s: a probe is one ping, and the ceiling
+	// bounds how late a relay notices that a broker is back when its publisher cannot say
+	// so itself (Reconnector: NATS, RabbitMQ and Kafka publishers say so, and the relay
+	// resumes at once).
 	OutageMinDelay time.Duration
 	OutageMaxDelay time.Duration
 
@@ -85,7 +89,7 @@ const (
 	RetryMinDelayDefault    = time.Second
 	RetryMaxDelayDefault    = 5 * time.Minute
 	OutageMinDelayDefault   = 100 * time.Millisecond
-	OutageMaxDelayDefault   = 30 * time.Second
+	OutageMaxDelayDefault   = time.Second
 	PublishTimeoutDefault   = 30 * time.Second
 	RetentionDefault        = 7 * 24 * time.Hour
 	CleanupIntervalDefault  = time.Minute

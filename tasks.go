@@ -20,12 +20,21 @@ func (l *loop) listen(ctx context.Context, lis outboxdriver.Listener) {
 		default:
 		}
 	}
-	for fails := 1; ctx.Err() == nil; fails++ {
+	// A lost LISTEN connection is most often one the database closed (a restart, a
+	// terminated backend): listen again at once, backing off to 2 s while it fails, and
+	// poll meanwhile. A connection that listened for a while starts the backoff over.
+	fails := 0
+	for ctx.Err() == nil {
+		began := time.Now()
 		err := lis.Listen(ctx, wake)
 		if ctx.Err() != nil {
 			return
 		}
-		d := backoff(min(fails, 8), time.Second, 30*time.Second)
+		if time.Since(began) > 10*time.Second {
+			fails = 0
+		}
+		fails++
+		d := backoff(min(fails, 8), 25*time.Millisecond, 2*time.Second)
 		l.log.Warn("LISTEN connection lost; polling meanwhile", "err", err, "retry_in", d.Round(time.Millisecond))
 		select {
 		case <-ctx.Done():

@@ -112,7 +112,14 @@ func TestOutageWhileCut(t *testing.T) {
 		t.Errorf("Ping while cut = %v, want an outage without waiting for the deadline", err)
 	}
 
+	select {
+	case <-pub.Reconnected():
+		t.Fatal("Reconnected while the broker is cut off")
+	default:
+	}
 	proxy.Restore(t)
+	// The relay learns of the new connection from the publisher, without probing.
+	testenv.AwaitRecv(t, "the publisher to report its new connection", pub.Reconnected())
 	awaitPing(t, pub)
 	testenv.RequirePublishedAll(t, pub.Publish(testenv.Context(t), batchFor(q, 4, 10)))
 	if n := queueLen(t, conn, q); n != 3+4 {

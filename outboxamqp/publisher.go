@@ -130,6 +130,9 @@ type Publisher struct {
 	owned bool
 	url   string // with credentials; never printed
 	safe  string // url redacted, for errors
+	// back receives a value when the connection is back: dialled again, or no longer
+	// blocked by the broker (outbox.Reconnector).
+	back chan struct{}
 
 	frameMax atomic.Int64 // the connection's negotiated frame size; 0 means no limit
 
@@ -145,8 +148,9 @@ type Publisher struct {
 }
 
 var (
-	_ outbox.Publisher = (*Publisher)(nil)
-	_ outbox.Pinger    = (*Publisher)(nil)
+	_ outbox.Publisher   = (*Publisher)(nil)
+	_ outbox.Pinger      = (*Publisher)(nil)
+	_ outbox.Reconnector = (*Publisher)(nil)
 )
 
 // errClosed is the cause of every outage after Close.
@@ -194,8 +198,10 @@ func newPublisher(cfg Config, route *outbox.Route) *Publisher {
 // Dial connects to rawURL (amqp://user:password@host:5672/vhost, or amqps:// with
 // Config.TLS) and returns a publisher that owns the connection: Close closes it. Dial
 // fails if the broker does not answer at first; once connected, the publisher dials
-// again whenever the connection breaks, with exponential backoff from 100 ms to 5 s plus
-// jitter, and Publish fails at once as an outage while it is down. The connect timeout
+// again whenever the connection breaks, with exponential backoff from 25 ms to 200 ms
+// plus jitter, and Publish fails at once as an outage while it is down. It tells the
+// relay when the connection is back (outbox.Reconnector), so that a relay paused by the
+// outage resumes at once. The connect timeout
 // is ctx's deadline when it has one, 30 s otherwise. Credentials never appear in the
 // errors Dial returns.
 func Dial(ctx context.Context, rawURL string, cfg Config) (*Publisher, error) {
@@ -209,6 +215,7 @@ func Dial(ctx context.Context, rawURL string, cfg Config) (*Publisher, error) {
 	}
 	p := newPublisher(cfg.withDefaults(), route)
 	p.owned, p.url, p.safe = true, rawURL, safe
+	p.back = make(chan struct{}, 1)
 
 	timeout := 30 * time.Second
 	if d, ok := ctx.Deadline(); ok {
@@ -304,21 +311,41 @@ func (p *Publisher) maintain(conn *amqp.Connection) {
 				_ = c.Close()
 				return
 			}
+			p.notifyBack()
 			conn = c
 			break
 		}
 	}
 }
 
-// reconnectDelay backs off exponentially from 100 ms to 5 s, with up to 25 % jitter so
-// that many relays do not reconnect in step.
+// reconnectDelay backs off exponentially from 25 ms to 200 ms, with up to 25 % jitter so
+// that many relays do not reconnect in step. A failed attempt costs the broker one
+// refused connection; the short ceiling bounds how late a publisher (or consumer) notices
+// that the broker is back.
 func reconnectDelay(attempt int) time.Duration {
-	d := 5 * time.Second
-	if attempt < 6 {
-		d = min(d, 100*time.Millisecond<<max(attempt, 0))
+	d := 200 * time.Millisecond
+	if attempt < 4 {
+		d = min(d, 25*time.Millisecond<<max(attempt, 0))
 	}
 	return d + rand.N(d/4+1)
 }
+
+// notifyBack reports that the connection is back to the relay (Reconnected), if Dial
+// made it.
+func (p *Publisher) notifyBack() {
+	if p.back == nil {
+		return
+	}
+	select {
+	case p.back <- struct{}{}:
+	default: // one value pending is enough
+	}
+}
+
+// Reconnected implements outbox.Reconnector: the channel receives a value each time the
+// connection Dial made is dialled again or the broker stops blocking publishers. It is
+// nil for a publisher made by New, which never reconnects.
+func (p *Publisher) Reconnected() <-chan struct{} { return p.back }
 
 // setConn makes conn the publisher's connection; false if the publisher is closed.
 func (p *Publisher) setConn(conn *amqp.Connection) bool {
@@ -347,13 +374,18 @@ func (p *Publisher) watch(conn *amqp.Connection) bool {
 				continue
 			}
 			p.mu.Lock()
+			unblocked := false
 			if p.conn == conn {
+				unblocked = p.blocked != "" && !b.Active
 				p.blocked = ""
 				if b.Active {
 					p.blocked = cmp.Or(b.Reason, "unknown reason")
 				}
 			}
 			p.mu.Unlock()
+			if unblocked {
+				p.notifyBack()
+			}
 		case e := <-closes:
 			var cause error = amqp.ErrClosed
 			if e != nil {

@@ -252,6 +252,9 @@ func TestOutageCutAndReconnect(t *testing.T) {
 	}
 
 	tc.Restore(t)
+	// The client retries the records the cut Publish gave up on: its first connection
+	// after the failed ones tells the relay, without probing.
+	testenv.AwaitRecv(t, "the publisher to report its reconnection", pub.Reconnected())
 	testenv.Await(t, "the publisher to reconnect", func() (any, bool) {
 		ctx, cancel := testenv.CallContext() // per ping
 		defer cancel()

@@ -6,6 +6,8 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"math/rand/v2"
+	"net"
 	"strings"
 	"sync"
 	"time"
@@ -148,14 +150,18 @@ type Publisher struct {
 	route *outbox.Route
 	cl    *kgo.Client
 	owned bool // Dial made cl: Close closes it
+	// back receives a value when the client Dial made connects to a broker after a
+	// failed attempt (outbox.Reconnector); nil for New's.
+	back chan struct{}
 
 	closeOnce sync.Once
 	closed    chan struct{}
 }
 
 var (
-	_ outbox.Publisher = (*Publisher)(nil)
-	_ outbox.Pinger    = (*Publisher)(nil)
+	_ outbox.Publisher   = (*Publisher)(nil)
+	_ outbox.Pinger      = (*Publisher)(nil)
+	_ outbox.Reconnector = (*Publisher)(nil)
 )
 
 // New returns a Publisher that produces through cl. The caller keeps owning cl: Close
@@ -214,7 +220,10 @@ func checkClient(cl *kgo.Client) error {
 // Dial builds a client for the seed brokers ("host:port"; the port defaults to 9092) and
 // returns a publisher that owns it: Close closes it. Dial fails if no seed broker answers
 // within ctx (5 s when ctx has no deadline); once it succeeded, the client reconnects by
-// itself after any outage, with backoff.
+// itself after any outage, retrying with backoff from 25 ms to 200 ms plus jitter
+// (kgo.RetryBackoffFn; franz-go's own is 250 ms to 5 s), and tells the relay when a
+// broker answers again (outbox.Reconnector), so that a relay paused by the outage
+// resumes at once.
 //
 // The client produces with acks=all, idempotently, compressed as Config.Compression says,
 // with no linger (the relay's batch is the batch: waiting for more records would only
@@ -233,6 +242,7 @@ func Dial(ctx context.Context, seeds []string, cfg Config, opts ...kgo.Opt) (*Pu
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
+	hook := &reconnectHook{back: make(chan struct{}, 1)}
 	defaults := []kgo.Opt{
 		kgo.SeedBrokers(seeds...),
 		kgo.ClientID(cfg.ClientID),
@@ -242,6 +252,8 @@ func Dial(ctx context.Context, seeds []string, cfg Config, opts ...kgo.Opt) (*Pu
 		kgo.MaxBufferedRecords(cfg.MaxBufferedRecords),
 		kgo.ProducerLinger(0),
 		kgo.RecordDeliveryTimeout(deliveryTimeout),
+		kgo.RetryBackoffFn(retryBackoff),
+		kgo.WithHooks(hook),
 	}
 	if cfg.TLS != nil {
 		defaults = append(defaults, kgo.DialTLSConfig(cfg.TLS))
@@ -260,6 +272,7 @@ func Dial(ctx context.Context, seeds []string, cfg Config, opts ...kgo.Opt) (*Pu
 		return nil, err
 	}
 	p.owned = true
+	p.back = hook.back
 	ctx, cancel := withPingTimeout(ctx)
 	defer cancel()
 	if err := cl.Ping(ctx); err != nil {
@@ -484,3 +497,44 @@ func headers(m *outbox.Message) []kgo.RecordHeader {
 	})
 	return hs
 }
+
+// retryBackoff is the client's backoff between retries of a request (kgo.RetryBackoffFn):
+// from 25 ms to 200 ms, with up to 25 % jitter. A retry against a broker that is down
+// costs one refused connection; the short ceiling bounds how late the client notices that
+// it is back.
+func retryBackoff(tries int) time.Duration {
+	d := 200 * time.Millisecond
+	if tries < 4 {
+		d = min(d, 25*time.Millisecond<<max(tries, 0))
+	}
+	return d + rand.N(d/4+1)
+}
+
+// reconnectHook sends on back when the client connects to a broker after its last
+// attempt failed (kgo.HookBrokerConnect).
+type reconnectHook struct {
+	back   chan struct{}
+	mu     sync.Mutex
+	failed bool
+}
+
+func (h *reconnectHook) OnBrokerConnect(_ kgo.BrokerMetadata, _ time.Duration, _ net.Conn, err error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if err != nil {
+		h.failed = true
+		return
+	}
+	if h.failed {
+		h.failed = false
+		select {
+		case h.back <- struct{}{}:
+		default: // one value pending is enough
+		}
+	}
+}
+
+// Reconnected implements outbox.Reconnector: the channel receives a value when the client
+// Dial made connects to a broker again after a failed attempt. It is nil for a publisher
+// made by New, whose client is the caller's.
+func (p *Publisher) Reconnected() <-chan struct{} { return p.back }

@@ -86,7 +86,14 @@ func TestOutageKilledServerAndReconnect(t *testing.T) {
 		t.Errorf("Ping with a killed server = %v, want an outage", err)
 	}
 
+	select {
+	case <-pub.Reconnected():
+		t.Fatal("Reconnected before the server came back")
+	default:
+	}
 	srv.Start()
+	// The relay learns of the reconnection from the publisher, without probing.
+	testenv.AwaitRecv(t, "the publisher to report its reconnection", pub.Reconnected())
 	awaitPing(t, pub)
 	testenv.RequirePublishedAll(t, pub.Publish(testenv.Context(t), batchOf(4)))
 
@@ -167,6 +174,9 @@ func TestNewDoesNotOwnConnection(t *testing.T) {
 	pub, err := outboxnats.New(js, outboxnats.Config{})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if pub.Reconnected() != nil {
+		t.Error("a publisher on the caller's connection reports reconnections (the handler is the caller's)")
 	}
 	pub.Close()
 	if nc.IsClosed() {

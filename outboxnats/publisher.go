@@ -77,6 +77,10 @@ type Publisher struct {
 	cfg   Config
 	owned bool // Dial made nc: Close closes it
 
+	// reconnected receives a value after each reconnection of a connection Dial made;
+	// nil for New's.
+	reconnected chan struct{}
+
 	// slots holds one token per message awaiting its PubAck (Config.MaxPending).
 	slots chan struct{}
 
@@ -85,8 +89,9 @@ type Publisher struct {
 }
 
 var (
-	_ outbox.Publisher = (*Publisher)(nil)
-	_ outbox.Pinger    = (*Publisher)(nil)
+	_ outbox.Publisher   = (*Publisher)(nil)
+	_ outbox.Pinger      = (*Publisher)(nil)
+	_ outbox.Reconnector = (*Publisher)(nil)
 )
 
 // New returns a Publisher that publishes through js. The caller keeps owning js's
@@ -121,7 +126,9 @@ func New(js jetstream.JetStream, cfg Config) (*Publisher, error) {
 // first; once connected, the connection survives any outage.
 //
 // Dial's defaults can be overridden by opts, which are applied after them: reconnect
-// forever with exponential backoff from 50 ms to 2 s plus jitter, no reconnect buffer
+// forever with exponential backoff from 25 ms to 200 ms plus jitter, so that a relay
+// paused by an outage resumes within about a quarter second of the server's return (the
+// publisher reports each reconnection to the relay: outbox.Reconnector), no reconnect buffer
 // (a publish while disconnected fails at once as an outage instead of queueing), a ping
 // every 10 s so that a dead connection is noticed within about 30 s. The connect timeout
 // is ctx's deadline when it has one (nats.go's 2 s otherwise). Credentials never appear in
@@ -134,10 +141,17 @@ func Dial(ctx context.Context, url string, cfg Config, opts ...nats.Option) (*Pu
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("outboxnats: connect to %s: %w", redactURL(url), err)
 	}
+	reconnected := make(chan struct{}, 1)
 	defaults := []nats.Option{
 		nats.Name("outboxnats"),
 		nats.MaxReconnects(-1),
 		nats.CustomReconnectDelay(reconnectDelay),
+		nats.ReconnectHandler(func(*nats.Conn) {
+			select {
+			case reconnected <- struct{}{}:
+			default: // one value pending is enough
+			}
+		}),
 		nats.ReconnectBufSize(-1),
 		nats.PingInterval(10 * time.Second),
 		nats.MaxPingsOutstanding(3),
@@ -166,15 +180,23 @@ func Dial(ctx context.Context, url string, cfg Config, opts ...nats.Option) (*Pu
 		return nil, err
 	}
 	p.owned = true
+	p.reconnected = reconnected
 	return p, nil
 }
 
-// reconnectDelay backs off exponentially from 50 ms to 2 s, with up to 25 % jitter so
-// that many relays do not reconnect in step.
+// Reconnected implements outbox.Reconnector: the channel receives a value after each
+// reconnection of the connection Dial made. It is nil for a publisher made by New, whose
+// connection is the caller's (nats.ReconnectHandler is the caller's to set).
+func (p *Publisher) Reconnected() <-chan struct{} { return p.reconnected }
+
+// reconnectDelay backs off exponentially from 25 ms to 200 ms, with up to 25 % jitter so
+// that many relays do not reconnect in step. A failed attempt costs the server one
+// refused or closed connection, and the short ceiling bounds how late a relay notices
+// that the server is back.
 func reconnectDelay(attempts int) time.Duration {
-	d := 2 * time.Second
-	if attempts < 6 {
-		d = min(d, 50*time.Millisecond<<max(attempts, 0))
+	d := 200 * time.Millisecond
+	if attempts < 4 {
+		d = min(d, 25*time.Millisecond<<max(attempts, 0))
 	}
 	return d + rand.N(d/4+1)
 }
