@@ -2,18 +2,15 @@ package outboxpgx
 
 import (
 	"context"
-	"fmt"
-	"time"
-
-	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxkit/outbox/internal/pgsql"
 	"github.com/outboxkit/outbox/outboxdriver"
 )
 
 // This file is the operator's side of the driver: the figures behind `outbox status`
-// and the dead-letter tooling behind `outbox dead`. The statements are pgsql's, shared
-// with outboxsql.
+// and the dead-letter tooling behind `outbox dead`. The statements and the logic that
+// runs them are pgsql's (pgsql.DB), shared with outboxsql; the methods here carry the
+// documentation.
 
 // ErrEmptyDeadFilter is outboxdriver.ErrEmptyDeadFilter.
 var ErrEmptyDeadFilter = outboxdriver.ErrEmptyDeadFilter
@@ -25,7 +22,7 @@ var _ outboxdriver.Admin = (*Driver)(nil)
 // estimate (see Status), because counting them exactly means reading the whole table.
 const PublishedExactBelow = pgsql.PublishedExactBelow
 
-// Status returns a snapshot of the outbox, read in one repeatable-read transaction so
+// Status returns a snapshot of the outbox, read in one repeatable-read, read-only transaction so
 // that its figures agree with each other and share one database clock.
 //
 // The pending and dead figures are exact and cheap: the pending table holds only the
@@ -40,143 +37,18 @@ const PublishedExactBelow = pgsql.PublishedExactBelow
 // Relays lists the relays in the relays table (expired ones are kept about an hour and
 // shown with Live false) with the number of shards each holds an unexpired lease on.
 func (d *Driver) Status(ctx context.Context) (outboxdriver.Status, error) {
-	if err := d.needPool(); err != nil {
-		return outboxdriver.Status{}, err
-	}
-	st := outboxdriver.Status{Topics: []outboxdriver.TopicStatus{}, Relays: []outboxdriver.RelayInfo{}}
-	opts := pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}
-	err := pgx.BeginTxFunc(ctx, d.pool, opts, func(tx pgx.Tx) error {
-		// Dashboards poll this; see pgsql.NoJIT.
-		if _, err := tx.Exec(ctx, pgsql.NoJIT); err != nil {
-			return err
-		}
-		if err := d.topicStatus(ctx, tx, &st); err != nil {
-			return fmt.Errorf("count pending and dead: %w", err)
-		}
-		if err := d.publishedCount(ctx, tx, &st); err != nil {
-			return fmt.Errorf("count published: %w", err)
-		}
-		if err := d.names.StorageStatus(ctx, pgxQuerier{tx}, &st); err != nil {
-			return fmt.Errorf("read partitions and transactions: %w", err)
-		}
-		if err := d.relayStatus(ctx, tx, &st); err != nil {
-			return fmt.Errorf("read relays and leases: %w", err)
-		}
-		return nil
-	})
-	if err != nil {
-		return outboxdriver.Status{}, fmt.Errorf("outbox status: %w", err)
-	}
-	return st, nil
-}
-
-// topicStatus fills the per-topic rows and the totals.
-func (d *Driver) topicStatus(ctx context.Context, tx pgx.Tx, st *outboxdriver.Status) error {
-	rows, err := tx.Query(ctx, d.names.StatusTopics())
-	if err != nil {
-		return err
-	}
-	topics, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (outboxdriver.TopicStatus, error) {
-		var t outboxdriver.TopicStatus
-		var ageMicros int64
-		err := r.Scan(&t.Topic, &t.Pending, &t.Due, &t.Retrying, &t.Dead, &ageMicros)
-		t.OldestPendingAge = time.Duration(ageMicros) * time.Microsecond
-		return t, err
-	})
-	if err != nil {
-		return err
-	}
-	pgsql.AddTopics(st, topics)
-	return nil
-}
-
-// publishedCount counts the published table exactly while it is small and estimates it
-// when it is large (see Status).
-func (d *Driver) publishedCount(ctx context.Context, tx pgx.Tx, st *outboxdriver.Status) error {
-	var relTuples, liveTuples int64
-	var legacy bool
-	q, args := d.names.StatusPublishedStats()
-	if err := tx.QueryRow(ctx, q, args...).Scan(&relTuples, &liveTuples, &legacy); err != nil {
-		return err
-	}
-	if n, ok := pgsql.PublishedEstimate(relTuples, liveTuples); ok {
-		st.Published = n
-		return nil
-	}
-	return tx.QueryRow(ctx, d.names.StatusPublishedCount(legacy)).Scan(&st.Published)
-}
-
-func (d *Driver) relayStatus(ctx context.Context, tx pgx.Tx, st *outboxdriver.Status) error {
-	rows, err := tx.Query(ctx, d.names.StatusRelays())
-	if err != nil {
-		return err
-	}
-	relays, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (outboxdriver.RelayInfo, error) {
-		var ri outboxdriver.RelayInfo
-		var pid int32
-		err := r.Scan(&ri.ID, &ri.Hostname, &pid, &ri.StartedAt, &ri.HeartbeatAt, &ri.Live, &ri.Shards)
-		ri.PID = int(pid)
-		return ri, err
-	})
-	if err != nil {
-		return err
-	}
-	st.Relays = append(st.Relays, relays...)
-	return tx.QueryRow(ctx, d.names.StatusShards()).Scan(&st.Shards, &st.ShardsLeased)
+	return d.shared.Status(ctx)
 }
 
 // DeadList returns the dead letters that match f, most recently dead-lettered first.
 func (d *Driver) DeadList(ctx context.Context, f outboxdriver.DeadFilter) ([]outboxdriver.DeadLetter, error) {
-	if err := d.needPool(); err != nil {
-		return nil, err
-	}
-	q, args, err := d.names.DeadList(f)
-	if err != nil {
-		return nil, err
-	}
-	rows, err := d.pool.Query(ctx, q, args...)
-	if err != nil {
-		return nil, fmt.Errorf("list dead letters: %w", err)
-	}
-	out, err := pgx.CollectRows(rows, scanDeadLetter)
-	if err != nil {
-		return nil, fmt.Errorf("list dead letters: %w", err)
-	}
-	return out, nil
-}
-
-func scanDeadLetter(row pgx.CollectableRow) (outboxdriver.DeadLetter, error) {
-	var dl outboxdriver.DeadLetter
-	m := &dl.Message
-	var id [16]byte
-	var headers []byte
-	var shard int16
-	if err := row.Scan(&m.Seq, &id, &m.Topic, &m.Key, &m.AggregateType, &m.EventType, &m.ContentType, &m.Payload,
-		&headers, &m.DedupKey, &shard, &m.CreatedAt, &m.Attempts, &m.LastError, &dl.DeadAt); err != nil {
-		return dl, err
-	}
-	m.ID = id
-	m.Shard = int(shard)
-	var err error
-	m.Headers, err = pgsql.DecodeHeaders(m.Seq, headers)
-	return dl, err
+	return d.shared.DeadList(ctx, f)
 }
 
 // DeadCount returns how many dead letters match f (at most f.Limit when it is set): what
 // DeadReplay or DeadPurge would act on if called now.
 func (d *Driver) DeadCount(ctx context.Context, f outboxdriver.DeadFilter) (int, error) {
-	if err := d.needPool(); err != nil {
-		return 0, err
-	}
-	q, args, err := d.names.DeadCount(f)
-	if err != nil {
-		return 0, err
-	}
-	var n int
-	if err := d.pool.QueryRow(ctx, q, args...).Scan(&n); err != nil {
-		return 0, fmt.Errorf("count dead letters: %w", err)
-	}
-	return n, nil
+	return d.shared.DeadCount(ctx, f)
 }
 
 // DeadReplay moves the dead letters that match f back to pending, due at once, with
@@ -194,38 +66,7 @@ func (d *Driver) DeadCount(ctx context.Context, f outboxdriver.DeadFilter) (int,
 // The matching dead letters are locked and moved from the dead table to the pending one
 // in one transaction, and relays listening for notifications are woken in it.
 func (d *Driver) DeadReplay(ctx context.Context, f outboxdriver.DeadFilter) (int, error) {
-	if err := d.needPool(); err != nil {
-		return 0, err
-	}
-	pick, args, err := d.names.DeadPick(f)
-	if err != nil {
-		return 0, err
-	}
-	var n int
-	err = pgx.BeginFunc(ctx, d.pool, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, pick, args...)
-		if err != nil {
-			return err
-		}
-		seqs, err := pgx.CollectRows(rows, pgx.RowTo[int64])
-		if err != nil || len(seqs) == 0 {
-			return err
-		}
-		tag, err := tx.Exec(ctx, d.names.Replay(), seqs)
-		if err != nil {
-			return err
-		}
-		n = int(tag.RowsAffected())
-		if n > 0 {
-			notify, args := d.names.Notify()
-			_, err = tx.Exec(ctx, notify, args...)
-		}
-		return err
-	})
-	if err != nil {
-		return 0, fmt.Errorf("replay dead letters: %w", err)
-	}
-	return n, nil
+	return d.shared.DeadReplay(ctx, f)
 }
 
 // DeadPurge deletes the dead letters that match f and returns how many it deleted. With
@@ -238,29 +79,11 @@ func (d *Driver) DeadReplay(ctx context.Context, f outboxdriver.DeadFilter) (int
 // A filter that selects nothing in particular is refused with ErrEmptyDeadFilter:
 // deleting everything is DeadPurgeAll.
 func (d *Driver) DeadPurge(ctx context.Context, f outboxdriver.DeadFilter) (int, error) {
-	if f.IsEmpty() {
-		return 0, ErrEmptyDeadFilter
-	}
-	return d.deadPurge(ctx, f)
+	return d.shared.DeadPurge(ctx, f)
 }
 
 // DeadPurgeAll deletes every dead letter and returns how many it deleted. Pending and
 // published messages are not touched. Dedup keys are released later, as for DeadPurge.
 func (d *Driver) DeadPurgeAll(ctx context.Context) (int, error) {
-	return d.deadPurge(ctx, outboxdriver.DeadFilter{})
-}
-
-func (d *Driver) deadPurge(ctx context.Context, f outboxdriver.DeadFilter) (int, error) {
-	if err := d.needPool(); err != nil {
-		return 0, err
-	}
-	q, args, err := d.names.DeadPurge(f)
-	if err != nil {
-		return 0, err
-	}
-	tag, err := d.pool.Exec(ctx, q, args...)
-	if err != nil {
-		return 0, fmt.Errorf("purge dead letters: %w", err)
-	}
-	return int(tag.RowsAffected()), nil
+	return d.shared.DeadPurgeAll(ctx)
 }

@@ -17,7 +17,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxkit/outbox"
-	"github.com/outboxkit/outbox/internal/broken"
 	"github.com/outboxkit/outbox/internal/pgsql"
 	"github.com/outboxkit/outbox/outboxdriver"
 )
@@ -44,10 +43,11 @@ type Config struct {
 // Driver writes messages in pgx transactions and implements outboxdriver.Store (and
 // outboxdriver.Listener) over a pool. It is safe for concurrent use.
 type Driver struct {
-	pool  *pgxpool.Pool
-	names *pgsql.Names
+	pool   *pgxpool.Pool
+	names  *pgsql.Names
+	shared pgsql.DB // the logic shared with outboxsql, over pool
 
-	insertSQL, fetchSQL, fetchAfterSQL, completeSQL, deleteSQL, deleteDedupSQL string
+	insertSQL, fetchSQL, fetchAfterSQL, completeSQL string
 }
 
 var (
@@ -73,15 +73,15 @@ func New(pool *pgxpool.Pool, config Config) (*Driver, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Driver{
+	d := &Driver{
 		pool: pool, names: names,
-		insertSQL:      names.InsertUnnest(),
-		fetchSQL:       names.Fetch(),
-		fetchAfterSQL:  names.FetchAfter(),
-		completeSQL:    names.Complete(),
-		deleteSQL:      names.DeletePublished(),
-		deleteDedupSQL: names.DeleteDedup(),
-	}, nil
+		insertSQL:     names.InsertUnnest(),
+		fetchSQL:      names.Fetch(),
+		fetchAfterSQL: names.FetchAfter(),
+		completeSQL:   names.Complete(),
+	}
+	d.shared = pgsql.DB{Names: names, Ready: d.needPool, Pool: pgxQuerier{pool}, InTx: d.inTx, Snapshot: d.inSnapshot}
+	return d, nil
 }
 
 func (d *Driver) needPool() error {
@@ -184,20 +184,7 @@ func queryNoJIT[T any](ctx context.Context, pool *pgxpool.Pool, scan pgx.RowToFu
 
 func scanMessage(row pgx.CollectableRow) (*outbox.Message, error) {
 	m := &outbox.Message{}
-	var id [16]byte
-	var headers []byte
-	var shard int16
-	if err := row.Scan(&m.Seq, &id, &m.Topic, &m.Key, &m.AggregateType, &m.EventType, &m.ContentType, &m.Payload,
-		&headers, &m.DedupKey, &shard, &m.CreatedAt, &m.Attempts, &m.LastError); err != nil {
-		return nil, err
-	}
-	m.ID = id
-	m.Shard = int(shard)
-	var err error
-	if m.Headers, err = pgsql.DecodeHeaders(m.Seq, headers); err != nil {
-		return nil, err
-	}
-	return m, nil
+	return m, pgsql.ScanMessage(row, m)
 }
 
 // Complete implements outboxdriver.Store in one statement.
@@ -212,14 +199,6 @@ func (d *Driver) Complete(ctx context.Context, c outboxdriver.Completion) ([]int
 		return nil, pgsql.CompleteError(err)
 	}
 	return pgsql.Refused(c, applied), nil
-}
-
-// nonNil makes a nil slice an empty one: pgx sends nil as SQL NULL, not an empty array.
-func nonNil[T any](s []T) []T {
-	if s == nil {
-		return []T{}
-	}
-	return s
 }
 
 // ErrNoPartition is wrapped by Complete's error when the published history has no
@@ -301,98 +280,12 @@ var ErrBusy = errors.New("another process is maintaining the outbox; try again i
 // older than olderThan, and up to limit dedup keys of that age whose message is neither
 // pending nor dead, and returns how many rows it deleted.
 func (d *Driver) DeletePublished(ctx context.Context, olderThan time.Duration, limit int) (int, error) {
-	if err := d.needPool(); err != nil {
-		return 0, err
-	}
-	tag, err := d.pool.Exec(ctx, d.deleteSQL, olderThan.Seconds(), limit)
-	if err != nil {
-		return 0, fmt.Errorf("delete published: %w", err)
-	}
-	n := int(tag.RowsAffected())
-	tag, err = d.pool.Exec(ctx, d.deleteDedupSQL, olderThan.Seconds(), limit)
-	if err != nil {
-		return n, fmt.Errorf("delete expired dedup keys: %w", err)
-	}
-	return n + int(tag.RowsAffected()), nil
+	return d.shared.DeletePublished(ctx, olderThan, limit)
 }
 
 // SyncLeases implements outboxdriver.Store in one transaction.
 func (d *Driver) SyncLeases(ctx context.Context, req outboxdriver.LeaseRequest) (outboxdriver.LeaseState, error) {
-	if err := d.needPool(); err != nil {
-		return outboxdriver.LeaseState{}, err
-	}
-	var st outboxdriver.LeaseState
-	err := pgx.BeginFunc(ctx, d.pool, func(tx pgx.Tx) error {
-		n := d.names
-		ttl := req.TTL.Milliseconds()
-		renewBelow := req.RenewBelow.Milliseconds()
-		if broken.Has(broken.LocalClockLeases) { // canary: the lease statements use the relay's clock
-			if _, err := tx.Exec(ctx, "SELECT set_config('"+pgsql.ClockSetting+"', $1, true)", pgsql.RelayClock(req.RelayID)); err != nil {
-				return err
-			}
-		}
-		if len(req.Release) > 0 {
-			if _, err := tx.Exec(ctx, n.LeaseRelease(), req.RelayID, pgsql.Tokens(req.Release)); err != nil {
-				return err
-			}
-		}
-		if req.TTL <= 0 { // leaving
-			_, err := tx.Exec(ctx, n.LeaseForgetRelay(), req.RelayID)
-			return err
-		}
-		if _, err := tx.Exec(ctx, n.LeaseHeartbeat(), req.RelayID, req.Hostname, req.PID, ttl); err != nil {
-			return err
-		}
-		if _, err := tx.Exec(ctx, n.LeasePruneRelays()); err != nil {
-			return err
-		}
-		if len(req.Held) > 0 {
-			if _, err := tx.Exec(ctx, n.LeaseRenew(), req.RelayID, ttl, pgsql.Tokens(req.Held), renewBelow); err != nil {
-				return err
-			}
-		}
-		held, left, err := d.held(ctx, tx, req.RelayID)
-		if err != nil {
-			return err
-		}
-		if err := tx.QueryRow(ctx, n.LeaseCounts()).Scan(&st.Shards, &st.Live); err != nil {
-			return err
-		}
-		st.Target = st.FairShare()
-		if want := st.Target - len(held); want > 0 {
-			if _, err := tx.Exec(ctx, n.LeaseAcquire(), req.RelayID, ttl, want); err != nil {
-				return err
-			}
-			if held, left, err = d.held(ctx, tx, req.RelayID); err != nil {
-				return err
-			}
-		}
-		st.Held, st.Left = held, left
-		return nil
-	})
-	if err != nil {
-		return outboxdriver.LeaseState{}, fmt.Errorf("sync leases: %w", err)
-	}
-	return st, nil
-}
-
-// held returns the relay's leases and the time left on the one that expires first.
-func (d *Driver) held(ctx context.Context, tx pgx.Tx, relayID string) ([]outboxdriver.Lease, time.Duration, error) {
-	rows, err := tx.Query(ctx, d.names.LeaseHeld(), relayID)
-	if err != nil {
-		return nil, 0, err
-	}
-	var left pgsql.LeastLeft
-	held, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (outboxdriver.Lease, error) {
-		var l outboxdriver.Lease
-		var shard int16
-		var ms int64
-		err := r.Scan(&shard, &l.Token, &ms)
-		l.Shard = int(shard)
-		left.Add(ms)
-		return l, err
-	})
-	return held, left.Duration(), err
+	return d.shared.SyncLeases(ctx, req)
 }
 
 // Listen implements outboxdriver.Listener with LISTEN on a connection of its own. It does not

@@ -5,6 +5,7 @@ import (
 	"errors"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outboxkit/outbox/internal/pgsql"
 )
@@ -12,34 +13,62 @@ import (
 // MigrationStatus is one schema migration and whether it is applied.
 type MigrationStatus = pgsql.MigrationStatus
 
-type pgxQuerier struct{ tx pgx.Tx }
+// pgxQuerier adapts a pool or a transaction to pgsql.Querier.
+type pgxQuerier struct {
+	db interface {
+		Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+		Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+		QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	}
+}
 
 func (q pgxQuerier) Exec(ctx context.Context, sql string, args ...any) error {
-	_, err := q.tx.Exec(ctx, sql, args...)
+	_, err := q.db.Exec(ctx, sql, args...)
 	return err
 }
 
-func (q pgxQuerier) QueryInts(ctx context.Context, sql string, args ...any) ([]int, error) {
-	rows, err := q.tx.Query(ctx, sql, args...)
+func (q pgxQuerier) ExecCount(ctx context.Context, sql string, args ...any) (int64, error) {
+	tag, err := q.db.Exec(ctx, sql, args...)
+	return tag.RowsAffected(), err
+}
+
+func (q pgxQuerier) Query(ctx context.Context, sql string, args []any, scan func(pgsql.Row) error) error {
+	rows, err := q.db.Query(ctx, sql, args...)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	return pgx.CollectRows(rows, pgx.RowTo[int])
+	defer rows.Close()
+	for rows.Next() {
+		if err := scan(rows); err != nil {
+			return err
+		}
+	}
+	return rows.Err()
 }
 
 func (q pgxQuerier) QueryRow(ctx context.Context, sql string, args []any, dest ...any) error {
-	err := q.tx.QueryRow(ctx, sql, args...).Scan(dest...)
+	err := q.db.QueryRow(ctx, sql, args...).Scan(dest...)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return pgsql.ErrNoRows
 	}
 	return err
 }
 
+// inTx runs fn in a transaction of the pool, for the shared code (pgsql.InTx).
 func (d *Driver) inTx(ctx context.Context, fn func(pgsql.Querier) error) error {
+	return d.begin(ctx, pgx.TxOptions{}, fn)
+}
+
+// inSnapshot runs fn in a read-only REPEATABLE READ transaction of the pool.
+func (d *Driver) inSnapshot(ctx context.Context, fn func(pgsql.Querier) error) error {
+	return d.begin(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, fn)
+}
+
+func (d *Driver) begin(ctx context.Context, opts pgx.TxOptions, fn func(pgsql.Querier) error) error {
 	if err := d.needPool(); err != nil {
 		return err
 	}
-	return pgx.BeginFunc(ctx, d.pool, func(tx pgx.Tx) error { return fn(pgxQuerier{tx}) })
+	return pgx.BeginTxFunc(ctx, d.pool, opts, func(tx pgx.Tx) error { return fn(pgxQuerier{tx}) })
 }
 
 // MigrateUp applies the schema migrations up to version target (0 for all) and returns

@@ -53,10 +53,11 @@ const cachedRows = 64
 // It does not implement outboxdriver.Listener: database/sql has no portable LISTEN, so a relay
 // on this store polls (see the package documentation).
 type Driver struct {
-	db    *sql.DB
-	names *pgsql.Names
+	db     *sql.DB
+	names  *pgsql.Names
+	shared pgsql.DB // the logic shared with outboxpgx, over db
 
-	fetchSQL, fetchAfterSQL, completeSQL, deleteSQL, deleteDedupSQL string
+	fetchSQL, fetchAfterSQL, completeSQL string
 
 	// insertCache holds INSERT texts by row count, built on first use, for 1..cachedRows
 	// and maxRows rows.
@@ -86,14 +87,15 @@ func New(db *sql.DB, config Config) (*Driver, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Driver{
+	d := &Driver{
 		db: db, names: names,
-		fetchSQL:       names.Fetch(),
-		fetchAfterSQL:  names.FetchAfter(),
-		completeSQL:    names.Complete(),
-		deleteSQL:      names.DeletePublished(),
-		deleteDedupSQL: names.DeleteDedup(),
-	}, nil
+		fetchSQL:      names.Fetch(),
+		fetchAfterSQL: names.FetchAfter(),
+		completeSQL:   names.Complete(),
+	}
+	d.shared = pgsql.DB{Names: names, Ready: d.needDB, Pool: sqlQuerier{db}, InTx: d.txWith(nil),
+		Snapshot: d.txWith(&sql.TxOptions{Isolation: sql.LevelRepeatableRead, ReadOnly: true})}
+	return d, nil
 }
 
 func (d *Driver) needDB() error {

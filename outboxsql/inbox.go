@@ -18,9 +18,9 @@ var (
 
 // Claim implements outboxdriver.InboxDriver: one INSERT ... ON CONFLICT DO NOTHING in tx.
 func (d *Driver) Claim(ctx context.Context, tx *sql.Tx, consumer string, ids []string) ([]bool, error) {
-	recorded, err := collect(ctx, tx, d.names.InboxClaim(), []any{consumer, pgsql.TextArray(ids)}, func(rows *sql.Rows) (string, error) {
+	recorded, err := pgsql.Collect(ctx, sqlQuerier{tx}, d.names.InboxClaim(), []any{consumer, pgsql.TextArray(ids)}, func(r pgsql.Row) (string, error) {
 		var id string
-		err := rows.Scan(&id)
+		err := r.Scan(&id)
 		return id, err
 	})
 	if err != nil {

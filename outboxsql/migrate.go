@@ -12,36 +12,60 @@ import (
 // MigrationStatus is one schema migration and whether it is applied.
 type MigrationStatus = pgsql.MigrationStatus
 
-type sqlQuerier struct{ tx *sql.Tx }
+// sqlQuerier adapts a *sql.DB or a *sql.Tx to pgsql.Querier.
+type sqlQuerier struct {
+	db interface {
+		ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+		QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+		QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+	}
+}
 
 func (q sqlQuerier) Exec(ctx context.Context, query string, args ...any) error {
-	_, err := q.tx.ExecContext(ctx, query, args...)
+	_, err := q.db.ExecContext(ctx, query, args...)
 	return err
 }
 
-func (q sqlQuerier) QueryInts(ctx context.Context, query string, args ...any) ([]int, error) {
-	rows, err := q.tx.QueryContext(ctx, query, args...)
+func (q sqlQuerier) ExecCount(ctx context.Context, query string, args ...any) (int64, error) {
+	res, err := q.db.ExecContext(ctx, query, args...)
 	if err != nil {
-		return nil, err
+		return 0, err
+	}
+	return res.RowsAffected()
+}
+
+func (q sqlQuerier) Query(ctx context.Context, query string, args []any, scan func(pgsql.Row) error) error {
+	rows, err := q.db.QueryContext(ctx, query, args...)
+	if err != nil {
+		return err
 	}
 	defer rows.Close()
-	var out []int
 	for rows.Next() {
-		var v int
-		if err := rows.Scan(&v); err != nil {
-			return nil, err
+		if err := scan(rows); err != nil {
+			return err
 		}
-		out = append(out, v)
 	}
-	return out, rows.Err()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	return rows.Close()
 }
 
 func (q sqlQuerier) QueryRow(ctx context.Context, query string, args []any, dest ...any) error {
-	err := q.tx.QueryRowContext(ctx, query, args...).Scan(dest...)
+	err := q.db.QueryRowContext(ctx, query, args...).Scan(dest...)
 	if errors.Is(err, sql.ErrNoRows) {
 		return pgsql.ErrNoRows
 	}
 	return err
+}
+
+// txWith returns a pgsql.InTx that runs fn in a transaction of d.db begun with opts,
+// for the shared code behind the store and admin calls (pgsql.DB), which checks for a
+// missing d.db first.
+func (d *Driver) txWith(opts *sql.TxOptions) pgsql.InTx {
+	return func(ctx context.Context, fn func(pgsql.Querier) error) error {
+		return withTx(ctx, d.db, opts, func(tx *sql.Tx) error { return fn(sqlQuerier{tx}) })
+	}
 }
 
 // inTx runs fn in one transaction of d.db, committing when fn returns nil.

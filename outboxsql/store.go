@@ -37,9 +37,9 @@ func (d *Driver) Fetch(ctx context.Context, req outboxdriver.FetchRequest) ([]*o
 	} else {
 		query, args = d.fetchSQL, []any{req.RelayID, pgsql.IntArray(shards), pgsql.IntArray(req.Exclude), req.Limit}
 	}
-	msgs, err := queryNoJIT(ctx, d.db, query, args, func(rows *sql.Rows) (*outbox.Message, error) {
+	msgs, err := queryNoJIT(ctx, d.db, query, args, func(r pgsql.Row) (*outbox.Message, error) {
 		m := &outbox.Message{}
-		return m, scanMessage(rows, m)
+		return m, pgsql.ScanMessage(r, m)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("fetch: %w", err)
@@ -61,14 +61,14 @@ func (d *Driver) Fetch(ctx context.Context, req outboxdriver.FetchRequest) ([]*o
 // transaction that ends with the statement, at the price of three more round trips per
 // fetch and per outcome batch: well under a millisecond on a local network, against the
 // hundreds that one compilation costs.
-func queryNoJIT[T any](ctx context.Context, db *sql.DB, query string, args []any, scan func(*sql.Rows) (T, error)) ([]T, error) {
+func queryNoJIT[T any](ctx context.Context, db *sql.DB, query string, args []any, scan func(pgsql.Row) (T, error)) ([]T, error) {
 	var out []T
 	err := withTx(ctx, db, nil, func(tx *sql.Tx) error {
 		if _, err := tx.ExecContext(ctx, pgsql.NoJIT); err != nil {
 			return err
 		}
 		var err error
-		out, err = collect(ctx, tx, query, args, scan)
+		out, err = pgsql.Collect(ctx, sqlQuerier{tx}, query, args, scan)
 		return err
 	})
 	return out, err
@@ -87,60 +87,6 @@ func withTx(ctx context.Context, db *sql.DB, opts *sql.TxOptions, fn func(*sql.T
 	return tx.Commit()
 }
 
-// querier is what *sql.DB and *sql.Tx share for queries.
-type querier interface {
-	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
-}
-
-// collect runs query and returns scan's result for every row, like pgx.CollectRows.
-func collect[T any](ctx context.Context, q querier, query string, args []any, scan func(*sql.Rows) (T, error)) ([]T, error) {
-	rows, err := q.QueryContext(ctx, query, args...)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var out []T
-	for rows.Next() {
-		v, err := scan(rows)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, v)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	return out, rows.Close()
-}
-
-func scanInt64(rows *sql.Rows) (int64, error) {
-	var v int64
-	err := rows.Scan(&v)
-	return v, err
-}
-
-// scanMessage scans the columns of pgsql.ReadColumns into m, then extra. The id comes as
-// the text of a uuid (pgx's stdlib hands a uuid over as a string, lib/pq as its text)
-// and the headers as the text of a JSON object.
-func scanMessage(rows *sql.Rows, m *outbox.Message, extra ...any) error {
-	var id string
-	var headers sql.RawBytes
-	dest := append([]any{&m.Seq, &id, &m.Topic, &m.Key, &m.AggregateType, &m.EventType, &m.ContentType, &m.Payload,
-		&headers, &m.DedupKey, &m.Shard, &m.CreatedAt, &m.Attempts, &m.LastError}, extra...)
-	if err := rows.Scan(dest...); err != nil {
-		return err
-	}
-	var err error
-	if m.ID, err = outbox.ParseID(id); err != nil {
-		return fmt.Errorf("message %d: %w", m.Seq, err)
-	}
-	if m.Payload == nil {
-		m.Payload = []byte{} // the column is NOT NULL; a driver may hand an empty bytea over as nil
-	}
-	m.Headers, err = pgsql.DecodeHeaders(m.Seq, headers)
-	return err
-}
-
 // Complete implements outboxdriver.Store in one statement.
 func (d *Driver) Complete(ctx context.Context, c outboxdriver.Completion) ([]int64, error) {
 	if err := d.needDB(); err != nil {
@@ -150,7 +96,7 @@ func (d *Driver) Complete(ctx context.Context, c outboxdriver.Completion) ([]int
 	args := []any{c.RelayID, pgsql.IntArray(a.Tokens), pgsql.IntArray(a.Published),
 		pgsql.IntArray(a.RetrySeqs), pgsql.TextArray(a.RetryErrors), pgsql.IntArray(a.RetryDelayMillis),
 		pgsql.IntArray(a.DeadSeqs), pgsql.TextArray(a.DeadErrors)}
-	applied, err := queryNoJIT(ctx, d.db, d.completeSQL, args, scanInt64)
+	applied, err := queryNoJIT(ctx, d.db, d.completeSQL, args, pgsql.ScanInt64)
 	if err != nil {
 		return nil, pgsql.CompleteError(err)
 	}
@@ -197,95 +143,10 @@ func (d *Driver) Maintain(ctx context.Context, req outboxdriver.MaintainRequest)
 // older than olderThan, and up to limit dedup keys of that age whose message is neither
 // pending nor dead, and returns how many rows it deleted.
 func (d *Driver) DeletePublished(ctx context.Context, olderThan time.Duration, limit int) (int, error) {
-	if err := d.needDB(); err != nil {
-		return 0, err
-	}
-	res, err := d.db.ExecContext(ctx, d.deleteSQL, olderThan.Seconds(), limit)
-	if err != nil {
-		return 0, fmt.Errorf("delete published: %w", err)
-	}
-	n, err := res.RowsAffected()
-	if err != nil {
-		return 0, fmt.Errorf("delete published: %w", err)
-	}
-	res, err = d.db.ExecContext(ctx, d.deleteDedupSQL, olderThan.Seconds(), limit)
-	if err != nil {
-		return int(n), fmt.Errorf("delete expired dedup keys: %w", err)
-	}
-	keys, err := res.RowsAffected()
-	if err != nil {
-		return int(n), fmt.Errorf("delete expired dedup keys: %w", err)
-	}
-	return int(n + keys), nil
+	return d.shared.DeletePublished(ctx, olderThan, limit)
 }
 
 // SyncLeases implements outboxdriver.Store in one transaction.
 func (d *Driver) SyncLeases(ctx context.Context, req outboxdriver.LeaseRequest) (outboxdriver.LeaseState, error) {
-	if err := d.needDB(); err != nil {
-		return outboxdriver.LeaseState{}, err
-	}
-	var st outboxdriver.LeaseState
-	err := withTx(ctx, d.db, nil, func(tx *sql.Tx) error {
-		n := d.names
-		exec := func(query string, args ...any) error {
-			_, err := tx.ExecContext(ctx, query, args...)
-			return err
-		}
-		ttl := req.TTL.Milliseconds()
-		renewBelow := req.RenewBelow.Milliseconds()
-		if len(req.Release) > 0 {
-			if err := exec(n.LeaseRelease(), req.RelayID, pgsql.IntArray(pgsql.Tokens(req.Release))); err != nil {
-				return err
-			}
-		}
-		if req.TTL <= 0 { // leaving
-			return exec(n.LeaseForgetRelay(), req.RelayID)
-		}
-		if err := exec(n.LeaseHeartbeat(), req.RelayID, req.Hostname, req.PID, ttl); err != nil {
-			return err
-		}
-		if err := exec(n.LeasePruneRelays()); err != nil {
-			return err
-		}
-		if len(req.Held) > 0 {
-			if err := exec(n.LeaseRenew(), req.RelayID, ttl, pgsql.IntArray(pgsql.Tokens(req.Held)), renewBelow); err != nil {
-				return err
-			}
-		}
-		held, left, err := d.held(ctx, tx, req.RelayID)
-		if err != nil {
-			return err
-		}
-		if err := tx.QueryRowContext(ctx, n.LeaseCounts()).Scan(&st.Shards, &st.Live); err != nil {
-			return err
-		}
-		st.Target = st.FairShare()
-		if want := st.Target - len(held); want > 0 {
-			if err := exec(n.LeaseAcquire(), req.RelayID, ttl, want); err != nil {
-				return err
-			}
-			if held, left, err = d.held(ctx, tx, req.RelayID); err != nil {
-				return err
-			}
-		}
-		st.Held, st.Left = held, left
-		return nil
-	})
-	if err != nil {
-		return outboxdriver.LeaseState{}, fmt.Errorf("sync leases: %w", err)
-	}
-	return st, nil
-}
-
-// held returns the relay's leases and the time left on the one that expires first.
-func (d *Driver) held(ctx context.Context, tx *sql.Tx, relayID string) ([]outboxdriver.Lease, time.Duration, error) {
-	var left pgsql.LeastLeft
-	held, err := collect(ctx, tx, d.names.LeaseHeld(), []any{relayID}, func(rows *sql.Rows) (outboxdriver.Lease, error) {
-		var l outboxdriver.Lease
-		var ms int64
-		err := rows.Scan(&l.Shard, &l.Token, &ms)
-		left.Add(ms)
-		return l, err
-	})
-	return held, left.Duration(), err
+	return d.shared.SyncLeases(ctx, req)
 }

@@ -3,6 +3,7 @@ package pgsql
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"time"
@@ -10,10 +11,11 @@ import (
 	"github.com/outboxkit/outbox/outboxdriver"
 )
 
-// This file holds the operator's statements (outboxdriver.Admin): the figures behind
-// `outbox status` and the dead-letter selections behind `outbox dead`. Every statement is
-// built from validated, quoted names; every value travels as a parameter, of a type any
-// driver binds (string, int, time.Time), arrays included (see TextArray).
+// This file holds the operator's side (outboxdriver.Admin): the statements behind
+// `outbox status` and the dead-letter selections behind `outbox dead`, and DB's methods
+// that run them for both drivers. Every statement is built from validated, quoted names;
+// every value travels as a parameter, of a type any driver binds (string, int,
+// time.Time), arrays included (see TextArray).
 
 // PublishedExactBelow is the size of the published table, as estimated by PostgreSQL's
 // statistics, under which Status counts published rows exactly. Above it the count is an
@@ -295,4 +297,177 @@ func (n *Names) StorageStatus(ctx context.Context, q Querier, st *outboxdriver.S
 	}
 	st.Ring = &ring
 	return nil
+}
+
+var _ outboxdriver.Admin = (*DB)(nil)
+
+// Status implements outboxdriver.Admin in one Snapshot transaction, with JIT off
+// (dashboards poll it).
+func (db *DB) Status(ctx context.Context) (outboxdriver.Status, error) {
+	if err := db.Ready(); err != nil {
+		return outboxdriver.Status{}, err
+	}
+	st := outboxdriver.Status{Topics: []outboxdriver.TopicStatus{}, Relays: []outboxdriver.RelayInfo{}}
+	err := db.Snapshot(ctx, func(q Querier) error {
+		if err := q.Exec(ctx, NoJIT); err != nil {
+			return err
+		}
+		if err := db.Names.topicStatus(ctx, q, &st); err != nil {
+			return fmt.Errorf("count pending and dead: %w", err)
+		}
+		if err := db.Names.publishedCount(ctx, q, &st); err != nil {
+			return fmt.Errorf("count published: %w", err)
+		}
+		if err := db.Names.StorageStatus(ctx, q, &st); err != nil {
+			return fmt.Errorf("read partitions and transactions: %w", err)
+		}
+		if err := db.Names.relayStatus(ctx, q, &st); err != nil {
+			return fmt.Errorf("read relays and leases: %w", err)
+		}
+		return nil
+	})
+	if err != nil {
+		return outboxdriver.Status{}, fmt.Errorf("outbox status: %w", err)
+	}
+	return st, nil
+}
+
+// topicStatus fills the per-topic rows and the totals.
+func (n *Names) topicStatus(ctx context.Context, q Querier, st *outboxdriver.Status) error {
+	topics, err := Collect(ctx, q, n.StatusTopics(), nil, func(r Row) (outboxdriver.TopicStatus, error) {
+		var t outboxdriver.TopicStatus
+		var ageMicros int64
+		err := r.Scan(&t.Topic, &t.Pending, &t.Due, &t.Retrying, &t.Dead, &ageMicros)
+		t.OldestPendingAge = time.Duration(ageMicros) * time.Microsecond
+		return t, err
+	})
+	if err != nil {
+		return err
+	}
+	AddTopics(st, topics)
+	return nil
+}
+
+// publishedCount counts the published table exactly while it is small and estimates it
+// when it is large (see PublishedEstimate).
+func (n *Names) publishedCount(ctx context.Context, q Querier, st *outboxdriver.Status) error {
+	var relTuples, liveTuples int64
+	var legacy bool
+	sql, args := n.StatusPublishedStats()
+	if err := q.QueryRow(ctx, sql, args, &relTuples, &liveTuples, &legacy); err != nil {
+		return err
+	}
+	if est, ok := PublishedEstimate(relTuples, liveTuples); ok {
+		st.Published = est
+		return nil
+	}
+	return q.QueryRow(ctx, n.StatusPublishedCount(legacy), nil, &st.Published)
+}
+
+// relayStatus fills the relays and the shard counts.
+func (n *Names) relayStatus(ctx context.Context, q Querier, st *outboxdriver.Status) error {
+	relays, err := Collect(ctx, q, n.StatusRelays(), nil, func(r Row) (outboxdriver.RelayInfo, error) {
+		var ri outboxdriver.RelayInfo
+		err := r.Scan(&ri.ID, &ri.Hostname, &ri.PID, &ri.StartedAt, &ri.HeartbeatAt, &ri.Live, &ri.Shards)
+		return ri, err
+	})
+	if err != nil {
+		return err
+	}
+	st.Relays = append(st.Relays, relays...)
+	return q.QueryRow(ctx, n.StatusShards(), nil, &st.Shards, &st.ShardsLeased)
+}
+
+// DeadList implements outboxdriver.Admin in one statement on the pool.
+func (db *DB) DeadList(ctx context.Context, f outboxdriver.DeadFilter) ([]outboxdriver.DeadLetter, error) {
+	if err := db.Ready(); err != nil {
+		return nil, err
+	}
+	sql, args, err := db.Names.DeadList(f)
+	if err != nil {
+		return nil, err
+	}
+	out, err := Collect(ctx, db.Pool, sql, args, func(r Row) (outboxdriver.DeadLetter, error) {
+		var dl outboxdriver.DeadLetter
+		err := ScanMessage(r, &dl.Message, &dl.DeadAt)
+		return dl, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list dead letters: %w", err)
+	}
+	return out, nil
+}
+
+// DeadCount implements outboxdriver.Admin in one statement on the pool.
+func (db *DB) DeadCount(ctx context.Context, f outboxdriver.DeadFilter) (int, error) {
+	if err := db.Ready(); err != nil {
+		return 0, err
+	}
+	sql, args, err := db.Names.DeadCount(f)
+	if err != nil {
+		return 0, err
+	}
+	var n int
+	if err := db.Pool.QueryRow(ctx, sql, args, &n); err != nil {
+		return 0, fmt.Errorf("count dead letters: %w", err)
+	}
+	return n, nil
+}
+
+// DeadReplay implements outboxdriver.Admin in one InTx transaction: lock the matching
+// dead letters (DeadPick), move them (Replay), and wake the listening relays (Notify)
+// when any moved.
+func (db *DB) DeadReplay(ctx context.Context, f outboxdriver.DeadFilter) (int, error) {
+	if err := db.Ready(); err != nil {
+		return 0, err
+	}
+	pick, args, err := db.Names.DeadPick(f)
+	if err != nil {
+		return 0, err
+	}
+	var n int64
+	err = db.InTx(ctx, func(q Querier) error {
+		seqs, err := Collect(ctx, q, pick, args, ScanInt64)
+		if err != nil || len(seqs) == 0 {
+			return err
+		}
+		if n, err = q.ExecCount(ctx, db.Names.Replay(), IntArray(seqs)); err != nil || n == 0 {
+			return err
+		}
+		notify, args := db.Names.Notify()
+		return q.Exec(ctx, notify, args...)
+	})
+	if err != nil {
+		return 0, fmt.Errorf("replay dead letters: %w", err)
+	}
+	return int(n), nil
+}
+
+// DeadPurge implements outboxdriver.Admin in one statement on the pool, refusing an
+// empty filter with outboxdriver.ErrEmptyDeadFilter before anything else.
+func (db *DB) DeadPurge(ctx context.Context, f outboxdriver.DeadFilter) (int, error) {
+	if f.IsEmpty() {
+		return 0, outboxdriver.ErrEmptyDeadFilter
+	}
+	return db.deadPurge(ctx, f)
+}
+
+// DeadPurgeAll implements outboxdriver.Admin in one statement on the pool.
+func (db *DB) DeadPurgeAll(ctx context.Context) (int, error) {
+	return db.deadPurge(ctx, outboxdriver.DeadFilter{})
+}
+
+func (db *DB) deadPurge(ctx context.Context, f outboxdriver.DeadFilter) (int, error) {
+	if err := db.Ready(); err != nil {
+		return 0, err
+	}
+	sql, args, err := db.Names.DeadPurge(f)
+	if err != nil {
+		return 0, err
+	}
+	n, err := db.Pool.ExecCount(ctx, sql, args...)
+	if err != nil {
+		return 0, fmt.Errorf("purge dead letters: %w", err)
+	}
+	return int(n), nil
 }

@@ -7,24 +7,6 @@ import (
 	"strings"
 )
 
-// Querier is the little the shared code (migrations, maintenance, the ring, the storage
-// part of Status) needs from a transaction. The drivers adapt pgx.Tx
-// and *sql.Tx to it.
-type Querier interface {
-	// Exec runs sql, which may hold several statements when args is empty.
-	Exec(ctx context.Context, sql string, args ...any) error
-	// QueryInts runs sql and returns the first column of every row.
-	QueryInts(ctx context.Context, sql string, args ...any) ([]int, error)
-	// QueryRow runs sql and scans its first row into dest; ErrNoRows when it has none.
-	QueryRow(ctx context.Context, sql string, args []any, dest ...any) error
-}
-
-// ErrNoRows is Querier.QueryRow's error for a statement that returned no row.
-var ErrNoRows = errors.New("no rows")
-
-// InTx runs fn in one transaction, committing when fn returns nil.
-type InTx func(ctx context.Context, fn func(Querier) error) error
-
 // MigrationStatus is one migration and whether it is applied.
 type MigrationStatus struct {
 	Version int
@@ -67,7 +49,7 @@ func (n *Names) checkCopy(ctx context.Context, q Querier) error {
 	if n.copyLimit < 0 {
 		return nil
 	}
-	got, err := q.QueryInts(ctx, `SELECT count(*)::int FROM (SELECT 1 FROM `+n.Outbox+` LIMIT $1) x`, n.copyLimit+1)
+	got, err := queryInts(ctx, q, `SELECT count(*)::int FROM (SELECT 1 FROM `+n.Outbox+` LIMIT $1) x`, n.copyLimit+1)
 	if err != nil {
 		return err
 	}
@@ -88,7 +70,7 @@ CREATE TABLE IF NOT EXISTS {{migrations}} (version integer PRIMARY KEY, name tex
 }
 
 func (n *Names) applied(ctx context.Context, q Querier) (map[int]bool, error) {
-	vs, err := q.QueryInts(ctx, n.r(`SELECT version FROM {{migrations}}`))
+	vs, err := queryInts(ctx, q, n.r(`SELECT version FROM {{migrations}}`))
 	if err != nil {
 		return nil, err
 	}
@@ -107,7 +89,7 @@ func (n *Names) Status(ctx context.Context, inTx InTx) ([]MigrationStatus, error
 	}
 	var out []MigrationStatus
 	err = inTx(ctx, func(q Querier) error {
-		exists, err := q.QueryInts(ctx, `SELECT count(*)::int FROM pg_catalog.pg_class WHERE oid = to_regclass($1)`, n.Migrations)
+		exists, err := queryInts(ctx, q, `SELECT count(*)::int FROM pg_catalog.pg_class WHERE oid = to_regclass($1)`, n.Migrations)
 		if err != nil {
 			return err
 		}

@@ -57,7 +57,7 @@ func (n *Names) lockedTx(ctx context.Context, inTx InTx, lock, timeout string, f
 		if err := q.Exec(ctx, `SET LOCAL lock_timeout = '`+timeout+`'; SET LOCAL TimeZone = 'UTC'`); err != nil {
 			return err
 		}
-		got, err := q.QueryInts(ctx, `SELECT pg_try_advisory_xact_lock(hashtext(`+literal(lock)+` || `+n.ChannelLiteral+`))::int`)
+		got, err := queryInts(ctx, q, `SELECT pg_try_advisory_xact_lock(hashtext(`+literal(lock)+` || `+n.ChannelLiteral+`))::int`)
 		if err != nil {
 			return err
 		}
@@ -87,7 +87,7 @@ func (n *Names) Partitioned(ctx context.Context, inTx InTx) (bool, error) {
 	var kind []int
 	err := inTx(ctx, func(q Querier) error {
 		var err error
-		kind, err = q.QueryInts(ctx, `SELECT (c.relkind = 'p')::int FROM pg_catalog.pg_class c WHERE c.oid = to_regclass($1)`, n.Published)
+		kind, err = queryInts(ctx, q, `SELECT (c.relkind = 'p')::int FROM pg_catalog.pg_class c WHERE c.oid = to_regclass($1)`, n.Published)
 		return err
 	})
 	return len(kind) == 1 && kind[0] == 1, err
@@ -108,7 +108,7 @@ func (n *Names) ListPartitions(ctx context.Context, inTx InTx) ([]time.Time, err
 }
 
 func (n *Names) partitionDays(ctx context.Context, q Querier) ([]int, error) {
-	return q.QueryInts(ctx, n.partitionDaysSQL(), n.Published)
+	return queryInts(ctx, q, n.partitionDaysSQL(), n.Published)
 }
 
 // partitionDaysSQL lists, as YYYYMMDD, the days of the partitions of $1 that are named as
@@ -135,7 +135,7 @@ func (n *Names) CreatePartitions(ctx context.Context, inTx InTx, ahead int, dryR
 		for _, d := range before {
 			had[d] = true
 		}
-		days, err := q.QueryInts(ctx, n.r(`SELECT to_char(d, 'YYYYMMDD')::int FROM generate_series(
+		days, err := queryInts(ctx, q, n.r(`SELECT to_char(d, 'YYYYMMDD')::int FROM generate_series(
     (now() AT TIME ZONE 'UTC')::date, (now() AT TIME ZONE 'UTC')::date + $1::int, interval '1 day') d`), ahead)
 		if err != nil {
 			return err
@@ -168,7 +168,7 @@ func (n *Names) DropPartitions(ctx context.Context, inTx InTx, retention time.Du
 		if err != nil {
 			return err
 		}
-		cutoff, err := q.QueryInts(ctx, `SELECT to_char((now() - $1 * interval '1 second') AT TIME ZONE 'UTC', 'YYYYMMDD')::int`, retention.Seconds())
+		cutoff, err := queryInts(ctx, q, `SELECT to_char((now() - $1 * interval '1 second') AT TIME ZONE 'UTC', 'YYYYMMDD')::int`, retention.Seconds())
 		if err != nil {
 			return err
 		}
@@ -185,7 +185,7 @@ func (n *Names) DropPartitions(ctx context.Context, inTx InTx, retention time.Du
 			}
 			dropped = append(dropped, dayOf(d))
 		}
-		old, err := q.QueryInts(ctx, n.r(`SELECT 1 FROM {{migrations}} m
+		old, err := queryInts(ctx, q, n.r(`SELECT 1 FROM {{migrations}} m
 WHERE m.version = 3 AND to_regclass($1) IS NOT NULL AND m.applied_at < now() - $2 * interval '1 second'`), n.PublishedLegacy, retention.Seconds())
 		if err != nil {
 			return err
@@ -248,7 +248,7 @@ func (n *Names) deleteBatches(ctx context.Context, inTx InTx, stmt string, req o
 		var k []int
 		err := inTx(ctx, func(q Querier) error {
 			var err error
-			k, err = q.QueryInts(ctx, `WITH d AS (`+stmt+` RETURNING 1) SELECT count(*)::int FROM d`, req.Retention.Seconds(), req.Limit)
+			k, err = queryInts(ctx, q, `WITH d AS (`+stmt+` RETURNING 1) SELECT count(*)::int FROM d`, req.Retention.Seconds(), req.Limit)
 			return err
 		})
 		if err != nil {

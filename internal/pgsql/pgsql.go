@@ -1,8 +1,11 @@
 // Package pgsql holds what the PostgreSQL drivers (outboxpgx, outboxsql) share: table
 // names built from validated identifiers, the embedded migrations, the SQL text of every
-// statement (sql.go for writes and the relay, admin.go for the operator's), and the
-// little Go that must behave the same in both (array literals, outcome bookkeeping). A
-// driver only binds parameters and scans rows.
+// statement (sql.go for writes and the relay, admin.go for the operator's), and the Go
+// that must behave the same in both (array literals, outcome bookkeeping, row scanning,
+// and the operator's, lease and retention calls, written once over a Querier: DB). A
+// driver adapts its pool and transactions to Querier and runs itself only what its
+// client does its own way: the inserts, the fetch and outcome round trips (one pgx batch,
+// or a database/sql transaction), LISTEN.
 package pgsql
 
 import (

@@ -55,7 +55,7 @@ func (n *Names) Ringed(ctx context.Context, inTx InTx) (bool, error) {
 	var got []int
 	err := inTx(ctx, func(q Querier) error {
 		var err error
-		got, err = q.QueryInts(ctx, `SELECT (to_regclass($1) IS NOT NULL)::int`, n.Ring)
+		got, err = queryInts(ctx, q, `SELECT (to_regclass($1) IS NOT NULL)::int`, n.Ring)
 		return err
 	})
 	return len(got) == 1 && got[0] == 1, err
@@ -94,7 +94,7 @@ func (n *Names) ringCurrent(ctx context.Context, inTx InTx) (int, error) {
 	var got []int
 	err := inTx(ctx, func(q Querier) error {
 		var err error
-		got, err = q.QueryInts(ctx, `SELECT current FROM `+n.Ring)
+		got, err = queryInts(ctx, q, `SELECT current FROM `+n.Ring)
 		return err
 	})
 	if err == nil && len(got) != 1 {
@@ -139,11 +139,11 @@ func (n *Names) ringTx(ctx context.Context, inTx InTx, fn func(Querier) error) (
 func (n *Names) reclaim(ctx context.Context, inTx InTx, b int) (moved int, done, waiting bool, err error) {
 	bucket := n.Bucket(b)
 	ran, err := n.ringTx(ctx, inTx, func(q Querier) error {
-		cur, err := q.QueryInts(ctx, `SELECT current FROM `+n.Ring+` FOR SHARE`)
+		cur, err := queryInts(ctx, q, `SELECT current FROM `+n.Ring+` FOR SHARE`)
 		if err != nil || len(cur) != 1 || cur[0] == b {
 			return err
 		}
-		size, err := q.QueryInts(ctx, `SELECT pg_relation_size($1)`, bucket)
+		size, err := queryInts(ctx, q, `SELECT pg_relation_size($1)`, bucket)
 		if err != nil || size[0] == 0 {
 			return err // never written since its last reclaim: nothing to give back
 		}
@@ -151,7 +151,7 @@ func (n *Names) reclaim(ctx context.Context, inTx InTx, b int) (moved int, done,
 		// the count walks a bucket still full of backlog. From the highest seq down: a
 		// backlog drains from its lowest seq, so its live rows come first and the count
 		// stops at MoveLimit without walking the rows already published.
-		if live, err := q.QueryInts(ctx, `SELECT count(*)::int FROM (SELECT 1 FROM `+bucket+` ORDER BY seq DESC LIMIT $1) x`, MoveLimit+1); err != nil || live[0] > MoveLimit {
+		if live, err := queryInts(ctx, q, `SELECT count(*)::int FROM (SELECT 1 FROM `+bucket+` ORDER BY seq DESC LIMIT $1) x`, MoveLimit+1); err != nil || live[0] > MoveLimit {
 			waiting = err == nil
 			return err
 		}
@@ -178,7 +178,7 @@ SELECT ` + pendingColumns + `, $1 FROM ` + bucket + ` ORDER BY seq RETURNING 1) 
 		if broken.Has(broken.TruncateStragglers) {
 			move = `SELECT 0 WHERE $1::int IS NOT NULL` // canary: the pending rows are not moved
 		}
-		got, err := q.QueryInts(ctx, move, cur[0])
+		got, err := queryInts(ctx, q, move, cur[0])
 		if err != nil {
 			return fmt.Errorf("move the pending rows of bucket %d: %w", b, err)
 		}
@@ -212,7 +212,7 @@ FROM `+n.Ring+` FOR UPDATE`, []any{n.Outbox}, &current, &taken); err != nil || t
 			return err
 		}
 		next := (current + 1) % RingBuckets
-		free, err := q.QueryInts(ctx, `SELECT (pg_relation_size($1) = 0)::int`, n.Bucket(next))
+		free, err := queryInts(ctx, q, `SELECT (pg_relation_size($1) = 0)::int`, n.Bucket(next))
 		if err != nil || free[0] != 1 {
 			return err
 		}

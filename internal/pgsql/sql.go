@@ -239,7 +239,7 @@ RETURNING seq`)
 // Lease statements, run in one transaction by SyncLeases.
 //
 // Under the canary broken.LocalClockLeases they judge time by the relay's clock, which
-// the driver sets first in the transaction (ClockSetting, RelayClock).
+// SyncLeases sets first in the transaction (ClockSetting, RelayClock).
 func (n *Names) lease(s string) string {
 	if broken.Has(broken.LocalClockLeases) {
 		return relayClock(n.r(s))
@@ -281,14 +281,14 @@ func (n *Names) LeaseAcquire() string {
 WHERE shard IN (SELECT shard FROM {{leases}} WHERE owner IS NULL OR expires_at <= now() ORDER BY shard LIMIT $3 FOR UPDATE SKIP LOCKED)`)
 }
 
-// LeastLeft finds the least of the milliseconds left that LeaseHeld returns.
-type LeastLeft struct {
+// leastLeft finds the least of the milliseconds left that LeaseHeld returns.
+type leastLeft struct {
 	ms  int64
 	any bool
 }
 
 // Add counts one lease's milliseconds left.
-func (l *LeastLeft) Add(ms int64) {
+func (l *leastLeft) Add(ms int64) {
 	if !l.any || ms < l.ms {
 		l.ms, l.any = ms, true
 	}
@@ -296,7 +296,7 @@ func (l *LeastLeft) Add(ms int64) {
 
 // Duration is the least time left, at least a millisecond (zero would read as a full
 // TTL); zero when no lease was counted (the relay holds none).
-func (l *LeastLeft) Duration() time.Duration {
+func (l *leastLeft) Duration() time.Duration {
 	if !l.any {
 		return 0
 	}

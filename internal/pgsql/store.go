@@ -1,17 +1,22 @@
 package pgsql
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
+	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/broken"
 	"github.com/outboxkit/outbox/outboxdriver"
 )
 
 // This file is the part of outboxdriver.Store that is not SQL but must behave the same in
-// every PostgreSQL driver: the parameters of Complete and the reading of its result, and
-// the decoding of the columns of ReadColumns.
+// every PostgreSQL driver: the parameters of Complete and the reading of its result, the
+// scanning of the columns of ReadColumns, and the lease and retention calls (DB), which
+// need nothing a Querier lacks.
 
 // CompleteArgs are the array parameters of Complete ($2..$8), never nil (pgx sends a nil
 // slice as NULL, not an empty array).
@@ -86,9 +91,31 @@ func Refused(c outboxdriver.Completion, applied []int64) []int64 {
 	return refused
 }
 
-// DecodeHeaders parses the headers column as ReadColumns reads it (the text of a JSON
+// ScanMessage scans the columns of ReadColumns into m, then extra. The id is read as the
+// text of a uuid, which every driver hands over (pgx's stdlib as a string, lib/pq as its
+// text, pgx into a string target), and the headers as the text of a JSON object.
+func ScanMessage(r Row, m *outbox.Message, extra ...any) error {
+	var id string
+	var headers []byte
+	dest := append([]any{&m.Seq, &id, &m.Topic, &m.Key, &m.AggregateType, &m.EventType, &m.ContentType, &m.Payload,
+		&headers, &m.DedupKey, &m.Shard, &m.CreatedAt, &m.Attempts, &m.LastError}, extra...)
+	if err := r.Scan(dest...); err != nil {
+		return err
+	}
+	var err error
+	if m.ID, err = outbox.ParseID(id); err != nil {
+		return fmt.Errorf("message %d: %w", m.Seq, err)
+	}
+	if m.Payload == nil {
+		m.Payload = []byte{} // the column is NOT NULL; a driver may hand an empty bytea over as nil
+	}
+	m.Headers, err = decodeHeaders(m.Seq, headers)
+	return err
+}
+
+// decodeHeaders parses the headers column as ReadColumns reads it (the text of a JSON
 // object); "{}" is no headers, a nil map. seq names the message in the error.
-func DecodeHeaders(seq int64, text []byte) (map[string]string, error) {
+func decodeHeaders(seq int64, text []byte) (map[string]string, error) {
 	if len(text) <= 2 {
 		return nil, nil
 	}
@@ -99,8 +126,8 @@ func DecodeHeaders(seq int64, text []byte) (map[string]string, error) {
 	return h, nil
 }
 
-// Tokens returns the tokens of ls.
-func Tokens(ls []outboxdriver.Lease) []int64 {
+// tokens returns the tokens of ls.
+func tokens(ls []outboxdriver.Lease) []int64 {
 	out := make([]int64, len(ls))
 	for i, l := range ls {
 		out[i] = l.Token
@@ -122,4 +149,94 @@ func CompleteError(err error) error {
 		return fmt.Errorf("record outcomes: %w: %w", ErrNoPartition, err)
 	}
 	return fmt.Errorf("record outcomes: %w", err)
+}
+
+// SyncLeases implements outboxdriver.Store in one transaction: release, heartbeat, prune
+// the relays gone for an hour, renew, then take shards up to the fair share.
+func (db *DB) SyncLeases(ctx context.Context, req outboxdriver.LeaseRequest) (outboxdriver.LeaseState, error) {
+	if err := db.Ready(); err != nil {
+		return outboxdriver.LeaseState{}, err
+	}
+	var st outboxdriver.LeaseState
+	err := db.InTx(ctx, func(q Querier) error {
+		n := db.Names
+		ttl := req.TTL.Milliseconds()
+		renewBelow := req.RenewBelow.Milliseconds()
+		if broken.Has(broken.LocalClockLeases) { // canary: the lease statements use the relay's clock
+			if err := q.Exec(ctx, "SELECT set_config('"+ClockSetting+"', $1, true)", RelayClock(req.RelayID)); err != nil {
+				return err
+			}
+		}
+		if len(req.Release) > 0 {
+			if err := q.Exec(ctx, n.LeaseRelease(), req.RelayID, IntArray(tokens(req.Release))); err != nil {
+				return err
+			}
+		}
+		if req.TTL <= 0 { // leaving
+			return q.Exec(ctx, n.LeaseForgetRelay(), req.RelayID)
+		}
+		if err := q.Exec(ctx, n.LeaseHeartbeat(), req.RelayID, req.Hostname, req.PID, ttl); err != nil {
+			return err
+		}
+		if err := q.Exec(ctx, n.LeasePruneRelays()); err != nil {
+			return err
+		}
+		if len(req.Held) > 0 {
+			if err := q.Exec(ctx, n.LeaseRenew(), req.RelayID, ttl, IntArray(tokens(req.Held)), renewBelow); err != nil {
+				return err
+			}
+		}
+		held, left, err := db.held(ctx, q, req.RelayID)
+		if err != nil {
+			return err
+		}
+		if err := q.QueryRow(ctx, n.LeaseCounts(), nil, &st.Shards, &st.Live); err != nil {
+			return err
+		}
+		st.Target = st.FairShare()
+		if want := st.Target - len(held); want > 0 {
+			if err := q.Exec(ctx, n.LeaseAcquire(), req.RelayID, ttl, want); err != nil {
+				return err
+			}
+			if held, left, err = db.held(ctx, q, req.RelayID); err != nil {
+				return err
+			}
+		}
+		st.Held, st.Left = held, left
+		return nil
+	})
+	if err != nil {
+		return outboxdriver.LeaseState{}, fmt.Errorf("sync leases: %w", err)
+	}
+	return st, nil
+}
+
+// held returns the relay's leases and the time left on the one that expires first.
+func (db *DB) held(ctx context.Context, q Querier, relayID string) ([]outboxdriver.Lease, time.Duration, error) {
+	var left leastLeft
+	held, err := Collect(ctx, q, db.Names.LeaseHeld(), []any{relayID}, func(r Row) (outboxdriver.Lease, error) {
+		var l outboxdriver.Lease
+		var ms int64
+		err := r.Scan(&l.Shard, &l.Token, &ms)
+		left.Add(ms)
+		return l, err
+	})
+	return held, left.Duration(), err
+}
+
+// DeletePublished implements outboxdriver.Store: up to limit published messages older
+// than olderThan, then up to limit dedup keys of that age, each in one statement.
+func (db *DB) DeletePublished(ctx context.Context, olderThan time.Duration, limit int) (int, error) {
+	if err := db.Ready(); err != nil {
+		return 0, err
+	}
+	n, err := db.Pool.ExecCount(ctx, db.Names.DeletePublished(), olderThan.Seconds(), limit)
+	if err != nil {
+		return 0, fmt.Errorf("delete published: %w", err)
+	}
+	keys, err := db.Pool.ExecCount(ctx, db.Names.DeleteDedup(), olderThan.Seconds(), limit)
+	if err != nil {
+		return int(n), fmt.Errorf("delete expired dedup keys: %w", err)
+	}
+	return int(n + keys), nil
 }
