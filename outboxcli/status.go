@@ -42,7 +42,7 @@ message, the same per topic, and the relays with the shards they lease.
 			if *asJSON {
 				return writeJSON(inv.stdout, st)
 			}
-			return printStatus(inv.stdout, st, time.Now())
+			return printStatus(inv.stdout, st, drv.kind == dbPostgres, time.Now())
 		}
 	},
 }
@@ -53,7 +53,9 @@ func writeJSON(w io.Writer, v any) error {
 	return enc.Encode(v)
 }
 
-func printStatus(w io.Writer, st outboxdriver.Status, now time.Time) error {
+// printStatus prints st; postgres adds what only PostgreSQL reports (the oldest open
+// transaction, which holds back vacuum).
+func printStatus(w io.Writer, st outboxdriver.Status, postgres bool, now time.Time) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(tw, "pending\t%d\n", st.Pending)
 	fmt.Fprintf(tw, "  due\t%d\n", st.Due)
@@ -74,7 +76,9 @@ func printStatus(w io.Writer, st outboxdriver.Status, now time.Time) error {
 	if r := st.Ring; r != nil {
 		fmt.Fprintf(tw, "pending ring\tbucket %d\t(%d rotations, %d messages since the last)\n", r.Current, r.Rotations, r.RowsSinceRotation)
 	}
-	fmt.Fprintf(tw, "oldest transaction\t%s\t(holds back vacuum while open)\n", st.OldestTransactionAge.Round(time.Second))
+	if postgres {
+		fmt.Fprintf(tw, "oldest transaction\t%s\t(holds back vacuum while open)\n", st.OldestTransactionAge.Round(time.Second))
+	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}

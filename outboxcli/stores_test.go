@@ -109,6 +109,9 @@ func commandsOnStore(t *testing.T, dbURL string, open func(*testing.T) (*sql.DB,
 	if st := status(); st.Pending != 3 {
 		t.Fatalf("status after writing 3: %+v", st)
 	}
+	if r := must(t, 0, env, "status"); !strings.Contains(r.stdout, "pending") || strings.Contains(r.stdout, "oldest transaction") {
+		t.Fatalf("status in text shows PostgreSQL's oldest transaction, or no pending line: %s", r)
+	}
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
