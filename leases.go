@@ -19,16 +19,22 @@ import (
 //     every lease until at least t+left in database time, and the margin covers clock
 //     rates and a late answer. Nothing is sent at or after until;
 //   - a shard is released only once drained (no message of it in hand), or on the
-//     final round, which releases every lease.
+//     final round, which releases every lease;
+//   - a round adopts the leases of the relay's ID that it does not present (Adopt) only
+//     while the book cannot know them: before its first answer and after a round whose
+//     answer was lost. Otherwise two processes sharing an ID would take each other's
+//     leases at every round; this way the later one takes them once and the earlier one
+//     idles.
 type leaseBook struct {
 	ttl      time.Duration
+	adopt    bool          // the next round adopts (LeaseRequest.Adopt)
 	tokens   map[int]int64 // held shard -> lease token
 	draining map[int]bool  // held shards being given back: nothing new is sent or fetched
 	until    time.Time     // local monotonic deadline for sending under the current leases
 }
 
 func newLeaseBook(ttl time.Duration) *leaseBook {
-	return &leaseBook{ttl: ttl, tokens: map[int]int64{}, draining: map[int]bool{}}
+	return &leaseBook{ttl: ttl, tokens: map[int]int64{}, draining: map[int]bool{}, adopt: true}
 }
 
 // leaseChange is what a round changed: shards lost (expired, taken over, released),
@@ -51,14 +57,20 @@ func (b *leaseBook) request(req outboxdriver.LeaseRequest, final bool, idle func
 	if final {
 		req.TTL = 0
 	}
+	req.Adopt = b.adopt && !final
 	return req
 }
+
+// failed records a round whose answer was lost: it may have taken leases the book does
+// not know, which the next round adopts.
+func (b *leaseBook) failed() { b.adopt = true }
 
 // apply takes the answer of a round that started at started: the leases held from now
 // on, the sending deadline, and shards beyond the fair share (st.Target) set draining,
 // the highest numbers first.
 func (b *leaseBook) apply(st outboxdriver.LeaseState, started time.Time) leaseChange {
 	var c leaseChange
+	b.adopt = false
 	next := make(map[int]int64, len(st.Held))
 	for _, ls := range st.Held {
 		next[ls.Shard] = ls.Token

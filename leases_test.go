@@ -59,6 +59,26 @@ func TestLeaseBookApply(t *testing.T) {
 	}
 }
 
+func TestLeaseBookAdopts(t *testing.T) {
+	b := newLeaseBook(15 * time.Second)
+	base := outboxdriver.LeaseRequest{RelayID: "r", TTL: 15 * time.Second}
+	never := func(int) bool { return false }
+	if !b.request(base, false, never).Adopt {
+		t.Fatal("the first round does not adopt the leases of an earlier process with the same ID")
+	}
+	b.apply(outboxdriver.LeaseState{Held: held(1, 2), Target: 2}, time.Unix(0, 0))
+	if b.request(base, false, never).Adopt {
+		t.Fatal("a round after an answer adopts: two processes sharing an ID would take each other's leases")
+	}
+	b.failed()
+	if req := b.request(base, false, never); !req.Adopt || !slices.Equal(req.Held, held(1, 2)) {
+		t.Fatalf("after a lost answer: adopt %v, held %v", req.Adopt, req.Held)
+	}
+	if b.request(base, true, never).Adopt {
+		t.Fatal("the final round adopts")
+	}
+}
+
 func TestLeaseBookRequest(t *testing.T) {
 	b := newLeaseBook(15 * time.Second)
 	b.apply(outboxdriver.LeaseState{Held: held(1, 2, 3, 4), Target: 2}, time.Unix(0, 0)) // 3 and 4 drain

@@ -406,6 +406,7 @@ func (l *loop) onLeases(res leaseResult) {
 	if res.err != nil {
 		l.log.Error("lease renewal failed; sending stops when the leases run out", "err", res.err,
 			"seconds_left", time.Until(l.leases.until).Seconds())
+		l.leases.failed()
 		return
 	}
 	c := l.leases.apply(res.state, res.started)

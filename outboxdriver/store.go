@@ -17,8 +17,11 @@ import (
 // The seam may grow: implement it inside this module, not outside.
 type Store interface {
 	// SyncLeases heartbeats the relay, renews the leases it holds, releases the ones
-	// listed in req.Release and takes free or expired shards up to its fair share
-	// (ceil(shards / live relays)). All in database time.
+	// listed in req.Release, adopts its earlier leases when req.Adopt is set, and takes
+	// free or expired shards up to its fair share (ceil(shards / live relays)). All in
+	// database time. The leases it returns are those of req.Held still the relay's, the
+	// adopted ones and the ones taken: a lease of the same relay ID under a token not in
+	// req.Held (an earlier process's) is not returned without Adopt.
 	SyncLeases(ctx context.Context, req LeaseRequest) (LeaseState, error)
 
 	// Fetch returns up to req.Limit due messages of the shards whose leases req lists
@@ -115,6 +118,13 @@ type LeaseRequest struct {
 	// RenewBelow, when not zero, asks to renew only the leases of Held that have less than
 	// this left; the others keep their expiry. A store that honours it reports Left.
 	RenewBelow time.Duration
+	// Adopt asks the store to take over, under new tokens and for TTL, every unexpired
+	// lease of RelayID that is not in Held or Release: the leases of an earlier process
+	// with the same ID (a relay restarted under a stable ID after a crash), or ones taken
+	// in a round whose answer the relay never got. The new tokens fence whoever holds the
+	// old ones: their renewals and outcomes are refused, as after an expiry. A relay sets
+	// it on its first round and after a round failed.
+	Adopt bool
 }
 
 // LeaseState is the result of Store.SyncLeases.

@@ -276,9 +276,20 @@ func (n *Names) LeaseCounts() string {
 	return n.lease(`SELECT (SELECT count(*) FROM {{leases}}), (SELECT count(*) FROM {{relays}} WHERE expires_at > now())`)
 }
 
+// LeaseAcquire gives the relay $1 up to $3 free or expired shards for $2 ms under new
+// tokens, and returns the tokens.
 func (n *Names) LeaseAcquire() string {
 	return n.lease(`UPDATE {{leases}} SET owner = $1, token = nextval('{{token_seq}}'), expires_at = now() + $2 * interval '1 millisecond'
-WHERE shard IN (SELECT shard FROM {{leases}} WHERE owner IS NULL OR expires_at <= now() ORDER BY shard LIMIT $3 FOR UPDATE SKIP LOCKED)`)
+WHERE shard IN (SELECT shard FROM {{leases}} WHERE owner IS NULL OR expires_at <= now() ORDER BY shard LIMIT $3 FOR UPDATE SKIP LOCKED)
+RETURNING token`)
+}
+
+// LeaseAdopt gives the relay $1 its unexpired leases whose token is not among $3 (an
+// earlier process's) under new tokens for $2 ms, and returns the tokens.
+func (n *Names) LeaseAdopt() string {
+	return n.lease(`UPDATE {{leases}} SET token = nextval('{{token_seq}}'), expires_at = now() + $2 * interval '1 millisecond'
+WHERE owner = $1 AND expires_at > now() AND NOT token = ANY($3::bigint[])
+RETURNING token`)
 }
 
 // leastLeft finds the least of the milliseconds left that LeaseHeld returns.
@@ -303,9 +314,9 @@ func (l *leastLeft) Duration() time.Duration {
 	return time.Duration(max(l.ms, 1)) * time.Millisecond
 }
 
-// LeaseHeld returns the relay's unexpired leases: shard, token, and the milliseconds
-// left on it.
+// LeaseHeld returns the relay's ($1) unexpired leases under the tokens $2: shard, token,
+// and the milliseconds left on it.
 func (n *Names) LeaseHeld() string {
 	return n.lease(`SELECT shard, token, (extract(epoch FROM expires_at - now()) * 1000)::bigint
-FROM {{leases}} WHERE owner = $1 AND expires_at > now() ORDER BY shard`)
+FROM {{leases}} WHERE owner = $1 AND expires_at > now() AND token = ANY($2::bigint[]) ORDER BY shard`)
 }

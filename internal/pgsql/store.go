@@ -186,7 +186,19 @@ func (db *DB) SyncLeases(ctx context.Context, req outboxdriver.LeaseRequest) (ou
 				return err
 			}
 		}
-		held, left, err := db.held(ctx, q, req.RelayID)
+		// The relay's leases are the ones it presents, the adopted and the taken: a
+		// lease of its ID under another token is an earlier process's, and without Adopt
+		// it is not the relay's to learn (two processes sharing an ID would take each
+		// other's leases at every round).
+		known := tokens(req.Held)
+		if req.Adopt {
+			adopted, err := Collect(ctx, q, n.LeaseAdopt(), []any{req.RelayID, ttl, IntArray(known)}, ScanInt64)
+			if err != nil {
+				return err
+			}
+			known = append(known, adopted...)
+		}
+		held, left, err := db.held(ctx, q, req.RelayID, known)
 		if err != nil {
 			return err
 		}
@@ -195,11 +207,14 @@ func (db *DB) SyncLeases(ctx context.Context, req outboxdriver.LeaseRequest) (ou
 		}
 		st.Target = st.FairShare()
 		if want := st.Target - len(held); want > 0 {
-			if err := q.Exec(ctx, n.LeaseAcquire(), req.RelayID, ttl, want); err != nil {
+			taken, err := Collect(ctx, q, n.LeaseAcquire(), []any{req.RelayID, ttl, want}, ScanInt64)
+			if err != nil {
 				return err
 			}
-			if held, left, err = db.held(ctx, q, req.RelayID); err != nil {
-				return err
+			if len(taken) > 0 {
+				if held, left, err = db.held(ctx, q, req.RelayID, append(known, taken...)); err != nil {
+					return err
+				}
 			}
 		}
 		st.Held, st.Left = held, left
@@ -211,10 +226,11 @@ func (db *DB) SyncLeases(ctx context.Context, req outboxdriver.LeaseRequest) (ou
 	return st, nil
 }
 
-// held returns the relay's leases and the time left on the one that expires first.
-func (db *DB) held(ctx context.Context, q Querier, relayID string) ([]outboxdriver.Lease, time.Duration, error) {
+// held returns the relay's unexpired leases under tokens and the time left on the one
+// that expires first.
+func (db *DB) held(ctx context.Context, q Querier, relayID string, tokens []int64) ([]outboxdriver.Lease, time.Duration, error) {
 	var left leastLeft
-	held, err := Collect(ctx, q, db.Names.LeaseHeld(), []any{relayID}, func(r Row) (outboxdriver.Lease, error) {
+	held, err := Collect(ctx, q, db.Names.LeaseHeld(), []any{relayID, IntArray(tokens)}, func(r Row) (outboxdriver.Lease, error) {
 		var l outboxdriver.Lease
 		var ms int64
 		err := r.Scan(&l.Shard, &l.Token, &ms)

@@ -360,7 +360,29 @@ func (s *Store) SyncLeases(ctx context.Context, req outboxdriver.LeaseRequest) (
 				return fmt.Errorf("renew: %w", err)
 			}
 		}
-		held, err := s.held(ctx, tx, req.RelayID)
+		// The relay's leases are the ones it presents, the adopted and the taken: a
+		// lease of its ID under another token is an earlier process's, and without Adopt
+		// it is not the relay's to learn (two processes sharing an ID would take each
+		// other's leases at every round).
+		var gained []int64 // shards adopted or taken, under tokens new in this transaction
+		if req.Adopt {
+			q := `SELECT shard FROM {{leases}} WHERE owner = ? AND expires_at > {{now}}`
+			if len(req.Held) > 0 {
+				q += ` AND NOT (` + leaseMatch("", req.Held) + `)`
+			}
+			adopted, err := collect(ctx, tx, scanInt64, s.sql(q+` ORDER BY shard`+s.d.ForUpdate), req.RelayID)
+			if err != nil {
+				return fmt.Errorf("find earlier leases: %w", err)
+			}
+			if len(adopted) > 0 {
+				q := s.sql(`UPDATE {{leases}} SET token = token + 1, expires_at = ` + expires + ` WHERE owner = ? AND shard IN (` + ints(adopted) + `)`)
+				if _, err := tx.ExecContext(ctx, q, ttl, req.RelayID); err != nil {
+					return fmt.Errorf("adopt leases: %w", err)
+				}
+			}
+			gained = adopted
+		}
+		held, err := s.held(ctx, tx, req.RelayID, req.Held, gained)
 		if err != nil {
 			return err
 		}
@@ -384,7 +406,7 @@ WHERE shard IN (` + ints(free) + `) AND (owner IS NULL OR expires_at <= {{now}})
 				if _, err := tx.ExecContext(ctx, q, req.RelayID, ttl); err != nil {
 					return fmt.Errorf("take shards: %w", err)
 				}
-				if held, err = s.held(ctx, tx, req.RelayID); err != nil {
+				if held, err = s.held(ctx, tx, req.RelayID, req.Held, append(gained, free...)); err != nil {
 					return err
 				}
 			}
@@ -398,12 +420,24 @@ WHERE shard IN (` + ints(free) + `) AND (owner IS NULL OR expires_at <= {{now}})
 	return st, nil
 }
 
-func (s *Store) held(ctx context.Context, tx Querier, relayID string) ([]outboxdriver.Lease, error) {
+// held returns the relay's unexpired leases among those it presented and the shards it
+// gained in this transaction.
+func (s *Store) held(ctx context.Context, tx Querier, relayID string, presented []outboxdriver.Lease, gained []int64) ([]outboxdriver.Lease, error) {
+	var mine []string
+	if len(presented) > 0 {
+		mine = append(mine, "("+leaseMatch("", presented)+")")
+	}
+	if len(gained) > 0 {
+		mine = append(mine, "shard IN ("+ints(gained)+")")
+	}
+	if len(mine) == 0 {
+		return nil, nil
+	}
 	ls, err := collect(ctx, tx, func(r *sql.Rows) (outboxdriver.Lease, error) {
 		var l outboxdriver.Lease
 		err := r.Scan(&l.Shard, &l.Token)
 		return l, err
-	}, s.sql(`SELECT shard, token FROM {{leases}} WHERE owner = ? AND expires_at > {{now}} ORDER BY shard`), relayID)
+	}, s.sql(`SELECT shard, token FROM {{leases}} WHERE owner = ? AND expires_at > {{now}} AND (`+strings.Join(mine, " OR ")+`) ORDER BY shard`), relayID)
 	if err != nil {
 		return nil, fmt.Errorf("read leases: %w", err)
 	}

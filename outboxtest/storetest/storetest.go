@@ -57,6 +57,7 @@ func Run(t *testing.T, open func(t *testing.T) Outbox) {
 		{"FetchContinuation", fetchContinuation},
 		{"LeasesFairShare", leasesFairShare},
 		{"LeaseTakeoverInDatabaseTime", leaseTakeover},
+		{"LeaseAdoptionFencesEarlierProcess", leaseAdoption},
 		{"FencedComplete", fencedComplete},
 		{"RetryBackoffBlocksKey", retryBackoffBlocksKey},
 		{"DeliverAtBlocksKey", deliverAtBlocksKey},
@@ -371,6 +372,59 @@ func leaseTakeover(t *testing.T, o Outbox) {
 	}
 	if again := sync(t, o, "a", short, a.Held, nil); len(again.Held) != 0 {
 		t.Fatalf("a renewed %d leases that b owns now", len(again.Held))
+	}
+}
+
+// leaseAdoption restarts relay "a" under the same ID: the new process adopts the leases
+// at once (no wait for their expiry) under new tokens, which fence the earlier process.
+func leaseAdoption(t *testing.T, o Outbox) {
+	write(t, o, msgs("t", 4, 1))
+	old := sync(t, o, "a", ttl, nil, nil)
+	got := fetch(t, o, "a", old.Held, outboxdriver.FetchRequest{})
+	if len(got) != 4 {
+		t.Fatalf("fetched %d, want 4", len(got))
+	}
+	syncAdopt := func(relay string, held []outboxdriver.Lease, adopt bool) outboxdriver.LeaseState {
+		t.Helper()
+		ctx, cancel := testenv.CallContext()
+		defer cancel()
+		st, err := o.Store.SyncLeases(ctx, outboxdriver.LeaseRequest{RelayID: relay, Hostname: "test", PID: 2, TTL: ttl, Held: held, Adopt: adopt})
+		if err != nil {
+			t.Fatalf("SyncLeases(%s): %v", relay, err)
+		}
+		return st
+	}
+	// Another relay's first round adopts nothing of a's, which are live.
+	if b := syncAdopt("b", nil, true); len(b.Held) != 0 {
+		t.Fatalf("b adopted %d of a's shards", len(b.Held))
+	}
+	// Without Adopt, a process of the same ID does not learn the leases it did not present.
+	if st := syncAdopt("a", nil, false); len(st.Held) != 0 {
+		t.Fatalf("a round without Adopt returned %d leases it did not present", len(st.Held))
+	}
+	next := syncAdopt("a", nil, true)
+	if len(next.Held) != len(old.Held) {
+		t.Fatalf("the restarted a adopted %d of its %d shards", len(next.Held), len(old.Held))
+	}
+	for _, l := range next.Held {
+		if l.Token == tokenOf(t, old.Held, l.Shard) {
+			t.Fatalf("shard %d adopted under the earlier process's token %d", l.Shard, l.Token)
+		}
+	}
+	// The earlier process, paused until now, renews and records: refused.
+	if st := syncAdopt("a", old.Held, false); len(st.Held) != 0 {
+		t.Fatalf("the earlier process renewed %d leases after they were adopted", len(st.Held))
+	}
+	if refused := complete(t, o, "a", published(t, o, old.Held, got[0])); len(refused) != 1 {
+		t.Fatalf("the earlier process's outcome under its old token: refused %v, want it refused", refused)
+	}
+	// The new process publishes everything under its tokens.
+	again := fetch(t, o, "a", next.Held, outboxdriver.FetchRequest{})
+	if len(again) != 4 {
+		t.Fatalf("the new process fetched %d, want 4", len(again))
+	}
+	if refused := complete(t, o, "a", published(t, o, next.Held, again...)); len(refused) != 0 {
+		t.Fatalf("the new process's outcomes refused: %v", refused)
 	}
 }
 

@@ -139,11 +139,12 @@ func (b *bundle) write(ctx context.Context, msgs ...outbox.Message) error {
 	return werr
 }
 
-// fetchAll takes every shard and returns every due message.
+// fetchAll takes every shard (adopting relay's earlier leases) and returns every due
+// message.
 func (b *bundle) fetchAll(t *testing.T, relay string) ([]*outbox.Message, outboxdriver.LeaseState) {
 	t.Helper()
 	ctx := testenv.Context(t)
-	st, err := b.drv.SyncLeases(ctx, outboxdriver.LeaseRequest{RelayID: relay, TTL: time.Minute})
+	st, err := b.drv.SyncLeases(ctx, outboxdriver.LeaseRequest{RelayID: relay, TTL: time.Minute, Adopt: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -159,7 +160,7 @@ func (b *bundle) fetchAll(t *testing.T, relay string) ([]*outbox.Message, outbox
 func (b *bundle) release(t *testing.T, relay string) {
 	t.Helper()
 	ctx := testenv.Context(t)
-	st, err := b.drv.SyncLeases(ctx, outboxdriver.LeaseRequest{RelayID: relay, TTL: time.Minute})
+	st, err := b.drv.SyncLeases(ctx, outboxdriver.LeaseRequest{RelayID: relay, TTL: time.Minute, Adopt: true})
 	if err == nil {
 		_, err = b.drv.SyncLeases(ctx, outboxdriver.LeaseRequest{RelayID: relay, Release: st.Held})
 	}
