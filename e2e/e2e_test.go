@@ -51,6 +51,41 @@ func TestRelaySIGKILL(t *testing.T) {
 	e.checkDuplicates(rep, r1Trouble+r2.leaseTrouble())
 }
 
+// TestRelayRestartSameID kills a relay mid-stream and starts it again under the same ID,
+// with a lease TTL far longer than the tests' stall interval: the new process must adopt
+// its predecessor's shards at once, not wait for them to expire, or the drain stalls and
+// the test fails. Nothing is lost, order holds, duplicates stay within what the dead
+// process had in flight. The time from the restart to its first publish is logged as
+// restart_to_publish_s, a figure, not asserted.
+func TestRelayRestartSameID(t *testing.T) {
+	t.Parallel()
+	e := sharedEnv(t)
+	e.ttl = 10 * time.Minute // longer than any stall interval: only adoption lets the restart go on
+	r := e.startRelay("stable")
+	testenv.Await(t, "the relay to hold every shard", func() (any, bool) { o := e.leaseOwners(); return o, o["stable"] == 64 })
+	l := e.startLoad(4, 50, 0, 10_000)
+	testenv.Await(t, "2,000 events committed", func() (any, bool) { n := l.committed.Load(); return n, n > 2_000 })
+	r.signal(t, syscall.SIGKILL)
+	testenv.AwaitRecv(t, "the killed relay to exit", r.done)
+	trouble := r.leaseTrouble()
+	before := e.published()
+	again := e.startRelay("stable")
+	restarted := time.Now()
+	testenv.Await(t, "the restarted relay to publish", func() (any, bool) { n := e.published(); return n, n > before })
+	toPublish := time.Since(restarted)
+	l.finish()
+	e.waitDrained()
+	rep := e.check(l)
+	t.Logf("e2e restart-same-id %s restart_to_publish_s=%.2f lease_ttl_s=%.0f", rep, toPublish.Seconds(), e.ttl.Seconds())
+	if rep.lost != 0 || rep.phantom != 0 || rep.order != 0 {
+		t.Fatalf("guarantee broken: %s", rep)
+	}
+	if !strings.Contains(again.stderr.String(), "leases changed") {
+		t.Fatalf("the restarted relay logged no lease change:\n%s", tail(again.stderr.String(), 20))
+	}
+	e.checkDuplicates(rep, trouble+again.leaseTrouble())
+}
+
 // TestRelaySIGSTOP pauses a relay past its lease while it drains a backlog, lets a
 // second relay take over, then resumes it: its late outcomes are refused, order holds,
 // nothing is lost.
