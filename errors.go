@@ -74,6 +74,49 @@ func Outage(err error) error {
 	return &OutageError{Err: err}
 }
 
+// DestinationOutageError marks a publish failure as an outage of one destination: the
+// broker answers, but this message's destination cannot take messages now (a webhook
+// endpoint answering 5xx or 429, an SQS queue that does not exist, a NATS subject that no
+// stream captures). The relay counts no attempt and defers the message's key, with a
+// delay that grows while the destination keeps failing; the other destinations go on.
+// Destination names the destination in logs and metrics: it must hold no secret.
+type DestinationOutageError struct {
+	Destination string
+	Err         error
+}
+
+func (e *DestinationOutageError) Error() string {
+	return "destination " + e.Destination + " unavailable: " + e.Err.Error()
+}
+func (e *DestinationOutageError) Unwrap() error { return e.Err }
+
+// DestinationOutage wraps err as a *DestinationOutageError for destination. It returns nil
+// for a nil err.
+func DestinationOutage(destination string, err error) error {
+	if err == nil {
+		return nil
+	}
+	return &DestinationOutageError{Destination: destination, Err: err}
+}
+
+// AsDestinationOutage returns the destination of err when it is, or wraps, a
+// *DestinationOutageError and is not a broker-wide outage.
+func AsDestinationOutage(err error) (destination string, ok bool) {
+	var de *DestinationOutageError
+	if IsOutage(err) || !errors.As(err, &de) {
+		return "", false
+	}
+	return de.Destination, true
+}
+
+// IsUnavailable reports whether err says that the message could not be delivered for now,
+// with no attempt to count: a broker outage (IsOutage) or an outage of its destination
+// (AsDestinationOutage). Anything else is a rejection of the message.
+func IsUnavailable(err error) bool {
+	var de *DestinationOutageError
+	return IsOutage(err) || errors.As(err, &de)
+}
+
 // IsOutage reports whether err is, or wraps, a connection-level outage: an *OutageError
 // or any error with a method Outage() bool that returns true.
 func IsOutage(err error) bool {

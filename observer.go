@@ -57,6 +57,9 @@ type RejectEvent struct {
 	Err     error
 	Attempt int
 	Dead    bool
+	// Destination is set when the message's destination was unavailable
+	// (DestinationOutage): no attempt was counted and the message waits.
+	Destination string
 }
 
 // RecordEvent: one recording of outcomes, in Took: how many were Published, Retried and

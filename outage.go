@@ -91,3 +91,55 @@ func (g *outageGate) pinged(err error, now time.Time) time.Duration {
 	}
 	return g.pause(now)
 }
+
+// destBackoff spaces the retries of messages whose destination is unavailable
+// (DestinationOutage). It does no I/O and reads no clock.
+//
+// A round is the messages of one destination that failed together: every deferral until
+// the round's delay has passed gets the same streak. Each round in a row waits longer,
+// from min to max (with jitter); a destination with no deferral for twice max starts
+// over. At most maxDests destinations are remembered: forgetting one only shortens its
+// next wait.
+type destBackoff struct {
+	min, max time.Duration
+	dests    map[string]*destRound
+	backoff  func(n int, min, max time.Duration) time.Duration // backoff() outside tests
+}
+
+type destRound struct {
+	streak int
+	due    time.Time // when this round's messages are tried again
+	last   time.Time // the last deferral
+	logged time.Time // the last log line about this destination
+}
+
+const maxDests = 1000
+
+func newDestBackoff(min, max time.Duration) *destBackoff {
+	return &destBackoff{min: min, max: max, dests: map[string]*destRound{}, backoff: backoff}
+}
+
+// deferral records a message of dest deferred at now and returns its delay, and whether
+// to log it (once a second per destination).
+func (b *destBackoff) deferral(dest string, now time.Time) (delay time.Duration, log bool) {
+	r := b.dests[dest]
+	if r != nil && now.Sub(r.last) > 2*b.max {
+		r = nil // quiet for long: start over
+	}
+	if r == nil {
+		if len(b.dests) >= maxDests {
+			clear(b.dests)
+		}
+		r = &destRound{}
+		b.dests[dest] = r
+	}
+	if r.streak == 0 || !now.Before(r.due) {
+		r.streak++ // a new round: the last one's retries failed again
+		r.due = now.Add(b.backoff(r.streak, b.min, b.max))
+	}
+	r.last = now
+	if log = now.Sub(r.logged) >= time.Second; log {
+		r.logged = now
+	}
+	return max(r.due.Sub(now), 0), log
+}

@@ -78,3 +78,36 @@ func TestOutageGateReconnected(t *testing.T) {
 		t.Fatalf("ping after the reconnection: pause %v, open %v", d, g.open())
 	}
 }
+
+func TestDestBackoff(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	b := newDestBackoff(time.Second, 8*time.Second)
+	b.backoff = func(n int, lo, hi time.Duration) time.Duration { return min(time.Duration(1<<(n-1))*lo, hi) } // no jitter
+	at := func(d time.Duration) time.Time { return t0.Add(d) }
+
+	// A round: every message of the destination that fails before the round's retries
+	// come due waits for the same moment; only the first is logged.
+	if d, log := b.deferral("q", t0); d != time.Second || !log {
+		t.Fatalf("first deferral: %v, log %v", d, log)
+	}
+	if d, log := b.deferral("q", at(300*time.Millisecond)); d != 700*time.Millisecond || log {
+		t.Fatalf("same round: %v, log %v", d, log)
+	}
+	// Another destination is its own.
+	if d, _ := b.deferral("other", at(300*time.Millisecond)); d != time.Second {
+		t.Fatalf("another destination: %v", d)
+	}
+	// The retries failed again: the next round waits twice as long, up to max.
+	if d, log := b.deferral("q", at(time.Second)); d != 2*time.Second || !log {
+		t.Fatalf("second round: %v, log %v", d, log)
+	}
+	b.deferral("q", at(3*time.Second))
+	b.deferral("q", at(7*time.Second))
+	if d, _ := b.deferral("q", at(15*time.Second)); d != 8*time.Second {
+		t.Fatalf("fifth round: %v, want the 8 s ceiling", d)
+	}
+	// Quiet for more than twice max: it starts over.
+	if d, _ := b.deferral("q", at(40*time.Second)); d != time.Second {
+		t.Fatalf("after a quiet spell: %v, want a new streak", d)
+	}
+}

@@ -222,6 +222,7 @@ type loop struct {
 	leaseBusy bool
 	fetch     fetchPlan
 	outage    *outageGate
+	dests     *destBackoff // the retry delay of messages whose destination is unavailable
 
 	pings        chan error
 	pubResults   chan pubResult
@@ -240,6 +241,7 @@ func newLoop(r *Relay) *loop {
 		floors:       newFloors(keyFloors),
 		leases:       newLeaseBook(r.cfg.LeaseTTL),
 		outage:       newOutageGate(r.cfg.OutageMinDelay, r.cfg.OutageMaxDelay),
+		dests:        newDestBackoff(r.cfg.RetryMinDelay, min(r.cfg.RetryMaxDelay, time.Minute)),
 		freeWorkers:  max(workers, 1),
 		pubResults:   make(chan pubResult, workers+1),
 		pings:        make(chan error, 1),
@@ -475,7 +477,7 @@ func (l *loop) publish(ctx context.Context, batch []*item) {
 		}
 	}
 	for i, err := range errs {
-		if err != nil && !IsOutage(err) && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)) {
+		if err != nil && !IsUnavailable(err) && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)) {
 			errs[i] = Outage(err) // unknown outcome: send again, count no attempt
 		}
 	}
@@ -501,6 +503,8 @@ func (l *loop) onPublished(res pubResult) {
 			confirmed++
 			l.outcomes.confirmed(outboxdriver.Outcome{Seq: it.m.Seq, Token: it.token})
 			l.hand.confirmed(it, l.sendable)
+		case isDestinationOutage(err):
+			l.deferTo(it, err)
 		case IsOutage(err):
 			outage = true
 			// One line a second is enough to see an outage; the pause is logged below.
@@ -570,6 +574,27 @@ func (l *loop) reject(it *item, err error) {
 	l.cfg.Observer.Rejected(RejectEvent{Message: it.m, Err: err, Attempt: attempt, Dead: f.Dead})
 	// The head stays in hand until the failure is recorded; later messages of the key are
 	// dropped now and fetched again once the store knows the key is blocked.
+	l.outcomes.rejected(f, l.hand.rejected(it))
+}
+
+func isDestinationOutage(err error) bool {
+	_, ok := AsDestinationOutage(err)
+	return ok
+}
+
+// deferTo holds back it, its lane's head, whose destination is unavailable: recorded with
+// no attempt counted, due again after the destination's backoff (destBackoff), and its
+// key held back meanwhile, in the store as for a retry; other keys and destinations go on.
+func (l *loop) deferTo(it *item, err error) {
+	dest, _ := AsDestinationOutage(err)
+	delay, log := l.dests.deferral(dest, time.Now())
+	f := outboxdriver.Failure{Outcome: outboxdriver.Outcome{Seq: it.m.Seq, Token: it.token}, Error: truncate(err.Error(), 2000),
+		Delay: delay, Deferred: true}
+	if log {
+		l.log.Warn("destination unavailable; its messages wait, the others go on", "destination", dest,
+			"event_id", it.m.ID.String(), "topic", it.m.Topic, "retry_in", delay.Round(time.Millisecond), "err", err)
+	}
+	l.cfg.Observer.Rejected(RejectEvent{Message: it.m, Err: err, Attempt: it.m.Attempts, Destination: dest})
 	l.outcomes.rejected(f, l.hand.rejected(it))
 }
 
@@ -659,6 +684,8 @@ func (l *loop) onComplete(res completeResult) {
 			dead++
 			l.floors.raise(key, f.Seq)
 			l.r.stats.dead.Add(1)
+		case f.Deferred:
+			retried++
 		default:
 			retried++
 			l.r.stats.rejected.Add(1)

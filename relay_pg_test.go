@@ -275,6 +275,55 @@ func TestRelayOutageBurnsNoAttempts(t *testing.T) {
 	}
 }
 
+// TestRelayDestinationOutageHoldsOnlyItself: messages whose destination is unavailable
+// wait, with no attempt counted, while the other destinations' messages are published and
+// the relay never pauses; once the destination is back its messages go, in key order.
+func TestRelayDestinationOutageHoldsOnlyItself(t *testing.T) {
+	t.Parallel()
+	b := setupRelay(t)
+	var down atomic.Bool
+	down.Store(true)
+	pub := &outboxtest.Publisher{Fail: func(m *outbox.Message) error {
+		if m.Topic == "down" && down.Load() {
+			return outbox.DestinationOutage("queue down", errors.New("no such queue"))
+		}
+		return nil
+	}}
+	for i := 0; i < 30; i++ {
+		topic := "up"
+		if i%3 == 0 {
+			topic = "down"
+		}
+		b.Write(t, outbox.Message{Topic: topic, Key: fmt.Sprintf("%s-k%d", topic, i%2), Payload: []byte(strconv.Itoa(i))})
+	}
+	r := b.relay(t, nil, pub, outbox.RelayConfig{MaxAttempts: 2, RetryMinDelay: 20 * time.Millisecond, RetryMaxDelay: 100 * time.Millisecond})
+	// The other destination's 20 messages go while "down" fails.
+	testenv.Await(t, "the 20 messages of the other destination", func() (any, bool) {
+		n := len(pub.Messages())
+		return fmt.Sprintf("%d published", n), n >= 20
+	})
+	testenv.Await(t, "the deferred messages to be retried", func() (any, bool) {
+		n := b.scalar(t, `SELECT count(*) FROM %[1]s WHERE last_error <> ''`)
+		return fmt.Sprintf("%d with an error recorded", n), n > 0
+	})
+	if n := r.Stats().Outages; n != 0 {
+		t.Fatalf("the relay paused %d times for one destination's outage", n)
+	}
+	if n := b.scalar(t, `SELECT count(*) FROM %[1]s WHERE attempts > 0`) + b.scalar(t, `SELECT count(*) FROM %[1]s_dead`); n != 0 {
+		t.Fatalf("%d messages had attempts counted or were dead-lettered for their destination's outage", n)
+	}
+	for _, m := range pub.Messages() {
+		if m.Topic == "down" {
+			t.Fatalf("a message of the unavailable destination was confirmed: %s", m.Payload)
+		}
+	}
+	down.Store(false)
+	got := pub.Await(t, 30)
+	if dups, order := orderCheck(got); dups != 0 || order != 0 {
+		t.Fatalf("dup=%d order=%d", dups, order)
+	}
+}
+
 // TestRelayCommitOrderTrap: a transaction that inserted first but commits last is still
 // published (a cursor over ids would skip it).
 func TestRelayCommitOrderTrap(t *testing.T) {

@@ -84,7 +84,8 @@ func commandsOnStore(t *testing.T, dbURL string, open func(*testing.T) (*sql.DB,
 		t.Fatalf("migrate status: %s", r)
 	}
 
-	// Two messages a stream captures, and one to a subject the relay refuses for good.
+	// Two messages a stream captures, one to a subject the relay refuses for good, and one
+	// to a subject no stream captures, which waits without holding the others back.
 	js := testnats.JetStream(t, "")
 	stream, prefix := natsStream(t, js)
 	db, drv := open(t)
@@ -97,17 +98,18 @@ func commandsOnStore(t *testing.T, dbURL string, open func(*testing.T) (*sql.DB,
 		t.Fatal(err)
 	}
 	bad := outbox.Message{Topic: "$SYS.REQ.SERVER.PING", Key: "k", Payload: []byte("x")}
+	uncaptured := outbox.Message{Topic: "nostream." + prefix + "orders", Key: "other", Payload: []byte("y")}
 	err = w.Write(context.Background(), tx,
 		outbox.Message{Topic: prefix + "orders", Key: "k", Payload: []byte("1")},
-		outbox.Message{Topic: prefix + "orders", Key: "k", Payload: []byte("2")}, bad)
+		outbox.Message{Topic: prefix + "orders", Key: "k", Payload: []byte("2")}, bad, uncaptured)
 	if err == nil {
 		err = tx.Commit()
 	}
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st := status(); st.Pending != 3 {
-		t.Fatalf("status after writing 3: %+v", st)
+	if st := status(); st.Pending != 4 {
+		t.Fatalf("status after writing 4: %+v", st)
 	}
 	if r := must(t, 0, env, "status"); !strings.Contains(r.stdout, "pending") || strings.Contains(r.stdout, "oldest transaction") {
 		t.Fatalf("status in text shows PostgreSQL's oldest transaction, or no pending line: %s", r)
@@ -129,10 +131,13 @@ func commandsOnStore(t *testing.T, dbURL string, open func(*testing.T) (*sql.DB,
 		}
 	})
 	streamMessages(t, js, stream, 2)
-	testenv.Await(t, "status to show 2 published and 1 dead", func() (any, bool) {
+	testenv.Await(t, "status to show 2 published, 1 dead and 1 waiting for its subject", func() (any, bool) {
 		st := status()
-		return st, st.Published == 2 && st.Dead == 1 && st.Pending == 0
+		return st, st.Published == 2 && st.Dead == 1 && st.Pending == 1 && st.Delayed == 1 && st.Retrying == 0
 	})
+	if !strings.Contains(stderr.String(), "destination unavailable") || !strings.Contains(stderr.String(), uncaptured.Topic) {
+		t.Fatalf("the relay did not log the subject no stream captures:\n%s", stderr.String())
+	}
 	cancel()
 	if code := testenv.AwaitRecv(t, "the relay to stop", done); code != 0 {
 		t.Fatalf("relay exited %d\nstderr:\n%s", code, stderr.String())
@@ -144,7 +149,7 @@ func commandsOnStore(t *testing.T, dbURL string, open func(*testing.T) (*sql.DB,
 		t.Fatalf("dead list: %v\n%s", err, r)
 	}
 	must(t, 0, env, "dead", "replay", "--id", dead[0].ID.String(), "--yes")
-	if st := status(); st.Pending != 1 || st.Dead != 0 {
+	if st := status(); st.Pending != 2 || st.Dead != 0 {
 		t.Fatalf("status after the replay: %+v", st)
 	}
 

@@ -199,4 +199,8 @@ type Failure struct {
 	Error string
 	Delay time.Duration
 	Dead  bool
+	// Deferred says the message was not attempted: its destination was unavailable
+	// (outbox.DestinationOutage). The store records Error and the next attempt time as
+	// for a retry, holding the key back as well, but counts no attempt. Never with Dead.
+	Deferred bool
 }

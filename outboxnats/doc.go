@@ -40,17 +40,15 @@
 //
 // # Errors
 //
-// Publish returns, per message, either an outage (outbox.IsOutage reports true: the relay
-// pauses and burns no attempt) or a rejection of that message on its merits (the relay
-// counts an attempt and dead-letters the message after its attempt limit).
+// Publish returns, per message, either an outage (outbox.IsUnavailable reports true: the
+// relay burns no attempt) or a rejection of that message on its merits (the relay counts
+// an attempt and dead-letters the message after its attempt limit).
 //
-// Outages (wrapped with outbox.Outage):
+// Outages of the server (wrapped with outbox.Outage: the relay pauses):
 //
 //   - the connection is closed, draining or reconnecting, or broke before the PubAck
 //     came (nats.ErrConnectionClosed, nats.ErrDisconnected, ...);
 //   - ctx is done, nats.ErrTimeout, an ack timeout: the outcome is unknown;
-//   - no stream captures the subject (no responders): a configuration problem, reported
-//     as a *NoStreamError (errors.Is(err, ErrNoStream)) naming the subject;
 //   - storage full and resource limits, that is, backpressure: JetStream API errors
 //     10023 insufficient resources, 10028 and 10047 memory or storage exhausted, 10077
 //     store failed (a stream at its limits with discard new), 10002 account limits,
@@ -78,9 +76,14 @@
 //     10164 wrong last sequence or 10070 wrong last msg id (when the message carries
 //     Nats-Expected-* headers), 10060 expected stream mismatch, 10165 invalid TTL, ...
 //
-// Configuration problems that affect every message (no stream, a sealed stream) are
-// outages on purpose: dead-lettering the whole outbox because a stream is missing would
-// be worse than pausing until someone creates it. The error text names the subject, so
+// An outage of one subject (outbox.DestinationOutage): no stream captures it (no
+// responders), reported as a *NoStreamError (errors.Is(err, ErrNoStream)) naming the
+// subject. The relay holds back that subject's messages, with a growing delay, and goes
+// on with the others, until someone creates a stream for it.
+//
+// Configuration problems that affect every message (a sealed stream) are outages on
+// purpose: dead-lettering the whole outbox because a stream is unusable would be worse
+// than pausing until someone fixes it. The error text names the subject, so
 // the relay's log says what to fix. Unrecognised errors are outages too: they cost a
 // pause, never a message.
 //

@@ -64,7 +64,9 @@ func classify(err error, subject string) error {
 	wrapped := fmt.Errorf("outboxnats: publish to subject %q: %w", subject, err)
 	switch {
 	case errors.Is(err, jetstream.ErrNoStreamResponse), errors.Is(err, nats.ErrNoResponders):
-		return outbox.Outage(&NoStreamError{Subject: subject, Err: err})
+		// The server answers, but no stream takes this subject: an outage of this
+		// destination only, so that the relay holds back its messages and goes on.
+		return outbox.DestinationOutage("subject "+subject, &NoStreamError{Subject: subject, Err: err})
 	case errors.Is(err, nats.ErrMaxPayload),
 		errors.Is(err, nats.ErrBadSubject),
 		errors.Is(err, jetstream.ErrInvalidJSAck), // a reply that is no PubAck: not a stream's subject

@@ -59,8 +59,8 @@ func TestClassify(t *testing.T) {
 		{"invalid ttl", api(400, 10165), false},
 	} {
 		got := classify(tc.err, "s.x")
-		if outbox.IsOutage(got) != tc.outage {
-			t.Errorf("%s: IsOutage(%v) = %v, want %v", tc.name, got, !tc.outage, tc.outage)
+		if outbox.IsUnavailable(got) != tc.outage {
+			t.Errorf("%s: IsUnavailable(%v) = %v, want %v", tc.name, got, !tc.outage, tc.outage)
 		}
 		if !errors.Is(got, tc.err) {
 			t.Errorf("%s: %v does not wrap %v", tc.name, got, tc.err)

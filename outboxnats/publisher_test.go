@@ -378,7 +378,7 @@ func TestPublishAPIErrors(t *testing.T) {
 	}
 }
 
-func TestPublishNoStreamIsOutage(t *testing.T) {
+func TestPublishNoStreamIsDestinationOutage(t *testing.T) {
 	t.Parallel()
 	js := testnats.JetStream(t, "")
 	prefix := testnats.Unique() + "." // no stream captures it
@@ -392,8 +392,8 @@ func TestPublishNoStreamIsOutage(t *testing.T) {
 		t.Fatalf("errs = %v, want %d entries", errs, len(batch))
 	}
 	for i, err := range errs {
-		if !outbox.IsOutage(err) || !errors.Is(err, outboxnats.ErrNoStream) {
-			t.Errorf("message %d: %v, want an outage matching ErrNoStream", i, err)
+		if dest, ok := outbox.AsDestinationOutage(err); !ok || !errors.Is(err, outboxnats.ErrNoStream) || !strings.Contains(dest, prefix+"orders") {
+			t.Errorf("message %d: %v, want an outage of its subject only, matching ErrNoStream", i, err)
 		} else if !strings.Contains(err.Error(), `"`+prefix+`orders"`) {
 			t.Errorf("message %d: %q does not name the subject", i, err)
 		}

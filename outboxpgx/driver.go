@@ -194,7 +194,7 @@ func (d *Driver) Complete(ctx context.Context, c outboxdriver.Completion) ([]int
 	}
 	a := pgsql.NewCompleteArgs(c)
 	applied, err := queryNoJIT(ctx, d.pool, pgx.RowTo[int64], d.completeSQL, c.RelayID, a.Tokens, a.Published,
-		a.RetrySeqs, a.RetryErrors, a.RetryDelayMillis, a.DeadSeqs, a.DeadErrors)
+		a.RetrySeqs, a.RetryErrors, a.RetryDelayMillis, a.DeadSeqs, a.DeadErrors, a.RetryCounts)
 	if err != nil {
 		return nil, pgsql.CompleteError(err)
 	}

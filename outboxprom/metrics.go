@@ -112,7 +112,7 @@ type relayMetrics struct {
 	relay                                                string
 	up, shardsHeld, lastPublish                          prometheus.Gauge
 	published, retried, dead                             *prometheus.CounterVec // by topic
-	failedOutage, failedRejected                         *prometheus.CounterVec // by topic
+	failedOutage, failedDestination, failedRejected      *prometheus.CounterVec // by topic
 	publishLatency, commitLatency                        prometheus.ObserverVec // by topic
 	gained, lost, refused, pauses, fetchErrs, recordErrs prometheus.Counter
 	publishBatch, fetchBatch, fetchDur, recordDur        prometheus.Observer
@@ -147,7 +147,7 @@ func New(c Config) *Metrics {
 		lastPublish: gauge("last_publish_timestamp_seconds", "Unix time of the relay's last publish the broker confirmed.", "relay"),
 
 		published: counter("published_total", "Messages the broker confirmed (counted at the confirmation).", "relay", "topic", "broker"),
-		failed:    counter("publish_failed_total", "Publish attempts that failed: reason outage (not counted as an attempt) or rejected (counted).", "relay", "topic", "broker", "reason"),
+		failed:    counter("publish_failed_total", "Publish attempts that failed: reason outage (the broker unreachable; not counted as an attempt), destination (this message's destination unavailable; not counted, the message waits) or rejected (counted).", "relay", "topic", "broker", "reason"),
 		retried:   counter("retried_total", "Rejected messages scheduled for another attempt.", "relay", "topic", "broker"),
 		dead:      counter("dead_lettered_total", "Messages dead-lettered after their last rejected attempt.", "relay", "topic", "broker"),
 
@@ -225,27 +225,28 @@ func (m *Metrics) curry(relay string) *relayMetrics {
 	rl := prometheus.Labels{"relay": relay}
 	rb := prometheus.Labels{"relay": relay, "broker": m.broker}
 	return &relayMetrics{
-		relay:          relay,
-		up:             v.up.With(rl),
-		shardsHeld:     v.shardsHeld.With(rl),
-		lastPublish:    v.lastPublish.With(rl),
-		published:      v.published.MustCurryWith(rb),
-		retried:        v.retried.MustCurryWith(rb),
-		dead:           v.dead.MustCurryWith(rb),
-		failedOutage:   v.failed.MustCurryWith(prometheus.Labels{"relay": relay, "broker": m.broker, "reason": "outage"}),
-		failedRejected: v.failed.MustCurryWith(prometheus.Labels{"relay": relay, "broker": m.broker, "reason": "rejected"}),
-		publishLatency: v.publishLatency.MustCurryWith(rl),
-		commitLatency:  v.commitLatency.MustCurryWith(rl),
-		gained:         v.gained.With(rl),
-		lost:           v.lost.With(rl),
-		refused:        v.refused.With(rl),
-		pauses:         v.pauses.With(rl),
-		fetchErrs:      v.fetchErrs.With(rl),
-		recordErrs:     v.recordErrs.With(rl),
-		publishBatch:   v.publishBatch.With(rl),
-		fetchBatch:     v.fetchBatch.With(rl),
-		fetchDur:       v.fetchDur.With(rl),
-		recordDur:      v.recordDur.With(rl),
+		relay:             relay,
+		up:                v.up.With(rl),
+		shardsHeld:        v.shardsHeld.With(rl),
+		lastPublish:       v.lastPublish.With(rl),
+		published:         v.published.MustCurryWith(rb),
+		retried:           v.retried.MustCurryWith(rb),
+		dead:              v.dead.MustCurryWith(rb),
+		failedOutage:      v.failed.MustCurryWith(prometheus.Labels{"relay": relay, "broker": m.broker, "reason": "outage"}),
+		failedRejected:    v.failed.MustCurryWith(prometheus.Labels{"relay": relay, "broker": m.broker, "reason": "rejected"}),
+		failedDestination: v.failed.MustCurryWith(prometheus.Labels{"relay": relay, "broker": m.broker, "reason": "destination"}),
+		publishLatency:    v.publishLatency.MustCurryWith(rl),
+		commitLatency:     v.commitLatency.MustCurryWith(rl),
+		gained:            v.gained.With(rl),
+		lost:              v.lost.With(rl),
+		refused:           v.refused.With(rl),
+		pauses:            v.pauses.With(rl),
+		fetchErrs:         v.fetchErrs.With(rl),
+		recordErrs:        v.recordErrs.With(rl),
+		publishBatch:      v.publishBatch.With(rl),
+		fetchBatch:        v.fetchBatch.With(rl),
+		fetchDur:          v.fetchDur.With(rl),
+		recordDur:         v.recordDur.With(rl),
 	}
 }
 
@@ -318,6 +319,9 @@ func (m *Metrics) PublishDone(e outbox.PublishEvent) {
 		case outbox.IsOutage(err):
 			r.failedOutage.WithLabelValues(topic).Inc()
 			m.remember(msg.Seq, seen)
+		case isDestinationOutage(err):
+			r.failedDestination.WithLabelValues(topic).Inc()
+			m.remember(msg.Seq, seen)
 		default:
 			r.failedRejected.WithLabelValues(topic).Inc()
 			m.remember(msg.Seq, seen)
@@ -357,6 +361,9 @@ func (m *Metrics) remember(seq int64, seen time.Time) {
 func (m *Metrics) Rejected(e outbox.RejectEvent) {
 	msg := e.Message
 	r := m.relay()
+	if e.Destination != "" {
+		return // not an attempt: publish_failed_total{reason="destination"} counts it
+	}
 	if !e.Dead {
 		r.retried.WithLabelValues(m.topic(msg.Topic)).Inc()
 		return
@@ -389,3 +396,8 @@ func (m *Metrics) LeasesChanged(e outbox.LeaseEvent) {
 
 // Paused implements outbox.Observer.
 func (m *Metrics) Paused(outbox.PauseEvent) { m.relay().pauses.Inc() }
+
+func isDestinationOutage(err error) bool {
+	_, ok := outbox.AsDestinationOutage(err)
+	return ok
+}

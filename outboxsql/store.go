@@ -95,7 +95,7 @@ func (d *Driver) Complete(ctx context.Context, c outboxdriver.Completion) ([]int
 	a := pgsql.NewCompleteArgs(c)
 	args := []any{c.RelayID, pgsql.IntArray(a.Tokens), pgsql.IntArray(a.Published),
 		pgsql.IntArray(a.RetrySeqs), pgsql.TextArray(a.RetryErrors), pgsql.IntArray(a.RetryDelayMillis),
-		pgsql.IntArray(a.DeadSeqs), pgsql.TextArray(a.DeadErrors)}
+		pgsql.IntArray(a.DeadSeqs), pgsql.TextArray(a.DeadErrors), pgsql.IntArray(a.RetryCounts)}
 	applied, err := queryNoJIT(ctx, d.db, d.completeSQL, args, pgsql.ScanInt64)
 	if err != nil {
 		return nil, pgsql.CompleteError(err)

@@ -80,16 +80,20 @@
 //
 // # Errors
 //
-// Publish returns, per message, either an outage (outbox.IsOutage reports true: the relay
-// pauses and burns no attempt) or a rejection of that message on its merits (the relay
-// counts an attempt and dead-letters the message after its attempt limit).
+// Publish returns, per message, either an outage (outbox.IsUnavailable reports true: the
+// relay burns no attempt) or a rejection of that message on its merits (the relay counts
+// an attempt and dead-letters the message after its attempt limit).
 //
-// Outages (wrapped with outbox.Outage):
+// An outage of one queue (outbox.DestinationOutage: the relay holds back that queue's
+// messages, with a growing delay, and goes on with the others):
+//
+//   - the queue does not exist (QueueDoesNotExist, AWS.SimpleQueueService.NonExistentQueue),
+//     reported as a *NoQueueError (errors.Is(err, ErrNoQueue)) naming the queue.
+//
+// Outages of the whole service (wrapped with outbox.Outage: the relay pauses):
 //
 //   - network errors, timeouts, ctx done, a closed Publisher (ErrClosed): the outcome is
 //     unknown;
-//   - the queue does not exist (QueueDoesNotExist, AWS.SimpleQueueService.NonExistentQueue),
-//     reported as a *NoQueueError (errors.Is(err, ErrNoQueue)) naming the queue;
 //   - throttling (RequestThrottled, ThrottlingException, OverLimit, KmsThrottled),
 //     service errors (InternalError, ServiceUnavailable, any 5xx);
 //   - credentials and permissions (AccessDenied, InvalidClientTokenId,

@@ -121,7 +121,9 @@ func classify(err error, queue string) error {
 		var qne *types.QueueDoesNotExist
 		switch {
 		case errors.As(err, &qne), noQueueCodes[code]:
-			return outbox.Outage(&NoQueueError{Queue: queue, Err: err})
+			// SQS answers, but the queue does not exist: an outage of this destination
+			// only, so that the relay holds back its messages and goes on.
+			return outbox.DestinationOutage("queue "+queue, &NoQueueError{Queue: queue, Err: err})
 		case rejectionCodes[code]:
 			return fmt.Errorf("outboxsqs: queue %q refused the message: %w", queue, err)
 		}

@@ -61,8 +61,8 @@ func TestClassify(t *testing.T) {
 		{"batch too long", &types.BatchRequestTooLong{}, false, false},
 	} {
 		got := classify(tc.err, "q")
-		if outbox.IsOutage(got) != tc.outage {
-			t.Errorf("%s: IsOutage(%v) = %v, want %v", tc.name, got, !tc.outage, tc.outage)
+		if outbox.IsUnavailable(got) != tc.outage {
+			t.Errorf("%s: IsUnavailable(%v) = %v, want %v", tc.name, got, !tc.outage, tc.outage)
 		}
 		if !errors.Is(got, tc.err) {
 			t.Errorf("%s: %v does not wrap %v", tc.name, got, tc.err)
@@ -91,7 +91,7 @@ func TestEntryError(t *testing.T) {
 		{"AccessDenied", true, true},
 	} {
 		err := entryError("q", types.BatchResultErrorEntry{Id: aws.String("0"), Code: aws.String(tc.code), Message: aws.String("m"), SenderFault: tc.sender})
-		if outbox.IsOutage(err) != tc.outage {
+		if outbox.IsUnavailable(err) != tc.outage {
 			t.Errorf("%s (sender fault %v): IsOutage(%v) = %v, want %v", tc.code, tc.sender, err, !tc.outage, tc.outage)
 		}
 		var ee *EntryError

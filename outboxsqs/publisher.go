@@ -374,7 +374,7 @@ func (p *Publisher) CheckQueue(ctx context.Context, m *outbox.Message) error {
 		if ctx.Err() != nil {
 			return p.ctxOutage(ctx, dest)
 		}
-		return outbox.Outage(classify(err, dest))
+		return lookupError(err, dest)
 	}
 	return nil
 }
@@ -563,7 +563,7 @@ func (p *Publisher) sendBatch(ctx context.Context, dest, url string, chunk []ent
 			return
 		}
 		err = classify(err, dest)
-		if outbox.IsOutage(err) || len(chunk) == 1 {
+		if outbox.IsUnavailable(err) || len(chunk) == 1 {
 			fail(err)
 			return
 		}
@@ -625,7 +625,7 @@ func (p *Publisher) queueURL(ctx context.Context, dest string) (string, error) {
 	case err != nil && ctx.Err() != nil:
 		q.err = p.ctxOutage(ctx, dest)
 	case err != nil:
-		q.err = outbox.Outage(classify(err, dest)) // no message is to blame
+		q.err = lookupError(err, dest)
 	default:
 		q.url = aws.ToString(out.QueueUrl)
 	}
@@ -794,4 +794,13 @@ func (c *trackedConn) Close() error {
 		c.set.mu.Unlock()
 	})
 	return c.Conn.Close()
+}
+
+// lookupError classifies the error of looking dest's queue up. A failed lookup is never a
+// message's fault: an outage, of the queue alone when it does not exist.
+func lookupError(err error, dest string) error {
+	if err = classify(err, dest); !outbox.IsUnavailable(err) {
+		err = outbox.Outage(err)
+	}
+	return err
 }

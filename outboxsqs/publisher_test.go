@@ -204,7 +204,7 @@ func TestPublishMissingQueue(t *testing.T) {
 	name := testsqs.Unique()
 	errs := b.pub.Publish(testenv.Context(t), []*outbox.Message{newMsg(name, "a", []byte("1")), newMsg(name, "b", []byte("2"))})
 	for i, err := range errs {
-		if !outbox.IsOutage(err) || !errors.Is(err, outboxsqs.ErrNoQueue) || !strings.Contains(err.Error(), name) {
+		if dest, ok := outbox.AsDestinationOutage(err); !ok || !errors.Is(err, outboxsqs.ErrNoQueue) || !strings.Contains(err.Error(), name) || !strings.Contains(dest, name) {
 			t.Errorf("message %d: %v, want an outage naming the missing queue", i, err)
 		}
 	}
@@ -354,7 +354,7 @@ func TestCheckQueue(t *testing.T) {
 	if err := b.pub.CheckQueue(ctx, &outbox.Message{Topic: name[:5], Key: name[5:]}); err != nil {
 		t.Errorf("existing queue: %v", err)
 	}
-	if err := b.pub.CheckQueue(ctx, &outbox.Message{Topic: "missing", Key: "queue"}); !outbox.IsOutage(err) || !errors.Is(err, outboxsqs.ErrNoQueue) {
+	if err := b.pub.CheckQueue(ctx, &outbox.Message{Topic: "missing", Key: "queue"}); !outbox.IsUnavailable(err) || !errors.Is(err, outboxsqs.ErrNoQueue) {
 		t.Errorf("missing queue: %v, want an outage matching ErrNoQueue", err)
 	}
 	if err := b.pub.CheckQueue(ctx, &outbox.Message{Topic: "orders"}); outbox.IsOutage(err) || !errors.Is(err, outbox.ErrUnroutable) {
@@ -406,7 +406,7 @@ func requireAllOutages(t *testing.T, errs []error, n int, match error) {
 		t.Fatalf("errs = %v, want %d outages", errs, n)
 	}
 	for i, err := range errs {
-		if !outbox.IsOutage(err) || (match != nil && !errors.Is(err, match)) {
+		if !outbox.IsUnavailable(err) || (match != nil && !errors.Is(err, match)) {
 			t.Errorf("message %d: %v, want an outage matching %v", i, err, match)
 		}
 	}

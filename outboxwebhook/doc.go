@@ -60,14 +60,18 @@
 //
 // # Errors
 //
-// Publish returns, per message, either an outage (outbox.IsOutage reports true: the relay
-// pauses and burns no attempt) or a rejection of that message on its merits (the relay
-// counts an attempt and dead-letters the message after its attempt limit). Answers other
+// Publish returns, per message, either an outage (outbox.IsUnavailable reports true: the
+// relay burns no attempt) or a rejection of that message on its merits (the relay counts
+// an attempt and dead-letters the message after its attempt limit). An outage of the
+// receiver is an outage of its host only (outbox.DestinationOutage, the destination
+// "scheme://host"): the relay holds back the messages to that host, with a growing delay,
+// and goes on with the other hosts. A closed Publisher and a cancelled Publish are
+// outages of the whole relay (outbox.Outage). Answers other
 // than 2xx come as a *StatusError holding the status, the redacted URL and the start of
 // the answer's body (1 KiB at most), so the relay's log and the dead-letter record say
 // what the receiver objected to.
 //
-// Outages (wrapped with outbox.Outage):
+// Outages:
 //
 //   - no answer: connection refused or reset, DNS failure, a TLS handshake failure (an
 //     unknown certificate authority included), a request over Config.Timeout, ctx done,

@@ -105,12 +105,12 @@ func TestStatuses(t *testing.T) {
 			}
 			continue
 		case "rejected":
-			if err == nil || outbox.IsOutage(err) {
+			if err == nil || outbox.IsUnavailable(err) {
 				t.Errorf("%s: %v, want a rejection", code, err)
 			}
 		case "outage":
-			if !outbox.IsOutage(err) {
-				t.Errorf("%s: %v, want an outage", code, err)
+			if _, ok := outbox.AsDestinationOutage(err); !ok {
+				t.Errorf("%s: %v, want an outage of the destination", code, err)
 			}
 		}
 		if !errors.As(err, &se) || strconv.Itoa(se.StatusCode) != code {

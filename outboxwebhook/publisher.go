@@ -368,22 +368,35 @@ func (p *Publisher) Publish(ctx context.Context, batch []*outbox.Message) []erro
 	return nil
 }
 
-// send posts m and classifies the outcome.
+// send posts m and classifies the outcome. An outage of the receiver (no answer, 5xx,
+// 429, a Retry-After holding its host back) is an outage of that destination only, so
+// that the relay holds back the messages to it and goes on with the other hosts; a
+// closed publisher or a cancelled Publish stays an outage of the whole relay.
 func (p *Publisher) send(ctx context.Context, m *outbox.Message) error {
+	u, err := p.post(ctx, m)
+	var oe *outbox.OutageError
+	if u == nil || ctx.Err() != nil || errors.Is(err, ErrClosed) || !errors.As(err, &oe) {
+		return err
+	}
+	return outbox.DestinationOutage(u.Scheme+"://"+u.Host, oe.Err)
+}
+
+// post posts m and returns its URL (nil when it has none) and the outcome.
+func (p *Publisher) post(ctx context.Context, m *outbox.Message) (*url.URL, error) {
 	if ctx.Err() != nil {
-		return ctxOutage(ctx) // do not send what nobody waits for
+		return nil, ctxOutage(ctx) // do not send what nobody waits for
 	}
 	u, err := p.target(m)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if err := p.held(u); err != nil {
-		return err
+		return u, err
 	}
 	select {
 	case p.slots <- struct{}{}:
 	case <-ctx.Done():
-		return ctxOutage(ctx)
+		return u, ctxOutage(ctx)
 	}
 	defer func() { <-p.slots }()
 
@@ -391,17 +404,17 @@ func (p *Publisher) send(ctx context.Context, m *outbox.Message) error {
 	defer cancel()
 	req, err := p.newRequest(rctx, u, m)
 	if err != nil {
-		return err
+		return u, err
 	}
 	resp, err := p.client.Do(req)
 	if err != nil {
-		return transportError(ctx, rctx, http.MethodPost, u, p.cfg.Timeout, err)
+		return u, transportError(ctx, rctx, http.MethodPost, u, p.cfg.Timeout, err)
 	}
 	if resp.StatusCode >= 200 && resp.StatusCode < 300 {
 		drain(resp)
-		return nil
+		return u, nil
 	}
-	return p.fail(resp, statusOutage(resp.StatusCode))
+	return u, p.fail(resp, statusOutage(resp.StatusCode))
 }
 
 // fail turns an answer that is not a success into a *StatusError, wrapped as an outage

@@ -149,14 +149,14 @@ func publishOne(t *testing.T, pub *outboxwebhook.Publisher, m *outbox.Message) e
 
 func requireOutage(t *testing.T, what string, err error) {
 	t.Helper()
-	if err == nil || !outbox.IsOutage(err) {
+	if !outbox.IsUnavailable(err) {
 		t.Fatalf("%s: %v, want an outage", what, err)
 	}
 }
 
 func requireRejection(t *testing.T, what string, err error) {
 	t.Helper()
-	if err == nil || outbox.IsOutage(err) {
+	if err == nil || outbox.IsUnavailable(err) {
 		t.Fatalf("%s: %v, want a rejection", what, err)
 	}
 }

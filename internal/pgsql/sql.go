@@ -163,9 +163,10 @@ LIMIT $4`)
 // however the planner's statistics look.
 //
 // Published rows move to the published table, dead ones to the dead table, retried ones
-// get their attempt counted and their next attempt time set. $1 relay id, $2 tokens, $3
-// published seqs, $4..$6 retried seqs/errors/delay ms, $7..$8 dead seqs/errors. Returns
-// the seqs it applied.
+// get their attempt counted (unless deferred) and their next attempt time set. $1 relay
+// id, $2 tokens, $3 published seqs, $4..$6 retried seqs/errors/delay ms, $7..$8 dead
+// seqs/errors, $9 the attempts each retry counts (1, or 0 deferred). Returns the seqs it
+// applied.
 func (n *Names) Complete() string {
 	return n.r(`WITH valid AS (
     SELECT shard FROM {{leases}}
@@ -179,9 +180,9 @@ func (n *Names) Complete() string {
     INSERT INTO {{published}} ({{columns}}) SELECT {{columns}} FROM pub
     RETURNING seq
 ), retry AS (
-    UPDATE {{outbox}} o SET attempts = o.attempts + 1, last_error = f.err,
+    UPDATE {{outbox}} o SET attempts = o.attempts + f.counted, last_error = f.err,
         next_attempt_at = now() + f.delay_ms * interval '1 millisecond'
-    FROM unnest($4::bigint[], $5::text[], $6::bigint[]) AS f(seq, err, delay_ms)
+    FROM unnest($4::bigint[], $5::text[], $6::bigint[], $9::int[]) AS f(seq, err, delay_ms, counted)
     WHERE o.seq = ANY($4::bigint[]) AND o.seq = f.seq AND o.shard = ANY(ARRAY(SELECT shard FROM valid))
     RETURNING o.seq
 ), died AS (

@@ -18,7 +18,7 @@ import (
 // scanning of the columns of ReadColumns, and the lease and retention calls (DB), which
 // need nothing a Querier lacks.
 
-// CompleteArgs are the array parameters of Complete ($2..$8), never nil (pgx sends a nil
+// CompleteArgs are the array parameters of Complete ($2..$9), never nil (pgx sends a nil
 // slice as NULL, not an empty array).
 type CompleteArgs struct {
 	Tokens           []int64  // $2: every token the outcomes carry, once
@@ -28,6 +28,7 @@ type CompleteArgs struct {
 	RetryDelayMillis []int64  // $6
 	DeadSeqs         []int64  // $7
 	DeadErrors       []string // $8
+	RetryCounts      []int64  // $9: 1 counts an attempt, 0 for a deferral (Failure.Deferred)
 }
 
 // NewCompleteArgs sorts c's outcomes into Complete's parameters.
@@ -35,7 +36,7 @@ func NewCompleteArgs(c outboxdriver.Completion) CompleteArgs {
 	a := CompleteArgs{
 		Tokens: []int64{}, Published: make([]int64, len(c.Published)),
 		RetrySeqs: []int64{}, RetryErrors: []string{}, RetryDelayMillis: []int64{},
-		DeadSeqs: []int64{}, DeadErrors: []string{},
+		DeadSeqs: []int64{}, DeadErrors: []string{}, RetryCounts: []int64{},
 	}
 	seen := map[int64]bool{}
 	token := func(t int64) {
@@ -56,6 +57,11 @@ func NewCompleteArgs(c outboxdriver.Completion) CompleteArgs {
 		} else {
 			a.RetrySeqs, a.RetryErrors = append(a.RetrySeqs, f.Seq), append(a.RetryErrors, msg)
 			a.RetryDelayMillis = append(a.RetryDelayMillis, f.Delay.Milliseconds())
+			count := int64(1)
+			if f.Deferred {
+				count = 0
+			}
+			a.RetryCounts = append(a.RetryCounts, count)
 		}
 	}
 	return a

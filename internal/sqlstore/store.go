@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -257,41 +258,28 @@ const failChunk = 1000
 // table with attempts + 1 and its error. One statement per chunk, each row's values
 // picked by CASE on its seq.
 func (s *Store) markFailed(ctx context.Context, tx Querier, failures []outboxdriver.Failure, applied map[int64]bool) error {
-	var retry, dead []outboxdriver.Failure
+	var retry, deferred, dead []outboxdriver.Failure
 	for _, f := range failures {
 		if !applied[f.Seq] {
 			continue
 		}
 		f.Error = cleanError(f.Error)
-		if f.Dead {
+		switch {
+		case f.Dead:
 			dead = append(dead, f)
-		} else {
+		case f.Deferred:
+			deferred = append(deferred, f)
+		default:
 			retry = append(retry, f)
 		}
 	}
-	err := chunks(retry, failChunk, func(part []outboxdriver.Failure) error {
-		var errCase, delayCase strings.Builder
-		var args []any
-		seqs := make([]int64, len(part))
-		for i, f := range part {
-			seqs[i] = f.Seq
-			errCase.WriteString(" WHEN ? THEN ?")
-			args = append(args, f.Seq, f.Error)
-		}
-		for _, f := range part {
-			delayCase.WriteString(" WHEN ? THEN ?")
-			args = append(args, f.Seq, f.Delay.Microseconds())
-		}
-		_, err := tx.ExecContext(ctx, s.sql(`UPDATE {{outbox}} SET attempts = attempts + 1,
-    last_error = CASE seq`+errCase.String()+` END,
-    next_attempt_at = `+s.d.AddMicros("{{now}}", "CASE seq"+delayCase.String()+" END")+`
-WHERE seq IN (`+ints(seqs)+`)`), args...)
+	if err := s.markRetries(ctx, tx, retry, 1); err != nil {
 		return err
-	})
-	if err != nil {
-		return fmt.Errorf("record retries: %w", err)
 	}
-	err = chunks(dead, failChunk, func(part []outboxdriver.Failure) error {
+	if err := s.markRetries(ctx, tx, deferred, 0); err != nil {
+		return err
+	}
+	err := chunks(dead, failChunk, func(part []outboxdriver.Failure) error {
 		var errCase strings.Builder
 		var args []any
 		seqs := make([]int64, len(part))
@@ -312,6 +300,37 @@ FROM {{outbox}} WHERE seq IN (`+in+`)`), args...); err != nil {
 	})
 	if err != nil {
 		return fmt.Errorf("record dead letters: %w", err)
+	}
+	return nil
+}
+
+// markRetries sets each failure's error and next attempt time, counting counted attempts
+// (1 for a rejection, 0 for a deferral), in statements of at most failChunk rows.
+func (s *Store) markRetries(ctx context.Context, tx Querier, failures []outboxdriver.Failure, counted int) error {
+	err := chunks(failures, failChunk, func(part []outboxdriver.Failure) error {
+		var errCase, delayCase strings.Builder
+		var args []any
+		seqs := make([]int64, len(part))
+		for i, f := range part {
+			seqs[i] = f.Seq
+			errCase.WriteString(" WHEN ? THEN ?")
+			args = append(args, f.Seq, f.Error)
+		}
+		for _, f := range part {
+			delayCase.WriteString(" WHEN ? THEN ?")
+			args = append(args, f.Seq, f.Delay.Microseconds())
+		}
+		_, err := tx.ExecContext(ctx, s.sql(`UPDATE {{outbox}} SET attempts = attempts + `+strconv.Itoa(counted)+`,
+    last_error = CASE seq`+errCase.String()+` END,
+    next_attempt_at = `+s.d.AddMicros("{{now}}", "CASE seq"+delayCase.String()+" END")+`
+WHERE seq IN (`+ints(seqs)+`)`), args...)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("record retries: %w", err)
+	}
+	if err != nil {
+		return fmt.Errorf("record retries: %w", err)
 	}
 	return nil
 }

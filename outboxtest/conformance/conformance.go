@@ -346,7 +346,7 @@ func cancelledContext(t *testing.T, b Broker) {
 	// A publisher may have sent a message before it looked at ctx; what it reports as
 	// failed must be an outage, so the relay burns no attempt.
 	for i, err := range errs {
-		if err != nil && !outbox.IsOutage(err) {
+		if err != nil && !outbox.IsUnavailable(err) {
 			t.Errorf("message %d: %v is not an outage", i, err)
 		}
 	}
@@ -375,7 +375,7 @@ func partialBatch(t *testing.T, b Broker) {
 		switch {
 		case m == bad && errs[i] == nil:
 			t.Errorf("the refused message was confirmed")
-		case m == bad && outbox.IsOutage(errs[i]):
+		case m == bad && outbox.IsUnavailable(errs[i]):
 			t.Errorf("the refused message failed as an outage, want a rejection: %v", errs[i])
 		case m != bad && errs[i] != nil:
 			t.Errorf("message %d failed with the refused one: %v", i, errs[i])
@@ -440,7 +440,7 @@ func outageMidStream(t *testing.T, b Broker) {
 				case err == nil:
 					confirmed[m.ID.String()] = true
 					next[k] = nil
-				case outbox.IsOutage(err) || ctx.Err() != nil:
+				case outbox.IsUnavailable(err) || ctx.Err() != nil:
 					outage = true
 				default:
 					mu.Unlock()

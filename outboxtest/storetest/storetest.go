@@ -61,6 +61,7 @@ func Run(t *testing.T, open func(t *testing.T) Outbox) {
 		{"FencedComplete", fencedComplete},
 		{"RetryBackoffBlocksKey", retryBackoffBlocksKey},
 		{"DeliverAtBlocksKey", deliverAtBlocksKey},
+		{"DeferredCountsNoAttempt", deferredCountsNoAttempt},
 		{"DeadLetterAndReplay", deadLetterAndReplay},
 		{"DedupKey", dedupKey},
 		{"Retention", retention},
@@ -464,6 +465,36 @@ func fencedComplete(t *testing.T, o Outbox) {
 // retryBackoffBlocksKey fails the first message of two keys: k0's with a backoff no test
 // outlasts, to see it block its key, and k1's with a short one, to see its key flow again
 // once it is over. (A short backoff alone would make the first check race the machine.)
+// deferredCountsNoAttempt records a message whose destination was unavailable: its key
+// is held back like a retry's, its error kept, and no attempt counted.
+func deferredCountsNoAttempt(t *testing.T, o Outbox) {
+	write(t, o, msgs("t", 2, 2)) // k0 k1 k0 k1
+	st := sync(t, o, "r1", ttl, nil, nil)
+	got := fetch(t, o, "r1", st.Held, outboxdriver.FetchRequest{})
+	k0 := got[0]
+	f := outboxdriver.Failure{Outcome: outboxdriver.Outcome{Seq: k0.Seq, Token: tokenOf(t, st.Held, k0.Shard)},
+		Error: "destination down", Delay: time.Second, Deferred: true}
+	if refused := complete(t, o, "r1", outboxdriver.Completion{Failed: []outboxdriver.Failure{f}}); len(refused) != 0 {
+		t.Fatalf("refused %v", refused)
+	}
+	for _, m := range fetch(t, o, "r1", st.Held, outboxdriver.FetchRequest{}) {
+		if m.Key == "k0" {
+			t.Fatalf("key k0 fetched (%q) while its first message is deferred", m.Payload)
+		}
+	}
+	if s := status(t, o); s.Retrying != 0 || s.Delayed != 1 {
+		t.Errorf("status %+v, want 1 delayed and none retrying (no attempt counted)", s)
+	}
+	var later []*outbox.Message
+	testenv.Await(t, "k0's deferred message to come due after 1 s", func() (any, bool) {
+		later = fetch(t, o, "r1", st.Held, outboxdriver.FetchRequest{})
+		return payloads(later), len(later) == 4
+	})
+	if later[0].Seq != k0.Seq || later[0].Attempts != 0 || later[0].LastError != "destination down" {
+		t.Fatalf("after the delay: first %+v; want k0's message first, 0 attempts, its error", later[0])
+	}
+}
+
 func retryBackoffBlocksKey(t *testing.T, o Outbox) {
 	write(t, o, msgs("t", 3, 2)) // k0 k1 k2 k0 k1 k2
 	st := sync(t, o, "r1", ttl, nil, nil)
