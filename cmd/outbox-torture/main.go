@@ -8,7 +8,8 @@
 // immediate restarts). Then every fault is healed, the outbox drains, the broker is read
 // back completely and the history is checked: lost, phantom, per-key order violations,
 // payload mismatches, duplicates against their bound, dead letters against the injected
-// poison.
+// poison. Timing figures come before the summary line: commit-to-arrival and, per fault
+// kind, heal-to-first-arrival (torture.Measure); they never fail a run.
 //
 // It is a tool of the project's own test suite, built apart from the outbox command so
 // that the daemon links no test server:
@@ -53,8 +54,12 @@ until every fault kind was injected once and each count in --faults was reached.
 run works in a throwaway schema of --database-url; the broker is a private server the
 run starts (nats-server must be installed for NATS; RabbitMQ for rabbitmq; Kafka runs on
 the in-process kfake). Progress goes to stderr; the last line on stdout is the summary,
-ending result=ok or result=FAIL (exit status 1; 2 for a usage error). Ctrl-C ends the
-load early and still checks what was written. Replay a run with its --seed.
+ending result=ok or result=FAIL (exit status 1; 2 for a usage error). Before it, stdout
+has the timing figures, which never fail a run: commit-to-arrival p50/p99 over the whole
+run, and per fault kind the time from each heal to the first copy the broker stored after
+it (NATS only: other brokers give no arrival times yet); the summary carries lat_p50_ms,
+lat_p99_ms and heal_p99_ms. Ctrl-C ends the load early and still checks what was
+written. Replay a run with its --seed.
 
   outbox-torture --events 1000000 --relays 3 --faults relay-kill=50,broker-restart=10
 
@@ -95,13 +100,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "%s %s\n", time.Now().Format("15:04:05"), fmt.Sprintf(format, args...))
 	}
 	cfg.Progress = logf
-	var line string
+	var line, timing string
 	var ok bool
 	err = testenv.Run("torture", logf, func(tb testenv.TB) {
 		rep := chaos.Run(tb, cfg)
-		line, ok = rep.String(), rep.OK()
+		line, timing, ok = rep.String(), rep.Timing.Table(), rep.OK()
 	})
 	if line != "" {
+		fmt.Fprint(stdout, timing)
 		fmt.Fprintln(stdout, line)
 	}
 	switch {

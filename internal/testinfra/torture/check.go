@@ -24,7 +24,7 @@ type Bounds struct {
 }
 
 // Report is the checker's verdict on one run. Check fills the counts; the runner fills
-// Label, Seed, RecoverySeconds and RSSMiB (and Faults comes from Bounds).
+// Label, Seed, RecoverySeconds, RSSMiB and Timing (and Faults comes from Bounds).
 type Report struct {
 	Label string // "chaos nats"
 	Seed  uint64
@@ -55,6 +55,9 @@ type Report struct {
 	RecoverySeconds float64
 	RSSMiB          float64
 	Bounds          Bounds
+	// Timing is commit-to-arrival and heal-to-first-arrival (filled by the runner with
+	// Measure): figures for the summary line, never part of OK.
+	Timing Timing
 
 	// Examples lists the first anomalies found, one line each, for the test log.
 	Examples []string
@@ -81,9 +84,11 @@ func (r Report) OK() bool {
 		(r.Bounds.MaxRSSMiB == 0 || r.RSSMiB <= r.Bounds.MaxRSSMiB)
 }
 
-// String is the run's one summary line (format in TESTING.md). Fields that are zero on
-// a passing run and only name a failure (unresolved, dead_unexpected, poison_alive) are
-// appended only when non-zero; the line always ends with result=ok or result=FAIL.
+// String is the run's one summary line (format in TESTING.md). The timing fields follow
+// rss_mib when they were measured (Timing.fields: lat_p50_ms, lat_p99_ms, heal_p99_ms).
+// Fields that are zero on a passing run and only name a failure (unresolved,
+// dead_unexpected, poison_alive) are appended only when non-zero; the line always ends
+// with result=ok or result=FAIL.
 func (r Report) String() string {
 	var b strings.Builder
 	if r.Label != "" {
@@ -92,6 +97,7 @@ func (r Report) String() string {
 	}
 	fmt.Fprintf(&b, "seed=%d events=%d committed=%d faults=%d lost=%d phantom=%d order=%d dup=%d dup_bound=%d dead=%d poison=%d mismatch=%d recovery_s=%.1f rss_mib=%.0f",
 		r.Seed, r.Events, r.Committed, r.Faults, r.Lost, r.Phantom, r.Order, r.Dup, r.DupBound, r.Dead, r.Poison, r.Mismatch, r.RecoverySeconds, r.RSSMiB)
+	b.WriteString(r.Timing.fields())
 	if r.Unresolved > 0 {
 		fmt.Fprintf(&b, " unresolved=%d", r.Unresolved)
 	}

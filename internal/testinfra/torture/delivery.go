@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -19,6 +20,11 @@ type Delivery struct {
 	Seq     int64 // from the payload; 0 when the payload could not be parsed
 	Sum     Sum   // checksum of the payload as received
 	Headers map[string]string
+	// Arrived is when the copy reached the broker, as the broker stamped it (JetStream's
+	// stored time): the first instant any subscriber could receive it, whatever its own
+	// reconnects. Zero when the broker's read-back gives no such time; Measure then
+	// leaves the copy out.
+	Arrived time.Time
 }
 
 // DeliveryLog is what a reader got back: the broker's copies in broker order (per key,

@@ -63,13 +63,41 @@
 //     not dead;
 //   - unresolved: events whose outcome is still Unknown make the run invalid.
 //
-// The runner fills Label, Seed, RecoverySeconds and RSSMiB into the Report; Bounds can
-// cap the last two. Report.String is the summary line of TESTING.md:
+// The runner fills Label, Seed, RecoverySeconds, RSSMiB and Timing into the Report;
+// Bounds can cap RecoverySeconds and RSSMiB. Report.String is the summary line of
+// TESTING.md:
 //
-//	chaos nats seed=42 events=200000 committed=180213 faults=43 lost=0 phantom=0 order=0 dup=12 dup_bound=4300 dead=5 poison=5 mismatch=0 recovery_s=14.2 rss_mib=143 result=ok
+//	chaos nats seed=42 events=200000 committed=180213 faults=43 lost=0 phantom=0 order=0 dup=12 dup_bound=4300 dead=5 poison=5 mismatch=0 recovery_s=14.2 rss_mib=143 lat_p50_ms=4.1 lat_p99_ms=2870.5 heal_p99_ms=812.0 result=ok
 //
-// followed by unresolved=, dead_unexpected= and poison_alive= when they are not zero.
-// Report.Examples names the first anomalies, with event ids, for the test log.
+// with unresolved=, dead_unexpected=, poison_alive= and lease_steals= before result=
+// when they are not zero. Report.Examples names the first anomalies, with event ids, for
+// the test log.
+//
+// # Timing
+//
+// Measure(history, log, faults) turns the run's timestamps into figures, never into a
+// verdict (they depend on the machine's speed, and no test asserts them):
+//
+//   - commit-to-arrival (lat_p50_ms, lat_p99_ms): per event of a transaction whose
+//     COMMIT returned success, the earliest Delivery.Arrived of its copies minus Txn.End
+//     (the instant COMMIT returned); over the whole run, drain included. Transactions
+//     Resolve settled are left out: their commit instant is unknown.
+//   - heal-to-first-arrival, per fault kind: for each fault injected without error, the
+//     time from its heal (nemesis Record.End) to the first arrival of any copy, of any
+//     event, at or after it. It is global, not per key or shard: the harness does not
+//     know which relay published a copy, so with several relays a fault of one of them
+//     is followed at once by the others' copies. KindTiming.Flowing counts the faults
+//     during whose hold copies still arrived, which says when that is so, and
+//     KindTiming.NextFault those whose first arrival came after the next fault began
+//     (the value then includes some of that fault). heal_p99_ms is over the kinds that
+//     can block publishing (FaultSpan.CannotBlock).
+//
+// Percentiles are nearest-rank (Percentile): always a value of the sample, so with fewer
+// than 100 faults the p99 is the largest. Arrival is the broker's own stamp of when it
+// stored the copy (JetStream's stored time), read back at the end: the first instant a
+// subscriber could have received it, not counting a live subscriber's own reconnects.
+// Brokers whose read-back has no such stamp (RabbitMQ; Kafka, whose record time is the
+// producer's) leave Arrived zero, and the summary line then has no timing fields.
 //
 // Types here are safe for concurrent use where they say so: History and DeliveryLog
 // accept concurrent Record and Add; Check reads snapshots.

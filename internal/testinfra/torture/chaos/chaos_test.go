@@ -51,6 +51,7 @@ func runAndCheck(t *testing.T, cfg Config) {
 		}
 	}
 	rep := Run(t, cfg)
+	t.Log("timing (figures, not checked):\n" + rep.Timing.Table())
 	t.Log(rep.String())
 	fmt.Println(rep.String())
 	if !rep.OK() {

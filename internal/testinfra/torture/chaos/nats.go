@@ -67,8 +67,9 @@ func (b *natsBroker) Faults(tb testenv.TB) []nemesis.Fault {
 }
 
 // ReadBack reads the whole stream, from its first message to its last sequence, with an
-// ordered consumer. It takes as long as it takes: the run is invalid only when the read
-// has made no progress for testenv.Stall().
+// ordered consumer. Each copy's Arrived is the time the server stored it (the stream
+// keeps it across restarts), for the run's timing figures. It takes as long as it takes:
+// the run is invalid only when the read has made no progress for testenv.Stall().
 func (b *natsBroker) ReadBack(tb testenv.TB, log *torture.DeliveryLog) {
 	tb.Helper()
 	ctx := testenv.Context(tb) // for the set-up calls, each prompt
@@ -123,6 +124,7 @@ func (b *natsBroker) ReadBack(tb testenv.TB, log *torture.DeliveryLog) {
 			if err != nil {
 				tb.Fatalf("stream seq %d: %v", seq, err)
 			}
+			d.Arrived = md.Timestamp // when the server stored it: this host's clock
 			log.Add(d)
 		}
 		if err := batch.Error(); err != nil {

@@ -304,6 +304,7 @@ func Run(tb testenv.TB, cfg Config) torture.Report {
 	if rep.LeaseSteals, err = leaseSteals(ctx, db, &rep); err != nil {
 		tb.Fatal(err)
 	}
+	rep.Timing = torture.Measure(h, log, faultSpans(nem.Records()))
 	tb.Logf("writing %s, drain %s, copies %d, faults %v", writing.Round(time.Millisecond), drained.Sub(drainStart).Round(time.Millisecond), rep.Copies, nem.Kinds())
 	storageChurn(tb, db, churned)
 	if !rep.OK() {
@@ -320,6 +321,27 @@ func Run(tb testenv.TB, cfg Config) torture.Report {
 		tb.Errorf("nothing was delivered: the run proves nothing")
 	}
 	return rep
+}
+
+// cannotBlock are the fault kinds that slow publishing at most: added latency on a
+// proxy (every request still gets through), and a snapshot held open by a session that
+// touches none of the outbox's tables (vacuum waits, the relays do not). Their
+// heal-to-first-arrival is listed but not counted in heal_p99_ms.
+var cannotBlock = []string{KindBrokerLatency, KindDBLatency, KindPGSnapshot}
+
+// faultSpans turns the nemesis' records of the faults injected without error into the
+// spans torture.Measure matches arrivals against: the heal is the record's end (the
+// process restarted, the signal sent, the server serving again, the proxy restored; for
+// pg-terminate and kafka-leader-move, which heal themselves, the moment the injection
+// returned).
+func faultSpans(recs []nemesis.Record) []torture.FaultSpan {
+	var spans []torture.FaultSpan
+	for _, r := range recs {
+		if r.Err == "" {
+			spans = append(spans, torture.FaultSpan{Kind: r.Kind, Start: r.Start, Heal: r.End, CannotBlock: slices.Contains(cannotBlock, r.Kind)})
+		}
+	}
+	return spans
 }
 
 func interrupted(done <-chan struct{}) bool {
