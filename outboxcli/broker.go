@@ -27,7 +27,8 @@ type brokerKind struct {
 	// flags registers the broker's own flags on fs, each named after the broker
 	// ("nats-create-stream"). A flag holding a secret has a name ending in -password,
 	// -secret or -token, so that its value is scrubbed from all output; a secret read
-	// from a file is registered through brokerSettings.secret.
+	// from a file, or a password put into the URL, is registered through
+	// brokerSettings.secrets.
 	flags func(fs *flag.FlagSet) brokerOptions
 }
 
@@ -46,8 +47,9 @@ type brokerSettings struct {
 	route string      // --route
 	tls   *tls.Config // from --broker-tls-*; nil when none is given
 	log   *slog.Logger
-	// secret keeps a secret the broker read (from a file, say) out of all output.
-	secret func(string)
+	// secrets keeps the credentials the broker's flags add (a password read from a
+	// file, a password put into the URL) out of all output.
+	secrets *secrets
 }
 
 // openedBroker is a connected broker.
@@ -113,7 +115,7 @@ func (b *brokerFlags) kind() (*brokerKind, error) {
 }
 
 // settings checks the common flags and the chosen broker's, before anything connects.
-func (b *brokerFlags) settings(log *slog.Logger, secret func(string)) (*brokerKind, *brokerSettings, error) {
+func (b *brokerFlags) settings(log *slog.Logger, sec *secrets) (*brokerKind, *brokerSettings, error) {
 	k, err := b.kind()
 	if err != nil {
 		return nil, nil, err
@@ -121,7 +123,7 @@ func (b *brokerFlags) settings(log *slog.Logger, secret func(string)) (*brokerKi
 	if _, err := outbox.ParseRoute(b.route); err != nil {
 		return nil, nil, flagError(err, map[string]string{"route": "route"})
 	}
-	s := &brokerSettings{url: b.url, route: b.route, log: log, secret: secret}
+	s := &brokerSettings{url: b.url, route: b.route, log: log, secrets: sec}
 	if s.tls, err = b.tlsConfig(); err != nil {
 		return nil, nil, err
 	}
@@ -180,7 +182,7 @@ func readSecretFile(s *brokerSettings, flagName, path string) (string, error) {
 	if secret == "" {
 		return "", usageErrorf("--%s: %s is empty", flagName, path)
 	}
-	s.secret(secret)
+	s.secrets.addOpaque(flagName, secret)
 	return secret, nil
 }
 

@@ -74,6 +74,7 @@ func (a *amqpAuth) url(s *brokerSettings) (string, error) {
 		return "", usageErrorf("--rabbitmq-password: --broker needs the user name (amqp://USER@host:5672/vhost)")
 	}
 	u.User = url.UserPassword(u.User.Username(), password)
+	s.secrets.addBroker(u.String()) // the password is in the user information now
 	return u.String(), nil
 }
 

@@ -73,6 +73,7 @@ func (o *redisOptions) check(s *brokerSettings) error {
 		}
 		u.User = url.UserPassword(u.User.Username(), password) // a nil User has no name
 		o.url = u.String()
+		s.secrets.addBroker(o.url) // the password is in the user information now
 	}
 	return nil
 }

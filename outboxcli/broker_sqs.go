@@ -4,9 +4,13 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"fmt"
 	"log/slog"
 	"net/url"
 	"time"
+
+	"github.com/aws/aws-sdk-go-v2/config"
+	"github.com/aws/smithy-go/logging"
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/outboxsqs"
@@ -70,7 +74,10 @@ func (o *sqsOptions) check(s *brokerSettings) error {
 func (o *sqsOptions) open(ctx context.Context, s *brokerSettings) (*openedBroker, error) {
 	dctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
-	pub, err := outboxsqs.Dial(dctx, o.url, o.cfg)
+	// The SDK's own log (warnings such as an unreadable Date header; request and
+	// response dumps only with a ClientLogMode, which the CLI never sets) goes to the
+	// command's logger, not straight to the process's stderr past the scrubber.
+	pub, err := outboxsqs.Dial(dctx, o.url, o.cfg, config.WithLogger(awsLog{log: s.log}))
 	if err != nil {
 		if errors.Is(err, outbox.ErrInvalidConfig) {
 			return nil, flagError(err, sqsConfigFlags)
@@ -99,3 +106,27 @@ func (o *sqsOptions) open(ctx context.Context, s *brokerSettings) (*openedBroker
 		},
 	}, nil
 }
+
+// awsLog takes the AWS SDK's log lines into the command's logger, and so through the
+// scrubber: without it the SDK writes them to os.Stderr itself ("SDK 2024/05/01 WARN
+// ..."), unstructured and unscrubbed. Its warnings are warnings; its debug lines (none
+// without a ClientLogMode) are debug. ctx, set by WithContext for one call, is the
+// call's (trace ids).
+type awsLog struct {
+	log *slog.Logger
+	ctx context.Context
+}
+
+func (l awsLog) Logf(c logging.Classification, format string, v ...any) {
+	level := slog.LevelDebug
+	if c == logging.Warn {
+		level = slog.LevelWarn
+	}
+	ctx := l.ctx
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	l.log.Log(ctx, level, fmt.Sprintf(format, v...), "component", "aws-sdk")
+}
+
+func (l awsLog) WithContext(ctx context.Context) logging.Logger { return awsLog{l.log, ctx} }

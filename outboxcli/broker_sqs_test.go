@@ -3,6 +3,9 @@ package outboxcli
 import (
 	"context"
 	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 
@@ -112,5 +115,51 @@ func TestRelaySQSRejectsBadSettingsBeforeConnecting(t *testing.T) {
 		if r.code != 2 || !strings.Contains(errorLine(r.stderr), tc.want) {
 			t.Errorf("relay %v: want exit 2 and %q, got %s", tc.args, tc.want, r)
 		}
+	}
+}
+
+// TestRelaySQSLogsThroughTheScrubber: the AWS SDK's own warnings (here: an SQS endpoint
+// whose Date header does not parse, quoted in the warning) reach the relay's log as
+// records, scrubbed, instead of the process's stderr past the scrubber. The SDK reads
+// its credentials from the process environment, so this test cannot run in parallel.
+func TestRelaySQSLogsThroughTheScrubber(t *testing.T) {
+	t.Setenv("AWS_ACCESS_KEY_ID", "test")
+	t.Setenv("AWS_SECRET_ACCESS_KEY", "test")
+	t.Setenv("AWS_EC2_METADATA_DISABLED", "true")
+	const password = "pw7"
+	dsn := withPassword(t, password)
+	var srv *httptest.Server
+	srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Date", "not a date, see "+dsn) // quoted by the SDK's warning
+		w.Header().Set("Content-Type", "application/x-amz-json-1.0")
+		fmt.Fprintf(w, `{"QueueUrl":%q}`, srv.URL+"/000000000000/q")
+	}))
+	t.Cleanup(srv.Close)
+
+	b := migrated(t)
+	env := with(b.env, "OUTBOX_DATABASE_URL", dsn)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var stdout, stderr syncBuffer
+	done := make(chan int, 1)
+	go func() {
+		done <- run(ctx, []string{"relay", "--broker", "sqs://?region=eu-west-1", "--sqs-endpoint", srv.URL, "--route", "q",
+			"--log-format", "json"}, func(k string) string { return env[k] }, &stdout, &stderr)
+	}()
+	var line string
+	testenv.AwaitCond(t, "the SDK's warning in the relay's log", func() bool {
+		for l := range strings.SplitSeq(stderr.String(), "\n") {
+			if strings.Contains(l, `"component":"aws-sdk"`) && strings.Contains(l, "Date header") {
+				line = l
+				return true
+			}
+		}
+		return false
+	})
+	cancel()
+	testenv.AwaitRecv(t, "the relay to stop", done)
+	if !strings.Contains(line, `"level":"WARN"`) || !strings.Contains(line, ":REDACTED@") || strings.Contains(line, ":"+password+"@") {
+		t.Errorf("the SDK's warning: %s", line)
 	}
 }

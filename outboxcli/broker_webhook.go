@@ -3,7 +3,6 @@ package outboxcli
 import (
 	"context"
 	"flag"
-	"net/url"
 	"strings"
 	"time"
 
@@ -64,17 +63,11 @@ func (o *webhookOptions) check(s *brokerSettings) error {
 	}
 	o.cfg.Secrets = nil
 	for _, secret := range secrets {
-		s.secret(secret)
+		s.secrets.addOpaque("webhook-secret", secret)
 		o.cfg.Secrets = append(o.cfg.Secrets, []byte(secret))
 	}
-	// A query often carries the receiver's token: keep its values out of the output too.
-	if u, err := url.Parse(s.url); err == nil {
-		for _, vs := range u.Query() {
-			for _, v := range vs {
-				s.secret(v)
-			}
-		}
-	}
+	// The query and path of --broker, which often carry the receiver's token, are
+	// credentials of the URL (brokerSecrets), kept out of the output by structure.
 	o.cfg.Route = s.route
 	o.cfg.TLS = s.tls
 	cfg := o.cfg

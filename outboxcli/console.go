@@ -116,7 +116,7 @@ func (c *consoleFlags) check(ctx context.Context, inv *invocation) error {
 		if c.token == "" {
 			return usageErrorf("--http-token-file: %s is empty", c.tokenFile)
 		}
-		inv.secrets.add(c.token)
+		inv.secrets.addOpaque("http-token", c.token)
 	}
 	if c.token != "" && len(c.token) < console.MinTokenLen {
 		return usageErrorf("--http-token: must be at least %d characters, not %d (openssl rand -hex 32 makes a good one)", console.MinTokenLen, len(c.token))

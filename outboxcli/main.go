@@ -37,6 +37,7 @@ var commands = []*command{
 	migrateCommand,
 	statusCommand,
 	partitionsCommand,
+	walCommand,
 	deadCommand,
 	consoleCommand,
 	natsCommand,
@@ -155,19 +156,23 @@ func dispatch(ctx context.Context, inv *invocation, cmd *command, args []string)
 	if err := applySources(fs, inv.env, cf); err != nil {
 		return err
 	}
-	// The connection strings are known now: keep their secrets out of all output.
+	// The connection strings are known now: keep their credentials out of all output.
 	if f := fs.Lookup("database-url"); f != nil {
-		inv.secrets.add(dsnSecrets(f.Value.String())...)
+		inv.secrets.addDSN(f.Value.String())
 	}
 	if f := fs.Lookup("broker"); f != nil {
-		inv.secrets.add(brokerSecrets(f.Value.String())...)
+		inv.secrets.addBroker(f.Value.String())
 	}
 	fs.VisitAll(func(f *flag.Flag) {
-		if isSecretFlag(f.Name) {
-			inv.secrets.add(f.Value.String())
+		switch {
+		case isSecretFlag(f.Name):
+			inv.secrets.addOpaque(f.Name, f.Value.String())
+		case strings.HasSuffix(f.Name, "-endpoint"): // --sqs-endpoint
+			inv.secrets.addURL(f.Value.String())
 		}
 	})
-	return runFn(ctx, inv, positional)
+	// A usage error about a flag the config file set names the file and line.
+	return cf.locate(runFn(ctx, inv, positional))
 }
 
 // leafFlags defines cmd's flags, plus --config when it has any, and returns them with

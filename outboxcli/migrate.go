@@ -67,13 +67,15 @@ var migrateDownCommand = &command{
 	summary: "Revert migrations (down to version 0 drops the outbox and its messages)",
 	help: `Reverts the latest applied migration, or every migration above --to. A migration
 whose reversal deletes data needs --yes, and without it the command says what would be
-deleted and changes nothing: 002_consumer (the consumers' inbox and versions tables)
-and 001_init (the outbox tables with every message in them, pending ones included).`,
+deleted and changes nothing: 005_wal (outbox_wal, which names WAL mode's replication
+slots; it refuses while one exists: 'outbox wal drop' it first), 002_consumer (the
+consumers' inbox and versions tables) and 001_init (the outbox tables with every message
+in them, pending ones included).`,
 	setup: func(fs *flag.FlagSet) runFunc {
 		db := addDBFlags(fs, true)
 		to := &optionalInt{}
 		fs.Var(to, "to", "revert down to this `version`; 0 drops everything (default: one version back)")
-		yes := fs.Bool("yes", false, "confirm reverting migrations that delete data (001_init, 002_consumer)")
+		yes := fs.Bool("yes", false, "confirm reverting migrations that delete data (001_init, 002_consumer, 005_wal)")
 		return func(ctx context.Context, inv *invocation, args []string) error {
 			if err := noArgs(args); err != nil {
 				return err

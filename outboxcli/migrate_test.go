@@ -16,6 +16,17 @@ func (b *testBundle) tableExists(t *testing.T, name string) bool {
 	return ok
 }
 
+func (b *testBundle) columnExists(t *testing.T, table, column string) bool {
+	t.Helper()
+	var ok bool
+	err := b.Pool.QueryRow(context.Background(), `SELECT EXISTS (SELECT 1 FROM information_schema.columns
+WHERE table_schema = $1 AND table_name = $2 AND column_name = $3)`, b.Schema, table, column).Scan(&ok)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ok
+}
+
 func TestMigrateRoundTrip(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -37,9 +48,23 @@ func TestMigrateRoundTrip(t *testing.T) {
 		t.Fatalf("status after up: %s", r)
 	}
 
-	// One version back reverts the newest migration only.
-	if r := must(t, 0, b.env, "migrate", "down"); !strings.Contains(r.stdout, "reverted 004_pending_ring") || !b.tableExists(t, "outbox") {
+	if !b.tableExists(t, "outbox_wal") || !b.columnExists(t, "outbox_relays", "mode") {
+		t.Fatal("no outbox_wal table or outbox_relays.mode column after migrate up")
+	}
+
+	// One version back reverts the newest migration only. 005_wal drops outbox_wal, which
+	// names WAL mode's replication slots: it asks first, and changes nothing without --yes.
+	r = must(t, 2, b.env, "migrate", "down")
+	if line := errorLine(r.stderr); !strings.Contains(line, "--yes") || !strings.Contains(line, "005_wal") ||
+		!strings.Contains(line, "outbox_wal") || !b.tableExists(t, "outbox_wal") {
+		t.Fatalf("down one version without --yes: %s", r)
+	}
+	if r := must(t, 0, b.env, "migrate", "down", "--yes"); !strings.Contains(r.stdout, "reverted 005_wal") || strings.Contains(r.stdout, "004") ||
+		b.tableExists(t, "outbox_wal") || b.columnExists(t, "outbox_relays", "mode") || !b.tableExists(t, "outbox_ring") {
 		t.Fatalf("down one version: %s", r)
+	}
+	if r := must(t, 0, b.env, "migrate", "down"); !strings.Contains(r.stdout, "reverted 004_pending_ring") || !b.tableExists(t, "outbox") {
+		t.Fatalf("down one more version: %s", r)
 	}
 	must(t, 0, b.env, "migrate", "up")
 	// Reverting 002_consumer drops the consumers' dedup state: refused without --yes,
@@ -50,6 +75,7 @@ func TestMigrateRoundTrip(t *testing.T) {
 		t.Fatalf("down to 1 without --yes: %s", r)
 	}
 	// Reverting migrations that copy their rows back needs no confirmation.
+	must(t, 0, b.env, "migrate", "down", "--to", "4", "--yes")
 	if r := must(t, 0, b.env, "migrate", "down", "--to", "2"); !strings.Contains(r.stdout, "reverted 003_partitioned_history") {
 		t.Fatalf("down to 2: %s", r)
 	}

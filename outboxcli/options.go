@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -38,18 +39,62 @@ func usageErrorf(format string, args ...any) error {
 var notInConfigFile = map[string]string{
 	"config": "a config file cannot name another one",
 	"yes":    "confirmations are given per command, on the command line or in OUTBOX_YES",
+	"force":  "confirmations are given per command, on the command line or in OUTBOX_FORCE",
 }
 
 // configFile is a parsed --config file: flag name -> values (several for a list).
 type configFile struct {
 	path   string
 	values map[string]configEntry
+	// applied are the flags applySources set from the file, for errors found later
+	// ("--schema: ..." becomes "outbox.yaml:3: --schema: ...").
+	applied map[string]configEntry
 }
 
+// configEntry is one key of the file: its values and the line of each, and the key's
+// line.
 type configEntry struct {
 	values []string
+	lines  []int
 	line   int
 }
+
+// at returns "FILE:LINE" of line in cf's file: the form of every error about it, which
+// editors and terminals turn into a link.
+func (cf *configFile) at(line int) string {
+	if line <= 0 {
+		return cf.path
+	}
+	return fmt.Sprintf("%s:%d", cf.path, line)
+}
+
+// locate prefixes a usage error about a flag set from the file with the file and line
+// of its value, when the error starts with that flag's name ("--schema: ...").
+func (cf *configFile) locate(err error) error {
+	ue, ok := err.(*usageError)
+	if cf == nil || !ok {
+		return err
+	}
+	name, ok := strings.CutPrefix(ue.msg, "--")
+	if !ok {
+		return err
+	}
+	if i := strings.IndexFunc(name, func(r rune) bool { return !(r == '-' || r >= 'a' && r <= 'z' || r >= '0' && r <= '9') }); i >= 0 {
+		name = name[:i]
+	}
+	e, ok := cf.applied[name]
+	if !ok {
+		return err
+	}
+	line := e.line // a list: the error may be about any item
+	if len(e.lines) == 1 {
+		line = e.lines[0]
+	}
+	return &usageError{msg: cf.at(line) + ": " + ue.msg}
+}
+
+// yamlLine matches the line yaml.v3 puts in its syntax errors.
+var yamlLine = regexp.MustCompile(`^yaml: line (\d+): `)
 
 // loadConfig reads path, a YAML mapping of flag names to values. known holds every
 // flag name of every command, so that one file can serve them all: a key that no
@@ -66,22 +111,28 @@ func loadConfig(path string, known map[string]bool) (*configFile, error) {
 }
 
 func parseConfig(path string, raw []byte, known map[string]bool) (*configFile, error) {
-	cf := &configFile{path: path, values: map[string]configEntry{}}
+	cf := &configFile{path: path, values: map[string]configEntry{}, applied: map[string]configEntry{}}
 	var doc yaml.Node
 	if err := yaml.Unmarshal(raw, &doc); err != nil {
-		return nil, usageErrorf("config file %s: %v", path, err)
+		// "yaml: line 3: mapping values are not allowed in this context" becomes
+		// "outbox.yaml:3: mapping values ..."; without a line, the file alone.
+		msg := err.Error()
+		if m := yamlLine.FindStringSubmatch(msg); m != nil {
+			return nil, usageErrorf("%s:%s: not valid YAML: %s", path, m[1], msg[len(m[0]):])
+		}
+		return nil, usageErrorf("%s: not valid YAML: %s", path, strings.TrimPrefix(msg, "yaml: "))
 	}
 	if doc.Kind == 0 || len(doc.Content) == 0 {
 		return cf, nil // empty file
 	}
 	root := doc.Content[0]
 	if root.Kind != yaml.MappingNode {
-		return nil, usageErrorf("config file %s:%d: want a mapping of flag names to values (database-url: ..., batch-size: 500)", path, root.Line)
+		return nil, usageErrorf("%s: want a mapping of flag names to values (database-url: ..., batch-size: 500)", cf.at(root.Line))
 	}
 	for i := 0; i+1 < len(root.Content); i += 2 {
 		k, v := root.Content[i], root.Content[i+1]
 		key := k.Value
-		where := fmt.Sprintf("config file %s:%d", path, k.Line)
+		where := cf.at(k.Line)
 		if k.Kind != yaml.ScalarNode {
 			return nil, usageErrorf("%s: keys must be flag names", where)
 		}
@@ -100,13 +151,16 @@ func parseConfig(path string, raw []byte, known map[string]bool) (*configFile, e
 			if v.Tag == "!!null" {
 				return nil, usageErrorf("%s: key %q has no value", where, key)
 			}
-			e.values = []string{v.Value}
+			e.values, e.lines = []string{v.Value}, []int{v.Line}
 		case yaml.SequenceNode:
 			for _, item := range v.Content {
 				if item.Kind != yaml.ScalarNode {
-					return nil, usageErrorf("%s: key %q: a list may hold only plain values", where, key)
+					return nil, usageErrorf("%s: key %q: a list may hold only plain values", cf.at(item.Line), key)
 				}
-				e.values = append(e.values, item.Value)
+				e.values, e.lines = append(e.values, item.Value), append(e.lines, item.Line)
+			}
+			if len(e.values) == 0 {
+				return nil, usageErrorf("%s: key %q has an empty list", where, key)
 			}
 		default:
 			return nil, usageErrorf("%s: key %q: want a plain value or a list", where, key)
@@ -149,15 +203,16 @@ func applySources(fs *flag.FlagSet, env func(string) string, cf *configFile) err
 		}
 		if e, ok := cf.values[f.Name]; ok {
 			if len(e.values) != 1 && !isList {
-				err = usageErrorf("config file %s:%d: --%s takes one value, not a list", cf.path, e.line, f.Name)
+				err = usageErrorf("%s: --%s takes one value, not a list", cf.at(e.line), f.Name)
 				return
 			}
-			for _, s := range e.values {
+			for i, s := range e.values {
 				if e2 := f.Value.Set(s); e2 != nil {
-					err = usageErrorf("--%s: invalid value in config file %s:%d: %v", f.Name, cf.path, e.line, e2)
+					err = usageErrorf("%s: --%s: invalid value: %v", cf.at(e.lines[i]), f.Name, e2)
 					return
 				}
 			}
+			cf.applied[f.Name] = e
 		}
 	})
 	return err
@@ -224,8 +279,10 @@ func parseDuration(s string) (time.Duration, error) {
 	whole := s
 	var days time.Duration
 	if i := strings.IndexByte(s, 'd'); i > 0 {
+		// Days are digits only, and what follows them has no sign of its own: "-0d5m"
+		// and "1d-5h" once read as +5m and 19h.
 		n, err := strconv.Atoi(s[:i])
-		if err != nil || n < 0 {
+		if err != nil || strings.TrimLeft(s[:i], "0123456789") != "" || strings.HasPrefix(s[i+1:], "-") || strings.HasPrefix(s[i+1:], "+") {
 			return 0, fmt.Errorf("invalid duration %q: want e.g. 30s, 5m, 2h or 7d", s)
 		}
 		if int64(n) > maxDays {

@@ -62,7 +62,7 @@ The file has three lists:
 			if err != nil {
 				return err
 			}
-			s := &brokerSettings{url: brokerURL, secret: inv.secrets.add1}
+			s := &brokerSettings{url: brokerURL, secrets: inv.secrets}
 			if s.tls, err = b.tlsConfig(); err != nil {
 				return err
 			}

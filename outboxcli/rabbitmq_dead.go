@@ -61,7 +61,7 @@ func (o *rabbitmqConnFlags) dial(inv *invocation) (*amqp.Connection, error) {
 	if o.queue == "" {
 		return nil, usageErrorf("--queue: give the dead-letter queue")
 	}
-	s := &brokerSettings{url: o.url, secret: inv.secrets.add1}
+	s := &brokerSettings{url: o.url, secrets: inv.secrets}
 	var err error
 	if s.tls, err = o.tls.tlsConfig(); err != nil {
 		return nil, err

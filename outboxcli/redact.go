@@ -2,11 +2,8 @@ package outboxcli
 
 import (
 	"errors"
-	"io"
 	"net/url"
-	"sort"
 	"strings"
-	"sync"
 )
 
 // Connection strings carry passwords, so the CLI never prints one as given. Two layers:
@@ -16,9 +13,15 @@ import (
 //     ports, database and harmless parameters); every other value shows as REDACTED.
 //     Errors from pgx that could quote the string (parse errors) are replaced, not
 //     wrapped.
-//  2. Every byte the CLI writes goes through a scrubber that replaces the secret values
-//     found in the configured connection strings (passwords, tokens, key material),
-//     in case a library quotes one anyway.
+//  2. Every byte the CLI writes (and every console page) goes through a scrubber, in
+//     case a library quotes a connection string anyway. It redacts by structure: it
+//     knows each credential in the place output could carry it (the userinfo
+//     "app:pw@", the pair "password=pw", a webhook URL's "host/path") and replaces the
+//     secret there only, whatever its length. It does not search for the bare secret:
+//     a password "dead" would otherwise turn every "dead" of the output (links to
+//     /dead, a payload) into REDACTED and so reveal itself by where REDACTED stands.
+//     The one exception is a secret that no structure carries (a signing secret, a
+//     token read from a file): see secrets.addOpaque.
 
 const redacted = "REDACTED"
 
@@ -42,7 +45,12 @@ var errBadDSN = errors.New("unparseable connection string")
 type parsedDSN struct {
 	url    *url.URL          // URL form
 	params map[string]string // key=value form, or the URL's query (first value of each)
+	pairs  []dsnPair         // key=value form: the pairs as written
 }
+
+// dsnPair is one key=value pair of libpq's key=value form, with raw the text it was
+// written as ("password = 'p w'").
+type dsnPair struct{ key, value, raw string }
 
 func parseDSN(s string) (*parsedDSN, error) {
 	s = strings.TrimSpace(s)
@@ -61,11 +69,15 @@ func parseDSN(s string) (*parsedDSN, error) {
 		}
 		return p, nil
 	}
-	params, err := parseKeyValues(s)
+	pairs, err := parseKeyValues(s)
 	if err != nil {
 		return nil, err
 	}
-	return &parsedDSN{params: params}, nil
+	p := &parsedDSN{params: map[string]string{}, pairs: pairs}
+	for _, kv := range pairs {
+		p.params[kv.key] = kv.value
+	}
+	return p, nil
 }
 
 // isURL reports whether s is a connection URL (postgres://, postgresql://, mysql://,
@@ -81,9 +93,10 @@ func isURL(s string) bool {
 
 // parseKeyValues parses libpq's key=value form: pairs separated by white space, white
 // space allowed around '=', values optionally in single quotes, backslash escaping the
-// next character.
-func parseKeyValues(s string) (map[string]string, error) {
-	out := map[string]string{}
+// next character. Keys are identifiers: "user:pw@tcp(db)/x?parseTime=true" (a MySQL
+// DSN) is not mistaken for a key "user:pw@tcp(db)/x?parseTime".
+func parseKeyValues(s string) ([]dsnPair, error) {
+	var out []dsnPair
 	i := 0
 	skipSpace := func() {
 		for i < len(s) && (s[i] == ' ' || s[i] == '\t' || s[i] == '\n' || s[i] == '\r') {
@@ -101,7 +114,7 @@ func parseKeyValues(s string) (map[string]string, error) {
 		}
 		key := s[start:i]
 		skipSpace()
-		if key == "" || i >= len(s) || s[i] != '=' {
+		if !isIdentifier(key) || i >= len(s) || s[i] != '=' {
 			return nil, errBadDSN
 		}
 		i++
@@ -138,8 +151,18 @@ func parseKeyValues(s string) (map[string]string, error) {
 				b.WriteByte(c)
 			}
 		}
-		out[key] = b.String()
+		out = append(out, dsnPair{key: key, value: b.String(), raw: s[start:i]})
 	}
+}
+
+// isIdentifier reports whether s is a non-empty run of ASCII letters, digits and '_'.
+func isIdentifier(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; !(c == '_' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9') {
+			return false
+		}
+	}
+	return s != ""
 }
 
 // redactDSN renders a connection string for logs and messages: scheme, user,
@@ -185,54 +208,6 @@ func redactDSN(s string) string {
 	return strings.Join(parts, " ")
 }
 
-// dsnSecrets returns the secret values of a connection string: the password
-// and every parameter not in safeDSNParams. For a string it cannot parse it guesses:
-// whatever stands between "://user:" and "@", and after password= or sslpassword=.
-func dsnSecrets(s string) []string {
-	p, err := parseDSN(s)
-	if err != nil {
-		return guessSecrets(s)
-	}
-	var out []string
-	if p.url != nil && p.url.User != nil {
-		if pw, ok := p.url.User.Password(); ok {
-			out = append(out, pw)
-		}
-	}
-	for k, v := range p.params {
-		if !safeDSNParams[k] {
-			out = append(out, v)
-		}
-	}
-	return out
-}
-
-func guessSecrets(s string) []string {
-	var out []string
-	if _, rest, ok := strings.Cut(s, "://"); ok {
-		if at := strings.LastIndex(rest, "@"); at >= 0 {
-			if _, pw, ok := strings.Cut(rest[:at], ":"); ok {
-				out = append(out, pw)
-			}
-		}
-	}
-	for _, key := range []string{"password=", "sslpassword=", "sslkey="} {
-		for rest := s; ; {
-			i := strings.Index(rest, key)
-			if i < 0 {
-				break
-			}
-			rest = rest[i+len(key):]
-			v := rest
-			if j := strings.IndexAny(v, " &\t\n"); j >= 0 {
-				v = v[:j]
-			}
-			out = append(out, strings.Trim(v, "'"))
-		}
-	}
-	return out
-}
-
 // redactBroker renders a broker URL, or a comma-separated list of them, for logs: scheme
 // and host; user information shows as REDACTED, because with NATS token authentication
 // the "user" is the token.
@@ -268,111 +243,4 @@ func redactBroker(s string) string {
 		}
 	}
 	return strings.Join(parts, ",")
-}
-
-// brokerSecrets returns the user information of every URL in s: passwords and tokens.
-func brokerSecrets(s string) []string {
-	var out []string
-	for _, p := range strings.Split(s, ",") {
-		u, err := url.Parse(strings.TrimSpace(p))
-		if err != nil {
-			out = append(out, guessSecrets(p)...)
-			continue
-		}
-		for name, values := range u.Query() {
-			if secretParam(name) {
-				out = append(out, values...)
-			}
-		}
-		if (u.Scheme == "http" || u.Scheme == "https") && u.Path != "" && u.Path != "/" {
-			out = append(out, u.Path, u.EscapedPath()) // a webhook path may hold a token
-		}
-		if u.User == nil {
-			continue
-		}
-		if pw, ok := u.User.Password(); ok {
-			out = append(out, pw)
-		} else {
-			out = append(out, u.User.Username())
-		}
-	}
-	return out
-}
-
-// secretParam reports whether a broker URL's query parameter name looks like it carries
-// a credential (password=, auth_token=, secret_key=, ...).
-func secretParam(name string) bool {
-	name = strings.ToLower(name)
-	for _, word := range []string{"pass", "pwd", "token", "secret", "key", "auth", "cred", "sig", "session"} {
-		if strings.Contains(name, word) {
-			return true
-		}
-	}
-	return false
-}
-
-// minSecretLen is the shortest secret the scrubber replaces: shorter ones would blank
-// out ordinary words of the output, and are no protection anyway.
-const minSecretLen = 4
-
-// secrets is the set of strings the scrubbers remove. It is safe for concurrent use.
-type secrets struct {
-	mu   sync.RWMutex
-	list []string
-}
-
-// add1 adds one secret; it fits brokerSettings.secret.
-func (s *secrets) add1(v string) { s.add(v) }
-
-func (s *secrets) add(values ...string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for _, v := range values {
-		// Also the spellings a library might print: percent-encoded as in a URL's query,
-		// path or user information.
-		userinfo := strings.TrimPrefix(url.UserPassword("", v).String(), ":")
-		for _, form := range []string{v, url.QueryEscape(v), url.PathEscape(v), userinfo} {
-			if len(form) >= minSecretLen && !contains(s.list, form) {
-				s.list = append(s.list, form)
-			}
-		}
-	}
-	// Longest first, so that a secret containing another is replaced whole.
-	sort.Slice(s.list, func(i, j int) bool { return len(s.list[i]) > len(s.list[j]) })
-}
-
-func contains(list []string, v string) bool {
-	for _, x := range list {
-		if x == v {
-			return true
-		}
-	}
-	return false
-}
-
-func (s *secrets) scrub(text string) string {
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	for _, v := range s.list {
-		text = strings.ReplaceAll(text, v, redacted)
-	}
-	return text
-}
-
-// scrubWriter writes through to w with every secret replaced. Loggers and fmt write a
-// line or a record per call, so a secret is never split across two writes in practice.
-type scrubWriter struct {
-	mu      sync.Mutex
-	w       io.Writer
-	secrets *secrets
-}
-
-func (sw *scrubWriter) Write(p []byte) (int, error) {
-	clean := sw.secrets.scrub(string(p))
-	sw.mu.Lock()
-	defer sw.mu.Unlock()
-	if _, err := io.WriteString(sw.w, clean); err != nil {
-		return 0, err
-	}
-	return len(p), nil
 }

@@ -145,7 +145,7 @@ func (o *relayFlags) run(ctx context.Context, inv *invocation) error {
 	if err != nil {
 		return err
 	}
-	kind, bs, err := o.broker.settings(log, inv.secrets.add1)
+	kind, bs, err := o.broker.settings(log, inv.secrets)
 	if err != nil {
 		return err
 	}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/pgsql"
+	"github.com/outboxkit/outbox/internal/pgsql/pgxq"
 	"github.com/outboxkit/outbox/outboxdriver"
 )
 
@@ -80,7 +81,7 @@ func New(pool *pgxpool.Pool, config Config) (*Driver, error) {
 		fetchAfterSQL: names.FetchAfter(),
 		completeSQL:   names.Complete(),
 	}
-	d.shared = pgsql.DB{Names: names, Ready: d.needPool, Pool: pgxQuerier{pool}, InTx: d.inTx, Snapshot: d.inSnapshot}
+	d.shared = pgsql.DB{Names: names, Ready: d.needPool, Pool: pgxq.Querier{DB: pool}, InTx: d.inTx, Snapshot: d.inSnapshot}
 	return d, nil
 }
 

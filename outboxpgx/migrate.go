@@ -2,57 +2,15 @@ package outboxpgx
 
 import (
 	"context"
-	"errors"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outboxkit/outbox/internal/pgsql"
+	"github.com/outboxkit/outbox/internal/pgsql/pgxq"
 )
 
 // MigrationStatus is one schema migration and whether it is applied.
 type MigrationStatus = pgsql.MigrationStatus
-
-// pgxQuerier adapts a pool or a transaction to pgsql.Querier.
-type pgxQuerier struct {
-	db interface {
-		Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-		Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-		QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-	}
-}
-
-func (q pgxQuerier) Exec(ctx context.Context, sql string, args ...any) error {
-	_, err := q.db.Exec(ctx, sql, args...)
-	return err
-}
-
-func (q pgxQuerier) ExecCount(ctx context.Context, sql string, args ...any) (int64, error) {
-	tag, err := q.db.Exec(ctx, sql, args...)
-	return tag.RowsAffected(), err
-}
-
-func (q pgxQuerier) Query(ctx context.Context, sql string, args []any, scan func(pgsql.Row) error) error {
-	rows, err := q.db.Query(ctx, sql, args...)
-	if err != nil {
-		return err
-	}
-	defer rows.Close()
-	for rows.Next() {
-		if err := scan(rows); err != nil {
-			return err
-		}
-	}
-	return rows.Err()
-}
-
-func (q pgxQuerier) QueryRow(ctx context.Context, sql string, args []any, dest ...any) error {
-	err := q.db.QueryRow(ctx, sql, args...).Scan(dest...)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return pgsql.ErrNoRows
-	}
-	return err
-}
 
 // inTx runs fn in a transaction of the pool, for the shared code (pgsql.InTx).
 func (d *Driver) inTx(ctx context.Context, fn func(pgsql.Querier) error) error {
@@ -68,7 +26,7 @@ func (d *Driver) begin(ctx context.Context, opts pgx.TxOptions, fn func(pgsql.Qu
 	if err := d.needPool(); err != nil {
 		return err
 	}
-	return pgx.BeginTxFunc(ctx, d.pool, opts, func(tx pgx.Tx) error { return fn(pgxQuerier{tx}) })
+	return pgx.BeginTxFunc(ctx, d.pool, opts, func(tx pgx.Tx) error { return fn(pgxq.Querier{DB: tx}) })
 }
 
 // MigrateUp applies the schema migrations up to version target (0 for all) and returns

@@ -413,7 +413,7 @@ func TestMigrateToRingRefusesLargeBacklog(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if v, err := unlimited.MigrateUp(testenv.Context(t), 0); err != nil || len(v) != 1 || v[0] != 4 {
+	if v, err := unlimited.MigrateUp(testenv.Context(t), 4); err != nil || len(v) != 1 || v[0] != 4 {
 		t.Fatalf("migrate up without a limit: %v, %v", v, err)
 	}
 	if n := db.CountIn(t, "outbox", "bucket = 0"); n != 21 {

@@ -23,8 +23,9 @@ type MigrationStatus struct {
 
 // deferrable are the migrations this code runs without: version 3 (published history in
 // partitions), whose maintenance falls back to deleting expired rows on the old table,
-// and version 4 (the pending ring), without which Recycle does nothing.
-var deferrable = map[int]bool{3: true, 4: true}
+// version 4 (the pending ring), without which Recycle does nothing, and version 5 (WAL
+// mode's bookkeeping), without which relays poll.
+var deferrable = map[int]bool{3: true, 4: true, 5: true}
 
 // downDrops returns what reverting each migration deletes: the migrations whose down
 // migration drops tables holding data. (Reverting 3 and 4 copies their rows back.)
@@ -32,6 +33,8 @@ func (n *Names) downDrops() map[int]string {
 	return map[int]string{
 		1: "every outbox table with every message in them, pending ones included",
 		2: fmt.Sprintf("%s and %s: the consumers' deduplication and version state", n.Inbox, n.Versions),
+		5: fmt.Sprintf("%s, which names WAL mode's replication slots and their lease, and the relays' mode column "+
+			"(it refuses while a slot named there exists: 'outbox wal drop' it first)", n.walTable()),
 	}
 }
 

@@ -6,7 +6,10 @@
 //
 // The server keeps PostgreSQL's durability defaults (fsync, synchronous_commit,
 // full_page_writes on), so a transaction whose COMMIT succeeded survives an immediate
-// stop. It trusts every connection from 127.0.0.1 and listens on no Unix socket.
+// stop. It trusts every connection from 127.0.0.1 and listens on no Unix socket. A test
+// that needs other server settings passes them to StartServer, as postgres -c takes
+// them: StartServer(t, "wal_level=logical") for logical replication, which the shared
+// server's settings (wal_level=replica) do not allow.
 //
 // initdb and postgres refuse to run as root: under root, the server runs as the
 // postgres OS user, in a directory that user owns.
@@ -59,6 +62,8 @@ type Server struct {
 	port int
 	root string // owner, server.log and data
 	cred *syscall.Credential
+	// settings are the extra "name=value" server settings, given at every start.
+	settings []string
 
 	mu   sync.Mutex
 	cmd  *exec.Cmd
@@ -68,8 +73,18 @@ type Server struct {
 // StartServer creates a cluster in a temporary directory, starts it on a free port of
 // 127.0.0.1, creates the Database and waits until it accepts connections. It fails the
 // test if PostgreSQL is not installed or the server does not come up.
-func StartServer(t testenv.TB) *Server {
+//
+// settings are extra server settings, each "name=value" as postgres -c takes it
+// ("wal_level=logical", "max_replication_slots=2"); they apply at every start, restarts
+// included, and beat the defaults this package sets. A setting PostgreSQL does not know
+// or accept fails the start, with the server log.
+func StartServer(t testenv.TB, settings ...string) *Server {
 	t.Helper()
+	for _, kv := range settings {
+		if name, _, ok := strings.Cut(kv, "="); !ok || name == "" || strings.ContainsAny(name, " \t\n") {
+			t.Fatalf("testpg: setting %q: want name=value, as postgres -c takes it", kv)
+		}
+	}
 	bin, err := binDir()
 	if err != nil {
 		t.Fatalf("testpg: %v", err)
@@ -83,7 +98,7 @@ func StartServer(t testenv.TB) *Server {
 	if err != nil {
 		t.Fatalf("testpg: %v", err)
 	}
-	s := &Server{t: t, bin: bin, root: root, cred: cred}
+	s := &Server{t: t, bin: bin, root: root, cred: cred, settings: slices.Clone(settings)}
 	// Registered before anything can fail, so a half-made server is removed too.
 	t.Cleanup(s.cleanup)
 	if err := s.makeRoot(); err != nil {
@@ -175,9 +190,13 @@ func (s *Server) Start() {
 	if err != nil {
 		s.t.Fatalf("testpg: open server log: %v", err)
 	}
-	cmd := s.command("postgres", "-D", s.dataDir(), "-p", strconv.Itoa(s.port),
+	args := []string{"-D", s.dataDir(), "-p", strconv.Itoa(s.port),
 		"-c", "listen_addresses=127.0.0.1", "-c", "unix_socket_directories=",
-		"-c", "fsync=on", "-c", "synchronous_commit=on", "-c", "full_page_writes=on")
+		"-c", "fsync=on", "-c", "synchronous_commit=on", "-c", "full_page_writes=on"}
+	for _, kv := range s.settings { // after the defaults: the last -c of a name wins
+		args = append(args, "-c", kv)
+	}
+	cmd := s.command("postgres", args...)
 	cmd.SysProcAttr.Pdeathsig = syscall.SIGQUIT
 	// A process group of its own: a Ctrl-C at the terminal (which `outbox-torture`
 	// turns into an early end and a check) must not shut the server down too.

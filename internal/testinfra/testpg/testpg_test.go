@@ -138,3 +138,39 @@ func TestServerDiesWithTestProcess(t *testing.T) {
 		t.Errorf("after a sweep, the killed process's server directory: %v, want it removed", err)
 	}
 }
+
+// TestServerSettings: settings given to StartServer reach the server, and stay across a
+// restart.
+func TestServerSettings(t *testing.T) {
+	t.Parallel()
+	s := StartServer(t, "wal_level=logical", "max_replication_slots=3")
+	show := func(name string) string {
+		t.Helper()
+		ctx := testenv.Context(t)
+		conn, err := pgx.Connect(ctx, s.URL())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close(ctx)
+		var v string
+		if err := conn.QueryRow(ctx, `SELECT current_setting($1)`, name).Scan(&v); err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	check := func(when string) {
+		t.Helper()
+		if got := show("wal_level"); got != "logical" {
+			t.Errorf("%s: wal_level = %s, want logical", when, got)
+		}
+		if got := show("max_replication_slots"); got != "3" {
+			t.Errorf("%s: max_replication_slots = %s, want 3", when, got)
+		}
+		if got := show("fsync"); got != "on" {
+			t.Errorf("%s: fsync = %s, want the default on", when, got)
+		}
+	}
+	check("after the start")
+	s.Restart(Fast)
+	check("after a restart")
+}
