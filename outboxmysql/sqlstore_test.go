@@ -27,6 +27,7 @@ func TestSQLStore(t *testing.T) {
 			return d, nil
 		},
 		WaitBlocked: waitLockWait,
+		HourLater:   func(c string) string { return "(" + c + " + INTERVAL 1 HOUR)" },
 	})
 }
 

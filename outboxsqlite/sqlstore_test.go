@@ -24,6 +24,7 @@ func TestSQLStore(t *testing.T) {
 				return db
 			}
 		},
+		HourLater: func(c string) string { return "(" + c + " + 3600000000)" },
 		NewDriver: func(db *sql.DB, prefix string) (sqlstoretest.Driver, error) {
 			d, err := outboxsqlite.New(db, outboxsqlite.Config{Prefix: prefix})
 			if err != nil {

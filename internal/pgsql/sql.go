@@ -101,6 +101,14 @@ func (n *Names) InsertValues(rows int) string {
 // Fetch returns due pending messages of the relay's unexpired shards in seq order. $1
 // relay id, $2 shards, $3 seqs to exclude, $4 limit.
 //
+// A fresh row (next_attempt_at = created_at: never retried, not delayed) is due whatever
+// the clocks say. Its next_attempt_at is its writer's transaction start, which can be
+// later than the fetch's now() (the fetch's statement start) when the writer began after
+// the fetch did but committed before the fetch took its snapshot (it waited for a lock, a
+// connection, the CPU). Judged by now(), such a row would be "not due" while its key's
+// later rows, from writers that began earlier, are: they would overtake it. Only a row
+// that waits (a retry, a delay) is judged by the clock, and it holds its key back.
+//
 // A key is held back while an earlier message of it waits (retry or delay). The waiting
 // rows are read once per statement, from the "waiting" index, which holds only such rows,
 // into a JSON object of each key's lowest waiting seq; each candidate row then costs one
@@ -142,7 +150,7 @@ func (n *Names) fetch(cond string) string {
 	}
 	return n.r(`SELECT ` + ReadColumns("o.") + `
 FROM {{outbox}} o
-WHERE o.next_attempt_at <= now()
+WHERE (o.next_attempt_at <= now() OR o.next_attempt_at = o.created_at)
   AND ` + leased + `
   AND ` + cond + `
   AND (o.key = '' OR o.seq <= coalesce(((

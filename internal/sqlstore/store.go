@@ -55,9 +55,11 @@ func scanMessage(r *sql.Rows, extra ...any) (*outbox.Message, error) {
 // Fetch implements outboxdriver.Store: due messages of the shards the relay still holds (owner,
 // token, unexpired, checked in the same statement) in seq order.
 //
-// A key is held back while an earlier message of it waits (a retry backing off, or
-// DeliverAt): such rows have next_attempt_at > created_at, a condition fresh rows never
-// meet, and the "waiting" index (partial in SQLite, on a generated column in MySQL; see
+// A fresh row (next_attempt_at = created_at) is due whatever the clocks say: its writer's
+// statement time can be later than the fetch's when the writer committed before the fetch
+// read (pgsql's Fetch says why that would let a key's later rows overtake it). A key is
+// held back while an earlier message of it waits (a retry backing off, or DeliverAt):
+// such rows have next_attempt_at > created_at, a condition fresh rows never meet, and the "waiting" index (partial in SQLite, on a generated column in MySQL; see
 // Dialect.WaitingKey) finds them without reading the key's other rows.
 //
 // A full fetch excludes the seqs in hand with NOT IN over a JSON array parameter, which
@@ -101,7 +103,7 @@ func (s *Store) Fetch(ctx context.Context, req outboxdriver.FetchRequest) ([]*ou
 	args = append(args, req.Limit)
 	q := s.sql(`SELECT ` + s.readColumns("o.") + `
 FROM {{outbox}} o
-WHERE o.next_attempt_at <= {{now}}
+WHERE (o.next_attempt_at <= {{now}} OR o.next_attempt_at = o.created_at)
   AND o.shard IN (SELECT l.shard FROM {{leases}} l WHERE l.owner = ? AND l.expires_at > {{now}} AND ` + leaseMatch("l.", req.Leases) + `)` + cond + `
   AND (o.{{key}} = '' OR NOT EXISTS (
         SELECT 1 FROM {{outbox}} w` + s.d.UseIndex(s.names.Index("waiting")) + `

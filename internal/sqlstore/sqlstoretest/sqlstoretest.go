@@ -59,6 +59,8 @@ type Harness struct {
 	// that the suite can check what happens to a writer blocked on a dedup key. Nil for
 	// databases whose writers queue before their transaction begins (SQLite).
 	WaitBlocked func(t *testing.T, db *sql.DB)
+	// HourLater is the SQL of the time column plus one hour, in the store's time type.
+	HourLater func(column string) string
 }
 
 // Run runs the suite as parallel subtests of t.
@@ -76,6 +78,7 @@ func Run(t *testing.T, h Harness) {
 		{"DedupConcurrent", dedupConcurrent},
 		{"DedupBlockedWriter", dedupBlockedWriter},
 		{"BigFetchLists", bigFetchLists},
+		{"FreshRowDueWhateverTheClock", freshRowDue},
 		{"FencingAcrossProcesses", fencingAcrossProcesses},
 		{"WritersAndRelays", writersAndRelays},
 		{"RelayEndToEnd", relayEndToEnd},
@@ -884,5 +887,34 @@ func inboxAndVersions(t *testing.T, h Harness) {
 	}
 	if n, err := b.drv.DeleteInbox(ctx, time.Second, 10); err != nil || n != 1 {
 		t.Fatalf("DeleteInbox of the rest = %d, %v; want 1", n, err)
+	}
+}
+
+// freshRowDue: a fresh row (never retried, not delayed) is due even when its times are
+// later than the fetch's clock, as when its writer began after the fetch's statement and
+// committed before the fetch read; otherwise its key's later rows would overtake it. The
+// first row's times are moved an hour ahead to stand for that writer.
+func freshRowDue(t *testing.T, h Harness) {
+	b, _ := migrated(t, h)
+	ctx := testenv.Context(t)
+	for _, p := range []string{"1", "2"} {
+		if err := b.write(ctx, outbox.Message{Topic: "t", Key: "k", Payload: []byte(p)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var first int64
+	if err := b.db.QueryRowContext(ctx, `SELECT min(seq) FROM outbox`).Scan(&first); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.db.ExecContext(ctx, `UPDATE outbox SET created_at = `+h.HourLater("created_at")+`, next_attempt_at = `+h.HourLater("next_attempt_at")+` WHERE seq = ?`, first); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := b.fetchAll(t, "r")
+	var payloads []string
+	for _, m := range got {
+		payloads = append(payloads, string(m.Payload))
+	}
+	if !slices.Equal(payloads, []string{"1", "2"}) {
+		t.Fatalf("fetched %v, want [1 2]: the fresh row of a later-starting writer is due too", payloads)
 	}
 }
