@@ -16,12 +16,6 @@ func dbRetry(n int) time.Duration {
 	return min(25*time.Millisecond<<min(max(n-1, 0), 6), time.Second)
 }
 
-// completeRetryDelay is how long the relay waits before recording again after a
-// recording failed. It is not dbRetry: retrying at once made a per-key order failure
-// with three relays under faults frequent in the torture runs (about half of them; see
-// docs/robustness.md, "Open"), which a second's wait keeps rare while it is found.
-const completeRetryDelay = time.Second
-
 // outcomeBuffer holds the broker's answers until the store records them: the confirmed
 // messages, the rejected ones, and the lanes whose failure the recording settles. It does
 // no I/O and reads no clock.
@@ -32,7 +26,7 @@ const completeRetryDelay = time.Second
 //     stalls, sending stops and the duplicates a takeover can cause stay bounded;
 //   - at most one recording runs (running); take hands over everything buffered;
 //   - a recording that failed is put back in front of what was buffered since, and the
-//     next one waits completeRetryDelay (retryAt): the messages stay in hand meanwhile.
+//     next one waits dbRetry(failures) (retryAt): the messages stay in hand meanwhile.
 type outcomeBuffer struct {
 	published  []outboxdriver.Outcome
 	failed     []outboxdriver.Failure
@@ -40,6 +34,7 @@ type outcomeBuffer struct {
 	unrecorded int
 	running    bool
 	retryAt    time.Time // zero, or when a failed recording may be tried again
+	failures   int       // recordings failed in a row
 }
 
 // confirmed buffers the outcome of a message the broker confirmed.
@@ -91,16 +86,17 @@ func (b *outcomeBuffer) take() (published []outboxdriver.Outcome, failed []outbo
 
 // recorded ends a recording that the store took (refusals included).
 func (b *outcomeBuffer) recorded(c outboxdriver.Completion) {
-	b.running = false
+	b.running, b.failures = false, 0
 	b.unrecorded -= len(c.Published) + len(c.Failed)
 }
 
 // failedAt ends a recording that failed at now: its outcomes go back in front, and the
-// next recording waits completeRetryDelay.
+// next recording waits dbRetry, longer after each failure in a row.
 func (b *outcomeBuffer) failedAt(c outboxdriver.Completion, lanes []*lane, now time.Time) {
 	b.running = false
 	b.published = append(c.Published, b.published...)
 	b.failed = append(c.Failed, b.failed...)
 	b.lanes = append(lanes, b.lanes...)
-	b.retryAt = now.Add(completeRetryDelay)
+	b.failures++
+	b.retryAt = now.Add(dbRetry(b.failures))
 }

@@ -29,15 +29,20 @@ func TestOutcomeBuffer(t *testing.T) {
 		t.Fatalf("take: %v %v %v; ready %v, idle %v", pub, failed, lanes, b.ready(t0), b.idle())
 	}
 	// More outcomes arrive while it runs; the recording fails: its outcomes go back in
-	// front, still counted, and the next try waits completeRetryDelay.
+	// front, still counted, and the next try waits dbRetry(1), then longer.
 	b.confirmed(outboxdriver.Outcome{Seq: 4, Token: 7})
 	c := outboxdriver.Completion{Published: pub, Failed: failed}
 	b.failedAt(c, lanes, t0)
 	if b.unrecorded != 3 || b.published[0].Seq != 1 || b.published[1].Seq != 4 || b.lanes[0] != ln {
 		t.Fatalf("after a failed recording: unrecorded %d, published %v, lanes %v", b.unrecorded, b.published, b.lanes)
 	}
-	if b.ready(t0.Add(completeRetryDelay-1)) || !b.ready(t0.Add(completeRetryDelay)) {
-		t.Fatal("a failed recording is not retried after completeRetryDelay")
+	if b.ready(t0.Add(dbRetry(1)-1)) || !b.ready(t0.Add(dbRetry(1))) {
+		t.Fatal("a failed recording is not retried after dbRetry(1)")
+	}
+	pub, failed, lanes = b.take()
+	b.failedAt(outboxdriver.Completion{Published: pub, Failed: failed}, lanes, t0)
+	if b.ready(t0.Add(dbRetry(2)-1)) || !b.ready(t0.Add(dbRetry(2))) || dbRetry(2) <= dbRetry(1) {
+		t.Fatal("a second failure in a row is not retried after the longer dbRetry(2)")
 	}
 	pub, failed, _ = b.take()
 	b.recorded(outboxdriver.Completion{Published: pub, Failed: failed})

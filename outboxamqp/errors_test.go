@@ -70,7 +70,7 @@ func TestReconnectDelay(t *testing.T) {
 	prev := time.Duration(0)
 	for attempt := range 20 {
 		d := reconnectDelay(attempt)
-		base := min(5*time.Second, 100*time.Millisecond<<min(attempt, 6))
+		base := min(200*time.Millisecond, 25*time.Millisecond<<min(attempt, 4))
 		if d < base || d > base+base/4 {
 			t.Errorf("attempt %d: delay %v, want %v plus up to 25%%", attempt, d, base)
 		}

