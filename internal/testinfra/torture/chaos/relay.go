@@ -192,7 +192,13 @@ func startRelay(t testenv.TB, cfg relayConfig, slot int) *relay {
 	return r
 }
 
+// id names the current incarnation in logs and fault records (r<slot>.<incarnation>).
 func (r *relay) id() string { return "r" + strconv.Itoa(r.slot) + "." + strconv.Itoa(r.gen) }
+
+// relayID is the relay ID every incarnation of the slot runs under, as a relay that
+// systemd or a StatefulSet restarts keeps its ID: an incarnation started after a kill
+// adopts its predecessor's leases at once (LeaseRequest.Adopt), under new tokens.
+func (r *relay) relayID() string { return "r" + strconv.Itoa(r.slot) }
 
 // start starts a new incarnation; r.mu must not be held.
 func (r *relay) start() error {
@@ -207,7 +213,7 @@ func (r *relay) start() error {
 	c := r.cfg
 	cmd.Env = append(os.Environ(), envChild+"=1", envDatabase+"="+c.databaseURL, envSchema+"="+c.schema,
 		envKind+"="+c.kind, envBroker+"="+c.broker, envRoute+"="+c.route,
-		envTTL+"="+c.ttl.String(), envID+"="+r.id(), envInFlight+"="+strconv.Itoa(c.inFlight),
+		envTTL+"="+c.ttl.String(), envID+"="+r.relayID(), envInFlight+"="+strconv.Itoa(c.inFlight),
 		envAppName+"="+c.appName, envAttempts+"="+strconv.Itoa(c.maxAttempts))
 	cmd.Env = append(cmd.Env, c.env...)
 	if r.stderr != nil {
