@@ -503,8 +503,6 @@ func (l *loop) onPublished(res pubResult) {
 			confirmed++
 			l.outcomes.confirmed(outboxdriver.Outcome{Seq: it.m.Seq, Token: it.token})
 			l.hand.confirmed(it, l.sendable)
-		case isDestinationOutage(err):
-			l.deferTo(it, err)
 		case IsOutage(err):
 			outage = true
 			// One line a second is enough to see an outage; the pause is logged below.
@@ -515,6 +513,8 @@ func (l *loop) onPublished(res pubResult) {
 					"attempt", it.m.Attempts+1, "err", err)
 			}
 			l.hand.unsent(it, l.sendable)
+		case IsUnavailable(err): // not the broker's outage: its destination's
+			l.deferTo(it, err)
 		default:
 			l.reject(it, err)
 		}
@@ -575,11 +575,6 @@ func (l *loop) reject(it *item, err error) {
 	// The head stays in hand until the failure is recorded; later messages of the key are
 	// dropped now and fetched again once the store knows the key is blocked.
 	l.outcomes.rejected(f, l.hand.rejected(it))
-}
-
-func isDestinationOutage(err error) bool {
-	_, ok := AsDestinationOutage(err)
-	return ok
 }
 
 // deferTo holds back it, its lane's head, whose destination is unavailable: recorded with

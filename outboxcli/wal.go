@@ -293,19 +293,30 @@ func printSteps(w io.Writer, steps []pgsql.WALStep, dryRun bool) {
 	}
 }
 
-func printSetup(w io.Writer, res pgsql.WALSetupResult) {
-	if res.DryRun {
-		fmt.Fprintf(w, "-- dry run: setup of slot %q and publication %q would run:\n\n", res.Slot, res.Publication)
-		printSteps(w, res.Steps, true)
-		if len(res.Steps) == 0 {
-			fmt.Fprintln(w, "-- nothing: everything is in place")
+// printPlan prints what a setup or a drop ran (or, on a dry run, would run); wouldBe and
+// was say, for each case, that there was nothing to do. It reports whether the caller goes
+// on (not a dry run).
+func printPlan(w io.Writer, what, slot, publication string, steps []pgsql.WALStep, dryRun bool, wouldBe, was string) bool {
+	if dryRun {
+		fmt.Fprintf(w, "-- dry run: %s of slot %q and publication %q would run:\n\n", what, slot, publication)
+		printSteps(w, steps, true)
+		if len(steps) == 0 {
+			fmt.Fprintln(w, "-- nothing: "+wouldBe)
 		}
+		return false
+	}
+	if len(steps) == 0 {
+		fmt.Fprintln(w, was)
+	}
+	printSteps(w, steps, false)
+	return true
+}
+
+func printSetup(w io.Writer, res pgsql.WALSetupResult) {
+	if !printPlan(w, "setup", res.Slot, res.Publication, res.Steps, res.DryRun,
+		"everything is in place", "everything was in place: nothing to do") {
 		return
 	}
-	if len(res.Steps) == 0 {
-		fmt.Fprintln(w, "everything was in place: nothing to do")
-	}
-	printSteps(w, res.Steps, false)
 	if r := res.Setup; r != nil {
 		notify := "on"
 		if r.NotifyDisabled {
@@ -319,18 +330,10 @@ func printSetup(w io.Writer, res pgsql.WALSetupResult) {
 }
 
 func printDrop(w io.Writer, res pgsql.WALDropResult) {
-	if res.DryRun {
-		fmt.Fprintf(w, "-- dry run: drop of slot %q and publication %q would run:\n\n", res.Slot, res.Publication)
-		printSteps(w, res.Steps, true)
-		if len(res.Steps) == 0 {
-			fmt.Fprintln(w, "-- nothing: nothing is left to drop")
-		}
+	if !printPlan(w, "drop", res.Slot, res.Publication, res.Steps, res.DryRun,
+		"nothing is left to drop", "nothing left to drop") {
 		return
 	}
-	if len(res.Steps) == 0 {
-		fmt.Fprintln(w, "nothing left to drop")
-	}
-	printSteps(w, res.Steps, false)
 	fmt.Fprintln(w, "Relays poll from now on, and nothing is lost: every pending message is still in the outbox table.")
 }
 

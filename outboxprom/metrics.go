@@ -319,7 +319,7 @@ func (m *Metrics) PublishDone(e outbox.PublishEvent) {
 		case outbox.IsOutage(err):
 			r.failedOutage.WithLabelValues(topic).Inc()
 			m.remember(msg.Seq, seen)
-		case isDestinationOutage(err):
+		case outbox.IsUnavailable(err): // not the broker's outage: its destination's
 			r.failedDestination.WithLabelValues(topic).Inc()
 			m.remember(msg.Seq, seen)
 		default:
@@ -396,8 +396,3 @@ func (m *Metrics) LeasesChanged(e outbox.LeaseEvent) {
 
 // Paused implements outbox.Observer.
 func (m *Metrics) Paused(outbox.PauseEvent) { m.relay().pauses.Inc() }
-
-func isDestinationOutage(err error) bool {
-	_, ok := outbox.AsDestinationOutage(err)
-	return ok
-}
