@@ -23,6 +23,8 @@ const fullFetchEvery = 100 * time.Millisecond
 // leaves it, and only ends the backlog mode.
 type fetchPlan struct {
 	want       bool      // a wake-up, poll or lease change asked for a full fetch
+	paced      bool      // a full fetch is wanted, no sooner than fullFetchEvery after the last
+	more       bool      // messages above the cursor were announced (WAL mode): a continuation reads them
 	moreLikely bool      // the last fetch came back full: a backlog
 	cursor     int64     // 0: the next fetch is full
 	maxSeq     int64     // highest seq any fetch returned
@@ -35,10 +37,11 @@ type fetchPlan struct {
 // a batch size, and whether that fetch is full; after is the continuation's lower bound.
 // The loop calls started when it sends the fetch.
 func (p *fetchPlan) next(now time.Time, room, batch int) (fetch, full bool, after int64) {
-	if !(p.want || p.moreLikely) || room < batch/2 || now.Before(p.retryAt) {
+	want := p.want || (p.paced && now.Sub(p.lastFull) >= fullFetchEvery)
+	if !(want || p.moreLikely || p.more) || room < batch/2 || now.Before(p.retryAt) {
 		return false, false, 0
 	}
-	full = p.cursor == 0 || !p.moreLikely || (p.want && now.Sub(p.lastFull) >= fullFetchEvery)
+	full = p.cursor == 0 || !(p.moreLikely || p.more) || (want && now.Sub(p.lastFull) >= fullFetchEvery)
 	if full {
 		return true, true, 0
 	}
@@ -47,8 +50,9 @@ func (p *fetchPlan) next(now time.Time, room, batch int) (fetch, full bool, afte
 
 // started records a fetch sent at now.
 func (p *fetchPlan) started(full bool, now time.Time) {
+	p.more = false
 	if full {
-		p.want = false
+		p.want, p.paced = false, false
 		p.lastFull = now
 	}
 }
@@ -69,11 +73,14 @@ func (p *fetchPlan) done(top int64, full bool, after int64) {
 	}
 }
 
-// wakeAt is when a fetch held back after a failure may go, for the loop's timer: zero
-// when none is held back at now.
+// wakeAt is when a fetch held back may go, for the loop's timer (after a failure, or a
+// paced full fetch): zero when none is held back at now.
 func (p *fetchPlan) wakeAt(now time.Time) time.Time {
 	if now.Before(p.retryAt) {
 		return p.retryAt
+	}
+	if p.paced {
+		return p.lastFull.Add(fullFetchEvery)
 	}
 	return time.Time{}
 }

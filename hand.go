@@ -48,6 +48,7 @@ type hand struct {
 	fetching bool
 	taint    map[string]bool // keys released while a fetch ran
 	settled  map[int64]bool  // seqs whose outcome was recorded while a fetch ran
+	drops    int             // messages dropped unrecorded so far: a fetch must find them again
 }
 
 // inHand is what the hand keeps of a message besides the message itself.
@@ -277,6 +278,7 @@ func (h *hand) dropLane(ln *lane) {
 	}
 	for _, it := range ln.queue[keep:] {
 		h.forget(it.m.Seq)
+		h.drops++
 	}
 	ln.queue = ln.queue[:keep]
 	if keep == 0 {
@@ -313,6 +315,7 @@ func (h *hand) failureRecorded(lanes []*lane) {
 	for _, ln := range lanes {
 		for _, seq := range ln.dropped {
 			h.forget(seq)
+			h.drops++
 		}
 		ln.dropped = nil
 		ln.failed = false

@@ -1,7 +1,6 @@
 package outbox
 
 import (
-	"cmp"
 	"slices"
 	"time"
 
@@ -87,7 +86,7 @@ func (b *leaseBook) apply(st outboxdriver.LeaseState, started time.Time) leaseCh
 		}
 	}
 	b.tokens = next
-	b.until = started.Add(cmp.Or(st.Left, b.ttl) - b.ttl/5)
+	b.until = started.Add(b.ttl - b.ttl/5)
 	if excess := len(next) - len(b.draining) - st.Target; excess > 0 && st.Target > 0 {
 		shards := sortedShards(next)
 		for i := len(shards) - 1; i >= 0 && len(c.drain) < excess; i-- {

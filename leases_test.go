@@ -29,12 +29,12 @@ func TestLeaseBookApply(t *testing.T) {
 	if want := t0.Add(12 * time.Second); !b.until.Equal(want) {
 		t.Fatalf("until = %v, want %v", b.until, want)
 	}
-	// A round that renewed only some leases: the soonest has 9s left.
-	c = b.apply(outboxdriver.LeaseState{Held: held(1, 2, 3), Target: 3, Left: 9 * time.Second}, t0.Add(time.Second))
+	// A steady round: the deadline moves to its start plus the TTL less a fifth.
+	c = b.apply(outboxdriver.LeaseState{Held: held(1, 2, 3), Target: 3}, t0.Add(time.Second))
 	if c.gained != nil || c.lost != nil || c.drain != nil {
 		t.Fatalf("steady round changed: %+v", c)
 	}
-	if want := t0.Add(time.Second + 9*time.Second - 3*time.Second); !b.until.Equal(want) {
+	if want := t0.Add(time.Second + 12*time.Second); !b.until.Equal(want) {
 		t.Fatalf("until = %v, want %v", b.until, want)
 	}
 	// A newcomer: the fair share drops to 2, the highest shard drains, once.

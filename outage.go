@@ -18,7 +18,8 @@ type outageGate struct {
 	min, max time.Duration
 	until    time.Time // end of the current pause; zero when open
 	pinging  bool
-	streak   int // outages in a row
+	streak   int       // outages in a row
+	began    time.Time // when the current outage began (the first pause of the streak)
 	// backoff returns the pause after n outages in a row; backoff() outside tests.
 	backoff func(n int, min, max time.Duration) time.Duration
 }
@@ -38,6 +39,9 @@ func (g *outageGate) confirmed() { g.streak = 0 }
 func (g *outageGate) outage(now time.Time) time.Duration {
 	if !g.open() {
 		return 0
+	}
+	if g.streak == 0 {
+		g.began = now
 	}
 	return g.pause(now)
 }

@@ -62,6 +62,9 @@ func NewRelay(store outboxdriver.Store, pub Publisher, config RelayConfig) (*Rel
 	if err := config.validate(); err != nil {
 		return nil, err
 	}
+	if _, ok := store.(outboxdriver.Streamer); config.WAL != nil && !ok {
+		return nil, &ConfigError{Field: "WAL", Reason: fmt.Sprintf("WAL mode needs a store that can follow the database's log (outboxpgx); %T cannot", store)}
+	}
 	stopped := make(chan struct{})
 	return &Relay{
 		store: store, pub: pub, cfg: config,
@@ -184,7 +187,8 @@ type completeResult struct {
 	c       outboxdriver.Completion
 	lanes   []*lane // failed lanes whose failure this completion records
 	refused []int64
-	dropped int // outcomes refused before asking the store (dropStaleOutcomes)
+	dropped int    // outcomes refused before asking the store (dropStaleOutcomes)
+	gen     uint64 // the WAL tracker's generation when the record was sent
 	err     error
 	took    time.Duration
 }
@@ -194,6 +198,9 @@ type fetchResult struct {
 	fetched []*Message
 	err     error
 	took    time.Duration
+	wal     walFetch               // the fetch as the WAL tracker saw it sent
+	snap    *outboxdriver.Snapshot // the snapshot it read in, when asked for
+	safety  bool                   // a WAL safety poll
 }
 
 type leaseResult struct {
@@ -219,10 +226,13 @@ type loop struct {
 	freeWorkers int
 	outcomes    outcomeBuffer // the broker's answers until the store records them
 
-	leaseBusy bool
-	fetch     fetchPlan
-	outage    *outageGate
-	dests     *destBackoff // the retry delay of messages whose destination is unavailable
+	leaseBusy    bool
+	leaseAgain   bool      // a round was wanted while one was out: start one when it returns
+	leaseFails   int       // lease rounds failed in a row
+	leaseRetryAt time.Time // after a failed round: the next one, sooner than the renewal tick
+	fetch        fetchPlan
+	outage       *outageGate
+	dests        *destBackoff // the retry delay of messages whose destination is unavailable
 
 	pings        chan error
 	pubResults   chan pubResult
@@ -230,12 +240,16 @@ type loop struct {
 	fetches      chan fetchResult
 	leaseResults chan leaseResult
 	wake         chan struct{}
+	wakeLeases   chan struct{} // a relay gave shards back: sync the leases now
+
+	wal    *walSource // WAL mode (walmode.go); nil when polling
+	walDue chan walDueResult
 }
 
 func newLoop(r *Relay) *loop {
 	workers := r.cfg.MaxInFlight / r.cfg.PublishBatchSize
 	hostname, _ := os.Hostname()
-	return &loop{
+	l := &loop{
 		r: r, cfg: r.cfg, log: r.log, hostname: hostname,
 		hand:         newHand(),
 		floors:       newFloors(keyFloors),
@@ -249,7 +263,13 @@ func newLoop(r *Relay) *loop {
 		fetches:      make(chan fetchResult, 1),
 		leaseResults: make(chan leaseResult, 1),
 		wake:         make(chan struct{}, 1),
+		wakeLeases:   make(chan struct{}, 1),
+		walDue:       make(chan walDueResult, 1),
 	}
+	if r.cfg.WAL != nil {
+		l.wal = newWALSource(*r.cfg.WAL, r.store.(outboxdriver.Streamer), r.store)
+	}
+	return l
 }
 
 func (l *loop) run(ctx context.Context) {
@@ -276,6 +296,12 @@ func (l *loop) run(ctx context.Context) {
 		bg.Add(1)
 		go func() { defer bg.Done(); l.recycle(bgCtx, rc) }()
 	}
+	var walStates <-chan walState
+	if l.wal != nil {
+		walStates = l.wal.states
+		bg.Add(1)
+		go func() { defer bg.Done(); l.streamWAL(bgCtx) }()
+	}
 
 	poll := time.NewTicker(l.cfg.PollInterval)
 	defer poll.Stop()
@@ -297,17 +323,14 @@ func (l *loop) run(ctx context.Context) {
 			break
 		}
 		if !stopping {
+			l.walTick()
 			l.dispatch(ctx)
 			l.startFetch(ctx)
 		}
 		l.startComplete(ctx)
-		// Wake up for a paused outage or a pending recording or fetch retry.
-		var next time.Time
-		for _, t := range []time.Time{l.outage.wakeAt(), l.outcomes.retryAt, l.fetch.wakeAt(time.Now())} {
-			if !t.IsZero() && (next.IsZero() || t.Before(next)) {
-				next = t
-			}
-		}
+		// Wake up for a paused outage, a pending recording, fetch or lease retry, or
+		// WAL mode's timers.
+		next := earliest(l.outage.wakeAt(), l.outcomes.retryAt, l.fetch.wakeAt(time.Now()), l.walWakeAt(), l.leaseRetryAt)
 		if !next.IsZero() {
 			timer.Reset(max(time.Until(next), time.Millisecond))
 		}
@@ -325,20 +348,33 @@ func (l *loop) run(ctx context.Context) {
 		case res := <-l.completes:
 			l.onComplete(res)
 		case res := <-l.fetches:
-			l.onFetch(res)
+			l.onFetch(ctx, res)
 		case res := <-l.leaseResults:
 			l.onLeases(res)
 		case <-l.wake:
-			l.fetch.want = true
+			l.fetch.want = l.fetch.want || l.polling()
 		case <-poll.C:
-			l.fetch.want = true
+			l.fetch.want = l.fetch.want || l.polling()
+		case b := <-l.walReading():
+			l.onWALBatch(b)
+		case s := <-walStates:
+			l.onWALState(s)
+		case res := <-l.walDue:
+			l.onWALDue(ctx, res)
 		case <-renew.C:
 			if !stopping {
 				l.syncLeases(ctx, false)
 			}
+		case <-l.wakeLeases:
+			if !stopping {
+				l.leaseRoundSoon(ctx)
+			}
 		case err := <-l.pings:
 			if d := l.outage.pinged(err, time.Now()); d > 0 {
 				l.paused(d, fmt.Errorf("broker ping: %w", err))
+			} else {
+				l.log.Info("broker reachable again; resuming", "outage", time.Since(l.outage.began).Round(time.Millisecond),
+					"consecutive", l.outage.streak)
 			}
 		case <-reconnected:
 			// The publisher's connection is back: check now rather than at the end of the
@@ -350,10 +386,15 @@ func (l *loop) run(ctx context.Context) {
 			if l.outage.due(time.Now()) {
 				l.resume(ctx)
 			}
+			if !l.leaseRetryAt.IsZero() && !time.Now().Before(l.leaseRetryAt) && !stopping {
+				l.leaseRetryAt = time.Time{}
+				l.syncLeases(ctx, false)
+			}
 			// A recording retry that came due starts at the top of the loop.
 		}
 	}
 	// Drained: give the leases back so other relays take over without waiting for expiry.
+	l.leaseAgain = false
 	for l.leaseBusy {
 		l.onLeases(<-l.leaseResults)
 	}
@@ -369,28 +410,13 @@ func (l *loop) run(ctx context.Context) {
 // relay leaves) find a new owner quickly.
 func renewEvery(ttl time.Duration) time.Duration { return min(ttl/3, time.Second) }
 
-// renewBelow is LeaseRequest.RenewBelow: a lease is rewritten only when it has less than
-// two thirds of the TTL and one renewal interval left, so with the default TTL (15s) each
-// lease row changes every 4 or 5 renewals rather than at each. Under a long transaction
-// elsewhere in the database every change is a row version that stays, and every fetch
-// reads them. The leases then keep at least two thirds of the TTL after a renewal, against
-// a renewal every third of the TTL at most. Zero (renew every lease) for a TTL of 3s or
-// less, where that leaves no room.
-func renewBelow(ttl time.Duration) time.Duration {
-	if b := ttl*2/3 + renewEvery(ttl); b < ttl {
-		return b
-	}
-	return 0
-}
-
 // syncLeases starts a lease round trip unless one is running. With final set, every
 // lease is released.
 func (l *loop) syncLeases(ctx context.Context, final bool) {
 	if l.leaseBusy {
 		return
 	}
-	req := l.leases.request(outboxdriver.LeaseRequest{RelayID: l.cfg.ID, Hostname: l.hostname, PID: os.Getpid(), TTL: l.cfg.LeaseTTL,
-		RenewBelow: renewBelow(l.cfg.LeaseTTL)}, final, l.hand.idle)
+	req := l.leases.request(outboxdriver.LeaseRequest{RelayID: l.cfg.ID, Hostname: l.hostname, PID: os.Getpid(), TTL: l.cfg.LeaseTTL}, final, l.hand.idle)
 	l.leaseBusy = true
 	started := time.Now()
 	go func() {
@@ -405,12 +431,22 @@ func (l *loop) syncLeases(ctx context.Context, final bool) {
 
 func (l *loop) onLeases(res leaseResult) {
 	l.leaseBusy = false
+	if l.leaseAgain {
+		l.leaseAgain = false
+		defer l.syncLeases(context.Background(), false) // after this answer is applied
+	}
 	if res.err != nil {
 		l.log.Error("lease renewal failed; sending stops when the leases run out", "err", res.err,
 			"seconds_left", time.Until(l.leases.until).Seconds())
 		l.leases.failed()
+		// Try again soon rather than at the next renewal: after a database outage
+		// longer than the sending margin, sending resumes with the first round that
+		// succeeds.
+		l.leaseFails++
+		l.leaseRetryAt = time.Now().Add(dbRetry(l.leaseFails))
 		return
 	}
+	l.leaseFails, l.leaseRetryAt = 0, time.Time{}
 	c := l.leases.apply(res.state, res.started)
 	if len(c.lost) > 0 || len(c.drain) > 0 {
 		gone := map[int]bool{}
@@ -610,6 +646,7 @@ func (l *loop) dropStaleOutcomes() (dropped int) {
 			return false
 		}
 		l.hand.forget(o.Seq)
+		l.walSettled(o.Seq, l.walGen()) // the shard's next owner fetches it
 		l.r.stats.refused.Add(1)
 		return true
 	}
@@ -629,8 +666,9 @@ func (l *loop) startComplete(ctx context.Context) {
 	c := outboxdriver.Completion{RelayID: l.cfg.ID}
 	var lanes []*lane
 	c.Published, c.Failed, lanes = l.outcomes.take()
+	gen := l.walGen()
 	go func() {
-		res := completeResult{c: c, lanes: lanes, dropped: dropped}
+		res := completeResult{c: c, lanes: lanes, dropped: dropped, gen: gen}
 		if len(c.Published) > 0 || len(c.Failed) > 0 {
 			// A graceful stop still records outcomes; only a hard kill abandons them.
 			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
@@ -665,6 +703,7 @@ func (l *loop) onComplete(res completeResult) {
 	var published, retried, dead int
 	for _, o := range c.Published {
 		key := l.hand.settle(o.Seq)
+		l.walSettled(o.Seq, res.gen)
 		if !refused[o.Seq] {
 			published++
 			l.floors.raise(key, o.Seq)
@@ -673,6 +712,7 @@ func (l *loop) onComplete(res completeResult) {
 	l.r.stats.published.Add(int64(published))
 	for _, f := range c.Failed {
 		key := l.hand.settle(f.Seq)
+		l.walSettled(f.Seq, res.gen)
 		switch {
 		case refused[f.Seq]:
 		case f.Dead:
@@ -693,7 +733,7 @@ func (l *loop) onComplete(res completeResult) {
 	// Draining shards may now be empty: release them soon.
 	for s := range l.leases.draining {
 		if l.hand.idle(s) {
-			l.wantLeaseSoon()
+			l.leaseRoundSoon(context.Background())
 			break
 		}
 	}
@@ -732,16 +772,18 @@ func (l *loop) startFetch(ctx context.Context) {
 		req.Keys, req.KeySeqs = l.floors.bounds(l.hand.held())
 	}
 	l.hand.fetchStarted()
+	wf, safety := l.walFetchSent(req)
+	fetch := l.fetchWith(req)
 	go func() {
 		fctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		start := time.Now()
-		msgs, err := l.r.store.Fetch(fctx, *req)
+		msgs, snap, err := fetch(fctx)
 		cancel()
-		l.fetches <- fetchResult{req: req, fetched: msgs, err: err, took: time.Since(start)}
+		l.fetches <- fetchResult{req: req, fetched: msgs, err: err, took: time.Since(start), wal: wf, snap: snap, safety: safety}
 	}()
 }
 
-func (l *loop) onFetch(res fetchResult) {
+func (l *loop) onFetch(ctx context.Context, res fetchResult) {
 	l.cfg.Observer.FetchDone(FetchEvent{Messages: len(res.fetched), Took: res.took, Err: res.err})
 	if res.err != nil {
 		l.hand.fetched(nil, nil)
@@ -766,11 +808,15 @@ func (l *loop) onFetch(res fetchResult) {
 		// The lease may have changed while fetching.
 		return token, ok && l.leases.holds(m.Shard, token) && !l.leases.draining[m.Shard]
 	})
+	l.walFetched(ctx, res)
 }
 
-// wantLeaseSoon shortens the wait for the next lease round trip after a drain.
-func (l *loop) wantLeaseSoon() {
-	if !l.leaseBusy {
-		l.syncLeases(context.Background(), false)
+// leaseRoundSoon starts a lease round trip now, or as soon as the one out returns (it may
+// have read the leases before what prompted this one).
+func (l *loop) leaseRoundSoon(ctx context.Context) {
+	if l.leaseBusy {
+		l.leaseAgain = true
+		return
 	}
+	l.syncLeases(ctx, false)
 }

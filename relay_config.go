@@ -76,6 +76,11 @@ type RelayConfig struct {
 
 	// Observer receives the relay's events, for metrics and tracing. Defaults to none.
 	Observer Observer
+
+	// WAL, when set, turns on WAL mode: the relay fetches when the database's log shows
+	// a commit to the outbox, instead of polling (WALConfig). Nil: polling, woken by
+	// LISTEN/NOTIFY where the store can.
+	WAL *WALConfig
 }
 
 // Defaults for RelayConfig.
@@ -123,6 +128,11 @@ func (c RelayConfig) withDefaults() RelayConfig {
 	if c.Observer == nil {
 		c.Observer = NopObserver{}
 	}
+	if c.WAL != nil {
+		w := *c.WAL
+		w.SafetyPoll = cmp.Or(w.SafetyPoll, WALSafetyPollDefault)
+		c.WAL = &w
+	}
 	return c
 }
 
@@ -167,6 +177,8 @@ func (c RelayConfig) validate() error {
 		return &ConfigError{Field: "OutageMaxDelay", Reason: "is shorter than OutageMinDelay"}
 	case len(c.ID) > 200:
 		return &ConfigError{Field: "ID", Reason: "longer than 200 bytes"}
+	case c.WAL != nil && c.WAL.SafetyPoll < 0 && c.WAL.SafetyPoll != -1:
+		return &ConfigError{Field: "WAL.SafetyPoll", Reason: "must be positive, or -1 for none"}
 	}
 	return nil
 }

@@ -14,9 +14,13 @@ import (
 // advisory lock per task, so one relay does the work at a time).
 
 func (l *loop) listen(ctx context.Context, lis outboxdriver.Listener) {
-	wake := func() {
+	wake := func(w outboxdriver.Wake) {
+		ch := l.wake
+		if w == outboxdriver.WakeLeases {
+			ch = l.wakeLeases
+		}
 		select {
-		case l.wake <- struct{}{}:
+		case ch <- struct{}{}:
 		default:
 		}
 	}

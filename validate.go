@@ -10,11 +10,12 @@ import (
 )
 
 // Limits bound what Write accepts. Brokers reject oversized messages (NATS allows 1 MiB by
-// default, Kafka about 1 MB), and a message the broker can never accept would only be
-// retried until it is dead-lettered, so Write refuses it up front instead.
+// default, Kafka 1 MiB and 12 bytes), and a message the broker can never accept would
+// only be retried until it is dead-lettered, so Write refuses it up front instead.
 type Limits struct {
 	// MaxPayloadBytes caps Payload. Defaults to 1 MiB less 32 KiB, so that payload and
-	// headers fit the 1 MiB message limit NATS and Kafka have by default.
+	// headers fit the 1 MiB message limit NATS and Kafka (and outboxkafka's
+	// MaxMessageBytes) have by default.
 	MaxPayloadBytes int
 	// MaxHeaders caps the number of headers of one message. Defaults to 64.
 	MaxHeaders int
@@ -149,6 +150,11 @@ func checkName(s string, spaces bool) string {
 			return fmt.Sprintf("contains the character %q, which is not allowed", r)
 		}
 	}
+	if strings.HasPrefix(s, " ") || strings.HasSuffix(s, " ") {
+		// Keys and dedup keys travel in headers too (Outbox-Key, Outbox-Dedup-Key,
+		// Nats-Msg-Id): trimmed there, "a" and "a " would be one dedup key to JetStream.
+		return "starts or ends with a space, which NATS and HTTP headers drop in transit; trim it"
+	}
 	return ""
 }
 
@@ -177,6 +183,9 @@ func isTokenChar(c byte) bool {
 	return strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0
 }
 
+// checkHeaderValue accepts UTF-8 text with no control character but tab, and no space
+// or tab at either end: NATS and HTTP trim those in transit, so a consumer there would
+// read another value than a consumer on Kafka. Inner spaces and tabs travel everywhere.
 func checkHeaderValue(s string) string {
 	if !utf8.ValidString(s) {
 		return "header value is not valid UTF-8"
@@ -187,6 +196,9 @@ func checkHeaderValue(s string) string {
 	if i := strings.IndexFunc(s, func(r rune) bool { return r != '\t' && unicode.IsControl(r) }); i >= 0 {
 		r, _ := utf8.DecodeRuneInString(s[i:])
 		return fmt.Sprintf("header value contains the control character %q, which brokers refuse", r)
+	}
+	if s != strings.Trim(s, " \t") {
+		return "header value starts or ends with a space or tab, which NATS and HTTP headers drop in transit; trim it"
 	}
 	return ""
 }

@@ -84,6 +84,53 @@ func TestPrepareRejects(t *testing.T) {
 	}
 }
 
+// TestPrepareHeaderValueEdges: NATS and HTTP trim the spaces and tabs at either end of a
+// header value in transit, so Write refuses such a value, naming the header, instead of
+// letting consumers on those brokers read another value. Inner ones travel everywhere.
+func TestPrepareHeaderValueEdges(t *testing.T) {
+	t.Parallel()
+	for _, v := range []string{" v", "v ", "\tv", "v\t", " ", "\t", " a b "} {
+		err := (Limits{}).Prepare([]Message{{Topic: "t", Headers: map[string]string{"X-Tenant": v}}})
+		var ve *ValidationError
+		if !errors.As(err, &ve) || !errors.Is(err, ErrInvalidMessage) || ve.Field != `Headers["X-Tenant"]` || !strings.Contains(err.Error(), `Headers["X-Tenant"]`) {
+			t.Errorf("value %q: got %v, want a ValidationError naming Headers[\"X-Tenant\"]", v, err)
+		}
+	}
+	for _, v := range []string{"a b", "a\tb", "tenant 7 / ü", "v", ""} {
+		if err := (Limits{}).Prepare([]Message{{Topic: "t", Headers: map[string]string{"X-Tenant": v}}}); err != nil {
+			t.Errorf("value %q refused: %v", v, err)
+		}
+	}
+}
+
+// TestPrepareKeyEdges: keys and dedup keys travel as headers too (Outbox-Key,
+// Outbox-Dedup-Key, and Nats-Msg-Id, JetStream's dedup ID), which NATS and HTTP trim, so a
+// space at either end is refused: "a" and "a " would otherwise be one dedup key to
+// JetStream, and the second message dropped as its duplicate.
+func TestPrepareKeyEdges(t *testing.T) {
+	t.Parallel()
+	for _, field := range []string{"Key", "DedupKey"} {
+		msg := func(v string) Message {
+			if field == "Key" {
+				return Message{Topic: "t", Key: v}
+			}
+			return Message{Topic: "t", DedupKey: v}
+		}
+		for _, v := range []string{" a", "a ", " ", " a b "} {
+			err := (Limits{}).Prepare([]Message{msg(v)})
+			var ve *ValidationError
+			if !errors.As(err, &ve) || ve.Field != field {
+				t.Errorf("%s %q: got %v, want a ValidationError naming %s", field, v, err, field)
+			}
+		}
+		for _, v := range []string{"a b", "order 7", "a"} {
+			if err := (Limits{}).Prepare([]Message{msg(v)}); err != nil {
+				t.Errorf("%s %q refused: %v", field, v, err)
+			}
+		}
+	}
+}
+
 func TestIsJSONContentType(t *testing.T) {
 	t.Parallel()
 	for ct, want := range map[string]bool{
@@ -99,14 +146,16 @@ func TestIsJSONContentType(t *testing.T) {
 func FuzzPrepareHeaders(f *testing.F) {
 	f.Add("traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
 	f.Add("x", "a\r\nb")
+	f.Add("x", " a\tb ")
 	f.Fuzz(func(t *testing.T, name, value string) {
 		msgs := []Message{{Topic: "t", Headers: map[string]string{name: value}}}
 		if err := (Limits{}).Prepare(msgs); err != nil {
 			return
 		}
 		// Whatever passes must be safe on every wire: no CR, LF or NUL, valid UTF-8, a
-		// token for a name.
-		if strings.ContainsAny(value, "\r\n\x00") || strings.ContainsAny(name, " :\r\n\x00") || name == "" {
+		// token for a name, and no space or tab at either end of the value (which NATS and
+		// HTTP would trim).
+		if strings.ContainsAny(value, "\r\n\x00") || strings.ContainsAny(name, " :\r\n\x00") || name == "" || value != strings.Trim(value, " \t") {
 			t.Fatalf("accepted header %q: %q", name, value)
 		}
 	})

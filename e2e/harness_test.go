@@ -493,12 +493,14 @@ func meta(msg jetstream.Msg) uint64 {
 	return md.Sequence.Stream
 }
 
-// leaseOwners returns how many unexpired shard leases each relay holds.
+// leaseOwners returns how many shard leases each live relay holds (a lease lives by its
+// owner's heartbeat).
 func (e *env) leaseOwners() map[string]int {
 	e.t.Helper()
 	out := map[string]int{}
 	rows, err := e.pool.Query(context.Background(),
-		fmt.Sprintf(`SELECT owner, count(*) FROM "%s".outbox_leases WHERE owner IS NOT NULL AND expires_at > now() GROUP BY owner`, e.schema))
+		fmt.Sprintf(`SELECT l.owner, count(*) FROM "%[1]s".outbox_leases l JOIN "%[1]s".outbox_relays r ON r.id = l.owner
+WHERE r.expires_at > now() GROUP BY l.owner`, e.schema))
 	if err != nil {
 		e.t.Fatal(err)
 	}

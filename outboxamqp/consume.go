@@ -18,6 +18,8 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/outboxkit/outbox/internal/reconnect"
+
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/outboxkit/outbox"
@@ -278,7 +280,7 @@ func DialConsume(ctx context.Context, rawURL string, cfg ConsumerConfig, handler
 			select {
 			case <-ctx.Done():
 				return nil
-			case <-time.After(reconnectDelay(attempt)):
+			case <-time.After(reconnect.Delay(attempt)):
 			}
 			if conn, err = dialConsumer(rawURL, safe, cfg.TLS, 10*time.Second); err != nil {
 				log.Warn("consumer cannot reconnect", "queue", cfg.Queue.Name, "attempt", attempt+1, "err", err)

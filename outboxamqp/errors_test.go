@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"testing"
-	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -62,21 +61,5 @@ func TestRedactURL(t *testing.T) {
 		if got := RedactURL(in); got != want {
 			t.Errorf("RedactURL(%q) = %q, want %q", in, got, want)
 		}
-	}
-}
-
-func TestReconnectDelay(t *testing.T) {
-	t.Parallel()
-	prev := time.Duration(0)
-	for attempt := range 20 {
-		d := reconnectDelay(attempt)
-		base := min(200*time.Millisecond, 25*time.Millisecond<<min(attempt, 4))
-		if d < base || d > base+base/4 {
-			t.Errorf("attempt %d: delay %v, want %v plus up to 25%%", attempt, d, base)
-		}
-		if base < prev {
-			t.Errorf("attempt %d: base %v shrank from %v", attempt, base, prev)
-		}
-		prev = base
 	}
 }

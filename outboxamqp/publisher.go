@@ -6,13 +6,14 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"net/url"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/outboxkit/outbox/internal/reconnect"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -198,7 +199,7 @@ func newPublisher(cfg Config, route *outbox.Route) *Publisher {
 // Dial connects to rawURL (amqp://user:password@host:5672/vhost, or amqps:// with
 // Config.TLS) and returns a publisher that owns the connection: Close closes it. Dial
 // fails if the broker does not answer at first; once connected, the publisher dials
-// again whenever the connection breaks, with exponential backoff from 25 ms to 200 ms
+// again whenever the connection breaks, with exponential backoff from 25 ms to 100 ms
 // plus jitter, and Publish fails at once as an outage while it is down. It tells the
 // relay when the connection is back (outbox.Reconnector), so that a relay paused by the
 // outage resumes at once. The connect timeout
@@ -298,7 +299,7 @@ func (p *Publisher) maintain(conn *amqp.Connection) {
 			select {
 			case <-p.closed:
 				return
-			case <-time.After(reconnectDelay(attempt)):
+			case <-time.After(reconnect.Delay(attempt)):
 			}
 			c, err := p.dial(10 * time.Second)
 			if err != nil {
@@ -316,18 +317,6 @@ func (p *Publisher) maintain(conn *amqp.Connection) {
 			break
 		}
 	}
-}
-
-// reconnectDelay backs off exponentially from 25 ms to 200 ms, with up to 25 % jitter so
-// that many relays do not reconnect in step. A failed attempt costs the broker one
-// refused connection; the short ceiling bounds how late a publisher (or consumer) notices
-// that the broker is back.
-func reconnectDelay(attempt int) time.Duration {
-	d := 200 * time.Millisecond
-	if attempt < 4 {
-		d = min(d, 25*time.Millisecond<<max(attempt, 0))
-	}
-	return d + rand.N(d/4+1)
 }
 
 // notifyBack reports that the connection is back to the relay (Reconnected), if Dial

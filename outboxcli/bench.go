@@ -61,7 +61,7 @@ last line on stdout is "bench: key=value ...". With no flags it uses the local s
 		fs.IntVar(&cfg.Relay.BatchSize, "batch-size", 0, "relay fetch size (0: the relay's default)")
 		fs.IntVar(&cfg.Relay.MaxInFlight, "max-in-flight", 0, "relay in-flight cap (0: the relay's default)")
 		fs.IntVar(&cfg.Relay.PublishBatchSize, "publish-batch-size", 0, "relay publish batch size (0: the relay's default)")
-		fs.DurationVar(&cfg.Relay.LeaseTTL, "lease-ttl", 0, "relay lease TTL (0: the relay's default, 15s); longer renews each lease row less often")
+		fs.DurationVar(&cfg.Relay.LeaseTTL, "lease-ttl", 0, "relay lease TTL (0: the relay's default, 15s)")
 		return func(ctx context.Context, inv *invocation, args []string) error {
 			if err := noArgs(args); err != nil {
 				return err

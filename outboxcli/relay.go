@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/pgsql"
 	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/outboxpgx"
 	"github.com/outboxkit/outbox/outboxprom"
@@ -33,6 +34,9 @@ type relayFlags struct {
 
 	cfg   outbox.RelayConfig
 	grace time.Duration
+
+	source string           // poll or wal
+	wal    outbox.WALConfig // with --source wal
 
 	logFormat, logLevel string
 
@@ -81,6 +85,14 @@ With --http-addr the relay also serves the web console (see outbox console --hel
 the outbox's state and its dead letters, with replay and purge. Beyond loopback it
 needs --http-token or --http-token-file.
 
+With --source wal (PostgreSQL) the relay follows the database's log through the slot
+'outbox wal setup' made, and fetches when a transaction that wrote to the outbox
+commits: no polling while idle, no NOTIFY at commit. Messages, order and guarantees are
+those of polling; the slot moves only past what is recorded or left to polling, and
+when the stream is unavailable (wal_level, privileges, a dropped or lost slot) the relay
+polls and logs why, at ERROR (docs/design-wal.md; WAL mode is new: see
+docs/operations.md, "WAL mode setup").
+
 The outbox schema must be migrated first (outbox migrate up).`,
 	setup: func(fs *flag.FlagSet) runFunc {
 		o := &relayFlags{db: addDBFlags(fs, true)}
@@ -109,6 +121,11 @@ The outbox schema must be migrated first (outbox migrate up).`,
 		fs.Var(durationValue{d: &c.CleanupInterval}, "cleanup-interval", "run the retention cleanup every `duration`")
 		fs.IntVar(&c.CleanupBatch, "cleanup-batch", outbox.CleanupBatchDefault, "delete at most `n` rows per cleanup statement")
 		fs.IntVar(&o.db.rotateRows, "rotate-rows", outboxpgx.RotateRowsDefault, "PostgreSQL: move the pending ring on after `n` messages written to its current bucket (schema version 4)")
+		fs.StringVar(&o.source, "source", "poll", "how the relay learns of new messages: `poll` (LISTEN/NOTIFY and polling) or wal\n(PostgreSQL logical replication; run 'outbox wal setup' first)")
+		fs.StringVar(&o.wal.Slot, "wal-slot", "", "with --source wal: the replication `slot` (default: as 'outbox wal setup')")
+		fs.StringVar(&o.wal.Publication, "wal-publication", "", "with --source wal: the `publication` (default: as 'outbox wal setup')")
+		o.wal.SafetyPoll = outbox.WALSafetyPollDefault
+		fs.Var(durationValue{d: &o.wal.SafetyPoll, allowForever: true}, "wal-safety-poll", "with --source wal: run a full fetch anyway every `duration`; -1 for never")
 
 		o.grace = shutdownGraceDefault
 		fs.Var(durationValue{d: &o.grace}, "shutdown-grace", "on SIGTERM or SIGINT, wait up to this `duration` for messages in flight to be confirmed")
@@ -148,6 +165,23 @@ func (o *relayFlags) run(ctx context.Context, inv *invocation) error {
 	kind, bs, err := o.broker.settings(log, inv.secrets)
 	if err != nil {
 		return err
+	}
+	switch o.source {
+	case "poll":
+	case "wal":
+		if target.kind != dbPostgres {
+			return usageErrorf("--source wal: WAL mode reads PostgreSQL's logical replication; on %s, relays poll", target.kind)
+		}
+		for _, f := range []struct{ flag, value string }{{"wal-slot", o.wal.Slot}, {"wal-publication", o.wal.Publication}} {
+			if f.value != "" {
+				if err := pgsql.CheckWALName(f.flag, f.value); err != nil {
+					return usageErrorf("--%s: %v", f.flag, err)
+				}
+			}
+		}
+		o.cfg.WAL = &o.wal
+	default:
+		return usageErrorf("--source: want poll or wal, not %q", o.source)
 	}
 	o.cfg.Logger = log
 	if err := o.cfg.Validate(); err != nil {

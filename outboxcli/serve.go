@@ -259,15 +259,26 @@ func newLeaseWatch(s outboxdriver.Store, ttl time.Duration) *leaseWatch {
 // wraps (LISTEN, maintenance and the pending ring: PostgreSQL's driver has all three,
 // the other stores none).
 func (w *leaseWatch) store() outboxdriver.Store {
-	type full interface {
+	type polling interface {
 		outboxdriver.Listener
 		outboxdriver.Maintainer
 		outboxdriver.Recycler
+	}
+	type full interface { // PostgreSQL through pgx: WAL mode too
+		polling
+		outboxdriver.Streamer
+		outboxdriver.SnapshotFetcher
 	}
 	if f, ok := w.Store.(full); ok {
 		return struct {
 			*leaseWatch
 			full
+		}{w, f}
+	}
+	if f, ok := w.Store.(polling); ok {
+		return struct {
+			*leaseWatch
+			polling
 		}{w, f}
 	}
 	return w

@@ -93,12 +93,25 @@ type Recycling struct {
 }
 
 // Listener is implemented by stores that can wake the relay when messages are written
-// (PostgreSQL LISTEN/NOTIFY). Listen calls wake after each notification and returns when
-// ctx is done or the listening connection fails; the relay polls meanwhile and calls
-// Listen again.
+// or shards are given back (PostgreSQL LISTEN/NOTIFY). Listen calls wake after each
+// notification, saying which, and returns when ctx is done or the listening connection
+// fails; the relay polls meanwhile and calls Listen again.
 type Listener interface {
-	Listen(ctx context.Context, wake func()) error
+	Listen(ctx context.Context, wake func(Wake)) error
 }
+
+// Wake says why a Listener woke the relay.
+type Wake uint8
+
+const (
+	// WakeWritten: messages were written (or may have been: Listen's first call, for
+	// what was written before it listened). The relay fetches.
+	WakeWritten Wake = iota
+	// WakeLeases: a relay gave shards back (it stopped, or handed shards to a relay that
+	// joined). The relay syncs its leases at once instead of at its next renewal, so
+	// that the shards' keys wait for a round trip rather than a renewal interval.
+	WakeLeases
+)
 
 // Lease is a relay's ownership of one shard. Token grows with every change of owner; the
 // store refuses outcomes carrying a token that is no longer current (fencing).
@@ -115,9 +128,6 @@ type LeaseRequest struct {
 	TTL      time.Duration
 	Held     []Lease // leases to renew
 	Release  []Lease // leases to give up
-	// RenewBelow, when not zero, asks to renew only the leases of Held that have less than
-	// this left; the others keep their expiry. A store that honours it reports Left.
-	RenewBelow time.Duration
 	// Adopt asks the store to take over, under new tokens and for TTL, every unexpired
 	// lease of RelayID that is not in Held or Release: the leases of an earlier process
 	// with the same ID (a relay restarted under a stable ID after a crash), or ones taken
@@ -133,9 +143,6 @@ type LeaseState struct {
 	Shards int     // total number of shards
 	Live   int     // relays with an unexpired heartbeat, this one included
 	Target int     // this relay's fair share of shards
-	// Left is the time left, in the store's time when the leases were renewed, on the
-	// lease of Held that expires first; zero means TTL (every lease was renewed).
-	Left time.Duration
 }
 
 // FairShare is the number of shards a relay may hold when Live relays share Shards:

@@ -18,10 +18,8 @@ import (
 // for an empty key), the payload (an empty value, never a null tombstone) and each wire
 // header once, the metadata value winning over an own header of the same name.
 //
-// Not checked here, found by reading: Write's default payload limit (1,015,808 bytes,
-// outbox.MaxPayloadBytesDefault) is over this package's default MaxMessageBytes
-// (1,000,012), so a payload between the two passes Write and is refused by the client as
-// too large; Write's documentation says its default fits Kafka's.
+// Sizes are not checked here: TestPublishWriteLimits publishes the largest message
+// Write's default limits accept with this package's default MaxMessageBytes.
 func FuzzWriteAcceptsKafka(f *testing.F) {
 	conformance.AddMessageSeeds(f)
 	routes := []*outbox.Route{outbox.MustParseRoute(outbox.RouteTopic), outbox.MustParseRoute("events.{topic}")}

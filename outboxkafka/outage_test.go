@@ -261,10 +261,33 @@ func TestOutageCutAndReconnect(t *testing.T) {
 		err := pub.Ping(ctx)
 		return err, err == nil
 	})
-	testenv.RequirePublishedAll(t, pub.Publish(testenv.Context(t), batchOf(4)))
-	// The 5 the cut Publish gave up on may still have been delivered since.
-	if n := len(tc.read(t, topic, 3+4)); n < 3+4 || n > 3+5+4 {
-		t.Errorf("%d records in the topic, want 7 to 12", n)
+	// The first Publish after the cut can still fail as an outage: records of the cut
+	// Publish, whose ctx ended, may share a partition batch with the new ones, and
+	// franz-go fails the batch with their ctx's error (seen once in CI under -race). The
+	// relay sends such messages again; so does the test, until one Publish goes through.
+	attempts := 0
+	testenv.Await(t, "a Publish after the reconnection to go through", func() (any, bool) {
+		attempts++
+		errs := pub.Publish(testenv.Context(t), batchOf(4))
+		if errs != nil {
+			requireAllOutagesOrNil(t, errs)
+		}
+		return errs, errs == nil
+	})
+	// The 5 the cut Publish gave up on may still have been delivered since, and so may
+	// the messages of a Publish that failed as an outage.
+	if n, most := len(tc.read(t, topic, 3+4)), 3+5+4*attempts; n < 3+4 || n > most {
+		t.Errorf("%d records in the topic, want 7 to %d", n, most)
+	}
+}
+
+// requireAllOutagesOrNil fails t if any error of errs is not an outage.
+func requireAllOutagesOrNil(t *testing.T, errs []error) {
+	t.Helper()
+	for i, err := range errs {
+		if err != nil && !outbox.IsOutage(err) {
+			t.Fatalf("message %d: %v, want an outage or nil", i, err)
+		}
 	}
 }
 

@@ -6,11 +6,12 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"net"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/outboxkit/outbox/internal/reconnect"
 
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -39,9 +40,13 @@ type Config struct {
 	// MaxMessageBytes is the largest record batch the client builds (franz-go's
 	// ProducerBatchMaxBytes, uncompressed): a message whose record alone is larger is
 	// rejected without being sent. Keep it at or below the max.message.bytes of every
-	// destination topic. Dial only. Defaults to 1,000,012 (MaxMessageBytesDefault), just
-	// under the broker default of 1,048,588. At least 512, at most 100 MiB (the most the
-	// client writes in one request, as Kafka's socket.request.max.bytes by default).
+	// destination topic. Dial only. Defaults to 1,048,576 (MaxMessageBytesDefault, 1 MiB,
+	// the Java producer's max.request.size), under the broker default of 1,048,588 (Kafka
+	// 1.1 and later; 1,000,012 before) and above the largest record of a message within
+	// Write's default outbox.Limits (about 1,035,000 bytes), so that what Write accepts
+	// by default is published. franz-go's own default is 1,000,012, which such a message
+	// can exceed. At least 512, at most 100 MiB (the most the client writes in one
+	// request, as Kafka's socket.request.max.bytes by default).
 	MaxMessageBytes int
 
 	// MaxBufferedRecords caps the records the client holds that Kafka has not
@@ -66,7 +71,7 @@ type Config struct {
 
 // Defaults of Config.
 const (
-	MaxMessageBytesDefault    = 1_000_012
+	MaxMessageBytesDefault    = 1 << 20
 	MaxBufferedRecordsDefault = 10_000
 	CompressionDefault        = "snappy"
 )
@@ -220,7 +225,7 @@ func checkClient(cl *kgo.Client) error {
 // Dial builds a client for the seed brokers ("host:port"; the port defaults to 9092) and
 // returns a publisher that owns it: Close closes it. Dial fails if no seed broker answers
 // within ctx (5 s when ctx has no deadline); once it succeeded, the client reconnects by
-// itself after any outage, retrying with backoff from 25 ms to 200 ms plus jitter
+// itself after any outage, retrying with backoff from 25 ms to 100 ms plus jitter
 // (kgo.RetryBackoffFn; franz-go's own is 250 ms to 5 s), and tells the relay when a
 // broker answers again (outbox.Reconnector), so that a relay paused by the outage
 // resumes at once.
@@ -252,7 +257,7 @@ func Dial(ctx context.Context, seeds []string, cfg Config, opts ...kgo.Opt) (*Pu
 		kgo.MaxBufferedRecords(cfg.MaxBufferedRecords),
 		kgo.ProducerLinger(0),
 		kgo.RecordDeliveryTimeout(deliveryTimeout),
-		kgo.RetryBackoffFn(retryBackoff),
+		kgo.RetryBackoffFn(reconnect.Delay),
 		kgo.WithHooks(hook),
 	}
 	if cfg.TLS != nil {
@@ -496,18 +501,6 @@ func headers(m *outbox.Message) []kgo.RecordHeader {
 		hs = append(hs, kgo.RecordHeader{Key: k, Value: []byte(v)})
 	})
 	return hs
-}
-
-// retryBackoff is the client's backoff between retries of a request (kgo.RetryBackoffFn):
-// from 25 ms to 200 ms, with up to 25 % jitter. A retry against a broker that is down
-// costs one refused connection; the short ceiling bounds how late the client notices that
-// it is back.
-func retryBackoff(tries int) time.Duration {
-	d := 200 * time.Millisecond
-	if tries < 4 {
-		d = min(d, 25*time.Millisecond<<max(tries, 0))
-	}
-	return d + rand.N(d/4+1)
 }
 
 // reconnectHook sends on back when the client connects to a broker after its last

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"strconv"
 	"strings"
 	"sync"
@@ -206,6 +207,70 @@ func TestPublishTooLargeForClient(t *testing.T) {
 	}
 	if n := len(tc.read(t, topic, 2)); n != 2 {
 		t.Errorf("%d records in the topic, want 2", n)
+	}
+}
+
+// TestPublishWriteLimits publishes the largest message Write accepts with its default
+// limits (outbox.Limits{}) through a publisher with its default MaxMessageBytes to a
+// topic with the broker's default max.message.bytes: what Write accepts by default must
+// be published, not refused at publish time and dead-lettered. The message has a payload
+// at MaxPayloadBytes, random so that compression cannot shrink it, MaxHeaders own
+// headers filling MaxHeaderBytes, and every name Write bounds at 255 bytes (each of
+// them travels as a header, the key also as the record key).
+func TestPublishWriteLimits(t *testing.T) {
+	t.Parallel()
+	tc := startCluster(t)
+	topic := tc.createTopic(t, 1, nil)
+	pub := tc.dial(t, outboxkafka.Config{Route: topic})
+
+	name := func(c string) string { return strings.Repeat(c, 255) }
+	m := outbox.Message{
+		Topic:         name("t"),
+		Key:           name("k"),
+		AggregateType: name("a"),
+		EventType:     name("e"),
+		ContentType:   "application/" + strings.Repeat("x", 255-len("application/")),
+		DedupKey:      name("d"),
+		CreatedAt:     time.Date(2026, 3, 4, 5, 6, 7, 891011121, time.UTC),
+		Payload:       randomBytes(outbox.MaxPayloadBytesDefault),
+		Headers:       map[string]string{},
+	}
+	// Names and values of 128 bytes: each of their lengths takes 2 bytes in the record,
+	// about the most framing the headers can have within MaxHeaderBytes.
+	const half = outbox.MaxHeaderBytesDefault / outbox.MaxHeadersDefault / 2
+	for i := range outbox.MaxHeadersDefault {
+		prefix := fmt.Sprintf("x-%02d-", i)
+		m.Headers[prefix+strings.Repeat("n", half-len(prefix))] = strings.Repeat("v", half)
+	}
+	prepared := []outbox.Message{m}
+	if err := (outbox.Limits{}).Prepare(prepared); err != nil {
+		t.Fatalf("Write refuses the message: %v", err)
+	}
+	// At the limits: a byte more of payload or of headers, and Write refuses it.
+	more := m
+	more.Payload = append(bytes.Clone(m.Payload), 0)
+	if err := (outbox.Limits{}).Prepare([]outbox.Message{more}); err == nil || !strings.Contains(err.Error(), "MaxPayloadBytes") {
+		t.Fatalf("a byte more of payload: %v, want a refusal naming Limits.MaxPayloadBytes", err)
+	}
+	more = m
+	more.Headers = maps.Clone(m.Headers)
+	for k, v := range more.Headers {
+		more.Headers[k] = v + "v"
+		break
+	}
+	if err := (outbox.Limits{}).Prepare([]outbox.Message{more}); err == nil || !strings.Contains(err.Error(), "MaxHeaderBytes") {
+		t.Fatalf("a byte more of headers: %v, want a refusal naming Limits.MaxHeaderBytes", err)
+	}
+
+	testenv.RequirePublishedAll(t, pub.Publish(testenv.Context(t), []*outbox.Message{&prepared[0]}))
+	rs := tc.read(t, topic, 1)
+	if len(rs) != 1 {
+		t.Fatalf("%d records in the topic, want 1", len(rs))
+	}
+	r := rs[0]
+	if string(r.Key) != m.Key || !bytes.Equal(r.Value, m.Payload) || len(r.Headers) != outbox.MaxHeadersDefault+8 {
+		t.Errorf("record with a key of %d bytes, a value of %d bytes and %d headers, want %d, %d and %d",
+			len(r.Key), len(r.Value), len(r.Headers), len(m.Key), len(m.Payload), outbox.MaxHeadersDefault+8)
 	}
 }
 

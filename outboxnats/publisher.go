@@ -5,12 +5,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"net/textproto"
 	"net/url"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/outboxkit/outbox/internal/reconnect"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -126,7 +127,7 @@ func New(js jetstream.JetStream, cfg Config) (*Publisher, error) {
 // first; once connected, the connection survives any outage.
 //
 // Dial's defaults can be overridden by opts, which are applied after them: reconnect
-// forever with exponential backoff from 25 ms to 200 ms plus jitter, so that a relay
+// forever with exponential backoff from 25 ms to 100 ms plus jitter, so that a relay
 // paused by an outage resumes within about a quarter second of the server's return (the
 // publisher reports each reconnection to the relay: outbox.Reconnector), no reconnect buffer
 // (a publish while disconnected fails at once as an outage instead of queueing), a ping
@@ -145,7 +146,7 @@ func Dial(ctx context.Context, url string, cfg Config, opts ...nats.Option) (*Pu
 	defaults := []nats.Option{
 		nats.Name("outboxnats"),
 		nats.MaxReconnects(-1),
-		nats.CustomReconnectDelay(reconnectDelay),
+		nats.CustomReconnectDelay(reconnect.Delay),
 		nats.ReconnectHandler(func(*nats.Conn) {
 			select {
 			case reconnected <- struct{}{}:
@@ -188,18 +189,6 @@ func Dial(ctx context.Context, url string, cfg Config, opts ...nats.Option) (*Pu
 // reconnection of the connection Dial made. It is nil for a publisher made by New, whose
 // connection is the caller's (nats.ReconnectHandler is the caller's to set).
 func (p *Publisher) Reconnected() <-chan struct{} { return p.reconnected }
-
-// reconnectDelay backs off exponentially from 25 ms to 200 ms, with up to 25 % jitter so
-// that many relays do not reconnect in step. A failed attempt costs the server one
-// refused or closed connection, and the short ceiling bounds how late a relay notices
-// that the server is back.
-func reconnectDelay(attempts int) time.Duration {
-	d := 200 * time.Millisecond
-	if attempts < 4 {
-		d = min(d, 25*time.Millisecond<<max(attempts, 0))
-	}
-	return d + rand.N(d/4+1)
-}
 
 // redactURL hides the user information of every URL of a comma-separated list: with
 // token authentication the token is the user name, so url.URL.Redacted is not enough.

@@ -136,25 +136,11 @@ func (d *Driver) Fetch(ctx context.Context, req outboxdriver.FetchRequest) ([]*o
 	if err := d.needPool(); err != nil {
 		return nil, err
 	}
-	shards := make([]int16, len(req.Leases))
-	for i, l := range req.Leases {
-		shards[i] = int16(l.Shard)
+	sql, args, err := d.fetchStatement(req)
+	if err != nil {
+		return nil, err
 	}
-	exclude := req.Exclude
-	if exclude == nil {
-		exclude = []int64{}
-	}
-	var msgs []*outbox.Message
-	var err error
-	if req.After > 0 {
-		held, herr := pgsql.HeldKeys(req.Held())
-		if herr != nil {
-			return nil, herr
-		}
-		msgs, err = queryNoJIT(ctx, d.pool, scanMessage, d.fetchAfterSQL, req.RelayID, shards, req.After, req.Limit, held)
-	} else {
-		msgs, err = queryNoJIT(ctx, d.pool, scanMessage, d.fetchSQL, req.RelayID, shards, exclude, req.Limit)
-	}
+	msgs, err := queryNoJIT(ctx, d.pool, scanMessage, sql, args...)
 	if err != nil {
 		return nil, fmt.Errorf("fetch: %w", err)
 	}
@@ -167,20 +153,23 @@ func (d *Driver) Fetch(ctx context.Context, req outboxdriver.FetchRequest) ([]*o
 // so on a large backlog, or before the table has statistics, its cost estimate crosses
 // jit_above_cost and compiling takes hundreds of milliseconds for a query that runs in a
 // few. The setting is local to the batch's implicit transaction: the pool's connections
-// are left as they were.
+// are left as they were. A connection the server had closed is replaced at once
+// (onLiveConn).
 func queryNoJIT[T any](ctx context.Context, pool *pgxpool.Pool, scan pgx.RowToFunc[T], sql string, args ...any) ([]T, error) {
-	var out []T
-	b := &pgx.Batch{}
-	b.Queue("SELECT set_config('jit', 'off', true)")
-	b.Queue(sql, args...).Query(func(rows pgx.Rows) error {
-		var err error
-		out, err = pgx.CollectRows(rows, scan)
-		return err
+	return onLiveConn(ctx, pool, func() ([]T, error) {
+		var out []T
+		b := &pgx.Batch{}
+		b.Queue("SELECT set_config('jit', 'off', true)")
+		b.Queue(sql, args...).Query(func(rows pgx.Rows) error {
+			var err error
+			out, err = pgx.CollectRows(rows, scan)
+			return err
+		})
+		if err := pool.SendBatch(ctx, b).Close(); err != nil {
+			return nil, err
+		}
+		return out, nil
 	})
-	if err := pool.SendBatch(ctx, b).Close(); err != nil {
-		return nil, err
-	}
-	return out, nil
 }
 
 func scanMessage(row pgx.CollectableRow) (*outbox.Message, error) {
@@ -292,7 +281,7 @@ func (d *Driver) SyncLeases(ctx context.Context, req outboxdriver.LeaseRequest) 
 // Listen implements outboxdriver.Listener with LISTEN on a connection of its own. It does not
 // work through PgBouncer in transaction pooling mode (the session that listens is not
 // kept); the relay's polling covers that case.
-func (d *Driver) Listen(ctx context.Context, wake func()) error {
+func (d *Driver) Listen(ctx context.Context, wake func(outboxdriver.Wake)) error {
 	if err := d.needPool(); err != nil {
 		return err
 	}
@@ -305,11 +294,16 @@ func (d *Driver) Listen(ctx context.Context, wake func()) error {
 	if _, err := conn.Exec(ctx, "LISTEN "+d.names.ChannelIdent); err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
-	wake() // anything written before LISTEN took effect
+	wake(outboxdriver.WakeWritten) // anything written before LISTEN took effect
 	for {
-		if _, err := conn.WaitForNotification(ctx); err != nil {
+		n, err := conn.WaitForNotification(ctx)
+		if err != nil {
 			return err
 		}
-		wake()
+		if n.Payload == pgsql.NotifyLeases {
+			wake(outboxdriver.WakeLeases)
+		} else {
+			wake(outboxdriver.WakeWritten)
+		}
 	}
 }

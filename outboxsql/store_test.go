@@ -56,7 +56,7 @@ func TestRelayStatementsLeaveSessionAlone(t *testing.T) {
 func TestFetchContinuationOddKeys(t *testing.T) {
 	forEachDriver(t, func(t *testing.T, b *testBundle) {
 		c := testenv.Context(t)
-		keys := []string{`a,b`, `"q"`, `NULL`, `{x}`, `back\slash`, ` `, `é`}
+		keys := []string{`a,b`, `"q"`, `NULL`, `{x}`, `back\slash`, `sp ace`, `é`}
 		var first, second []outbox.Message
 		for _, k := range keys {
 			first = append(first, msg("t", k))

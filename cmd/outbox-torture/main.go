@@ -140,6 +140,7 @@ func parse(args []string, stderr io.Writer) (chaos.Config, error) {
 	fs.Float64Var(&cfg.Rate, "rate", 300, "transactions per second over all writers (1-3 events each)")
 	fs.IntVar(&cfg.Keys, "keys", 64, "aggregates (ordering keys); with few, long transactions hold up the writers")
 	fs.StringVar(&cfg.DatabaseURL, "database-url", "", "PostgreSQL `URL` (default: the local test database); a throwaway schema is made there")
+	fs.BoolVar(&cfg.WAL, "wal", false, "run the relays in WAL mode (PostgreSQL logical replication; implies --private-postgres,\nwith wal_level=logical, and sets up the slot)")
 	fs.BoolVar(&cfg.PrivatePostgres, "private-postgres", false, "run the database on a private PostgreSQL server instead of --database-url (initdb in a\ntemporary directory; needs the PostgreSQL server binaries) and add pg-restart faults")
 	fs.StringVar(&cfg.Artifacts, "artifacts", "", "`directory` that keeps the fault log and, on failure, the history")
 	if err := fs.Parse(args); err != nil {

@@ -104,18 +104,19 @@ func PublishedEstimate(relTuples, liveTuples int64) (estimate int64, ok bool) {
 
 // StatusRelays returns the relays of the relays table (expired ones are kept about an
 // hour) in start order: id, hostname, pid, started_at, heartbeat_at, live, and the number
-// of shards each holds an unexpired lease on.
+// of shards each holds a lease on while live (a lease lives by its owner's heartbeat).
 func (n *Names) StatusRelays() string {
 	return n.r(`SELECT r.id, r.hostname, r.pid, r.started_at, r.heartbeat_at, r.expires_at > now(),
-       (SELECT count(*) FROM {{leases}} l WHERE l.owner = r.id AND l.expires_at > now())::int
+       CASE WHEN r.expires_at > now() THEN (SELECT count(*) FROM {{leases}} l WHERE l.owner = r.id) ELSE 0 END::int
 FROM {{relays}} r
 ORDER BY r.started_at, r.id`)
 }
 
-// StatusShards returns the number of shards and of shards with an unexpired lease.
+// StatusShards returns the number of shards and of shards whose owner is live.
 func (n *Names) StatusShards() string {
-	return n.r(`SELECT count(*)::int, (count(*) FILTER (WHERE owner IS NOT NULL AND expires_at > now()))::int
-FROM {{leases}}`)
+	return n.r(`SELECT count(*)::int,
+       (count(*) FILTER (WHERE EXISTS (SELECT 1 FROM {{relays}} r WHERE r.id = l.owner AND r.expires_at > now())))::int
+FROM {{leases}} l`)
 }
 
 // deadQuery is a dead-letter selection rendered as SQL: where is a condition on the

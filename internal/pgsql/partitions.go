@@ -67,14 +67,14 @@ func (n *Names) lockedTx(ctx context.Context, inTx InTx, lock, timeout string, f
 		ran = true
 		return fn(q)
 	})
-	if sqlState(err) == "55P03" { // lock_not_available: lock_timeout passed
+	if SQLState(err) == "55P03" { // lock_not_available: lock_timeout passed
 		return false, nil
 	}
 	return ran, err
 }
 
-// sqlState returns the SQLSTATE of a PostgreSQL error from either driver, or "".
-func sqlState(err error) string {
+// SQLState returns the SQLSTATE of a PostgreSQL error from either driver, or "".
+func SQLState(err error) string {
 	var pe interface{ SQLState() string }
 	if errors.As(err, &pe) {
 		return pe.SQLState()

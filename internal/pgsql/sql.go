@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/outboxkit/outbox/internal/broken"
 )
@@ -144,7 +143,7 @@ func HeldKeys(held map[string]int64) (string, error) {
 }
 
 func (n *Names) fetch(cond string) string {
-	leased := `o.shard = ANY(ARRAY(SELECT l.shard FROM {{leases}} l WHERE l.owner = $1 AND l.expires_at > now() AND l.shard = ANY($2::smallint[])))`
+	leased := `o.shard = ANY(ARRAY(SELECT l.shard FROM {{leases}} l WHERE l.owner = $1 AND l.shard = ANY($2::smallint[])))`
 	if broken.Has(broken.NoKeyGate) {
 		leased = `$1::text IS NOT NULL AND $2::smallint[] IS NOT NULL` // canary: every shard's rows
 	}
@@ -163,8 +162,9 @@ LIMIT $4`)
 }
 
 // Complete records outcomes in one statement, fenced: a row is touched only if its
-// shard's lease is still the relay's, unexpired, under one of the tokens the relay
-// claims ($2). Tokens are unique per shard ownership, so that is the token under which
+// shard's lease is still the relay's, under one of the tokens the relay claims ($2). No
+// time is read: a lease changes hands (owner and token) only when another relay takes it
+// after its owner's heartbeat expired, and until then the owner's outcomes are its own. Tokens are unique per shard ownership, so that is the token under which
 // the relay fetched the row (the relay drops outcomes whose token it no longer holds
 // before it calls this). The lease rows are locked FOR SHARE, so a takeover waits for
 // this statement. Rows are found by "seq = ANY", a primary-key lookup that stays cheap
@@ -178,7 +178,7 @@ LIMIT $4`)
 func (n *Names) Complete() string {
 	return n.r(`WITH valid AS (
     SELECT shard FROM {{leases}}
-    WHERE owner = $1 AND expires_at > now() AND token = ANY($2::bigint[])
+    WHERE owner = $1 AND token = ANY($2::bigint[])
     FOR SHARE
 ), pub AS (
     DELETE FROM {{outbox}} o
@@ -247,6 +247,16 @@ RETURNING seq`)
 
 // Lease statements, run in one transaction by SyncLeases.
 //
+// A lease row says who holds a shard (owner, token) and is written only when the shard
+// changes hands: taken, adopted, released. Whether its owner is alive is the owner's row
+// in the relays table, whose heartbeat (expires_at) each round renews: one row a relay,
+// however many shards it holds. Under a long transaction elsewhere in the database every
+// row written is a version vacuum cannot remove, and every fetch and every outcome reads
+// the lease rows, so they must not change while held (renewing each lease made 64 rows
+// a second, about 38,000 dead versions in 10 minutes). The lease rows' expires_at is
+// written when a shard is taken or adopted, a TTL ahead; it is read only for a lease
+// whose owner has no relay row (LeaseAcquire), and by tools.
+//
 // Under the canary broken.LocalClockLeases they judge time by the relay's clock, which
 // SyncLeases sets first in the transaction (ClockSetting, RelayClock).
 func (n *Names) lease(s string) string {
@@ -263,69 +273,70 @@ ON CONFLICT (id) DO UPDATE SET heartbeat_at = now(), expires_at = excluded.expir
 
 func (n *Names) LeaseForgetRelay() string { return n.lease(`DELETE FROM {{relays}} WHERE id = $1`) }
 
+// LeasePruneRelays deletes the relays gone for an hour that own no lease: while a relay
+// owns one, its row is what a taker locks (LeaseLockExpired).
 func (n *Names) LeasePruneRelays() string {
-	return n.lease(`DELETE FROM {{relays}} WHERE expires_at < now() - interval '1 hour'`)
+	return n.lease(`DELETE FROM {{relays}} r WHERE r.expires_at < now() - interval '1 hour'
+  AND NOT EXISTS (SELECT 1 FROM {{leases}} l WHERE l.owner = r.id)`)
 }
+
+// LeaseLockExpired locks the rows of the relays whose heartbeat expired, and returns
+// their ids: the owners whose shards LeaseAcquire may take. The lock orders a take
+// against the owner's own round: a heartbeat that committed since the statement's
+// snapshot is seen (the lock rechecks the row's latest version), one in progress makes
+// the row skipped (its owner is alive), and one that comes later waits for the take to
+// commit, so that the owner's round then sees its shards gone. Without it, a take judged
+// on a snapshot from before the owner's late heartbeat left two relays each holding the
+// shard until the owner's next round (the torture's lease check caught it). SKIP LOCKED:
+// two relays taking at once, or a heartbeat, never wait on each other, so no deadlock.
+func (n *Names) LeaseLockExpired() string {
+	return n.lease(`SELECT id FROM {{relays}} WHERE expires_at <= now() FOR UPDATE SKIP LOCKED`)
+}
+
+// NotifyLeases is the payload of the notification a lease round that released shards
+// sends on the outbox's channel (outboxdriver.WakeLeases); the NOTIFY trigger's is empty.
+const NotifyLeases = "leases"
 
 func (n *Names) LeaseRelease() string {
 	return n.lease(`UPDATE {{leases}} SET owner = NULL, expires_at = '-infinity' WHERE owner = $1 AND token = ANY($2::bigint[])`)
-}
-
-// LeaseRenew sets the relay's leases ($1 relay, $3 tokens) to expire $2 ms from now; with
-// $4 above 0, only those that expire within $4 ms: a lease with more left is not rewritten
-// (a renewal is a row version, which vacuum cannot remove while a long transaction is
-// open, and which every fetch then reads).
-func (n *Names) LeaseRenew() string {
-	return n.lease(`UPDATE {{leases}} SET expires_at = now() + $2 * interval '1 millisecond'
-WHERE owner = $1 AND token = ANY($3::bigint[])
-  AND ($4::bigint <= 0 OR expires_at < now() + $4::bigint * interval '1 millisecond')`)
 }
 
 func (n *Names) LeaseCounts() string {
 	return n.lease(`SELECT (SELECT count(*) FROM {{leases}}), (SELECT count(*) FROM {{relays}} WHERE expires_at > now())`)
 }
 
-// LeaseAcquire gives the relay $1 up to $3 free or expired shards for $2 ms under new
-// tokens, and returns the tokens.
+// LeaseAcquire gives the relay $1 up to $3 shards that are free, whose owner is among
+// $4 (expired, locked by LeaseLockExpired), or whose owner has no row (it left) and
+// which were taken more than a TTL ago, under new tokens, and returns the tokens ($2:
+// the TTL in ms, for expires_at).
+//
+// The last condition needs the lease row's own expires_at. A row that another round
+// takes and commits while this statement runs is re-checked (FOR UPDATE) in its new
+// version but against this statement's snapshot of the relays table, which lacks the
+// taker's row when that round was the taker's first (it inserts the row): "no row"
+// alone would take the shard straight back, and two relays would hold it (a canary
+// test starting relays together caught it). The new version's expires_at lies a TTL
+// ahead, so the re-check fails as it should.
 func (n *Names) LeaseAcquire() string {
 	return n.lease(`UPDATE {{leases}} SET owner = $1, token = nextval('{{token_seq}}'), expires_at = now() + $2 * interval '1 millisecond'
-WHERE shard IN (SELECT shard FROM {{leases}} WHERE owner IS NULL OR expires_at <= now() ORDER BY shard LIMIT $3 FOR UPDATE SKIP LOCKED)
+WHERE shard IN (SELECT l.shard FROM {{leases}} l
+    WHERE l.owner IS NULL OR l.owner = ANY($4::text[])
+       OR (l.expires_at <= now() AND NOT EXISTS (SELECT 1 FROM {{relays}} r WHERE r.id = l.owner))
+    ORDER BY l.shard LIMIT $3 FOR UPDATE SKIP LOCKED)
 RETURNING token`)
 }
 
-// LeaseAdopt gives the relay $1 its unexpired leases whose token is not among $3 (an
-// earlier process's) under new tokens for $2 ms, and returns the tokens.
+// LeaseAdopt gives the relay $1 its leases whose token is not among $3 (an earlier
+// process's of the same ID) under new tokens, and returns the tokens ($2: the TTL in
+// ms, for expires_at).
 func (n *Names) LeaseAdopt() string {
 	return n.lease(`UPDATE {{leases}} SET token = nextval('{{token_seq}}'), expires_at = now() + $2 * interval '1 millisecond'
-WHERE owner = $1 AND expires_at > now() AND NOT token = ANY($3::bigint[])
+WHERE owner = $1 AND NOT token = ANY($3::bigint[])
 RETURNING token`)
 }
 
-// leastLeft finds the least of the milliseconds left that LeaseHeld returns.
-type leastLeft struct {
-	ms  int64
-	any bool
-}
-
-// Add counts one lease's milliseconds left.
-func (l *leastLeft) Add(ms int64) {
-	if !l.any || ms < l.ms {
-		l.ms, l.any = ms, true
-	}
-}
-
-// Duration is the least time left, at least a millisecond (zero would read as a full
-// TTL); zero when no lease was counted (the relay holds none).
-func (l *leastLeft) Duration() time.Duration {
-	if !l.any {
-		return 0
-	}
-	return time.Duration(max(l.ms, 1)) * time.Millisecond
-}
-
-// LeaseHeld returns the relay's ($1) unexpired leases under the tokens $2: shard, token,
-// and the milliseconds left on it.
+// LeaseHeld returns the relay's ($1) leases under the tokens $2: shard, token. (Its
+// heartbeat, renewed in the same transaction, is what keeps them.)
 func (n *Names) LeaseHeld() string {
-	return n.lease(`SELECT shard, token, (extract(epoch FROM expires_at - now()) * 1000)::bigint
-FROM {{leases}} WHERE owner = $1 AND expires_at > now() AND token = ANY($2::bigint[]) ORDER BY shard`)
+	return n.lease(`SELECT shard, token FROM {{leases}} WHERE owner = $1 AND token = ANY($2::bigint[]) ORDER BY shard`)
 }

@@ -151,14 +151,15 @@ var ErrNoPartition = errors.New("the published history has no partition for toda
 // check_violation is the only constraint the statement can break, since the outbox tables
 // have no CHECK constraint of their own; a partition bound is one.
 func CompleteError(err error) error {
-	if sqlState(err) == "23514" {
+	if SQLState(err) == "23514" {
 		return fmt.Errorf("record outcomes: %w: %w", ErrNoPartition, err)
 	}
 	return fmt.Errorf("record outcomes: %w", err)
 }
 
-// SyncLeases implements outboxdriver.Store in one transaction: release, heartbeat, prune
-// the relays gone for an hour, renew, then take shards up to the fair share.
+// SyncLeases implements outboxdriver.Store in one transaction: release, heartbeat (which
+// renews every lease the relay holds: a lease is live while its owner's heartbeat is),
+// prune the relays gone for an hour, adopt, then take shards up to the fair share.
 func (db *DB) SyncLeases(ctx context.Context, req outboxdriver.LeaseRequest) (outboxdriver.LeaseState, error) {
 	if err := db.Ready(); err != nil {
 		return outboxdriver.LeaseState{}, err
@@ -167,7 +168,6 @@ func (db *DB) SyncLeases(ctx context.Context, req outboxdriver.LeaseRequest) (ou
 	err := db.InTx(ctx, func(q Querier) error {
 		n := db.Names
 		ttl := req.TTL.Milliseconds()
-		renewBelow := req.RenewBelow.Milliseconds()
 		if broken.Has(broken.LocalClockLeases) { // canary: the lease statements use the relay's clock
 			if err := q.Exec(ctx, "SELECT set_config('"+ClockSetting+"', $1, true)", RelayClock(req.RelayID)); err != nil {
 				return err
@@ -175,6 +175,11 @@ func (db *DB) SyncLeases(ctx context.Context, req outboxdriver.LeaseRequest) (ou
 		}
 		if len(req.Release) > 0 {
 			if err := q.Exec(ctx, n.LeaseRelease(), req.RelayID, IntArray(tokens(req.Release))); err != nil {
+				return err
+			}
+			// Listening relays take the shards now rather than at their next renewal
+			// (delivered at commit, and only then).
+			if err := q.Exec(ctx, `SELECT pg_notify($1, $2)`, n.Channel, NotifyLeases); err != nil {
 				return err
 			}
 		}
@@ -186,11 +191,6 @@ func (db *DB) SyncLeases(ctx context.Context, req outboxdriver.LeaseRequest) (ou
 		}
 		if err := q.Exec(ctx, n.LeasePruneRelays()); err != nil {
 			return err
-		}
-		if len(req.Held) > 0 {
-			if err := q.Exec(ctx, n.LeaseRenew(), req.RelayID, ttl, IntArray(tokens(req.Held)), renewBelow); err != nil {
-				return err
-			}
 		}
 		// The relay's leases are the ones it presents, the adopted and the taken: a
 		// lease of its ID under another token is an earlier process's, and without Adopt
@@ -204,7 +204,7 @@ func (db *DB) SyncLeases(ctx context.Context, req outboxdriver.LeaseRequest) (ou
 			}
 			known = append(known, adopted...)
 		}
-		held, left, err := db.held(ctx, q, req.RelayID, known)
+		held, err := db.held(ctx, q, req.RelayID, known)
 		if err != nil {
 			return err
 		}
@@ -213,17 +213,24 @@ func (db *DB) SyncLeases(ctx context.Context, req outboxdriver.LeaseRequest) (ou
 		}
 		st.Target = st.FairShare()
 		if want := st.Target - len(held); want > 0 {
-			taken, err := Collect(ctx, q, n.LeaseAcquire(), []any{req.RelayID, ttl, want}, ScanInt64)
+			expired, err := Collect(ctx, q, n.LeaseLockExpired(), nil, func(r Row) (string, error) {
+				var id string
+				return id, r.Scan(&id)
+			})
+			if err != nil {
+				return err
+			}
+			taken, err := Collect(ctx, q, n.LeaseAcquire(), []any{req.RelayID, ttl, want, expired}, ScanInt64)
 			if err != nil {
 				return err
 			}
 			if len(taken) > 0 {
-				if held, left, err = db.held(ctx, q, req.RelayID, append(known, taken...)); err != nil {
+				if held, err = db.held(ctx, q, req.RelayID, append(known, taken...)); err != nil {
 					return err
 				}
 			}
 		}
-		st.Held, st.Left = held, left
+		st.Held = held
 		return nil
 	})
 	if err != nil {
@@ -232,18 +239,12 @@ func (db *DB) SyncLeases(ctx context.Context, req outboxdriver.LeaseRequest) (ou
 	return st, nil
 }
 
-// held returns the relay's unexpired leases under tokens and the time left on the one
-// that expires first.
-func (db *DB) held(ctx context.Context, q Querier, relayID string, tokens []int64) ([]outboxdriver.Lease, time.Duration, error) {
-	var left leastLeft
-	held, err := Collect(ctx, q, db.Names.LeaseHeld(), []any{relayID, IntArray(tokens)}, func(r Row) (outboxdriver.Lease, error) {
+// held returns the relay's leases under tokens.
+func (db *DB) held(ctx context.Context, q Querier, relayID string, tokens []int64) ([]outboxdriver.Lease, error) {
+	return Collect(ctx, q, db.Names.LeaseHeld(), []any{relayID, IntArray(tokens)}, func(r Row) (outboxdriver.Lease, error) {
 		var l outboxdriver.Lease
-		var ms int64
-		err := r.Scan(&l.Shard, &l.Token, &ms)
-		left.Add(ms)
-		return l, err
+		return l, r.Scan(&l.Shard, &l.Token)
 	})
-	return held, left.Duration(), err
 }
 
 // DeletePublished implements outboxdriver.Store: up to limit published messages older

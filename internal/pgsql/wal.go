@@ -469,7 +469,7 @@ func (n *Names) WALSetup(ctx context.Context, inTx InTx, o WALSetupOptions) (WAL
 		s := newStep(inTx, fmt.Sprintf("create publication %q of the inserts into %s", o.Publication, n.outboxDisplay()), sql)
 		s.run = func(ctx context.Context) error {
 			err := inTx(ctx, func(q Querier) error { return q.Exec(ctx, sql) })
-			if sqlState(err) == "42710" { // duplicate_object: a concurrent setup made it
+			if SQLState(err) == "42710" { // duplicate_object: a concurrent setup made it
 				return n.recheckPublication(ctx, inTx, o.Publication)
 			}
 			return err
@@ -541,7 +541,7 @@ func (n *Names) createSlotStep(inTx InTx, o WALSetupOptions, timeout time.Durati
 			var lsn string
 			return q.QueryRow(ctx, create, nil, &lsn)
 		})
-		switch sqlState(err) {
+		switch SQLState(err) {
 		case "57014": // query_canceled: the statement_timeout
 			return n.slotWaitError(ctx, inTx, o.Slot, timeout, err)
 		case "42710": // duplicate_object: a concurrent setup made it
@@ -619,7 +619,7 @@ func (n *Names) triggerStep(inTx InTx, slot string, enable bool) walStep {
 	run := s.run
 	s.run = func(ctx context.Context) error {
 		err := run(ctx)
-		if sqlState(err) == "55P03" { // lock_not_available
+		if SQLState(err) == "55P03" { // lock_not_available
 			return fmt.Errorf("waited %s for writers holding %s and gave up rather than hold them up; run the command again "+
 				"(the steps before are done)%s: %w", walLockTimeout, n.outboxDisplay(), advice, err)
 		}
@@ -827,6 +827,18 @@ func (n *Names) WALDrop(ctx context.Context, inTx InTx, o WALDropOptions) (WALDr
 	}
 
 	var steps []walStep
+	// The slot's row goes first: a relay in WAL mode opens the stream only while the
+	// slot is recorded, so once the row is gone a terminated reader does not take the
+	// slot again before it is dropped.
+	if f.row != nil {
+		stmts := []string{"DELETE FROM " + n.walTable() + " WHERE slot_name = " + literal(o.Slot)}
+		do := fmt.Sprintf("forget slot %q in %s", o.Slot, n.walTable())
+		if enable {
+			stmts = append([]string{"SET LOCAL lock_timeout = '" + walLockTimeout + "'", "ALTER TABLE " + n.Outbox + " ENABLE TRIGGER " + n.Trigger}, stmts...)
+			do += ", and enable the NOTIFY trigger that setup disabled"
+		}
+		steps = append(steps, newStep(inTx, do, stmts...))
+	}
 	if f.slot.exists {
 		if f.slot.active {
 			res.Terminated = f.slot.pid
@@ -837,15 +849,6 @@ func (n *Names) WALDrop(ctx context.Context, inTx InTx, o WALDropOptions) (WALDr
 	}
 	if dropPub {
 		steps = append(steps, newStep(inTx, fmt.Sprintf("drop publication %q", res.Publication), "DROP PUBLICATION IF EXISTS "+quote(res.Publication)))
-	}
-	if f.row != nil {
-		stmts := []string{"DELETE FROM " + n.walTable() + " WHERE slot_name = " + literal(o.Slot)}
-		do := fmt.Sprintf("forget slot %q in %s", o.Slot, n.walTable())
-		if enable {
-			stmts = append([]string{"SET LOCAL lock_timeout = '" + walLockTimeout + "'", "ALTER TABLE " + n.Outbox + " ENABLE TRIGGER " + n.Trigger}, stmts...)
-			do += ", and enable the NOTIFY trigger that setup disabled"
-		}
-		steps = append(steps, newStep(inTx, do, stmts...))
 	}
 	for _, s := range steps {
 		res.Steps = append(res.Steps, s.WALStep)
@@ -874,7 +877,7 @@ func (n *Names) dropSlotStep(inTx InTx, slot string, force bool) walStep {
 		backoff := 100 * time.Millisecond
 		for attempt := 1; ; attempt++ {
 			err := inTx(ctx, func(q Querier) error { return q.Exec(ctx, sql) })
-			switch sqlState(err) {
+			switch SQLState(err) {
 			case "42704": // undefined_object: dropped meanwhile
 				return nil
 			case "55006":

@@ -15,7 +15,8 @@ import (
 
 // AddMessageSeeds seeds a fuzz target over a message's fields with what the brokers'
 // own rules are about: reserved names, separators, wildcards, white space and invisible
-// characters, header names HTTP manages, values with edge white space, odd payloads.
+// characters, header names HTTP manages, values with inner white space (Write refuses it
+// at either end, which NATS and HTTP trim), odd payloads.
 func AddMessageSeeds(f *testing.F) {
 	type seed struct {
 		topic, key, aggregateType, eventType, contentType, dedupKey, header, value string
@@ -25,9 +26,9 @@ func AddMessageSeeds(f *testing.F) {
 		{"orders", "o-1", "order", "placed", "", "", "traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", []byte(`{"n":1}`)},
 		{"$JS.API.STREAM.DELETE.ORDERS", "", "", "", "", "", "x", "y", nil},
 		{"_INBOX.x", "k y", "", "", "text/plain", "d", "Outbox-Id", "shadow", []byte{0xff}},
-		{"a..b", "", "", "", "", "", "x", " padded\t", nil},
+		{"a..b", "", "", "", "", "", "x", "pad ded\tin  side", nil},
 		{"orders.*", "", "", "", "", "", "x", "", nil},
-		{">", "", "", "", "", "", "x", "\t", nil},
+		{">", "", "", "", "", "", "x", "a\tb", nil},
 		{"__consumer_offsets", "", "", "", "", "", "Host", "h", nil},
 		{"amq.gen", "", "", "", "", "", "Content-Length", "1", nil},
 		{"orders/é", "", "", "", "", "", "Authorization", "Bearer x", nil},

@@ -83,10 +83,28 @@ type Timing struct {
 	// read-back gives no arrival times.
 	Latency Dist
 	// Kinds is the heal-to-first-arrival per fault kind, sorted by kind: for each healed
-	// fault, the time from its heal to the first arrival of any copy at or after it.
+	// fault, the time to the first arrival of any copy at or after its heal, counted from
+	// the heal or, when no committed event was waiting then, from the first commit after
+	// it (FaultTiming.Ready).
 	Kinds []KindTiming
 	// Heal is heal-to-first-arrival over every fault whose kind can block publishing.
 	Heal Dist
+	// Faults is each fault's own figure, in the order injected, for a closer look at one
+	// (the runs keep it in their artifacts, timing.jsonl).
+	Faults []FaultTiming
+}
+
+// FaultTiming is one fault's heal-to-first-arrival.
+type FaultTiming struct {
+	Kind  string    `json:"kind"`
+	Start time.Time `json:"start"`
+	Heal  time.Time `json:"heal"`
+	// Ready is when something was first waiting to be published after the heal: the
+	// heal, or the first commit after it when nothing committed was waiting.
+	Ready   time.Time `json:"ready,omitzero"`
+	First   time.Time `json:"first_arrival,omitzero"`    // zero: nothing arrived after the heal
+	HealMS  float64   `json:"heal_to_first_ms,omitzero"` // First - Ready
+	Flowing bool      `json:"flowing,omitempty"`         // copies still arrived in the hold's second half
 }
 
 // Measure computes the run's Timing. Arrival times come from the deliveries'
@@ -115,9 +133,11 @@ func Measure(h *History, log *DeliveryLog, faults []FaultSpan) Timing {
 		}
 	}
 	var lat []time.Duration
+	var waits []wait
 	for id, at := range first {
 		if c, ok := committedAt[id]; ok {
 			lat = append(lat, at.Sub(c))
+			waits = append(waits, wait{c, at})
 		}
 	}
 	slices.SortFunc(arrivals, func(a, b time.Time) int { return a.Compare(b) })
@@ -139,19 +159,25 @@ func Measure(h *History, log *DeliveryLog, faults []FaultSpan) Timing {
 			byKind[f.Kind] = k
 		}
 		k.Faults++
+		ft := FaultTiming{Kind: f.Kind, Start: f.Start, Heal: f.Heal}
 		mid := f.Start.Add(f.Heal.Sub(f.Start) / 2)
 		if i := firstAtOrAfter(arrivals, mid); i < len(arrivals) && arrivals[i].Before(f.Heal) {
 			k.Flowing++
+			ft.Flowing = true
 		}
 		i := firstAtOrAfter(arrivals, f.Heal)
 		if i == len(arrivals) {
 			k.NoArrival++
+			tm.Faults = append(tm.Faults, ft)
 			continue
 		}
 		if n+1 < len(faults) && arrivals[i].After(faults[n+1].Start) {
 			k.NextFault++
 		}
-		d := arrivals[i].Sub(f.Heal)
+		ft.Ready = readyAfter(waits, f.Heal)
+		d := max(arrivals[i].Sub(ft.Ready), 0) // a late copy of an older event can come first
+		ft.First, ft.HealMS = arrivals[i], float64(d.Microseconds())/1000
+		tm.Faults = append(tm.Faults, ft)
 		samples[f.Kind] = append(samples[f.Kind], d)
 		if !f.CannotBlock {
 			all = append(all, d)
@@ -164,6 +190,34 @@ func Measure(h *History, log *DeliveryLog, faults []FaultSpan) Timing {
 	slices.SortFunc(tm.Kinds, func(a, b KindTiming) int { return cmp.Compare(a.Kind, b.Kind) })
 	tm.Heal = NewDist(all)
 	return tm
+}
+
+// wait is one event's time between its commit and its first arrival.
+type wait struct{ commit, arrival time.Time }
+
+// readyAfter returns the first moment at or after heal at which an event was waiting to
+// be published: heal itself if one committed before it arrived after it, otherwise the
+// first commit after heal (of an event that arrived at all). A fault can stall the
+// writers as well (terminating the relays' sessions held the writers' commits up for
+// 160 ms in one run), and the relay cannot publish before there is something to publish.
+func readyAfter(waits []wait, heal time.Time) time.Time {
+	var ready time.Time
+	for _, w := range waits {
+		if w.arrival.Before(heal) {
+			continue
+		}
+		r := w.commit
+		if r.Before(heal) {
+			return heal
+		}
+		if ready.IsZero() || r.Before(ready) {
+			ready = r
+		}
+	}
+	if ready.IsZero() {
+		return heal
+	}
+	return ready
 }
 
 // firstAtOrAfter returns the index of the first of sorted at or after t.

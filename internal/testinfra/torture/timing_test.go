@@ -293,3 +293,25 @@ func TestTimingSummaryAndTable(t *testing.T) {
 	}
 	t.Log("\n" + table)
 }
+
+// TestReadyAfter: a fault's recovery is counted from its heal when an event was waiting
+// then, and from the first commit after the heal when none was (the writers stalled too).
+func TestReadyAfter(t *testing.T) {
+	base := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	at := func(ms int) time.Time { return base.Add(time.Duration(ms) * time.Millisecond) }
+	heal := at(1000)
+	for _, c := range []struct {
+		name  string
+		waits []wait
+		want  time.Time
+	}{
+		{"one waiting across the heal", []wait{{at(900), at(1100)}, {at(1050), at(1060)}}, heal},
+		{"none waiting: the first commit after", []wait{{at(500), at(600)}, {at(1200), at(1210)}, {at(1150), at(1300)}}, at(1150)},
+		{"published before the heal only", []wait{{at(500), at(600)}}, heal},
+		{"nothing", nil, heal},
+	} {
+		if got := readyAfter(c.waits, heal); !got.Equal(c.want) {
+			t.Errorf("%s: ready %v after the heal, want %v", c.name, got.Sub(heal), c.want.Sub(heal))
+		}
+	}
+}

@@ -83,6 +83,7 @@ func dial(ctx context.Context, kind, url, route string) (Publisher, error) {
 const (
 	KindRelayKill     = "relay-kill"
 	KindRelayStop     = "relay-stop"
+	KindRelayRestart  = "relay-restart"
 	KindPGTerminate   = "pg-terminate"
 	KindBrokerRestart = "broker-restart"
 	KindBrokerCut     = "broker-cut"

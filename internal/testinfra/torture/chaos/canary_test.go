@@ -20,8 +20,8 @@ import (
 // broken.LocalClockLeases breaks no delivery guarantee: fetching and recording are
 // fenced by the lease's owner and token in the database, so a relay that takes a shard
 // too early leaves the old owner only duplicates, which NATS drops by Nats-Msg-Id. It is
-// caught by the runner's lease check: no shard changes owner before its lease expired in
-// database time.
+// caught by the runner's lease check: no shard changes owner while its owner's heartbeat
+// is live in database time.
 //
 //	go test -tags outbox_broken -run TestCanaries ./internal/torture/chaos
 func TestCanaries(t *testing.T) {

@@ -72,3 +72,15 @@ func TestTortureNATS(t *testing.T) {
 		})
 	}
 }
+
+// TestTortureWAL is TestTortureNATS with the relays in WAL mode (a private server with
+// wal_level=logical and the slot set up): one relay reads the slot, the others poll
+// their shards; the stream is cut, its connections terminated and the database
+// restarted under load. Nothing lost, nothing reordered, as when polling.
+func TestTortureWAL(t *testing.T) {
+	for _, relays := range []int{1, 3} {
+		t.Run(fmt.Sprintf("relays=%d", relays), func(t *testing.T) {
+			runAndCheck(t, Config{Broker: "nats", Relays: relays, WAL: true})
+		})
+	}
+}

@@ -4,10 +4,12 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"io"
 	"log/slog"
 	"os"
 	"os/exec"
 	"os/signal"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -35,6 +37,7 @@ const (
 	envInFlight = "OUTBOX_TORTURE_MAX_IN_FLIGHT"
 	envAppName  = "OUTBOX_TORTURE_APP_NAME"
 	envAttempts = "OUTBOX_TORTURE_MAX_ATTEMPTS"
+	envWAL      = "OUTBOX_TORTURE_WAL"
 )
 
 // ringRotateRows is the relays' Config.RotateRows: at the workload's few hundred events a
@@ -82,6 +85,15 @@ func (p refusePoison) Publish(ctx context.Context, batch []*outbox.Message) []er
 		}
 	}
 	return errs
+}
+
+// Reconnected passes the real publisher's reconnection signal through (a paused relay
+// resumes at once on it); nil, which never fires, when it has none.
+func (p refusePoison) Reconnected() <-chan struct{} {
+	if rc, ok := p.Publisher.(outbox.Reconnector); ok {
+		return rc.Reconnected()
+	}
+	return nil
 }
 
 // Ping passes the real publisher's Ping through (the relay pings after an outage).
@@ -132,8 +144,13 @@ func RelayMain() int {
 	ttl, _ := time.ParseDuration(os.Getenv(envTTL))
 	inFlight, _ := strconv.Atoi(os.Getenv(envInFlight))
 	attempts, _ := strconv.Atoi(os.Getenv(envAttempts))
+	var wal *outbox.WALConfig
+	if on, _ := strconv.ParseBool(os.Getenv(envWAL)); on {
+		wal = &outbox.WALConfig{}
+	}
 	r, err := outbox.NewRelay(drv, refusePoison{pub}, outbox.RelayConfig{
-		ID: os.Getenv(envID), LeaseTTL: ttl, MaxInFlight: inFlight, PublishBatchSize: min(250, max(inFlight, 1)),
+		WAL: wal,
+		ID:  os.Getenv(envID), LeaseTTL: ttl, MaxInFlight: inFlight, PublishBatchSize: min(250, max(inFlight, 1)),
 		PollInterval: 100 * time.Millisecond, MaxAttempts: attempts,
 		RetryMinDelay: 50 * time.Millisecond, RetryMaxDelay: 200 * time.Millisecond,
 		OutageMinDelay: 50 * time.Millisecond, OutageMaxDelay: time.Second, PublishTimeout: 5 * time.Second,
@@ -157,6 +174,8 @@ type relayConfig struct {
 	ttl                                               time.Duration
 	inFlight, maxAttempts                             int
 	env                                               []string // extra environment
+	logDir                                            string   // where each incarnation's log is kept too ("": nowhere)
+	wal                                               bool     // WAL mode
 }
 
 // relay is one relay slot: a child process, restarted (as a new incarnation with a new
@@ -214,21 +233,37 @@ func (r *relay) start() error {
 	cmd.Env = append(os.Environ(), envChild+"=1", envDatabase+"="+c.databaseURL, envSchema+"="+c.schema,
 		envKind+"="+c.kind, envBroker+"="+c.broker, envRoute+"="+c.route,
 		envTTL+"="+c.ttl.String(), envID+"="+r.relayID(), envInFlight+"="+strconv.Itoa(c.inFlight),
-		envAppName+"="+c.appName, envAttempts+"="+strconv.Itoa(c.maxAttempts))
+		envAppName+"="+c.appName, envAttempts+"="+strconv.Itoa(c.maxAttempts), envWAL+"="+strconv.FormatBool(c.wal))
 	cmd.Env = append(cmd.Env, c.env...)
 	if r.stderr != nil {
 		r.logs = append(r.logs, tail(r.stderr.String(), 20))
 	}
 	r.stderr = &testenv.Buffer{}
 	cmd.Stderr = r.stderr
+	var logFile *os.File
+	if c.logDir != "" {
+		if logFile, err = os.Create(filepath.Join(c.logDir, "relay-"+r.id()+".log")); err != nil {
+			return err
+		}
+		cmd.Stderr = io.MultiWriter(r.stderr, logFile)
+	}
 	// The relay dies with this process even when the cleanups never run (a test
 	// binary killed by -timeout's panic).
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
+		if logFile != nil {
+			_ = logFile.Close()
+		}
 		return err
 	}
 	done := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(done) }()
+	go func() {
+		_ = cmd.Wait() // copies the whole of stderr before it returns
+		if logFile != nil {
+			_ = logFile.Close()
+		}
+		close(done)
+	}()
 	r.cmd, r.done, r.stopped = cmd, done, false
 	return nil
 }
@@ -262,6 +297,18 @@ func (r *relay) sigkill() string {
 	r.sampleLocked()
 	id := r.id()
 	_ = r.cmd.Process.Kill()
+	<-r.done
+	return id
+}
+
+// stop stops the current incarnation gracefully (SIGTERM: it drains what it holds and
+// gives its leases back) and waits for it to exit.
+func (r *relay) stop() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.sampleLocked()
+	id := r.id()
+	_ = r.cmd.Process.Signal(syscall.SIGTERM)
 	<-r.done
 	return id
 }

@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"encoding/binary"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	mrand "math/rand/v2"
 	"os"
@@ -16,6 +17,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outboxkit/outbox/internal/pgsql"
+	"github.com/outboxkit/outbox/internal/pgsql/pgxq"
 	"github.com/outboxkit/outbox/internal/testinfra/testdb"
 	"github.com/outboxkit/outbox/internal/testinfra/testenv"
 	"github.com/outboxkit/outbox/internal/testinfra/testpg"
@@ -58,7 +61,14 @@ type Config struct {
 	// started for the run and removed after it, instead of DatabaseURL, and adds the
 	// pg-restart fault, which the shared server must never suffer. Default false.
 	PrivatePostgres bool
-	// Artifacts is a directory for nemesis.jsonl and, on failure, history.jsonl; default
+	// WAL runs the relays in WAL mode (RelayConfig.WAL): the private server gets
+	// wal_level=logical and the outbox a slot ('outbox wal setup'). One relay reads the
+	// slot; the others stand by, polling their shards. It implies PrivatePostgres.
+	WAL bool
+	// Artifacts is a directory for nemesis.jsonl, timing.jsonl (each fault's heal to
+	// first arrival), each relay incarnation's log (relay-r<slot>.<incarnation>.log) and
+	// history.jsonl (without it, the history is kept only on failure, in a temporary
+	// directory); default
 	// a temporary directory.
 	Artifacts string
 	// RelayEnv is extra environment for the relay processes.
@@ -129,8 +139,15 @@ func Run(tb testenv.TB, cfg Config) torture.Report {
 	broker.Start(tb)
 
 	var pg *testpg.Server
+	if cfg.WAL {
+		cfg.PrivatePostgres = true
+	}
 	if cfg.PrivatePostgres {
-		pg = testpg.StartServer(tb)
+		var settings []string
+		if cfg.WAL {
+			settings = append(settings, "wal_level=logical", "wal_sender_timeout=10s")
+		}
+		pg = testpg.StartServer(tb, settings...)
 		cfg.DatabaseURL = pg.URL()
 	}
 
@@ -151,6 +168,9 @@ func Run(tb testenv.TB, cfg Config) torture.Report {
 	if err := watchLeases(ctx, db); err != nil {
 		tb.Fatal(err)
 	}
+	if cfg.WAL {
+		walSetup(tb, cfg.DatabaseURL, db.Schema)
+	}
 
 	// Relays reach the database through a proxy of their own (the writers do not).
 	dbProxy, relayDatabaseURL := proxyDatabase(tb, cfg.DatabaseURL)
@@ -159,7 +179,10 @@ func Run(tb testenv.TB, cfg Config) torture.Report {
 	_, _ = rand.Read(b[:])
 	rcfg := relayConfig{databaseURL: relayDatabaseURL, schema: db.Schema, kind: cfg.Broker, broker: broker.RelayURL(),
 		route: broker.Route(), appName: "torture-relay-" + hex.EncodeToString(b[:]), ttl: leaseTTL,
-		inFlight: maxInFlight, maxAttempts: cfg.MaxAttempts, env: cfg.RelayEnv}
+		inFlight: maxInFlight, maxAttempts: cfg.MaxAttempts, wal: cfg.WAL, env: cfg.RelayEnv}
+	if cfg.Artifacts != "" {
+		rcfg.logDir = cfg.Artifacts
+	}
 	rs := make([]*relay, cfg.Relays)
 	for i := range rs {
 		rs[i] = startRelay(tb, rcfg, i+1)
@@ -305,12 +328,15 @@ func Run(tb testenv.TB, cfg Config) torture.Report {
 		tb.Fatal(err)
 	}
 	rep.Timing = torture.Measure(h, log, faultSpans(nem.Records()))
+	writeJSONL(tb, filepath.Join(dir, "timing.jsonl"), rep.Timing.Faults)
 	tb.Logf("writing %s, drain %s, copies %d, faults %v", writing.Round(time.Millisecond), drained.Sub(drainStart).Round(time.Millisecond), rep.Copies, nem.Kinds())
 	storageChurn(tb, db, churned)
 	if !rep.OK() {
 		for _, ex := range rep.Examples {
 			tb.Logf("%s", ex)
 		}
+	}
+	if !rep.OK() || cfg.Artifacts != "" { // a directory asked for: keep the history too
 		if f, err := os.Create(filepath.Join(dir, "history.jsonl")); err == nil {
 			_ = h.WriteJSONL(f)
 			_ = f.Close()
@@ -370,8 +396,9 @@ func faultsMet(nem *nemesis.Nemesis, min map[string]int) bool {
 	return true
 }
 
-// relayFaults are SIGKILL (and a restart) and SIGSTOP past the lease (then SIGCONT) of a
-// relay picked by the nemesis.
+// relayFaults are SIGKILL (and a restart), SIGSTOP past the lease (then SIGCONT) and a
+// graceful restart (SIGTERM: the relay drains and hands its leases back; one step of a
+// rolling restart) of a relay picked by the nemesis.
 func relayFaults(rs []*relay) []nemesis.Fault {
 	pick := func(rnd *mrand.Rand) *relay { return rs[rnd.IntN(len(rs))] }
 	return []nemesis.Fault{
@@ -386,6 +413,11 @@ func relayFaults(rs []*relay) []nemesis.Fault {
 				r := pick(rnd)
 				id, err := r.signal(syscall.SIGSTOP)
 				return id, func() error { _, err := r.signal(syscall.SIGCONT); return err }, err
+			}},
+		{Kind: KindRelayRestart, MinHold: 100 * time.Millisecond, MaxHold: 500 * time.Millisecond,
+			Inject: func(rnd *mrand.Rand) (string, func() error, error) {
+				r := pick(rnd)
+				return r.stop(), r.start, nil
 			}},
 	}
 }
@@ -443,19 +475,21 @@ func RandomSeed() uint64 {
 	return binary.LittleEndian.Uint64(b[:]) >> 1
 }
 
-// watchLeases records every lease that changes owner before it expired in database
-// time: a relay took a live relay's shard. Releases (owner NULL) and takeovers of
-// expired or released leases are what correct relays do. The trigger's now() is the
-// transaction's, the same instant the lease statement judged expiry by.
+// watchLeases records every lease that changes owner while its owner's heartbeat had
+// not expired in database time: a relay took a live relay's shard. Releases (owner NULL)
+// and takeovers from relays whose heartbeat expired are what correct relays do. The
+// trigger's now() is the transaction's, the same instant the lease statement judged
+// expiry by.
 func watchLeases(ctx context.Context, db *testdb.DB) error {
 	s := pgx.Identifier{db.Schema}.Sanitize()
 	_, err := db.Pool.Exec(ctx, `CREATE TABLE `+s+`.torture_lease_steals (
     shard smallint, old_owner text, new_owner text, left_ms float8, at timestamptz DEFAULT now());
 CREATE FUNCTION `+s+`.torture_lease_steal() RETURNS trigger LANGUAGE plpgsql AS $fn$
 BEGIN
-    IF OLD.owner IS NOT NULL AND NEW.owner IS NOT NULL AND NEW.owner <> OLD.owner AND OLD.expires_at > now() THEN
+    IF OLD.owner IS NOT NULL AND NEW.owner IS NOT NULL AND NEW.owner <> OLD.owner THEN
         INSERT INTO `+s+`.torture_lease_steals (shard, old_owner, new_owner, left_ms)
-        VALUES (OLD.shard, OLD.owner, NEW.owner, extract(epoch FROM OLD.expires_at - now()) * 1000);
+        SELECT OLD.shard, OLD.owner, NEW.owner, extract(epoch FROM r.expires_at - now()) * 1000
+        FROM `+s+`.outbox_relays r WHERE r.id = OLD.owner AND r.expires_at > now();
     END IF;
     RETURN NEW;
 END
@@ -475,4 +509,47 @@ func leaseSteals(ctx context.Context, db *testdb.DB, rep *torture.Report) (int, 
 		rep.Examples = append(rep.Examples, ex)
 	}
 	return n, err
+}
+
+// writeJSONL writes rows to path, one JSON object a line; a failure is logged, not fatal
+// (the file is for a closer look, not for the verdict).
+func writeJSONL[T any](tb testenv.TB, path string, rows []T) {
+	f, err := os.Create(path)
+	if err == nil {
+		enc := json.NewEncoder(f)
+		for _, r := range rows {
+			if err = enc.Encode(r); err != nil {
+				break
+			}
+		}
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+	}
+	if err != nil {
+		tb.Logf("write %s: %v", path, err)
+	}
+}
+
+// walSetup does what 'outbox wal setup' does for the run's outbox: a publication and a
+// logical slot, named by default.
+func walSetup(tb testenv.TB, url, schema string) {
+	tb.Helper()
+	ctx := testenv.Context(tb)
+	names, err := pgsql.NewNames(pgsql.Config{Schema: schema})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	inTx := func(ctx context.Context, fn func(pgsql.Querier) error) error {
+		return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error { return fn(pgxq.Querier{DB: tx}) })
+	}
+	slot, pub := names.WALDefaults()
+	if _, err := names.WALSetup(ctx, inTx, pgsql.WALSetupOptions{Slot: slot, Publication: pub, SlotTimeout: testenv.Stall()}); err != nil {
+		tb.Fatalf("wal setup: %v", err)
+	}
 }

@@ -1,0 +1,262 @@
+package outboxpgx
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/pgsql"
+	"github.com/outboxkit/outbox/internal/testinfra/testenv"
+	"github.com/outboxkit/outbox/internal/testinfra/testpg"
+	"github.com/outboxkit/outbox/outboxtest"
+)
+
+// The relay in WAL mode (slice 3 of docs/design-wal.md), on a private server with
+// logical decoding.
+func TestWALRelay(t *testing.T) {
+	t.Parallel()
+	srv := testpg.StartServer(t, "wal_level=logical", "wal_sender_timeout=5s")
+	for _, tc := range []struct {
+		name string
+		test func(*testing.T, *testpg.Server)
+	}{
+		{"CatchUpThenLive", testWALRelayCatchUpThenLive},
+		{"CommitOrderAgreesWithPolling", testWALCommitOrderAgreesWithPolling},
+		{"IdleFetchesNothing", testWALRelayIdleFetchesNothing},
+		{"SlotDroppedFallsBackToPolling", testWALRelaySlotDropped},
+		{"RecordsState", testWALRelayRecordsState},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			tc.test(t, srv)
+		})
+	}
+}
+
+// fetchCounter counts the relay's fetches.
+type fetchCounter struct {
+	outbox.NopObserver
+	n atomic.Int64
+}
+
+func (c *fetchCounter) FetchDone(outbox.FetchEvent) { c.n.Add(1) }
+
+// startWALRelay runs a relay on b's outbox, in WAL mode unless poll, until the test ends.
+func startWALRelay(t *testing.T, b *streamBundle, pub outbox.Publisher, poll bool, obs outbox.Observer) {
+	t.Helper()
+	cfg := outbox.RelayConfig{ID: "wal-test", PollInterval: 50 * time.Millisecond, LeaseTTL: 3 * time.Second,
+		RetryMinDelay: 10 * time.Millisecond, Observer: obs}
+	if !poll {
+		cfg.WAL = &outbox.WALConfig{SafetyPoll: -1}
+	}
+	r, err := outbox.NewRelay(b.drv, pub, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := testenv.CallContext()
+		defer cancel()
+		if err := r.Stop(ctx); err != nil {
+			t.Errorf("stop: %v", err)
+		}
+	})
+}
+
+func payloads(msgs []outbox.Message) []string {
+	out := make([]string, len(msgs))
+	for i, m := range msgs {
+		out[i] = string(m.Payload)
+	}
+	return out
+}
+
+func (b *streamBundle) writeKey(t *testing.T, key string, payloads ...string) {
+	t.Helper()
+	msgs := make([]outbox.Message, len(payloads))
+	for i, p := range payloads {
+		msgs[i] = outbox.Message{Topic: "t", Key: key, Payload: []byte(fmt.Sprintf("%q", p))}
+	}
+	b.writeMsgs(t, msgs...)
+}
+
+// currentLSN is the server's WAL insert position.
+func (b *streamBundle) currentLSN(t *testing.T) uint64 {
+	t.Helper()
+	var lsn uint64
+	if err := b.pool.QueryRow(testenv.Context(t), `SELECT (pg_current_wal_lsn() - '0/0')::bigint`).Scan(&lsn); err != nil {
+		t.Fatal(err)
+	}
+	return lsn
+}
+
+// awaitConfirmedPast waits until the slot's confirmed position reaches at least lsn.
+func (b *streamBundle) awaitConfirmedPast(t *testing.T, lsn uint64) {
+	t.Helper()
+	testenv.Await(t, fmt.Sprintf("the slot confirmed past %d", lsn), func() (any, bool) {
+		c := b.confirmed(t)
+		return c, c >= lsn
+	})
+}
+
+// Rows written before the slot existed and while no relay ran are published once, in
+// order, then what commits while the stream is live; the slot moves past all of it.
+func testWALRelayCatchUpThenLive(t *testing.T, srv *testpg.Server) {
+	b := newStreamBundle(t, srv, Config{}, false)
+	b.writeKey(t, "k", "1", "2")
+	ctx := testenv.Context(t)
+	if _, err := b.drv.names.WALSetup(ctx, b.drv.inTx, pgsql.WALSetupOptions{Slot: b.slot, Publication: b.pub, SlotTimeout: testenv.Stall()}); err != nil {
+		t.Fatal(err)
+	}
+	b.writeKey(t, "k", "3")
+	pub := &outboxtest.Publisher{}
+	startWALRelay(t, b, pub, false, nil)
+	pub.Await(t, 3)
+	b.writeKey(t, "k", "4", "5")
+	b.writeKey(t, "other", "x")
+	end := b.currentLSN(t)
+	got := payloads(pub.Await(t, 6))
+	if want := []string{`"1"`, `"2"`, `"3"`, `"4"`, `"5"`, `"x"`}; !slices.Equal(sortedKeyFirst(got), sortedKeyFirst(want)) || !inOrder(got, `"1"`, `"2"`, `"3"`, `"4"`, `"5"`) {
+		t.Fatalf("published %v, want 1-5 in order and x, each once", got)
+	}
+	b.awaitConfirmedPast(t, end)
+}
+
+func sortedKeyFirst(s []string) []string { s = slices.Clone(s); slices.Sort(s); return s }
+
+// inOrder reports whether want appear in got in that order.
+func inOrder(got []string, want ...string) bool {
+	i := 0
+	for _, g := range got {
+		if i < len(want) && g == want[i] {
+			i++
+		}
+	}
+	return i == len(want)
+}
+
+// TestWALCommitOrderAgreesWithPolling, design §3: T_low inserts a and stays open, T_high
+// inserts b of the same key and commits, T_low commits. The stream delivers b first; what
+// the relay publishes is what polling publishes: [a, b] when the relay starts after both
+// commits, [b, a] when b was published before T_low committed.
+func testWALCommitOrderAgreesWithPolling(t *testing.T, srv *testpg.Server) {
+	for _, mode := range []string{"poll", "wal"} {
+		t.Run(mode+"/relay after both commits", func(t *testing.T) {
+			b := newStreamBundle(t, srv, Config{}, true)
+			low := b.begin(t)
+			b.writeIn(t, low, "k") // a
+			high := b.begin(t)
+			b.writeIn(t, high, "k") // b
+			b.commit(t, high)
+			b.commit(t, low)
+			pub := &outboxtest.Publisher{}
+			startWALRelay(t, b, pub, mode == "poll", nil)
+			got := pub.Await(t, 2)
+			if len(got) != 2 || got[0].Seq >= got[1].Seq {
+				t.Fatalf("published seqs %d, %d: want a (the lower) first", got[0].Seq, got[1].Seq)
+			}
+		})
+		t.Run(mode+"/b published before T_low commits", func(t *testing.T) {
+			b := newStreamBundle(t, srv, Config{}, true)
+			pub := &outboxtest.Publisher{}
+			startWALRelay(t, b, pub, mode == "poll", nil)
+			low := b.begin(t)
+			a := b.writeIn(t, low, "k")
+			high := b.begin(t)
+			bb := b.writeIn(t, high, "k")
+			b.commit(t, high)
+			pub.Await(t, 1)
+			b.commit(t, low)
+			end := b.currentLSN(t)
+			got := pub.Await(t, 2)
+			if got[0].Seq != bb[0] || got[1].Seq != a[0] {
+				t.Fatalf("published seqs %d, %d: want b (%d) then a (%d)", got[0].Seq, got[1].Seq, bb[0], a[0])
+			}
+			if mode == "wal" {
+				b.awaitConfirmedPast(t, end)
+			}
+		})
+	}
+}
+
+// An idle outbox costs no query in WAL mode, where polling fetches at every interval.
+func testWALRelayIdleFetchesNothing(t *testing.T, srv *testpg.Server) {
+	b := newStreamBundle(t, srv, Config{}, true)
+	pub := &outboxtest.Publisher{}
+	obs := &fetchCounter{}
+	startWALRelay(t, b, pub, false, obs)
+	b.writeKey(t, "k", "1")
+	pub.Await(t, 1)
+	b.awaitConfirmedPast(t, b.currentLSN(t)) // settled: the relay has nothing left to do
+	before := obs.n.Load()
+	time.Sleep(time.Second) // an absence is checked: a slow machine fetches less, not more
+	if n := obs.n.Load() - before; n > 1 {
+		t.Fatalf("%d fetches in a second of idleness; want none (polling would make about 20)", n)
+	}
+	b.writeKey(t, "k", "2")
+	pub.Await(t, 2)
+}
+
+// A slot dropped under the relay loses nothing: the relay falls back to polling.
+func testWALRelaySlotDropped(t *testing.T, srv *testpg.Server) {
+	b := newStreamBundle(t, srv, Config{}, true)
+	pub := &outboxtest.Publisher{}
+	startWALRelay(t, b, pub, false, nil)
+	b.writeKey(t, "k", "1")
+	pub.Await(t, 1)
+	b.awaitActive(t)
+	ctx := testenv.Context(t)
+	if _, err := b.drv.names.WALDrop(ctx, b.drv.inTx, pgsql.WALDropOptions{Slot: b.slot, Publication: b.pub, Force: true}); err != nil {
+		t.Fatal(err)
+	}
+	b.writeKey(t, "k", "2", "3")
+	got := payloads(pub.Await(t, 3))
+	if !slices.Equal(got, []string{`"1"`, `"2"`, `"3"`}) {
+		t.Fatalf("published %v, want 1, 2, 3", got)
+	}
+}
+
+// walState reads the slot's state and reason from outbox_wal.
+func (b *streamBundle) walState(t *testing.T) string {
+	t.Helper()
+	var state, reason string
+	q := fmt.Sprintf(`SELECT state, state_reason FROM %s.outbox_wal WHERE slot_name = $1`, b.quoted())
+	if err := b.pool.QueryRow(testenv.Context(t), q, b.slot).Scan(&state, &reason); err != nil {
+		t.Fatal(err)
+	}
+	if reason != "" {
+		return state + ":" + reason
+	}
+	return state
+}
+
+// The relay records in outbox_wal whether it streams or polls, and why, for 'outbox wal
+// status': a slot recorded but gone (dropped by hand) makes it poll, loudly, losing
+// nothing.
+func testWALRelayRecordsState(t *testing.T, srv *testpg.Server) {
+	b := newStreamBundle(t, srv, Config{}, true)
+	pub := &outboxtest.Publisher{}
+	b.writeKey(t, "k", "1")
+	startWALRelay(t, b, pub, false, nil)
+	pub.Await(t, 1)
+	testenv.Await(t, "state streaming", func() (any, bool) { s := b.walState(t); return s, s == "streaming" })
+
+	other := newStreamBundle(t, srv, Config{}, true)
+	other.exec(t, `SELECT pg_drop_replication_slot('`+other.slot+`')`)
+	pub2 := &outboxtest.Publisher{}
+	startWALRelay(t, other, pub2, false, nil)
+	other.writeKey(t, "k", "1", "2")
+	if got := payloads(pub2.Await(t, 2)); !slices.Equal(got, []string{`"1"`, `"2"`}) {
+		t.Fatalf("published %v without the slot, want 1, 2", got)
+	}
+	testenv.Await(t, "state fallback:slot_missing", func() (any, bool) {
+		s := other.walState(t)
+		return s, s == "fallback:slot_missing"
+	})
+}

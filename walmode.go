@@ -1,0 +1,378 @@
+package outbox
+
+import (
+	"context"
+	"time"
+
+	"github.com/outboxkit/outbox/outboxdriver"
+)
+
+// WALConfig turns on WAL mode (docs/design-wal.md): the relay follows the database's log
+// through the replication slot `outbox wal setup` made, and fetches when a transaction
+// that wrote to the outbox commits, instead of when it is notified or polls. Messages
+// still come only from the store's fetches (same order, key gate and fencing as
+// polling); the log tells the relay when to fetch, and the slot keeps the log until the
+// relay acknowledges it. The slot's position moves only past transactions whose messages
+// were recorded or shown by a fetch to be the polling path's, so losing the slot loses
+// nothing: the relay falls back to polling, loudly, and the rows are still in the table.
+//
+// It needs a store that can stream (outboxdriver.Streamer: outboxpgx) and PostgreSQL
+// with wal_level=logical.
+type WALConfig struct {
+	// Slot and Publication name what `outbox wal setup` made; empty means the store's
+	// defaults (outbox_wal and outbox_pub for an outbox in public without a prefix).
+	Slot        string
+	Publication string
+	// SafetyPoll is how often a full fetch runs anyway while the stream is live; it
+	// should find nothing the stream had not announced. Defaults to 1m; -1 turns it off.
+	SafetyPoll time.Duration
+}
+
+// WALSafetyPollDefault is WALConfig.SafetyPoll's default.
+const WALSafetyPollDefault = time.Minute
+
+const (
+	// walRetryMin and walRetryMax space the attempts to open the stream again after a
+	// connection failure (as the database's fetches and records are); walFallbackAfter
+	// is how long such failures may last before the relay says, at ERROR, that it fell
+	// back to polling (it polls from the first failure on).
+	walRetryMin      = 25 * time.Millisecond
+	walRetryMax      = time.Second
+	walFallbackAfter = 30 * time.Second
+	// walBrokenMin and walBrokenMax space the attempts after a failure an operator has
+	// to fix (wal_level, privileges, a missing or lost slot or publication).
+	walBrokenMin = 30 * time.Second
+	walBrokenMax = 5 * time.Minute
+)
+
+// walSource is the loop's side of WAL mode: the tracker of what the stream announced,
+// and the stream's state. Only the loop's goroutine touches it, except the channels.
+type walSource struct {
+	cfg     WALConfig
+	st      outboxdriver.Streamer
+	snap    outboxdriver.SnapshotFetcher // nil: the store gives no snapshot with a fetch
+	tracker *walTracker
+
+	batches chan outboxdriver.StreamBatch // from the stream goroutine
+	states  chan walState                 // from the stream goroutine
+	acks    chan outboxdriver.StreamAck   // to the stream: the latest only (capacity 1)
+
+	live      bool                      // the stream runs: polls and write wake-ups are off
+	reason    outboxdriver.StreamReason // why it does not, as last logged
+	acked     uint64                    // the last position sent
+	ackUntil  time.Time                 // its deadline
+	drops     int                       // hand.drops when last looked at
+	due       time.Time                 // when a waiting row becomes due (NextDue); zero: none known
+	dueBusy   bool                      // a NextDue query is out
+	dueAgain  bool                      // another was wanted meanwhile
+	safetyAt  time.Time                 // the next safety poll; zero: off
+	safetyOut bool                      // the fetch out is a safety poll
+}
+
+// walState is the stream goroutine's news: it started (live), or it stopped.
+type walState struct {
+	live   bool
+	reason outboxdriver.StreamReason
+	err    error
+	// fallback: the failure is one an operator must fix, or connection failures lasted
+	// walFallbackAfter; the relay says so loudly.
+	fallback bool
+}
+
+type walDueResult struct {
+	at  time.Time
+	err error
+}
+
+func newWALSource(cfg WALConfig, st outboxdriver.Streamer, store outboxdriver.Store) *walSource {
+	w := &walSource{cfg: cfg, st: st, tracker: newWALTracker(),
+		batches: make(chan outboxdriver.StreamBatch), states: make(chan walState, 1),
+		acks: make(chan outboxdriver.StreamAck, 1)}
+	w.snap, _ = store.(outboxdriver.SnapshotFetcher)
+	return w
+}
+
+// streamWAL runs the stream until ctx is done, opening it again after each failure.
+func (l *loop) streamWAL(ctx context.Context) {
+	w := l.wal
+	report := func(s walState) {
+		select {
+		case w.states <- s:
+		case <-ctx.Done():
+		}
+	}
+	req := outboxdriver.StreamRequest{RelayID: l.cfg.ID, Slot: w.cfg.Slot, Publication: w.cfg.Publication, Acks: w.acks}
+	record := func(state outboxdriver.StreamState, reason outboxdriver.StreamReason) {
+		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		if err := w.st.RecordStreamState(rctx, req, state, reason); err != nil && ctx.Err() == nil {
+			l.log.Warn("recording the WAL stream's state failed", "state", string(state), "err", err)
+		}
+	}
+	var failingSince time.Time
+	fails := 0
+	for ctx.Err() == nil {
+		req.Started = func() {
+			failingSince, fails = time.Time{}, 0
+			report(walState{live: true})
+			record(outboxdriver.StreamStreaming, "")
+		}
+		err := w.st.Stream(ctx, req,
+			func(b outboxdriver.StreamBatch) {
+				select {
+				case w.batches <- b:
+				case <-ctx.Done():
+				}
+			})
+		if ctx.Err() != nil {
+			return
+		}
+		reason := outboxdriver.StreamReasonOf(err)
+		fails++
+		if failingSince.IsZero() {
+			failingSince = time.Now()
+		}
+		var d time.Duration
+		s := walState{reason: reason, err: err}
+		switch reason {
+		case outboxdriver.StreamTransient:
+			d = backoff(min(fails, 8), walRetryMin, walRetryMax)
+			s.fallback = time.Since(failingSince) >= walFallbackAfter
+		case outboxdriver.StreamSlotActive: // another relay reads it: stand by, polling
+			d = backoff(min(fails, 8), walRetryMin, walRetryMax)
+			s.fallback = true
+		default:
+			d = backoff(min(fails, 8), walBrokenMin, walBrokenMax)
+			s.fallback = true
+		}
+		report(s)
+		if s.fallback && reason != outboxdriver.StreamSlotActive { // the reader's state stands
+			record(outboxdriver.StreamFallback, reason)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(d):
+		}
+	}
+}
+
+// onWALState takes the stream goroutine's news.
+func (l *loop) onWALState(s walState) {
+	w := l.wal
+	switch {
+	case s.live:
+		if !w.live {
+			l.log.Info("WAL stream live: fetching on commits, polling off")
+		}
+		w.live, w.reason = true, ""
+		l.fetch.want = true // what committed while the stream was not live
+		if w.cfg.SafetyPoll > 0 {
+			w.safetyAt = time.Now().Add(w.cfg.SafetyPoll)
+		}
+		w.ackUntil = time.Time{} // answer the server at once
+	case s.fallback:
+		switch {
+		case s.reason == w.reason && !w.live: // said already
+		case s.reason == outboxdriver.StreamSlotActive:
+			l.log.Info("another process reads the WAL slot; polling until it can be read here", "err", s.err)
+		default:
+			l.log.Error("WAL stream unavailable; polling until it is back", "reason", string(s.reason), "err", s.err)
+		}
+		w.live, w.reason = false, s.reason
+		l.fetch.want = true
+	default:
+		if w.live {
+			l.log.Warn("WAL stream lost; polling while it is opened again", "reason", string(s.reason), "err", s.err)
+		}
+		w.live = false
+		l.fetch.want = true
+	}
+}
+
+// onWALBatch takes in what committed.
+func (l *loop) onWALBatch(b outboxdriver.StreamBatch) {
+	switch l.wal.tracker.add(b, l.fetch.cursor, l.hand.known) {
+	case walWantFull:
+		l.fetch.want = true
+	case walWantMore:
+		l.fetch.more = true
+	}
+}
+
+// walReading is the channel of stream batches, or nil (the loop does not read it) while
+// too many seqs are unresolved: the stream then waits, and the walsender with it.
+func (l *loop) walReading() <-chan outboxdriver.StreamBatch {
+	if l.wal == nil {
+		return nil
+	}
+	if _, seqs := l.wal.tracker.unresolved(); seqs >= walReadLimit {
+		return nil
+	}
+	return l.wal.batches
+}
+
+// walTick does WAL mode's work after each event of the loop: a full fetch when the hand
+// dropped rows it had not recorded (nothing else would fetch them again), and the
+// acknowledgement when it moved or its deadline did.
+func (l *loop) walTick() {
+	w := l.wal
+	if w == nil || !w.live {
+		return
+	}
+	if l.hand.drops != w.drops {
+		w.drops = l.hand.drops
+		l.fetch.paced = true
+	}
+	if len(l.leases.active()) == 0 && !l.hand.fetching {
+		// No shard to fetch from: every row announced that is not in hand is another
+		// relay's (a full fetch of no shards would return nothing).
+		w.tracker.fetched(w.tracker.sent(0, nil), nil, true, l.hand.known)
+	}
+	now := time.Now()
+	if !w.safetyAt.IsZero() && !now.Before(w.safetyAt) && !l.hand.fetching {
+		w.safetyAt = now.Add(w.cfg.SafetyPoll)
+		w.safetyOut = true
+		l.fetch.want = true
+	}
+	if !w.due.IsZero() && !now.Before(w.due) {
+		w.due = time.Time{}
+		l.fetch.want = true
+	}
+	ack, until := w.tracker.ackable(), l.leases.until
+	if ack == w.acked && !until.After(w.ackUntil) {
+		return
+	}
+	if !now.Before(until) {
+		return // the leases lapsed locally: vouch for nothing
+	}
+	select { // keep only the latest
+	case <-w.acks:
+	default:
+	}
+	w.acks <- outboxdriver.StreamAck{LSN: ack, Until: until}
+	w.acked, w.ackUntil = ack, until
+}
+
+// walWakeAt is when the loop must wake for WAL mode: a waiting row coming due, a safety
+// poll.
+func (l *loop) walWakeAt() time.Time {
+	if l.wal == nil || !l.wal.live {
+		return time.Time{}
+	}
+	return earliest(l.wal.due, l.wal.safetyAt)
+}
+
+// walFetchSent records a fetch being sent, for the tracker.
+func (l *loop) walFetchSent(req *outboxdriver.FetchRequest) (walFetch, bool) {
+	if l.wal == nil {
+		return walFetch{}, false
+	}
+	safety := l.wal.safetyOut && req.After == 0
+	l.wal.safetyOut = false
+	return l.wal.tracker.sent(req.After, req.Exclude), safety
+}
+
+// fetchWith returns the fetch to run: with its snapshot when WAL mode needs it (a full
+// fetch while live, on a store that can say).
+func (l *loop) fetchWith(req *outboxdriver.FetchRequest) func(ctx context.Context) ([]*Message, *outboxdriver.Snapshot, error) {
+	if w := l.wal; w != nil && w.live && w.snap != nil && req.After == 0 {
+		return func(ctx context.Context) ([]*Message, *outboxdriver.Snapshot, error) {
+			msgs, snap, err := w.snap.FetchSnapshot(ctx, *req)
+			return msgs, &snap, err
+		}
+	}
+	return func(ctx context.Context) ([]*Message, *outboxdriver.Snapshot, error) {
+		msgs, err := l.r.store.Fetch(ctx, *req)
+		return msgs, nil, err
+	}
+}
+
+// walFetched takes in a fetch's answer, after the hand took its rows.
+func (l *loop) walFetched(ctx context.Context, res fetchResult) {
+	w := l.wal
+	if w == nil {
+		return
+	}
+	f := res.wal
+	f.snap = res.snap
+	short := len(res.fetched) < res.req.Limit
+	if w.tracker.fetched(f, res.fetched, short, l.hand.known) {
+		l.fetch.paced = true
+	}
+	if res.safety && len(res.fetched) > 0 && w.live {
+		l.log.Warn("WAL safety poll found messages the stream had not announced", "messages", len(res.fetched))
+	}
+	if w.live && res.req.After == 0 && short {
+		l.walNextDue(ctx, res.req.Leases)
+	}
+}
+
+// walNextDue asks the store when the next waiting row of leases comes due: nothing in
+// the stream says so.
+func (l *loop) walNextDue(ctx context.Context, leases []outboxdriver.Lease) {
+	w := l.wal
+	if w.dueBusy {
+		w.dueAgain = true
+		return
+	}
+	w.dueBusy = true
+	go func() {
+		qctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		at, err := w.st.NextDue(qctx, leases)
+		select {
+		case l.walDue <- walDueResult{at: at, err: err}:
+		case <-ctx.Done():
+		}
+	}()
+}
+
+func (l *loop) onWALDue(ctx context.Context, res walDueResult) {
+	w := l.wal
+	w.dueBusy = false
+	switch {
+	case res.err != nil:
+		l.log.Error("finding the next due message failed; polling once", "err", res.err)
+		w.due = time.Now().Add(l.cfg.PollInterval)
+	case res.at.IsZero():
+		w.due = time.Time{}
+	default:
+		w.due = res.at
+	}
+	if w.dueAgain {
+		w.dueAgain = false
+		l.walNextDue(ctx, l.leases.active())
+	}
+}
+
+// walSettled records outcomes recorded (or dropped) for the tracker; gen is the
+// tracker's when the record was sent.
+func (l *loop) walSettled(seq int64, gen uint64) {
+	if l.wal != nil && l.wal.tracker.settled(seq, gen) {
+		l.fetch.paced = true
+	}
+}
+
+// walGen is the tracker's generation, for a record being sent.
+func (l *loop) walGen() uint64 {
+	if l.wal == nil {
+		return 0
+	}
+	return l.wal.tracker.gen
+}
+
+// polling reports whether polls and write wake-ups should start fetches: always, but
+// while the WAL stream is live.
+func (l *loop) polling() bool { return l.wal == nil || !l.wal.live }
+
+// earliest returns the earliest of ts that is not zero, or zero.
+func earliest(ts ...time.Time) time.Time {
+	var e time.Time
+	for _, t := range ts {
+		if !t.IsZero() && (e.IsZero() || t.Before(e)) {
+			e = t
+		}
+	}
+	return e
+}
