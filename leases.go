@@ -87,7 +87,9 @@ func (b *leaseBook) apply(st outboxdriver.LeaseState, started time.Time) leaseCh
 	}
 	b.tokens = next
 	b.until = started.Add(b.ttl - b.ttl/5)
-	if excess := len(next) - len(b.draining) - st.Target; excess > 0 && st.Target > 0 {
+	// (A Target of 0 is a store's answer only when it says how many shards there are: a
+	// WAL-mode relay standing by while another reads the slot.)
+	if excess := len(next) - len(b.draining) - st.Target; excess > 0 && (st.Target > 0 || st.Shards > 0) {
 		shards := sortedShards(next)
 		for i := len(shards) - 1; i >= 0 && len(c.drain) < excess; i-- {
 			if s := shards[i]; !b.draining[s] {

@@ -244,6 +244,11 @@ type loop struct {
 
 	wal    *walSource // WAL mode (walmode.go); nil when polling
 	walDue chan walDueResult
+
+	stopping bool // asked to stop: draining what is in hand
+
+	bgCtx context.Context // the background goroutines' (ended when run returns)
+	bg    *sync.WaitGroup
 }
 
 func newLoop(r *Relay) *loop {
@@ -280,6 +285,7 @@ func (l *loop) run(ctx context.Context) {
 	var bg sync.WaitGroup
 	bgCtx, bgCancel := context.WithCancel(ctx)
 	defer func() { bgCancel(); bg.Wait() }()
+	l.bgCtx, l.bg = bgCtx, &bg
 	if lis, ok := l.r.store.(outboxdriver.Listener); ok {
 		bg.Add(1)
 		go func() { defer bg.Done(); l.listen(bgCtx, lis) }()
@@ -298,9 +304,7 @@ func (l *loop) run(ctx context.Context) {
 	}
 	var walStates <-chan walState
 	if l.wal != nil {
-		walStates = l.wal.states
-		bg.Add(1)
-		go func() { defer bg.Done(); l.streamWAL(bgCtx) }()
+		walStates = l.wal.states // the stream starts with the slot's lease (onSlotLease)
 	}
 
 	poll := time.NewTicker(l.cfg.PollInterval)
@@ -316,13 +320,12 @@ func (l *loop) run(ctx context.Context) {
 	}
 
 	l.syncLeases(ctx, false)
-	stopping := false
 	stop := l.r.stop
 	for {
-		if stopping && l.inFlight == 0 && !l.hand.fetching && l.outcomes.idle() {
+		if l.stopping && l.inFlight == 0 && !l.hand.fetching && l.outcomes.idle() {
 			break
 		}
-		if !stopping {
+		if !l.stopping {
 			l.walTick()
 			l.dispatch(ctx)
 			l.startFetch(ctx)
@@ -340,7 +343,7 @@ func (l *loop) run(ctx context.Context) {
 			return
 		case <-stop:
 			stop = nil
-			stopping = true
+			l.stopping = true
 			l.log.Info("relay stopping", "in_flight", l.inFlight)
 			l.hand.dropUnsent(func(*lane) bool { return true })
 		case res := <-l.pubResults:
@@ -362,11 +365,11 @@ func (l *loop) run(ctx context.Context) {
 		case res := <-l.walDue:
 			l.onWALDue(ctx, res)
 		case <-renew.C:
-			if !stopping {
+			if !l.stopping {
 				l.syncLeases(ctx, false)
 			}
 		case <-l.wakeLeases:
-			if !stopping {
+			if !l.stopping {
 				l.leaseRoundSoon(ctx)
 			}
 		case err := <-l.pings:
@@ -386,7 +389,7 @@ func (l *loop) run(ctx context.Context) {
 			if l.outage.due(time.Now()) {
 				l.resume(ctx)
 			}
-			if !l.leaseRetryAt.IsZero() && !time.Now().Before(l.leaseRetryAt) && !stopping {
+			if !l.leaseRetryAt.IsZero() && !time.Now().Before(l.leaseRetryAt) && !l.stopping {
 				l.leaseRetryAt = time.Time{}
 				l.syncLeases(ctx, false)
 			}
@@ -394,6 +397,7 @@ func (l *loop) run(ctx context.Context) {
 		}
 	}
 	// Drained: give the leases back so other relays take over without waiting for expiry.
+	l.stopStream()
 	l.leaseAgain = false
 	for l.leaseBusy {
 		l.onLeases(<-l.leaseResults)
@@ -417,6 +421,9 @@ func (l *loop) syncLeases(ctx context.Context, final bool) {
 		return
 	}
 	req := l.leases.request(outboxdriver.LeaseRequest{RelayID: l.cfg.ID, Hostname: l.hostname, PID: os.Getpid(), TTL: l.cfg.LeaseTTL}, final, l.hand.idle)
+	if l.wal != nil {
+		req.Slot = l.wal.slotLease(final)
+	}
 	l.leaseBusy = true
 	started := time.Now()
 	go func() {
@@ -448,6 +455,9 @@ func (l *loop) onLeases(res leaseResult) {
 	}
 	l.leaseFails, l.leaseRetryAt = 0, time.Time{}
 	c := l.leases.apply(res.state, res.started)
+	if !l.stopping {
+		l.onSlotLease(res.state)
+	}
 	if len(c.lost) > 0 || len(c.drain) > 0 {
 		gone := map[int]bool{}
 		for _, s := range append(c.lost, c.drain...) {

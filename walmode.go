@@ -57,6 +57,14 @@ type walSource struct {
 	states  chan walState                 // from the stream goroutine
 	acks    chan outboxdriver.StreamAck   // to the stream: the latest only (capacity 1)
 
+	// The slot reader's lease, as of the last lease round: only its holder reads the
+	// slot. Each stream goroutine the loop starts has a generation; the news of an
+	// earlier one is stale.
+	token  int64              // the lease held, 0: none
+	holder string             // who holds it ("" none, or no slot recorded)
+	gen    uint64             // the running (or last) stream goroutine's generation
+	cancel context.CancelFunc // stops the running stream goroutine; nil when none runs
+
 	live      bool                      // the stream runs: polls and write wake-ups are off
 	reason    outboxdriver.StreamReason // why it does not, as last logged
 	acked     uint64                    // the last position sent
@@ -71,6 +79,7 @@ type walSource struct {
 
 // walState is the stream goroutine's news: it started (live), or it stopped.
 type walState struct {
+	gen    uint64 // the goroutine's generation
 	live   bool
 	reason outboxdriver.StreamReason
 	err    error
@@ -92,16 +101,76 @@ func newWALSource(cfg WALConfig, st outboxdriver.Streamer, store outboxdriver.St
 	return w
 }
 
-// streamWAL runs the stream until ctx is done, opening it again after each failure.
-func (l *loop) streamWAL(ctx context.Context) {
+// slotLease is the relay's part in the slot reader's lease for a lease round.
+func (w *walSource) slotLease(final bool) *outboxdriver.SlotLease {
+	return &outboxdriver.SlotLease{Slot: w.cfg.Slot, Token: w.token, Release: final}
+}
+
+// onSlotLease takes a lease round's answer about the slot (docs/design-wal.md, §4): the
+// holder of the slot reader's lease reads the slot, under its token; the other relays
+// stand by, polling their shards (none while the reader streams and every live relay is
+// in WAL mode). With no holder at all (the slot is not recorded: not set up, dropped,
+// or the outbox lacks schema version 5) the relay tries anyway, for the error that says
+// why, and polls.
+func (l *loop) onSlotLease(st outboxdriver.LeaseState) {
+	w := l.wal
+	if w == nil {
+		return
+	}
+	if st.SlotHolder != w.holder || (st.SlotToken != 0) != (w.token != 0) {
+		switch {
+		case st.SlotToken != 0:
+			l.log.Info("this relay reads the WAL slot", "token", st.SlotToken)
+		case st.SlotHolder == l.cfg.ID: // two processes run under one ID
+			l.log.Warn("another process with this relay's ID reads the WAL slot; standing by")
+		case st.SlotHolder != "":
+			l.log.Info("another relay reads the WAL slot; standing by", "reader", st.SlotHolder)
+		}
+		w.holder = st.SlotHolder
+	}
+	read := st.SlotToken != 0 || st.SlotHolder == ""
+	if st.SlotToken == w.token && read == (w.cancel != nil) {
+		return
+	}
+	l.stopStream()
+	w.token = st.SlotToken
+	if read {
+		ctx, cancel := context.WithCancel(l.bgCtx)
+		w.gen++
+		w.cancel = cancel
+		l.bg.Add(1)
+		go func(gen uint64, token int64) { defer l.bg.Done(); l.streamWAL(ctx, gen, token) }(w.gen, w.token)
+	}
+}
+
+// stopStream stops the stream goroutine, if one runs: the relay polls until it reads
+// again.
+func (l *loop) stopStream() {
+	w := l.wal
+	if w == nil || w.cancel == nil {
+		return
+	}
+	w.cancel()
+	w.cancel = nil
+	if w.live {
+		l.log.Info("WAL stream stopped (the slot's lease changed hands); polling")
+		w.live = false
+		l.fetch.want = true
+	}
+}
+
+// streamWAL runs the stream under the slot lease token until ctx is done, opening it
+// again after each failure; gen tags its news.
+func (l *loop) streamWAL(ctx context.Context, gen uint64, token int64) {
 	w := l.wal
 	report := func(s walState) {
+		s.gen = gen
 		select {
 		case w.states <- s:
 		case <-ctx.Done():
 		}
 	}
-	req := outboxdriver.StreamRequest{RelayID: l.cfg.ID, Slot: w.cfg.Slot, Publication: w.cfg.Publication, Acks: w.acks}
+	req := outboxdriver.StreamRequest{RelayID: l.cfg.ID, Slot: w.cfg.Slot, Publication: w.cfg.Publication, Token: token, Acks: w.acks}
 	record := func(state outboxdriver.StreamState, reason outboxdriver.StreamReason) {
 		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
@@ -138,7 +207,7 @@ func (l *loop) streamWAL(ctx context.Context) {
 		case outboxdriver.StreamTransient:
 			d = backoff(min(fails, 8), walRetryMin, walRetryMax)
 			s.fallback = time.Since(failingSince) >= walFallbackAfter
-		case outboxdriver.StreamSlotActive: // another relay reads it: stand by, polling
+		case outboxdriver.StreamSlotActive: // a session the lease's fence could not end still reads it
 			d = backoff(min(fails, 8), walRetryMin, walRetryMax)
 			s.fallback = true
 		default:
@@ -160,6 +229,9 @@ func (l *loop) streamWAL(ctx context.Context) {
 // onWALState takes the stream goroutine's news.
 func (l *loop) onWALState(s walState) {
 	w := l.wal
+	if s.gen != w.gen || w.cancel == nil {
+		return // from a stream goroutine stopped since
+	}
 	switch {
 	case s.live:
 		if !w.live {
@@ -175,7 +247,7 @@ func (l *loop) onWALState(s walState) {
 		switch {
 		case s.reason == w.reason && !w.live: // said already
 		case s.reason == outboxdriver.StreamSlotActive:
-			l.log.Info("another process reads the WAL slot; polling until it can be read here", "err", s.err)
+			l.log.Warn("another session still reads the WAL slot; polling until it can be read here", "err", s.err)
 		default:
 			l.log.Error("WAL stream unavailable; polling until it is back", "reason", string(s.reason), "err", s.err)
 		}

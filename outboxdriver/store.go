@@ -135,6 +135,18 @@ type LeaseRequest struct {
 	// old ones: their renewals and outcomes are refused, as after an expiry. A relay sets
 	// it on its first round and after a round failed.
 	Adopt bool
+	// Slot, for a relay in WAL mode (a Streamer's store), asks for the lease of the
+	// slot's reader: one relay at a time reads a slot, the others stand by.
+	Slot *SlotLease
+}
+
+// SlotLease is a WAL-mode relay's part of a lease round (docs/design-wal.md, §4). A
+// relay reads the slot only while it holds the lease, under its token; the lease is
+// taken as a shard's is: when free, or when its owner's heartbeat expired.
+type SlotLease struct {
+	Slot    string // the slot's name; empty means the store's default for its outbox
+	Token   int64  // the lease the relay holds, 0 if none
+	Release bool   // give it back: the relay stops reading (set on its final round)
 }
 
 // LeaseState is the result of Store.SyncLeases.
@@ -143,6 +155,14 @@ type LeaseState struct {
 	Shards int     // total number of shards
 	Live   int     // relays with an unexpired heartbeat, this one included
 	Target int     // this relay's fair share of shards
+	// SlotToken is the slot reader's lease the relay holds after the round (under
+	// LeaseRequest.Slot), 0 if another relay holds it or there is no such slot. While
+	// the holder streams and every live relay is in WAL mode, the holder's Target is
+	// every shard and the others' 0: one reader publishes everything.
+	SlotToken int64
+	// SlotHolder is the relay that holds the slot reader's lease after the round, this
+	// one included; empty if none does, or the slot is not set up.
+	SlotHolder string
 }
 
 // FairShare is the number of shards a relay may hold when Live relays share Shards:

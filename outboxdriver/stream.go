@@ -50,6 +50,10 @@ type StreamRequest struct {
 	// defaults for its outbox.
 	Slot        string
 	Publication string
+	// Token is the slot reader's lease under which the relay reads
+	// (LeaseState.SlotToken): a Streamer ends a session that still reads the slot only
+	// while that lease is current, and records the state only under it.
+	Token int64
 	// Started, if set, is called once the database accepted to stream the slot (before
 	// any emit): from then on every commit after the slot's confirmed position comes.
 	Started func()

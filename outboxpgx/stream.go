@@ -122,8 +122,22 @@ func (d *Driver) Stream(ctx context.Context, req outboxdriver.StreamRequest, emi
 		return &outboxdriver.StreamError{Reason: outboxdriver.StreamVersion,
 			Err: fmt.Errorf("WAL mode needs PostgreSQL %d or later; this server runs %s", streamMinMajor, v)}
 	}
-	err = pglogrepl.StartReplication(ctx, conn, req.Slot, 0, pglogrepl.StartReplicationOptions{PluginArgs: []string{
-		"proto_version '1'", "publication_names '" + req.Publication + "'", "messages 'true'"}})
+	start := func() error {
+		return pglogrepl.StartReplication(ctx, conn, req.Slot, 0, pglogrepl.StartReplicationOptions{PluginArgs: []string{
+			"proto_version '1'", "publication_names '" + req.Publication + "'", "messages 'true'"}})
+	}
+	err = start()
+	if pgsql.SQLState(err) == "55006" && req.Token != 0 {
+		// Another session still reads the slot: a reader whose lease expired while it
+		// was paused keeps it until wal_sender_timeout. End it, fenced by our lease.
+		var ended bool
+		if terr := d.pool.QueryRow(ctx, d.names.WALTerminateReader(), req.Slot, req.RelayID, req.Token).Scan(&ended); terr != nil {
+			return streamFailed(ctx, fmt.Errorf("end the session that reads replication slot %q: %w", req.Slot, terr))
+		}
+		if ended {
+			err = start()
+		}
+	}
 	if err != nil {
 		return streamFailed(ctx, fmt.Errorf("start reading replication slot %q: %w", req.Slot, err))
 	}
@@ -153,7 +167,7 @@ func (d *Driver) RecordStreamState(ctx context.Context, req outboxdriver.StreamR
 	if slot == "" {
 		slot, _ = d.names.WALDefaults()
 	}
-	_, err := d.pool.Exec(ctx, d.names.WALRecordState(), slot, string(state), string(reason))
+	_, err := d.pool.Exec(ctx, d.names.WALRecordState(), slot, string(state), string(reason), req.RelayID, req.Token)
 	return err
 }
 

@@ -2,6 +2,7 @@ package outboxpgx
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync/atomic"
@@ -12,7 +13,9 @@ import (
 	"github.com/outboxkit/outbox/internal/pgsql"
 	"github.com/outboxkit/outbox/internal/testinfra/testenv"
 	"github.com/outboxkit/outbox/internal/testinfra/testpg"
+	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/outboxtest"
+	"github.com/jackc/pgx/v5"
 )
 
 // The relay in WAL mode (slice 3 of docs/design-wal.md), on a private server with
@@ -29,6 +32,8 @@ func TestWALRelay(t *testing.T) {
 		{"IdleFetchesNothing", testWALRelayIdleFetchesNothing},
 		{"SlotDroppedFallsBackToPolling", testWALRelaySlotDropped},
 		{"RecordsState", testWALRelayRecordsState},
+		{"StandbyTakesOver", testWALRelayStandbyTakesOver},
+		{"EndsAStaleReader", testWALRelayEndsAStaleReader},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -48,7 +53,15 @@ func (c *fetchCounter) FetchDone(outbox.FetchEvent) { c.n.Add(1) }
 // startWALRelay runs a relay on b's outbox, in WAL mode unless poll, until the test ends.
 func startWALRelay(t *testing.T, b *streamBundle, pub outbox.Publisher, poll bool, obs outbox.Observer) {
 	t.Helper()
-	cfg := outbox.RelayConfig{ID: "wal-test", PollInterval: 50 * time.Millisecond, LeaseTTL: 3 * time.Second,
+	runWALRelay(t, b, pub, "wal-test", poll, obs)
+}
+
+// runWALRelay runs a relay with the ID id on b's outbox, in WAL mode unless poll, until
+// the test ends or kill is called: kill ends it as a crash would, without giving its
+// leases back.
+func runWALRelay(t *testing.T, b *streamBundle, pub outbox.Publisher, id string, poll bool, obs outbox.Observer) (r *outbox.Relay, kill func()) {
+	t.Helper()
+	cfg := outbox.RelayConfig{ID: id, PollInterval: 50 * time.Millisecond, LeaseTTL: 3 * time.Second,
 		RetryMinDelay: 10 * time.Millisecond, Observer: obs}
 	if !poll {
 		cfg.WAL = &outbox.WALConfig{SafetyPoll: -1}
@@ -57,7 +70,8 @@ func startWALRelay(t *testing.T, b *streamBundle, pub outbox.Publisher, poll boo
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := r.Start(context.Background()); err != nil {
+	ctx, cancel := context.WithCancel(context.Background())
+	if err := r.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
@@ -67,6 +81,7 @@ func startWALRelay(t *testing.T, b *streamBundle, pub outbox.Publisher, poll boo
 			t.Errorf("stop: %v", err)
 		}
 	})
+	return r, func() { cancel(); <-r.Stopped() }
 }
 
 func payloads(msgs []outbox.Message) []string {
@@ -259,4 +274,119 @@ func testWALRelayRecordsState(t *testing.T, srv *testpg.Server) {
 		s := other.walState(t)
 		return s, s == "fallback:slot_missing"
 	})
+}
+
+// awaitRecorded waits until no message is pending.
+func (b *streamBundle) awaitRecorded(t *testing.T) {
+	t.Helper()
+	testenv.Await(t, "every outcome recorded", func() (any, bool) {
+		var n int
+		if err := b.pool.QueryRow(testenv.Context(t), `SELECT count(*) FROM `+b.quoted()+`.outbox`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return fmt.Sprintf("%d pending", n), n == 0
+	})
+}
+
+// slotReader is the relay that holds the slot reader's lease and says it streams, or "".
+func (b *streamBundle) slotReader(t *testing.T) string {
+	t.Helper()
+	var owner string
+	q := fmt.Sprintf(`SELECT coalesce(owner, '') FROM %s.outbox_wal WHERE slot_name = $1 AND state = 'streaming'`, b.quoted())
+	err := b.pool.QueryRow(testenv.Context(t), q, b.slot).Scan(&owner)
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		t.Fatal(err)
+	}
+	return owner
+}
+
+// awaitReader waits until relay id reads the slot and holds every shard, and the relays
+// in standby none.
+func (b *streamBundle) awaitReader(t *testing.T, id string, reader *outbox.Relay, standby ...*outbox.Relay) {
+	t.Helper()
+	testenv.Await(t, id+" reading the slot with every shard", func() (any, bool) {
+		seen := fmt.Sprintf("reader %q, %q holds %d shards", b.slotReader(t), id, reader.Stats().Shards)
+		ok := b.slotReader(t) == id && reader.Stats().Shards == int64(pgsql.Shards)
+		for _, s := range standby {
+			seen += fmt.Sprintf(", a standby %d", s.Stats().Shards)
+			ok = ok && s.Stats().Shards == 0
+		}
+		return seen, ok
+	})
+}
+
+// Relays in WAL mode: one holds the slot reader's lease and every shard and reads the
+// slot; the others stand by with no shard (design §4). When the reader stops, a standby
+// takes the lease and the shards and reads; when that one is killed (its leases not
+// given back), the next takes over once its heartbeat expired. Nothing is lost or
+// published twice, and each key keeps its order.
+func testWALRelayStandbyTakesOver(t *testing.T, srv *testpg.Server) {
+	b := newStreamBundle(t, srv, Config{}, true)
+	pub := &outboxtest.Publisher{}
+	ra, _ := runWALRelay(t, b, pub, "a", false, nil)
+	b.awaitReader(t, "a", ra)
+	rb, killB := runWALRelay(t, b, pub, "b", false, nil)
+	rc, killC := runWALRelay(t, b, pub, "c", false, nil)
+	var want []string
+	write := func(round int) {
+		for k := range 4 {
+			key := fmt.Sprintf("k%d", k)
+			p := fmt.Sprintf("%d.%d", k, round)
+			b.writeKey(t, key, p)
+			want = append(want, fmt.Sprintf("%q", p))
+		}
+	}
+	write(0)
+	b.awaitReader(t, "a", ra, rb, rc)
+	write(1)
+	pub.Await(t, len(want))
+
+	stopCtx, cancel := testenv.CallContext()
+	defer cancel()
+	if err := ra.Stop(stopCtx); err != nil {
+		t.Fatal(err)
+	}
+	write(2)
+	testenv.Await(t, "b or c reading the slot", func() (any, bool) { r := b.slotReader(t); return r, r == "b" || r == "c" })
+	next, killNext, last, lastID := rb, killB, rc, "c"
+	if b.slotReader(t) == "c" {
+		next, killNext, last, lastID = rc, killC, rb, "b"
+	}
+	b.awaitReader(t, b.slotReader(t), next, last)
+	write(3)
+	pub.Await(t, len(want))
+	b.awaitRecorded(t) // a kill before the record would publish again, by design
+
+	killNext()
+	write(4)
+	b.awaitReader(t, lastID, last)
+	write(5)
+	got := payloads(pub.Await(t, len(want)))
+	if !slices.Equal(sortedKeyFirst(got), sortedKeyFirst(want)) {
+		t.Fatalf("published %v, want %v, each once", got, want)
+	}
+	for k := range 4 {
+		var order []string
+		for round := range 6 {
+			order = append(order, fmt.Sprintf("%q", fmt.Sprintf("%d.%d", k, round)))
+		}
+		if !inOrder(got, order...) {
+			t.Fatalf("key k%d out of order in %v", k, got)
+		}
+	}
+}
+
+// A session that still reads the slot (here one the test opened; in production a reader
+// whose lease expired while it was paused, which keeps the slot until
+// wal_sender_timeout) is ended by the relay that holds the slot's lease, which then reads.
+func testWALRelayEndsAStaleReader(t *testing.T, srv *testpg.Server) {
+	b := newStreamBundle(t, srv, Config{}, true)
+	stale := b.stream(t, outboxdriver.StreamRequest{RelayID: "stale"})
+	b.awaitActive(t)
+	pub := &outboxtest.Publisher{}
+	r, _ := runWALRelay(t, b, pub, "reader", false, nil)
+	b.awaitReader(t, "reader", r)
+	testenv.AwaitRecv(t, "the stale reader's end", stale.exited)
+	b.writeKey(t, "k", "1")
+	pub.Await(t, 1)
 }

@@ -173,10 +173,18 @@ func (db *DB) SyncLeases(ctx context.Context, req outboxdriver.LeaseRequest) (ou
 				return err
 			}
 		}
+		slotRelease := req.Slot != nil && req.Slot.Release && req.Slot.Token != 0
+		if slotRelease {
+			if err := q.Exec(ctx, n.WALLeaseRelease(), req.RelayID, db.slotName(req.Slot), req.Slot.Token); err != nil {
+				return err
+			}
+		}
 		if len(req.Release) > 0 {
 			if err := q.Exec(ctx, n.LeaseRelease(), req.RelayID, IntArray(tokens(req.Release))); err != nil {
 				return err
 			}
+		}
+		if len(req.Release) > 0 || slotRelease {
 			// Listening relays take the shards now rather than at their next renewal
 			// (delivered at commit, and only then).
 			if err := q.Exec(ctx, `SELECT pg_notify($1, $2)`, n.Channel, NotifyLeases); err != nil {
@@ -212,15 +220,18 @@ func (db *DB) SyncLeases(ctx context.Context, req outboxdriver.LeaseRequest) (ou
 			return err
 		}
 		st.Target = st.FairShare()
+		var expired expiredOwners
+		if req.Slot != nil {
+			if err := db.syncSlot(ctx, q, req, &expired, &st); err != nil {
+				return err
+			}
+		}
 		if want := st.Target - len(held); want > 0 {
-			expired, err := Collect(ctx, q, n.LeaseLockExpired(), nil, func(r Row) (string, error) {
-				var id string
-				return id, r.Scan(&id)
-			})
+			ids, err := expired.lock(ctx, q, n)
 			if err != nil {
 				return err
 			}
-			taken, err := Collect(ctx, q, n.LeaseAcquire(), []any{req.RelayID, ttl, want, expired}, ScanInt64)
+			taken, err := Collect(ctx, q, n.LeaseAcquire(), []any{req.RelayID, ttl, want, ids}, ScanInt64)
 			if err != nil {
 				return err
 			}
@@ -237,6 +248,110 @@ func (db *DB) SyncLeases(ctx context.Context, req outboxdriver.LeaseRequest) (ou
 		return outboxdriver.LeaseState{}, fmt.Errorf("sync leases: %w", err)
 	}
 	return st, nil
+}
+
+// expiredOwners is, once a round asked for it, the relays whose heartbeat expired,
+// locked (LeaseLockExpired): the owners whose shard and slot leases the round may take.
+type expiredOwners struct {
+	ids    []string
+	locked bool
+}
+
+func (e *expiredOwners) lock(ctx context.Context, q Querier, n *Names) ([]string, error) {
+	if e.locked {
+		return e.ids, nil
+	}
+	ids, err := Collect(ctx, q, n.LeaseLockExpired(), nil, func(r Row) (string, error) {
+		var id string
+		return id, r.Scan(&id)
+	})
+	if err != nil {
+		return nil, err
+	}
+	e.ids, e.locked = ids, true
+	return ids, nil
+}
+
+// slotName is the slot a WAL-mode relay's lease round names, or the outbox's default.
+func (db *DB) slotName(l *outboxdriver.SlotLease) string {
+	if l.Slot != "" {
+		return l.Slot
+	}
+	slot, _ := db.Names.WALDefaults()
+	return slot
+}
+
+// syncSlot is a WAL-mode relay's part of a lease round (docs/design-wal.md, §4): it marks
+// the relay's row as in WAL mode, keeps or takes the slot reader's lease, and sets the
+// share of shards: every shard to the reader and none to the others while a live reader
+// streams and every live relay is in WAL mode, the fair share otherwise. On an outbox
+// without schema version 5 (no outbox_wal, no relays.mode) it changes nothing: the relay
+// polls.
+func (db *DB) syncSlot(ctx context.Context, q Querier, req outboxdriver.LeaseRequest, expired *expiredOwners, st *outboxdriver.LeaseState) error {
+	n, slot := db.Names, db.slotName(req.Slot)
+	// Locked before the savepoint: rolling back to it would release the locks.
+	ids, err := expired.lock(ctx, q, n)
+	if err != nil {
+		return err
+	}
+	if err := q.Exec(ctx, "SAVEPOINT outbox_wal"); err != nil {
+		return err
+	}
+	err = func() error {
+		if err := q.Exec(ctx, n.WALLeaseMode(), req.RelayID); err != nil {
+			return err
+		}
+		var token int64
+		if req.Slot.Token != 0 {
+			held, err := Collect(ctx, q, n.WALLeaseHeld(), []any{req.RelayID, slot, req.Slot.Token}, ScanInt64)
+			if err != nil {
+				return err
+			}
+			if len(held) == 1 {
+				token = held[0]
+			}
+		}
+		if token == 0 {
+			taken, err := Collect(ctx, q, n.WALLeaseTake(), []any{req.RelayID, slot, ids, req.Adopt, req.TTL.Milliseconds()}, ScanInt64)
+			if err != nil {
+				return err
+			}
+			if len(taken) == 1 {
+				token = taken[0]
+			}
+		}
+		type share struct {
+			holder            *string
+			streaming, allWAL bool
+		}
+		shares, err := Collect(ctx, q, n.WALLeaseShare(), []any{slot}, func(r Row) (share, error) {
+			var s share
+			return s, r.Scan(&s.holder, &s.streaming, &s.allWAL)
+		})
+		if err != nil || len(shares) == 0 { // no row: no such slot recorded
+			return err
+		}
+		sh := shares[0]
+		st.SlotToken = token
+		if sh.holder != nil {
+			st.SlotHolder = *sh.holder
+		}
+		if sh.streaming && sh.allWAL {
+			st.Target = 0
+			if token != 0 {
+				st.Target = st.Shards
+			}
+		}
+		return nil
+	}()
+	if state := SQLState(err); state == "42P01" || state == "42703" { // undefined table or column
+		st.SlotToken, st.SlotHolder = 0, ""
+		return q.Exec(ctx, "ROLLBACK TO SAVEPOINT outbox_wal")
+	}
+	if err != nil {
+		return err
+	}
+	return q.Exec(ctx, "RELEASE SAVEPOINT outbox_wal")
 }
 
 // held returns the relay's leases under tokens.

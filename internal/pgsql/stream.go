@@ -34,8 +34,68 @@ func (n *Names) WALSlotRecorded() string {
 }
 
 // WALRecordState sets the slot's ($1) state ($2) and reason ($3) in outbox_wal, when
-// they changed (state_at says since when).
+// they changed (state_at says since when), if the relay $4 holds the slot's lease under
+// the token $5: the holder's state is what decides the share of shards.
 func (n *Names) WALRecordState() string {
 	return "UPDATE " + n.walTable() + ` SET state = $2, state_reason = $3, state_at = now()
-WHERE slot_name = $1 AND (state, state_reason) IS DISTINCT FROM ($2, $3)`
+WHERE slot_name = $1 AND owner = $4 AND token = $5 AND (state, state_reason) IS DISTINCT FROM ($2, $3)`
+}
+
+// The slot reader's lease (docs/design-wal.md, §4) rides in SyncLeases' transaction for a
+// relay in WAL mode, as the shard leases do: its row in outbox_wal says who reads the
+// slot (owner, token), written only when it changes hands, and the owner's heartbeat in
+// the relays table keeps it. The statements run under a savepoint, so that an outbox
+// without schema version 5 leaves the relay polling rather than failing its rounds.
+
+// WALLeaseRelease gives back the slot $2's lease the relay $1 holds under token $3.
+func (n *Names) WALLeaseRelease() string {
+	return n.lease("UPDATE " + n.walTable() + ` SET owner = NULL, expires_at = '-infinity'
+WHERE slot_name = $2 AND owner = $1 AND token = $3`)
+}
+
+// WALLeaseMode records that the relay $1 is in WAL mode, when its row says otherwise:
+// the share of shards goes to the slot's reader only while every live relay is.
+func (n *Names) WALLeaseMode() string {
+	return n.lease(`UPDATE {{relays}} SET mode = 'wal' WHERE id = $1 AND mode <> 'wal'`)
+}
+
+// WALLeaseHeld returns the token of the slot $2's lease if the relay $1 holds it under
+// $3 (no row otherwise).
+func (n *Names) WALLeaseHeld() string {
+	return n.lease("SELECT token FROM " + n.walTable() + " WHERE slot_name = $2 AND owner = $1 AND token = $3")
+}
+
+// WALLeaseTake gives the relay $1 the lease of the slot $2 under a new token, and returns
+// it, if the lease is free, its owner is among $3 (expired, locked by LeaseLockExpired),
+// it is the relay's own under another token and $4 (adopt), or its owner has no row and
+// it was taken more than a TTL ago (LeaseAcquire says why that last check needs the
+// row's expires_at). The state goes back to starting: the new reader says when it
+// streams. $5 is the TTL in ms, for expires_at.
+func (n *Names) WALLeaseTake() string {
+	return n.lease("UPDATE " + n.walTable() + ` w SET owner = $1, token = nextval('{{token_seq}}'),
+    expires_at = now() + $5 * interval '1 millisecond', state = 'starting', state_reason = '', state_at = now()
+WHERE w.slot_name = $2 AND (w.owner IS NULL OR w.owner = ANY($3::text[]) OR (w.owner = $1 AND $4::boolean)
+   OR (w.expires_at <= now() AND NOT EXISTS (SELECT 1 FROM {{relays}} r WHERE r.id = w.owner)))
+RETURNING token`)
+}
+
+// WALLeaseShare returns, for the slot $1 (no row: not set up, or dropped), the holder of
+// its lease (NULL: none), whether that holder is live and has recorded that it streams,
+// and whether every live relay is in WAL mode.
+func (n *Names) WALLeaseShare() string {
+	return n.lease(`SELECT w.owner,
+    w.state = 'streaming' AND EXISTS (SELECT 1 FROM {{relays}} r WHERE r.id = w.owner AND r.expires_at > now()),
+    NOT EXISTS (SELECT 1 FROM {{relays}} WHERE expires_at > now() AND mode <> 'wal')
+FROM ` + n.walTable() + ` w WHERE w.slot_name = $1`)
+}
+
+// WALTerminateReader ends the session that reads the slot $1 (a reader whose lease
+// expired while it was paused keeps the slot until wal_sender_timeout), only while the
+// relay $2 holds the slot's lease under the token $3: the row is locked FOR SHARE, so
+// no other relay takes the lease meanwhile. It returns whether a session was ended.
+func (n *Names) WALTerminateReader() string {
+	return n.lease(`WITH lease AS (SELECT slot_name FROM ` + n.walTable() + `
+    WHERE slot_name = $1 AND owner = $2 AND token = $3 FOR SHARE)
+SELECT coalesce(bool_or(pg_terminate_backend(s.active_pid, 5000)), false)
+FROM pg_replication_slots s JOIN lease USING (slot_name) WHERE s.active_pid IS NOT NULL`)
 }
