@@ -139,3 +139,66 @@ func TestLeaseFirstRoundsNeverShareAShard(t *testing.T) {
 		}
 	}
 }
+
+// TestSlotLease: the slot reader's lease in the lease round (docs/design-wal.md, §4).
+// One relay holds it; while that holder streams and every live relay is in WAL mode it
+// is given every shard and the others none, otherwise everyone its fair share; it
+// passes on when the holder's heartbeat expires, or at once when given back; an outbox
+// without the WAL table leaves the relays polling.
+func TestSlotLease(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	exec := func(q string) {
+		t.Helper()
+		if _, err := b.Pool.Exec(ctx, fmt.Sprintf(q, `"`+b.Schema+`"`)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	exec(`INSERT INTO %s.outbox_wal (slot_name, publication, created_lsn) VALUES ('s', 'p', '0/0')`)
+	sync := func(relay string, slot *outboxdriver.SlotLease) outboxdriver.LeaseState {
+		t.Helper()
+		st, err := b.Driver.SyncLeases(ctx, outboxdriver.LeaseRequest{RelayID: relay, TTL: time.Minute, Slot: slot})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}
+	a := sync("a", &outboxdriver.SlotLease{Slot: "s"})
+	if a.SlotToken == 0 || a.SlotHolder != "a" || a.Target != a.Shards {
+		t.Fatalf("a: token %d, holder %q, target %d; want the lease and every shard", a.SlotToken, a.SlotHolder, a.Target)
+	}
+	if st := sync("b", &outboxdriver.SlotLease{Slot: "s"}); st.SlotToken != 0 || st.SlotHolder != "a" || st.Target != st.FairShare() {
+		t.Fatalf("b beside a starting reader: token %d, holder %q, target %d; want a's lease kept, the fair share", st.SlotToken, st.SlotHolder, st.Target)
+	}
+	exec(`UPDATE %s.outbox_wal SET state = 'streaming'`)
+	if st := sync("b", &outboxdriver.SlotLease{Slot: "s"}); st.Target != 0 {
+		t.Fatalf("b beside a streaming reader: target %d, want 0", st.Target)
+	}
+	if st := sync("a", &outboxdriver.SlotLease{Slot: "s", Token: a.SlotToken}); st.SlotToken != a.SlotToken || st.Target != st.Shards {
+		t.Fatalf("a streaming: token %d (had %d), target %d; want its lease and every shard", st.SlotToken, a.SlotToken, st.Target)
+	}
+	sync("p", nil) // a polling relay: every relay back to its fair share
+	if st := sync("b", &outboxdriver.SlotLease{Slot: "s"}); st.Live != 3 || st.Target != st.FairShare() {
+		t.Fatalf("b beside a polling relay: target %d of %d live; want the fair share", st.Target, st.Live)
+	}
+	sync("p", &outboxdriver.SlotLease{Slot: "s"}) // now in WAL mode too
+	exec(`UPDATE %s.outbox_relays SET expires_at = now() - interval '1 second' WHERE id = 'a'`)
+	bb := sync("b", &outboxdriver.SlotLease{Slot: "s"})
+	if bb.SlotToken == 0 || bb.SlotToken == a.SlotToken || bb.SlotHolder != "b" || bb.Target != bb.FairShare() {
+		t.Fatalf("b after a's heartbeat expired: token %d, holder %q, target %d; want a new lease, starting, the fair share", bb.SlotToken, bb.SlotHolder, bb.Target)
+	}
+	if st := sync("a", &outboxdriver.SlotLease{Slot: "s", Token: a.SlotToken}); st.SlotToken != 0 || st.SlotHolder != "b" {
+		t.Fatalf("a after b took the lease: token %d, holder %q", st.SlotToken, st.SlotHolder)
+	}
+	if _, err := b.Driver.SyncLeases(ctx, outboxdriver.LeaseRequest{RelayID: "b", Slot: &outboxdriver.SlotLease{Slot: "s", Token: bb.SlotToken, Release: true}}); err != nil {
+		t.Fatal(err)
+	}
+	if st := sync("p", &outboxdriver.SlotLease{Slot: "s"}); st.SlotToken == 0 || st.SlotHolder != "p" {
+		t.Fatalf("p after b gave the lease back: token %d, holder %q", st.SlotToken, st.SlotHolder)
+	}
+	exec(`DROP TABLE %s.outbox_wal`) // an outbox before schema version 5
+	if st := sync("q", &outboxdriver.SlotLease{Slot: "s"}); st.SlotToken != 0 || st.SlotHolder != "" || st.Target != st.FairShare() {
+		t.Fatalf("without outbox_wal: token %d, holder %q, target %d; want polling", st.SlotToken, st.SlotHolder, st.Target)
+	}
+}
