@@ -73,8 +73,10 @@ func (l *loop) maintain(ctx context.Context, m outboxdriver.Maintainer) {
 
 // recycleInterval is how often a relay calls Recycler.Recycle: the ring rotates at most
 // this often, so it bounds, with the store's rows per bucket, the dead storage a fetch
-// walks while a snapshot is held open. recycleDraining is the interval while a retired
-// bucket holds a backlog, so that it is emptied soon after the backlog is published.
+// walks while a snapshot is held open. recycleDraining is the interval after a rotation
+// and while a retired bucket holds a backlog: the bucket just retired, or drained, is
+// emptied a tenth of a second later rather than a second (until then every full fetch
+// walks its rows published since a snapshot was taken).
 const (
 	recycleInterval = time.Second
 	recycleDraining = 100 * time.Millisecond
@@ -95,7 +97,7 @@ func (l *loop) recycle(ctx context.Context, rc outboxdriver.Recycler) {
 				"elapsed", time.Since(began))
 		}
 		next := recycleInterval
-		if done.Draining {
+		if done.Draining || done.Rotated {
 			next = recycleDraining
 		}
 		t.Reset(next)

@@ -1,6 +1,9 @@
 package outbox
 
-import "github.com/outboxkit/outbox/outboxdriver"
+import (
+	"github.com/outboxkit/outbox/internal/broken"
+	"github.com/outboxkit/outbox/outboxdriver"
+)
 
 // walReadLimit is the number of unresolved seqs above which the relay stops reading the
 // WAL stream: the walsender then waits on TCP, and the relay still acknowledges what it
@@ -279,6 +282,16 @@ func (t *walTracker) resolve(seq int64, n int) {
 // idle position past every transaction added once all are resolved. It never goes back;
 // the loop sends it when it rose.
 func (t *walTracker) ackable() uint64 {
+	if broken.Has(broken.WALAckOnReceipt) { // canary: whatever arrived
+		t.acked = max(t.acked, t.lastEnd, t.idle)
+	}
+	if broken.Has(broken.WALAckMax) { // canary: the latest resolved, not the prefix
+		for _, x := range t.txns {
+			if x.resolved() {
+				t.acked = max(t.acked, x.end)
+			}
+		}
+	}
 	for len(t.txns) > 0 && t.txns[0].resolved() {
 		t.acked = max(t.acked, t.txns[0].end)
 		t.txns[0] = nil

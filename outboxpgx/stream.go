@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgproto3"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/broken"
 	"github.com/outboxkit/outbox/internal/pgsql"
 	"github.com/outboxkit/outbox/outboxdriver"
 )
@@ -122,8 +123,16 @@ func (d *Driver) Stream(ctx context.Context, req outboxdriver.StreamRequest, emi
 		return &outboxdriver.StreamError{Reason: outboxdriver.StreamVersion,
 			Err: fmt.Errorf("WAL mode needs PostgreSQL %d or later; this server runs %s", streamMinMajor, v)}
 	}
+	// From 0/0: the slot's confirmed position. (The canary starts at the server's
+	// current position instead.)
+	var from pglogrepl.LSN
+	if broken.Has(broken.WALStartAtCurrent) {
+		if sys, err := pglogrepl.IdentifySystem(ctx, conn); err == nil {
+			from = sys.XLogPos
+		}
+	}
 	start := func() error {
-		return pglogrepl.StartReplication(ctx, conn, req.Slot, 0, pglogrepl.StartReplicationOptions{PluginArgs: []string{
+		return pglogrepl.StartReplication(ctx, conn, req.Slot, from, pglogrepl.StartReplicationOptions{PluginArgs: []string{
 			"proto_version '1'", "publication_names '" + req.Publication + "'", "messages 'true'"}})
 	}
 	err = start()

@@ -9,13 +9,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/pgsql"
 	"github.com/outboxkit/outbox/internal/testinfra/testenv"
 	"github.com/outboxkit/outbox/internal/testinfra/testpg"
 	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/outboxtest"
-	"github.com/jackc/pgx/v5"
 )
 
 // The relay in WAL mode (slice 3 of docs/design-wal.md), on a private server with

@@ -25,6 +25,15 @@ const (
 	// TruncateStragglers empties a retired bucket of the pending ring without first
 	// moving its pending rows to the current bucket.
 	TruncateStragglers Bug = "truncate-stragglers"
+	// WALAckOnReceipt acknowledges each transaction of the WAL stream as soon as it
+	// arrives, before its messages are published.
+	WALAckOnReceipt Bug = "wal-ack-on-receipt"
+	// WALAckMax acknowledges the end of the latest resolved transaction, even with
+	// earlier ones unresolved (confirmations arriving out of order).
+	WALAckMax Bug = "wal-ack-max"
+	// WALStartAtCurrent starts reading the slot at the server's current position
+	// instead of the slot's confirmed one, skipping what committed meanwhile.
+	WALStartAtCurrent Bug = "wal-start-at-current"
 )
 
 // EnvVar names the environment variable that lists the bugs to switch on, separated by

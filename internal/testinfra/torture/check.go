@@ -50,6 +50,10 @@ type Report struct {
 	// LeaseSteals counts shards that changed owner before their lease expired in
 	// database time (filled by the runner, which watches the lease table).
 	LeaseSteals int
+	// SlotAhead counts transactions that WAL mode's slot acknowledged while one of their
+	// messages was not recorded yet (filled by the runner's slot audit, in WAL runs with
+	// one relay).
+	SlotAhead int
 
 	Faults          int
 	RecoverySeconds float64
@@ -79,7 +83,7 @@ func (r Report) DupWithinBound() bool { return r.Dup <= r.DupBound }
 // injected poison dead, and recovery time and RSS within their limits.
 func (r Report) OK() bool {
 	return r.Unresolved == 0 && r.Lost == 0 && r.Phantom == 0 && r.Order == 0 && r.Mismatch == 0 &&
-		r.DupWithinBound() && r.DeadUnexpected == 0 && r.PoisonAlive == 0 && r.LeaseSteals == 0 &&
+		r.DupWithinBound() && r.DeadUnexpected == 0 && r.PoisonAlive == 0 && r.LeaseSteals == 0 && r.SlotAhead == 0 &&
 		(r.Bounds.MaxRecoverySeconds == 0 || r.RecoverySeconds <= r.Bounds.MaxRecoverySeconds) &&
 		(r.Bounds.MaxRSSMiB == 0 || r.RSSMiB <= r.Bounds.MaxRSSMiB)
 }
@@ -109,6 +113,9 @@ func (r Report) String() string {
 	}
 	if r.LeaseSteals > 0 {
 		fmt.Fprintf(&b, " lease_steals=%d", r.LeaseSteals)
+	}
+	if r.SlotAhead > 0 {
+		fmt.Fprintf(&b, " slot_ahead=%d", r.SlotAhead)
 	}
 	if r.OK() {
 		b.WriteString(" result=ok")

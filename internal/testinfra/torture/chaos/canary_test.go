@@ -72,6 +72,29 @@ func TestCanaries(t *testing.T) {
 		cfg:    Config{Relays: 1, Kinds: []string{KindBrokerCut}},
 		want:   "lost events",
 		caught: func(r torture.Report) bool { return r.Lost > 0 },
+	}, {
+		// WAL mode acknowledges each transaction as it arrives: nothing is lost (the rows
+		// stay in the outbox), but the slot moves past messages not yet published, which
+		// the slot audit sees. Broker cuts keep messages unpublished for a while.
+		bug:    broken.WALAckOnReceipt,
+		cfg:    Config{Relays: 1, WAL: true, Kinds: []string{KindBrokerCut}},
+		want:   "slot acknowledged ahead of a record",
+		caught: func(r torture.Report) bool { return r.SlotAhead > 0 },
+	}, {
+		// WAL mode acknowledges the latest resolved transaction with earlier ones not
+		// resolved: a broker cut leaves a backlog whose keys resolve out of commit order.
+		bug:    broken.WALAckMax,
+		cfg:    Config{Relays: 1, WAL: true, Kinds: []string{KindBrokerCut}},
+		want:   "slot acknowledged ahead of a record",
+		caught: func(r torture.Report) bool { return r.SlotAhead > 0 },
+	}, {
+		// WAL mode starts reading at the server's current position: what committed while
+		// the relay was down is skipped by the stream (the catch-up fetch still finds it)
+		// and acknowledged with what comes next, before it is published.
+		bug:    broken.WALStartAtCurrent,
+		cfg:    Config{Relays: 1, WAL: true, Kinds: []string{KindRelayKill, KindBrokerCut}},
+		want:   "slot acknowledged ahead of a record",
+		caught: func(r torture.Report) bool { return r.SlotAhead > 0 },
 	}} {
 		t.Run(string(c.bug), func(t *testing.T) {
 			// A run catches a canary only if its faults happen to make the bug bite (a

@@ -63,7 +63,9 @@ type Config struct {
 	PrivatePostgres bool
 	// WAL runs the relays in WAL mode (RelayConfig.WAL): the private server gets
 	// wal_level=logical and the outbox a slot ('outbox wal setup'). One relay reads the
-	// slot; the others stand by, polling their shards. It implies PrivatePostgres.
+	// slot; the others stand by. With one relay, an audit slot checks that the slot is
+	// never acknowledged past a message not yet recorded (slotaudit.go). It implies
+	// PrivatePostgres.
 	WAL bool
 	// Artifacts is a directory for nemesis.jsonl, timing.jsonl (each fault's heal to
 	// first arrival), each relay incarnation's log (relay-r<slot>.<incarnation>.log) and
@@ -168,8 +170,12 @@ func Run(tb testenv.TB, cfg Config) torture.Report {
 	if err := watchLeases(ctx, db); err != nil {
 		tb.Fatal(err)
 	}
+	var audit *slotAudit
 	if cfg.WAL {
 		walSetup(tb, cfg.DatabaseURL, db.Schema)
+		if cfg.Relays == 1 {
+			audit = startSlotAudit(tb, db)
+		}
 	}
 
 	// Relays reach the database through a proxy of their own (the writers do not).
@@ -326,6 +332,17 @@ func Run(tb testenv.TB, cfg Config) torture.Report {
 	rep.RSSMiB = float64(peak) / 1024
 	if rep.LeaseSteals, err = leaseSteals(ctx, db, &rep); err != nil {
 		tb.Fatal(err)
+	}
+	if audit != nil {
+		res, err := audit.check(ctx)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		tb.Logf("slot audit: %d commits checked against %d confirmed positions, %d passed ahead of a record", res.checked, res.passed, res.ahead)
+		rep.SlotAhead = res.ahead
+		if res.example != "" {
+			rep.Examples = append(rep.Examples, res.example)
+		}
 	}
 	rep.Timing = torture.Measure(h, log, faultSpans(nem.Records()))
 	writeJSONL(tb, filepath.Join(dir, "timing.jsonl"), rep.Timing.Faults)
