@@ -84,6 +84,13 @@ var knownMetrics = map[string]bool{
 	"outbox_oldest_transaction_age_seconds": false,
 	"outbox_ring_rotations":                 false,
 	"outbox_ring_rows_since_rotation":       false,
+	"outbox_wal_source":                     false,
+	"outbox_wal_slot_exists":                false,
+	"outbox_wal_slot_active":                false,
+	"outbox_wal_slot_status":                false,
+	"outbox_wal_slot_lag_bytes":             false,
+	"outbox_wal_slot_retained_bytes":        false,
+	"outbox_wal_slot_safe_wal_size_bytes":   false,
 }
 
 // baseMetric returns the metric a series name belongs to, and whether it is known.

@@ -79,6 +79,9 @@ func printStatus(w io.Writer, st outboxdriver.Status, postgres bool, now time.Ti
 	if postgres {
 		fmt.Fprintf(tw, "oldest transaction\t%s\t(holds back vacuum while open)\n", st.OldestTransactionAge.Round(time.Second))
 	}
+	for _, ws := range st.WAL {
+		fmt.Fprintf(tw, "WAL slot %s\t%s\t(%s)\n", ws.Slot, walState(ws), walSlotFacts(ws, now))
+	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
@@ -164,4 +167,30 @@ func escapeControls(s string) string {
 		}
 	}
 	return b.String()
+}
+
+// walState is a WAL slot's recorded state, with its reason.
+func walState(ws outboxdriver.WALSlotStatus) string {
+	if ws.Reason != "" {
+		return ws.State + ": " + ws.Reason
+	}
+	return ws.State
+}
+
+// walSlotFacts says who reads a WAL slot and what it costs the server.
+func walSlotFacts(ws outboxdriver.WALSlotStatus, now time.Time) string {
+	reader := "no reader"
+	if ws.Reader != "" {
+		reader = "read by " + ws.Reader
+	}
+	since := roundAge(now.Sub(ws.StateSince)) + " in this state"
+	if !ws.Exists {
+		return reader + ", " + since + "; the slot is gone: the relays poll"
+	}
+	facts := fmt.Sprintf("%s, %s; %s behind, %s retained, wal_status %s", reader, since,
+		optBytes(&ws.LagBytes), optBytes(&ws.RetainedBytes), ws.WALStatus)
+	if ws.SafeWALSizeBytes != nil {
+		facts += ", " + optBytes(ws.SafeWALSizeBytes) + " until lost"
+	}
+	return facts
 }

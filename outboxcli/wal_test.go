@@ -193,6 +193,11 @@ func TestWALSetupStatusDrop(t *testing.T) {
 	if after, _ := walStatusJSON(t, 0, s.env); after.LagBytes == nil || *after.LagBytes <= *st.LagBytes {
 		t.Fatalf("lag after an insert: %v, before %d; want it to grow", after.LagBytes, *st.LagBytes)
 	}
+	// 'outbox status' has the slot's line too.
+	r = must(t, 0, s.env, "status")
+	if !regexp.MustCompile(`WAL slot outbox_wal +starting +\(no reader, [^;]+ in this state; [^,]+ behind, [^,]+ retained, wal_status reserved\)`).MatchString(r.stdout) {
+		t.Errorf("outbox status lacks the slot's line:\n%s", r.stdout)
+	}
 	r = must(t, 0, s.env, "wal", "status")
 	for _, want := range []string{"outbox_wal", "no relay streams from it; wal_status reserved", "lag", "retained WAL",
 		"unlimited", "outbox_pub", "inserts into", "starting", "disabled by setup", "logical", "REPLICATION yes"} {

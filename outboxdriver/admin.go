@@ -91,6 +91,32 @@ type Status struct {
 	// outbox's database has been open (PostgreSQL: it pins the xmin horizon, so vacuum
 	// removes no row deleted since it began); 0 when none is open or the store cannot tell.
 	OldestTransactionAge time.Duration `json:"oldest_transaction_age"`
+	// WAL describes the replication slots WAL mode reads (PostgreSQL, schema version 5,
+	// after 'outbox wal setup'); empty when there are none.
+	WAL []WALSlotStatus `json:"wal,omitempty"`
+}
+
+// WALSlotStatus is one WAL-mode slot as the outbox records it and PostgreSQL reports it.
+type WALSlotStatus struct {
+	Slot string `json:"slot"`
+	// State is what the relay holding the slot's lease recorded: starting, streaming,
+	// or fallback (polling) with Reason; StateSince is when it last changed.
+	State      string    `json:"state"`
+	Reason     string    `json:"reason,omitempty"`
+	StateSince time.Time `json:"state_since"`
+	Reader     string    `json:"reader,omitempty"` // the relay holding the slot's lease
+	// Exists is false when the slot is recorded but PostgreSQL has none (dropped by
+	// hand, or lost in a failover): the relays poll. The rest is PostgreSQL's view.
+	Exists bool `json:"exists"`
+	Active bool `json:"active"` // a session reads it
+	// WALStatus is reserved, extended, unreserved or lost; LagBytes how far the slot's
+	// confirmed position is behind the server's WAL; RetainedBytes how much WAL it keeps;
+	// SafeWALSizeBytes how much more WAL may be written before it is lost (nil: no
+	// limit, max_slot_wal_keep_size = -1).
+	WALStatus        string `json:"wal_status,omitempty"`
+	LagBytes         int64  `json:"lag_bytes"`
+	RetainedBytes    int64  `json:"retained_bytes"`
+	SafeWALSizeBytes *int64 `json:"safe_wal_size_bytes,omitempty"`
 }
 
 // PartitionStatus describes the daily partitions of the published history.

@@ -262,6 +262,14 @@ func testWALRelayRecordsState(t *testing.T, srv *testpg.Server) {
 	startWALRelay(t, b, pub, false, nil)
 	pub.Await(t, 1)
 	testenv.Await(t, "state streaming", func() (any, bool) { s := b.walState(t); return s, s == "streaming" })
+	st, err := b.drv.Status(testenv.Context(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st.WAL) != 1 || st.WAL[0].Slot != b.slot || st.WAL[0].State != "streaming" || st.WAL[0].Reader != "wal-test" ||
+		!st.WAL[0].Exists || !st.WAL[0].Active || st.WAL[0].WALStatus != "reserved" || st.WAL[0].LagBytes < 0 {
+		t.Fatalf("status of a streaming slot: %+v", st.WAL)
+	}
 
 	other := newStreamBundle(t, srv, Config{}, true)
 	other.exec(t, `SELECT pg_drop_replication_slot('`+other.slot+`')`)
@@ -275,6 +283,13 @@ func testWALRelayRecordsState(t *testing.T, srv *testpg.Server) {
 		s := other.walState(t)
 		return s, s == "fallback:slot_missing"
 	})
+	st, err = other.drv.Status(testenv.Context(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st.WAL) != 1 || st.WAL[0].Exists || st.WAL[0].State != "fallback" || st.WAL[0].Reason != "slot_missing" {
+		t.Fatalf("status of a slot gone: %+v", st.WAL)
+	}
 }
 
 // awaitRecorded waits until no message is pending.

@@ -68,6 +68,13 @@
 //	outbox_ring_rotations                   gauge  -       times the pending ring moved on (PostgreSQL)
 //	outbox_ring_rows_since_rotation         gauge  -       messages written since; far above RotateRows, long-pending messages hold the ring
 //	outbox_oldest_transaction_age_seconds   gauge  -       oldest open transaction in the database (pins vacuum)
+//	outbox_wal_source                       gauge  slot, state   WAL mode: 1 for the state its reader recorded (starting, streaming, fallback)
+//	outbox_wal_slot_exists                  gauge  slot    1 when PostgreSQL has the recorded slot
+//	outbox_wal_slot_active                  gauge  slot    1 when a session reads it
+//	outbox_wal_slot_status                  gauge  slot, status  1 for its wal_status (reserved, extended, unreserved, lost)
+//	outbox_wal_slot_lag_bytes               gauge  slot    its confirmed position behind the server's WAL
+//	outbox_wal_slot_retained_bytes          gauge  slot    WAL it keeps
+//	outbox_wal_slot_safe_wal_size_bytes     gauge  slot    WAL before it is lost (absent without max_slot_wal_keep_size)
 //
 // # Latencies
 //

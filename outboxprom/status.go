@@ -61,6 +61,8 @@ type StatusCollector struct {
 	relaysLive, shards, shardsLeased         *prometheus.Desc
 	partitions, daysAhead, oldestTx          *prometheus.Desc
 	ringRotations, ringRows                  *prometheus.Desc
+	walSource, walExists, walActive          *prometheus.Desc
+	walStatus, walLag, walRetained, walSafe  *prometheus.Desc
 
 	mu     sync.Mutex // held during a Status call, so that concurrent scrapes wait for it
 	at     time.Time  // when snap or err was read; zero before the first read
@@ -94,6 +96,13 @@ func NewStatusCollector(admin outboxdriver.Admin, c StatusConfig) *StatusCollect
 		daysAhead:     desc("partition_days_ahead", "Days after today (UTC) that already have a partition of the published history; below 0, recording outcomes fails until one is created."),
 		ringRotations: desc("ring_rotations", "Times the pending ring moved on to its other bucket since it was created (PostgreSQL, schema version 4; absent for a store without a ring)."),
 		ringRows:      desc("ring_rows_since_rotation", "Messages written since the pending ring last moved on. Far above the store's RotateRows, the other bucket holds over a thousand long-pending messages and cannot be emptied: the ring stops protecting fetches from a long-open snapshot."),
+		walSource:     desc("wal_source", "WAL mode, per slot: 1 for the state the relay reading it recorded (starting, streaming, fallback: the relays poll), 0 for the others.", "slot", "state"),
+		walExists:     desc("wal_slot_exists", "WAL mode: 1 when PostgreSQL has the recorded slot, 0 when it is gone (dropped, or lost in a failover): the relays poll.", "slot"),
+		walActive:     desc("wal_slot_active", "WAL mode: 1 when a session reads the slot.", "slot"),
+		walStatus:     desc("wal_slot_status", "WAL mode: 1 for the slot's wal_status (reserved, extended, unreserved, lost), 0 for the others.", "slot", "status"),
+		walLag:        desc("wal_slot_lag_bytes", "WAL mode: how far the slot's confirmed position is behind the server's WAL.", "slot"),
+		walRetained:   desc("wal_slot_retained_bytes", "WAL mode: WAL the slot keeps on the server's disk.", "slot"),
+		walSafe:       desc("wal_slot_safe_wal_size_bytes", "WAL mode: WAL that may still be written before the slot is lost (absent when max_slot_wal_keep_size is -1, no limit).", "slot"),
 		oldestTx:      desc("oldest_transaction_age_seconds", "Age of the oldest transaction holding a snapshot or transaction id in the outbox's database: while it is open, vacuum removes nothing deleted since it began (0 when none, or when the database does not show it)."),
 	}
 }
@@ -101,7 +110,8 @@ func NewStatusCollector(admin outboxdriver.Admin, c StatusConfig) *StatusCollect
 // Describe implements prometheus.Collector.
 func (s *StatusCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{s.up, s.pending, s.due, s.retrying, s.dead, s.oldest, s.relaysLive, s.shards, s.shardsLeased,
-		s.partitions, s.daysAhead, s.oldestTx, s.ringRotations, s.ringRows} {
+		s.partitions, s.daysAhead, s.oldestTx, s.ringRotations, s.ringRows,
+		s.walSource, s.walExists, s.walActive, s.walStatus, s.walLag, s.walRetained, s.walSafe} {
 		ch <- d
 	}
 }
@@ -146,6 +156,38 @@ func (s *StatusCollector) Collect(ch chan<- prometheus.Metric) {
 	if r := st.Ring; r != nil {
 		ch <- prometheus.MustNewConstMetric(s.ringRotations, prometheus.GaugeValue, float64(r.Rotations))
 		ch <- prometheus.MustNewConstMetric(s.ringRows, prometheus.GaugeValue, float64(r.RowsSinceRotation))
+	}
+	for _, w := range st.WAL {
+		s.collectWAL(ch, w)
+	}
+}
+
+// collectWAL reports one WAL-mode slot.
+func (s *StatusCollector) collectWAL(ch chan<- prometheus.Metric, w outboxdriver.WALSlotStatus) {
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, append([]string{w.Slot}, labels...)...)
+	}
+	one := func(b bool) float64 {
+		if b {
+			return 1
+		}
+		return 0
+	}
+	for _, state := range []string{"starting", "streaming", "fallback"} {
+		gauge(s.walSource, one(w.State == state), state)
+	}
+	gauge(s.walExists, one(w.Exists))
+	if !w.Exists {
+		return
+	}
+	gauge(s.walActive, one(w.Active))
+	for _, status := range []string{"reserved", "extended", "unreserved", "lost"} {
+		gauge(s.walStatus, one(w.WALStatus == status), status)
+	}
+	gauge(s.walLag, float64(w.LagBytes))
+	gauge(s.walRetained, float64(w.RetainedBytes))
+	if w.SafeWALSizeBytes != nil {
+		gauge(s.walSafe, float64(*w.SafeWALSizeBytes))
 	}
 }
 

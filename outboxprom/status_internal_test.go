@@ -155,3 +155,48 @@ func TestStatusCollectorFailure(t *testing.T) {
 		t.Fatal("after recovery: want orders at zero and billing at 1")
 	}
 }
+
+// TestStatusCollectorWAL: each WAL-mode slot's recorded state and PostgreSQL's view of
+// it; a slot that is gone reports that alone, and the safe size is absent without a limit.
+// (The query behind Status is tested on a logical server in outboxpgx.)
+func TestStatusCollectorWAL(t *testing.T) {
+	t.Parallel()
+	safe := int64(1 << 30)
+	admin := &fakeAdmin{st: outboxdriver.Status{WAL: []outboxdriver.WALSlotStatus{
+		{Slot: "a", State: "streaming", Reader: "r1", Exists: true, Active: true, WALStatus: "reserved",
+			LagBytes: 4096, RetainedBytes: 8192, SafeWALSizeBytes: &safe},
+		{Slot: "b", State: "fallback", Reason: "slot_missing"},
+		{Slot: "c", State: "streaming", Exists: true, WALStatus: "extended"},
+	}}}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(NewStatusCollector(admin, StatusConfig{MaxAge: -1}))
+	for _, c := range []struct {
+		name   string
+		labels map[string]string
+		want   float64
+	}{
+		{"outbox_wal_source", map[string]string{"slot": "a", "state": "streaming"}, 1},
+		{"outbox_wal_source", map[string]string{"slot": "a", "state": "fallback"}, 0},
+		{"outbox_wal_source", map[string]string{"slot": "b", "state": "fallback"}, 1},
+		{"outbox_wal_slot_exists", map[string]string{"slot": "b"}, 0},
+		{"outbox_wal_slot_active", map[string]string{"slot": "a"}, 1},
+		{"outbox_wal_slot_status", map[string]string{"slot": "a", "status": "reserved"}, 1},
+		{"outbox_wal_slot_status", map[string]string{"slot": "c", "status": "extended"}, 1},
+		{"outbox_wal_slot_status", map[string]string{"slot": "c", "status": "lost"}, 0},
+		{"outbox_wal_slot_lag_bytes", map[string]string{"slot": "a"}, 4096},
+		{"outbox_wal_slot_retained_bytes", map[string]string{"slot": "a"}, 8192},
+		{"outbox_wal_slot_safe_wal_size_bytes", map[string]string{"slot": "a"}, float64(safe)},
+	} {
+		if got := value(t, reg, c.name, c.labels); got != c.want {
+			t.Errorf("%s%v = %v, want %v", c.name, c.labels, got, c.want)
+		}
+	}
+	for _, absent := range []struct {
+		name string
+		slot string
+	}{{"outbox_wal_slot_lag_bytes", "b"}, {"outbox_wal_slot_active", "b"}, {"outbox_wal_slot_safe_wal_size_bytes", "c"}} {
+		if m := find(t, reg, absent.name, map[string]string{"slot": absent.slot}); m != nil {
+			t.Errorf("%s{slot=%s} reported, want it absent", absent.name, absent.slot)
+		}
+	}
+}

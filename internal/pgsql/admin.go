@@ -325,6 +325,9 @@ func (db *DB) Status(ctx context.Context) (outboxdriver.Status, error) {
 		if err := db.Names.relayStatus(ctx, q, &st); err != nil {
 			return fmt.Errorf("read relays and leases: %w", err)
 		}
+		if err := db.Names.walSlotStatus(ctx, q, &st); err != nil {
+			return fmt.Errorf("read WAL slots: %w", err)
+		}
 		return nil
 	})
 	if err != nil {

@@ -1,5 +1,11 @@
 package pgsql
 
+import (
+	"context"
+
+	"github.com/outboxkit/outbox/outboxdriver"
+)
+
 // This file holds what WAL mode's stream reader (outboxpgx's Streamer) needs to know of
 // the outbox: which relation its inserts arrive on, the prefix of the heartbeat
 // messages, and the statement that finds when the next waiting message becomes due
@@ -98,4 +104,29 @@ func (n *Names) WALTerminateReader() string {
     WHERE slot_name = $1 AND owner = $2 AND token = $3 FOR SHARE)
 SELECT coalesce(bool_or(pg_terminate_backend(s.active_pid, 5000)), false)
 FROM pg_replication_slots s JOIN lease USING (slot_name) WHERE s.active_pid IS NOT NULL`)
+}
+
+// walSlotStatus fills the slots recorded in outbox_wal, with PostgreSQL's view of each
+// (nothing before schema version 5).
+func (n *Names) walSlotStatus(ctx context.Context, q Querier, st *outboxdriver.Status) error {
+	var recorded bool
+	if err := q.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, []any{n.walTable()}, &recorded); err != nil || !recorded {
+		return err
+	}
+	slots, err := Collect(ctx, q, `WITH pos AS (
+    SELECT CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_lsn() END AS lsn)
+SELECT w.slot_name, w.state, w.state_reason, w.state_at, coalesce(w.owner, ''),
+    s.slot_name IS NOT NULL, coalesce(s.active, false), coalesce(s.wal_status, ''),
+    coalesce(pg_wal_lsn_diff(pos.lsn, s.confirmed_flush_lsn), 0)::bigint,
+    coalesce(pg_wal_lsn_diff(pos.lsn, s.restart_lsn), 0)::bigint,
+    s.safe_wal_size
+FROM pos, `+n.walTable()+` w LEFT JOIN pg_replication_slots s ON s.slot_name = w.slot_name
+ORDER BY w.slot_name`, nil, func(r Row) (outboxdriver.WALSlotStatus, error) {
+		var w outboxdriver.WALSlotStatus
+		err := r.Scan(&w.Slot, &w.State, &w.Reason, &w.StateSince, &w.Reader, &w.Exists, &w.Active, &w.WALStatus,
+			&w.LagBytes, &w.RetainedBytes, &w.SafeWALSizeBytes)
+		return w, err
+	})
+	st.WAL = slots
+	return err
 }
