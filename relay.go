@@ -397,7 +397,7 @@ func (l *loop) run(ctx context.Context) {
 		}
 	}
 	// Drained: give the leases back so other relays take over without waiting for expiry.
-	l.stopStream()
+	l.stopStream("")
 	l.leaseAgain = false
 	for l.leaseBusy {
 		l.onLeases(<-l.leaseResults)

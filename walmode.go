@@ -132,7 +132,7 @@ func (l *loop) onSlotLease(st outboxdriver.LeaseState) {
 	if st.SlotToken == w.token && read == (w.cancel != nil) {
 		return
 	}
-	l.stopStream()
+	l.stopStream("the slot's lease changed hands")
 	w.token = st.SlotToken
 	if read {
 		ctx, cancel := context.WithCancel(l.bgCtx)
@@ -144,8 +144,8 @@ func (l *loop) onSlotLease(st outboxdriver.LeaseState) {
 }
 
 // stopStream stops the stream goroutine, if one runs: the relay polls until it reads
-// again.
-func (l *loop) stopStream() {
+// again. why, when not empty, is logged.
+func (l *loop) stopStream(why string) {
 	w := l.wal
 	if w == nil || w.cancel == nil {
 		return
@@ -153,7 +153,9 @@ func (l *loop) stopStream() {
 	w.cancel()
 	w.cancel = nil
 	if w.live {
-		l.log.Info("WAL stream stopped (the slot's lease changed hands); polling")
+		if why != "" {
+			l.log.Info("WAL stream stopped; polling", "why", why)
+		}
 		w.live = false
 		l.fetch.want = true
 	}

@@ -35,6 +35,7 @@ func TestWALRelay(t *testing.T) {
 		{"RecordsState", testWALRelayRecordsState},
 		{"StandbyTakesOver", testWALRelayStandbyTakesOver},
 		{"EndsAStaleReader", testWALRelayEndsAStaleReader},
+		{"IdleSlotAdvances", testWALRelayIdleSlotAdvances},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -405,4 +406,33 @@ func testWALRelayEndsAStaleReader(t *testing.T, srv *testpg.Server) {
 	testenv.AwaitRecv(t, "the stale reader's end", stale.exited)
 	b.writeKey(t, "k", "1")
 	pub.Await(t, 1)
+}
+
+// An idle outbox does not hold WAL back: while another database writes a lot, the slot's
+// confirmed position follows the server's (the relay acknowledges the positions the
+// walsender reports between transactions), so the slot keeps next to nothing.
+func testWALRelayIdleSlotAdvances(t *testing.T, srv *testpg.Server) {
+	b := newStreamBundle(t, srv, Config{}, true)
+	pub := &outboxtest.Publisher{}
+	startWALRelay(t, b, pub, false, nil)
+	b.writeKey(t, "k", "1")
+	pub.Await(t, 1)
+	other := "other_" + b.schema
+	b.exec(t, `CREATE DATABASE `+other)
+	t.Cleanup(func() { _, _ = b.pool.Exec(context.Background(), `DROP DATABASE IF EXISTS `+other+` WITH (FORCE)`) })
+	cfg := b.pool.Config().ConnConfig.Copy()
+	cfg.Database = other
+	conn, err := pgx.ConnectConfig(testenv.Context(t), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	if _, err := conn.Exec(testenv.Context(t), `CREATE TABLE filler AS SELECT g, repeat('x', 500) AS pad FROM generate_series(1, 40000) g`); err != nil {
+		t.Fatal(err)
+	}
+	end := b.currentLSN(t)
+	b.awaitConfirmedPast(t, end)
+	if got := payloads(pub.Await(t, 1)); len(got) != 1 {
+		t.Fatalf("published %v, want the one message", got)
+	}
 }
