@@ -29,16 +29,20 @@ import (
 // Nothing a correct relay does can produce one: it acknowledges after the record
 // commits, and the sample reads the acknowledgement after that.
 //
-// Only messages whose key never had a rejection count (a rejected message and the rest
-// of its key wait, and are handed to polling), and only in runs with one relay (with
-// several, a new reader hands the shards it does not hold yet to their holders).
+// Only messages whose key never had a waiting message count: a rejected or deferred
+// message (its destination unavailable: no attempt counted) is settled by the record of
+// its failure, and it and the rest of its key wait, handed to polling, while the slot
+// moves on. Waiting keys are read at every sample, and rejected and dead-lettered ones
+// at the end. And only runs with one relay count (with several, a new reader hands the
+// shards it does not hold yet to their holders).
 type slotAudit struct {
 	db         *testdb.DB
 	slot, name string // the relays' slot, the audit slot
 	stop       func()
 
 	mu      sync.Mutex
-	samples []slotSample // in time order, one per change of position
+	samples []slotSample    // in time order, one per change of position
+	waited  map[string]bool // keys seen with a waiting message
 }
 
 type slotSample struct {
@@ -58,7 +62,7 @@ func startSlotAudit(tb testenv.TB, db *testdb.DB) *slotAudit {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	a := &slotAudit{db: db, name: "audit_" + db.Schema}
+	a := &slotAudit{db: db, name: "audit_" + db.Schema, waited: map[string]bool{}}
 	a.slot, _ = names.WALDefaults()
 	if _, err := db.Pool.Exec(ctx, `SELECT pg_create_logical_replication_slot($1, 'test_decoding')`, a.name); err != nil {
 		tb.Fatalf("slot audit: %v", err)
@@ -82,6 +86,7 @@ func startSlotAudit(tb testenv.TB, db *testdb.DB) *slotAudit {
 func (a *slotAudit) sample(ctx context.Context) {
 	t := time.NewTicker(slotAuditEvery)
 	defer t.Stop()
+	waiting := `SELECT DISTINCT key FROM ` + pgx.Identifier{a.db.Schema}.Sanitize() + `.outbox WHERE next_attempt_at > created_at`
 	var last uint64
 	for {
 		var s slotSample
@@ -92,6 +97,15 @@ FROM pg_replication_slots WHERE slot_name = $1`, a.slot).Scan(&s.at, &s.lsn)
 			a.mu.Lock()
 			a.samples = append(a.samples, s)
 			a.mu.Unlock()
+		}
+		if keys, err := a.db.Pool.Query(ctx, waiting); err == nil {
+			var k string
+			_, _ = pgx.ForEachRow(keys, []any{&k}, func() error {
+				a.mu.Lock()
+				a.waited[k] = true
+				a.mu.Unlock()
+				return nil
+			})
 		}
 		select {
 		case <-ctx.Done():
@@ -153,10 +167,13 @@ func (a *slotAudit) check(ctx context.Context) (auditResult, error) {
 	if err := rows.Err(); err != nil {
 		return auditResult{}, err
 	}
-	// When each message was recorded, of the keys that never had a rejection.
+	// When each message was recorded, of the keys that never had a waiting message.
 	s := pgx.Identifier{a.db.Schema}.Sanitize()
+	a.mu.Lock()
+	samples, waited := a.samples, a.waited
+	a.mu.Unlock()
 	recorded := map[int64]time.Time{}
-	rows, err = a.db.Pool.Query(ctx, `SELECT p.seq, p.published_at FROM `+s+`.outbox_published p
+	rows, err = a.db.Pool.Query(ctx, `SELECT p.seq, p.key, p.published_at FROM `+s+`.outbox_published p
 WHERE NOT EXISTS (SELECT 1 FROM `+s+`.outbox_published r WHERE r.key = p.key AND r.attempts > 0)
   AND NOT EXISTS (SELECT 1 FROM `+s+`.outbox_dead d WHERE d.key = p.key)`)
 	if err != nil {
@@ -164,20 +181,20 @@ WHERE NOT EXISTS (SELECT 1 FROM `+s+`.outbox_published r WHERE r.key = p.key AND
 	}
 	for rows.Next() {
 		var seq int64
+		var key string
 		var at time.Time
-		if err := rows.Scan(&seq, &at); err != nil {
+		if err := rows.Scan(&seq, &key, &at); err != nil {
 			rows.Close()
 			return auditResult{}, err
 		}
-		recorded[seq] = at
+		if !waited[key] {
+			recorded[seq] = at
+		}
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
 		return auditResult{}, err
 	}
-	a.mu.Lock()
-	samples := a.samples
-	a.mu.Unlock()
 	var res auditResult
 	res.passed = len(samples)
 	i := 0
