@@ -77,6 +77,7 @@ func startSlotAudit(tb testenv.TB, db *testdb.DB) *slotAudit {
 		a.sample(sctx)
 	}()
 	a.stop = func() { cancel(); <-done }
+	tb.Cleanup(a.stop) // a run that fails before its check; stopping twice is harmless
 	return a
 }
 
