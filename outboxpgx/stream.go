@@ -172,11 +172,7 @@ func (d *Driver) RecordStreamState(ctx context.Context, req outboxdriver.StreamR
 	if err := d.needPool(); err != nil {
 		return err
 	}
-	slot := req.Slot
-	if slot == "" {
-		slot, _ = d.names.WALDefaults()
-	}
-	_, err := d.pool.Exec(ctx, d.names.WALRecordState(), slot, string(state), string(reason), req.RelayID, req.Token)
+	_, err := d.pool.Exec(ctx, d.names.WALRecordState(), d.names.WALSlot(req.Slot), string(state), string(reason), req.RelayID, req.Token)
 	return err
 }
 

@@ -164,8 +164,9 @@ LIMIT $4`)
 // Complete records outcomes in one statement, fenced: a row is touched only if its
 // shard's lease is still the relay's, under one of the tokens the relay claims ($2). No
 // time is read: a lease changes hands (owner and token) only when another relay takes it
-// after its owner's heartbeat expired, and until then the owner's outcomes are its own. Tokens are unique per shard ownership, so that is the token under which
-// the relay fetched the row (the relay drops outcomes whose token it no longer holds
+// after its owner's heartbeat expired, and until then the owner's outcomes are its own.
+// Tokens are unique per shard ownership, so that is the token under which the relay
+// fetched the row (the relay drops outcomes whose token it no longer holds
 // before it calls this). The lease rows are locked FOR SHARE, so a takeover waits for
 // this statement. Rows are found by "seq = ANY", a primary-key lookup that stays cheap
 // however the planner's statistics look.

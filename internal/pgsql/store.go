@@ -175,7 +175,7 @@ func (db *DB) SyncLeases(ctx context.Context, req outboxdriver.LeaseRequest) (ou
 		}
 		slotRelease := req.Slot != nil && req.Slot.Release && req.Slot.Token != 0
 		if slotRelease {
-			if err := q.Exec(ctx, n.WALLeaseRelease(), req.RelayID, db.slotName(req.Slot), req.Slot.Token); err != nil {
+			if err := q.Exec(ctx, n.WALLeaseRelease(), req.RelayID, n.WALSlot(req.Slot.Slot), req.Slot.Token); err != nil {
 				return err
 			}
 		}
@@ -272,15 +272,6 @@ func (e *expiredOwners) lock(ctx context.Context, q Querier, n *Names) ([]string
 	return ids, nil
 }
 
-// slotName is the slot a WAL-mode relay's lease round names, or the outbox's default.
-func (db *DB) slotName(l *outboxdriver.SlotLease) string {
-	if l.Slot != "" {
-		return l.Slot
-	}
-	slot, _ := db.Names.WALDefaults()
-	return slot
-}
-
 // syncSlot is a WAL-mode relay's part of a lease round (docs/design-wal.md, §4): it marks
 // the relay's row as in WAL mode, keeps or takes the slot reader's lease, and sets the
 // share of shards: every shard to the reader and none to the others while a live reader
@@ -288,7 +279,8 @@ func (db *DB) slotName(l *outboxdriver.SlotLease) string {
 // without schema version 5 (no outbox_wal, no relays.mode) it changes nothing: the relay
 // polls.
 func (db *DB) syncSlot(ctx context.Context, q Querier, req outboxdriver.LeaseRequest, expired *expiredOwners, st *outboxdriver.LeaseState) error {
-	n, slot := db.Names, db.slotName(req.Slot)
+	n := db.Names
+	slot := n.WALSlot(req.Slot.Slot)
 	// Locked before the savepoint: rolling back to it would release the locks.
 	ids, err := expired.lock(ctx, q, n)
 	if err != nil {

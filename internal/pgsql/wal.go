@@ -61,6 +61,15 @@ func (n *Names) WALDefaults() (slot, publication string) {
 	return p + WALSlotDefault, p + WALPublicationDefault
 }
 
+// WALSlot returns slot, or this outbox's default slot (WALDefaults) when slot is empty.
+func (n *Names) WALSlot(slot string) string {
+	if slot != "" {
+		return slot
+	}
+	slot, _ = n.WALDefaults()
+	return slot
+}
+
 // CheckWALName rejects a slot or publication name that is not a plain lower-case
 // identifier of at most 63 bytes; field names it in the *outbox.ConfigError. PostgreSQL
 // itself allows only [a-z0-9_] in slot names, and longer names would be truncated.
