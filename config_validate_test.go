@@ -3,6 +3,7 @@ package outbox_test
 import (
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/outboxamqp"
@@ -25,6 +26,8 @@ func TestConfigValidate(t *testing.T) {
 	}{
 		{"RelayConfig zero", outbox.RelayConfig{}.Validate, ""},
 		{"RelayConfig batch", outbox.RelayConfig{PublishBatchSize: 500, MaxInFlight: 100}.Validate, "PublishBatchSize"},
+		{"RelayConfig WAL heartbeat off", outbox.RelayConfig{WAL: &outbox.WALConfig{Heartbeat: -1}}.Validate, ""},
+		{"RelayConfig WAL heartbeat", outbox.RelayConfig{WAL: &outbox.WALConfig{Heartbeat: -time.Second}}.Validate, "WAL.Heartbeat"},
 		{"WriterConfig zero", outbox.WriterConfig{}.Validate, ""},
 		{"WriterConfig limits", outbox.WriterConfig{Limits: outbox.Limits{MaxHeaders: -1}}.Validate, "Limits.MaxHeaders"},
 		{"InboxConfig", outbox.InboxConfig{Consumer: "shipping"}.Validate, ""},

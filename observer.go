@@ -84,6 +84,24 @@ type PauseEvent struct {
 	Pause time.Duration
 }
 
+// WALObserver is an Observer that also takes WAL mode's news (outboxprom's Metrics does).
+// A relay in WAL mode calls WALStream as it calls the Observer's methods.
+type WALObserver interface {
+	Observer
+	WALStream(WALStreamEvent)
+}
+
+// WALStreamEvent: the relay began (Reading) or stopped reading the replication slot; a
+// heartbeat it wrote into the log came back through the stream (Beat, when it arrived);
+// the stream stayed silent too long and the relay opens it again (Silent); or the slot
+// was lost or missing and the relay made it anew (Recreated).
+type WALStreamEvent struct {
+	Reading   bool
+	Beat      time.Time
+	Silent    bool
+	Recreated bool
+}
+
 // NopObserver implements Observer with methods that do nothing.
 type NopObserver struct{}
 
@@ -161,5 +179,13 @@ func (m multiObserver) LeasesChanged(e LeaseEvent) {
 func (m multiObserver) Paused(e PauseEvent) {
 	for _, o := range m {
 		o.Paused(e)
+	}
+}
+
+func (m multiObserver) WALStream(e WALStreamEvent) {
+	for _, o := range m {
+		if w, ok := o.(WALObserver); ok {
+			w.WALStream(e)
+		}
 	}
 }

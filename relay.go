@@ -421,11 +421,11 @@ func (l *loop) syncLeases(ctx context.Context, final bool) {
 		return
 	}
 	req := l.leases.request(outboxdriver.LeaseRequest{RelayID: l.cfg.ID, Hostname: l.hostname, PID: os.Getpid(), TTL: l.cfg.LeaseTTL}, final, l.hand.idle)
+	started := time.Now()
 	if l.wal != nil {
-		req.Slot = l.wal.slotLease(final)
+		req.Slot = l.wal.slotLease(final, started)
 	}
 	l.leaseBusy = true
-	started := time.Now()
 	go func() {
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.cfg.LeaseTTL/3)
 		// (A renewal may take up to TTL/3: with the TTL/5 local margin, the leases are
@@ -455,7 +455,8 @@ func (l *loop) onLeases(res leaseResult) {
 	}
 	l.leaseFails, l.leaseRetryAt = 0, time.Time{}
 	c := l.leases.apply(res.state, res.started)
-	if !l.stopping {
+	if !l.stopping && l.wal != nil {
+		l.onBeatWritten(res.state, res.started)
 		l.onSlotLease(res.state)
 	}
 	if len(c.lost) > 0 || len(c.drain) > 0 {

@@ -131,6 +131,7 @@ func (c RelayConfig) withDefaults() RelayConfig {
 	if c.WAL != nil {
 		w := *c.WAL
 		w.SafetyPoll = cmp.Or(w.SafetyPoll, WALSafetyPollDefault)
+		w.Heartbeat = cmp.Or(w.Heartbeat, WALHeartbeatDefault)
 		c.WAL = &w
 	}
 	return c
@@ -179,6 +180,8 @@ func (c RelayConfig) validate() error {
 		return &ConfigError{Field: "ID", Reason: "longer than 200 bytes"}
 	case c.WAL != nil && c.WAL.SafetyPoll < 0 && c.WAL.SafetyPoll != -1:
 		return &ConfigError{Field: "WAL.SafetyPoll", Reason: "must be positive, or -1 for none"}
+	case c.WAL != nil && c.WAL.Heartbeat < 0 && c.WAL.Heartbeat != -1:
+		return &ConfigError{Field: "WAL.Heartbeat", Reason: "must be positive, or -1 for none"}
 	}
 	return nil
 }

@@ -2,6 +2,8 @@ package outbox
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"time"
 
 	"github.com/outboxkit/outbox/outboxdriver"
@@ -26,10 +28,48 @@ type WALConfig struct {
 	// SafetyPoll is how often a full fetch runs anyway while the stream is live; it
 	// should find nothing the stream had not announced. Defaults to 1m; -1 turns it off.
 	SafetyPoll time.Duration
+	// Heartbeat is how often the slot's reader writes a heartbeat into the log (a
+	// logical decoding message, in its lease round) while it streams. The stream shows
+	// each one: when neither a heartbeat nor anything else arrives for three of these
+	// intervals while one is owed, the relay takes the stream for dead (a half-open
+	// connection, a stuck server process) and opens it again. Defaults to 10s; -1 turns
+	// it off.
+	Heartbeat time.Duration
+	// KeepLostSlot leaves a lost slot (invalidated: it held more WAL than
+	// max_slot_wal_keep_size allows) or a missing one (dropped by hand, or not on the
+	// server after a failover) for an operator: the relays poll until 'outbox wal setup'
+	// makes it again. By default the slot's reader makes it anew at once and catches up
+	// from the outbox table, losing nothing (the slot never holds the only copy of a
+	// message), and says so at ERROR. A slot removed by 'outbox wal drop' is never made
+	// again.
+	KeepLostSlot bool
 }
 
 // WALSafetyPollDefault is WALConfig.SafetyPoll's default.
 const WALSafetyPollDefault = time.Minute
+
+// WALHeartbeatDefault is WALConfig.Heartbeat's default.
+const WALHeartbeatDefault = 10 * time.Second
+
+// walMissDelay spaces the quick fetches after a fetch missed rows the log announced
+// (doubling, walMissLooks of them, then the usual paced full fetch every
+// fullFetchEvery): the walsender may send a commit before the committing session has
+// left the server's list of running transactions, so that a fetch right after does not
+// see the rows yet, for a moment.
+const (
+	walMissDelay = 2 * time.Millisecond
+	walMissLooks = 4
+)
+
+// walSilentBeats is how many heartbeat intervals the stream may stay silent, with a
+// heartbeat owed, before the relay opens it again; each reopening for silence doubles
+// the allowance, up to walSilentMaxDoublings times, until a heartbeat arrives: a server
+// busy decoding gigabytes of other tables' log sends nothing for a while, and opening
+// the stream again would only start that work over.
+const (
+	walSilentBeats        = 3
+	walSilentMaxDoublings = 4
+)
 
 const (
 	// walRetryMin and walRetryMax space the attempts to open the stream again after a
@@ -71,10 +111,19 @@ type walSource struct {
 	ackUntil  time.Time                 // its deadline
 	drops     int                       // hand.drops when last looked at
 	due       time.Time                 // when a waiting row becomes due (NextDue); zero: none known
+	missAt    time.Time                 // when to look again for announced rows a fetch missed; zero: not asked
+	misses    int                       // quick looks in a row (walMissDelay)
 	dueBusy   bool                      // a NextDue query is out
 	dueAgain  bool                      // another was wanted meanwhile
 	safetyAt  time.Time                 // the next safety poll; zero: off
 	safetyOut bool                      // the fetch out is a safety poll
+
+	// The heartbeat (WALConfig.Heartbeat), while the stream is live.
+	beatNext  time.Time // when the next one is to be written
+	beatOwed  time.Time // when the oldest one written and not yet seen was; zero: none
+	heardAt   time.Time // when the stream last delivered anything
+	silences  int       // reopenings for silence since the last heartbeat seen
+	beatErred bool      // writing one failed, as logged
 }
 
 // walState is the stream goroutine's news: it started (live), or it stopped.
@@ -86,6 +135,8 @@ type walState struct {
 	// fallback: the failure is one an operator must fix, or connection failures lasted
 	// walFallbackAfter; the relay says so loudly.
 	fallback bool
+	// recreated: the slot was lost or missing (reason, err) and the relay made it anew.
+	recreated bool
 }
 
 type walDueResult struct {
@@ -101,9 +152,47 @@ func newWALSource(cfg WALConfig, st outboxdriver.Streamer, store outboxdriver.St
 	return w
 }
 
-// slotLease is the relay's part in the slot reader's lease for a lease round.
-func (w *walSource) slotLease(final bool) *outboxdriver.SlotLease {
-	return &outboxdriver.SlotLease{Slot: w.cfg.Slot, Token: w.token, Release: final}
+// slotLease is the relay's part in the slot reader's lease for a lease round: with a
+// heartbeat when one is due.
+func (w *walSource) slotLease(final bool, now time.Time) *outboxdriver.SlotLease {
+	beat := !final && w.live && w.token != 0 && w.cfg.Heartbeat > 0 && !now.Before(w.beatNext)
+	return &outboxdriver.SlotLease{Slot: w.cfg.Slot, Token: w.token, Release: final, Beat: beat}
+}
+
+// onBeatWritten takes a lease round's word on the heartbeat it was asked to write; the
+// round started at started.
+func (l *loop) onBeatWritten(st outboxdriver.LeaseState, started time.Time) {
+	w := l.wal
+	switch {
+	case st.SlotBeat:
+		w.beatNext = started.Add(w.cfg.Heartbeat)
+		if w.beatOwed.IsZero() {
+			w.beatOwed = started
+		}
+		w.beatErred = false
+	case st.SlotBeatErr != nil:
+		w.beatNext = started.Add(w.cfg.Heartbeat)
+		if !w.beatErred {
+			l.log.Warn("writing the WAL heartbeat failed; the stream's liveness goes unchecked", "err", st.SlotBeatErr)
+			w.beatErred = true
+		}
+	}
+}
+
+// silentAt is when the stream counts as silent, zero while no heartbeat is owed:
+// walSilentBeats intervals (doubled per reopening for silence) after both the oldest
+// heartbeat owed and the last thing the stream delivered. While the loop holds the
+// stream back, the silence is its own doing and does not count (walReading).
+func (w *walSource) silentAt() time.Time {
+	if !w.live || w.beatOwed.IsZero() || w.cfg.Heartbeat <= 0 {
+		return time.Time{}
+	}
+	allow := walSilentBeats * w.cfg.Heartbeat << min(w.silences, walSilentMaxDoublings)
+	last := w.beatOwed
+	if w.heardAt.After(last) {
+		last = w.heardAt
+	}
+	return last.Add(allow)
 }
 
 // onSlotLease takes a lease round's answer about the slot (docs/design-wal.md, §4): the
@@ -156,8 +245,19 @@ func (l *loop) stopStream(why string) {
 		if why != "" {
 			l.log.Info("WAL stream stopped; polling", "why", why)
 		}
-		w.live = false
-		l.fetch.want = true
+		l.setLive(false)
+	}
+}
+
+// setLive records whether the stream is live, asks for a full fetch (what committed
+// while it was not, or what polling must find from now on), and tells the observer of a
+// change.
+func (l *loop) setLive(live bool) {
+	w := l.wal
+	l.fetch.want = true
+	if w.live != live {
+		w.live = live
+		l.observeWAL(WALStreamEvent{Reading: live})
 	}
 }
 
@@ -199,6 +299,10 @@ func (l *loop) streamWAL(ctx context.Context, gen uint64, token int64) {
 			return
 		}
 		reason := outboxdriver.StreamReasonOf(err)
+		ok, tried := l.recreateSlot(ctx, req, reason, err, report)
+		if ok {
+			continue
+		}
 		fails++
 		if failingSince.IsZero() {
 			failingSince = time.Now()
@@ -211,6 +315,12 @@ func (l *loop) streamWAL(ctx context.Context, gen uint64, token int64) {
 			s.fallback = time.Since(failingSince) >= walFallbackAfter
 		case outboxdriver.StreamSlotActive: // a session the lease's fence could not end still reads it
 			d = backoff(min(fails, 8), walRetryMin, walRetryMax)
+			s.fallback = true
+		case outboxdriver.StreamSlotMissing, outboxdriver.StreamSlotLost:
+			d = backoff(min(fails, 8), walBrokenMin, walBrokenMax)
+			if tried { // making it anew failed (its session ended, a limit): again soon
+				d = backoff(min(fails, 8), walRetryMax, walBrokenMin)
+			}
 			s.fallback = true
 		default:
 			d = backoff(min(fails, 8), walBrokenMin, walBrokenMax)
@@ -228,6 +338,34 @@ func (l *loop) streamWAL(ctx context.Context, gen uint64, token int64) {
 	}
 }
 
+// recreateSlot makes a lost or missing slot anew for the stream goroutine (unless
+// WALConfig.KeepLostSlot): ok says the stream may start again at once, tried that it
+// tried and failed. The relay polls meanwhile: creating a logical slot waits for the
+// transactions open when it starts, and on a busy server for the next snapshot of
+// running transactions the server logs (up to 15 s).
+func (l *loop) recreateSlot(ctx context.Context, req outboxdriver.StreamRequest, reason outboxdriver.StreamReason, cause error, report func(walState)) (ok, tried bool) {
+	rec, can := l.wal.st.(outboxdriver.SlotRecreator)
+	if !can || l.wal.cfg.KeepLostSlot || req.Token == 0 ||
+		(reason != outboxdriver.StreamSlotMissing && reason != outboxdriver.StreamSlotLost) {
+		return false, false
+	}
+	report(walState{reason: reason, err: cause}) // not live: poll
+	created, err := rec.RecreateSlot(ctx, req)
+	if errors.Is(err, outboxdriver.ErrNotSlotReader) {
+		return false, false // never set up, or dropped by 'outbox wal drop': as without
+	}
+	if err != nil {
+		if ctx.Err() == nil {
+			l.log.Error("making the WAL slot anew failed; polling, and trying again soon", "reason", string(reason), "err", err)
+		}
+		return false, true
+	}
+	if created {
+		report(walState{recreated: true, reason: reason, err: cause})
+	}
+	return true, false
+}
+
 // onWALState takes the stream goroutine's news.
 func (l *loop) onWALState(s walState) {
 	w := l.wal
@@ -235,16 +373,21 @@ func (l *loop) onWALState(s walState) {
 		return // from a stream goroutine stopped since
 	}
 	switch {
+	case s.recreated:
+		l.log.Error("the WAL slot was lost or missing; made it anew and reading it: the relay catches up from the outbox table, losing nothing",
+			"reason", string(s.reason), "err", s.err)
+		l.observeWAL(WALStreamEvent{Reading: w.live, Recreated: true})
 	case s.live:
 		if !w.live {
 			l.log.Info("WAL stream live: fetching on commits, polling off")
 		}
-		w.live, w.reason = true, ""
-		l.fetch.want = true // what committed while the stream was not live
+		w.reason = ""
+		l.setLive(true)
 		if w.cfg.SafetyPoll > 0 {
 			w.safetyAt = time.Now().Add(w.cfg.SafetyPoll)
 		}
 		w.ackUntil = time.Time{} // answer the server at once
+		w.beatNext, w.beatOwed, w.heardAt = time.Time{}, time.Time{}, time.Now()
 	case s.fallback:
 		switch {
 		case s.reason == w.reason && !w.live: // said already
@@ -253,24 +396,44 @@ func (l *loop) onWALState(s walState) {
 		default:
 			l.log.Error("WAL stream unavailable; polling until it is back", "reason", string(s.reason), "err", s.err)
 		}
-		w.live, w.reason = false, s.reason
-		l.fetch.want = true
+		w.reason = s.reason
+		l.setLive(false)
 	default:
 		if w.live {
 			l.log.Warn("WAL stream lost; polling while it is opened again", "reason", string(s.reason), "err", s.err)
 		}
-		w.live = false
-		l.fetch.want = true
+		l.setLive(false)
+	}
+}
+
+// observeWAL passes e to the observer if it takes WAL mode's news.
+func (l *loop) observeWAL(e WALStreamEvent) {
+	if o, ok := l.cfg.Observer.(WALObserver); ok {
+		o.WALStream(e)
 	}
 }
 
 // onWALBatch takes in what committed.
 func (l *loop) onWALBatch(b outboxdriver.StreamBatch) {
-	switch l.wal.tracker.add(b, l.fetch.cursor, l.hand.known) {
+	w := l.wal
+	w.heardAt = time.Now()
+	if b.Beat != 0 {
+		w.beatOwed, w.silences = time.Time{}, 0
+		l.observeWAL(WALStreamEvent{Reading: w.live, Beat: w.heardAt})
+	}
+	switch w.tracker.add(b, l.fetch.cursor, l.hand.known) {
 	case walWantFull:
 		l.fetch.want = true
 	case walWantMore:
-		l.fetch.more = true
+		// Through a backlog, a continuation reads on from the cursor; in a trickle (the
+		// last fetch came back short), a full fetch, as a notification gets when
+		// polling: it is as cheap on a short pending table, and a continuation carries
+		// the key floors (floors.go), tens of kilobytes for a row or two.
+		if l.fetch.moreLikely {
+			l.fetch.more = true
+		} else {
+			l.fetch.want = true
+		}
 	}
 }
 
@@ -281,6 +444,7 @@ func (l *loop) walReading() <-chan outboxdriver.StreamBatch {
 		return nil
 	}
 	if _, seqs := l.wal.tracker.unresolved(); seqs >= walReadLimit {
+		l.wal.heardAt = time.Now() // the silence is the loop's own
 		return nil
 	}
 	return l.wal.batches
@@ -304,6 +468,14 @@ func (l *loop) walTick() {
 		w.tracker.fetched(w.tracker.sent(0, nil), nil, true, l.hand.known)
 	}
 	now := time.Now()
+	if at := w.silentAt(); !at.IsZero() && !now.Before(at) {
+		l.log.Warn("WAL stream silent: no heartbeat and nothing else arrived; opening it again",
+			"heartbeat_owed_since", w.beatOwed, "last_heard", w.heardAt, "acknowledged", fmt.Sprintf("%X/%X", w.acked>>32, uint32(w.acked)))
+		w.silences++
+		l.stopStream("") // the next lease round opens it again
+		l.observeWAL(WALStreamEvent{Silent: true})
+		return
+	}
 	if !w.safetyAt.IsZero() && !now.Before(w.safetyAt) && !l.hand.fetching {
 		w.safetyAt = now.Add(w.cfg.SafetyPoll)
 		w.safetyOut = true
@@ -311,6 +483,10 @@ func (l *loop) walTick() {
 	}
 	if !w.due.IsZero() && !now.Before(w.due) {
 		w.due = time.Time{}
+		l.fetch.want = true
+	}
+	if !w.missAt.IsZero() && !now.Before(w.missAt) {
+		w.missAt = time.Time{}
 		l.fetch.want = true
 	}
 	ack, until := w.tracker.ackable(), l.leases.until
@@ -329,12 +505,13 @@ func (l *loop) walTick() {
 }
 
 // walWakeAt is when the loop must wake for WAL mode: a waiting row coming due, a safety
-// poll.
+// poll, a quick look for rows a fetch missed, the stream turning silent.
 func (l *loop) walWakeAt() time.Time {
-	if l.wal == nil || !l.wal.live {
+	w := l.wal
+	if w == nil || !w.live {
 		return time.Time{}
 	}
-	return earliest(l.wal.due, l.wal.safetyAt)
+	return earliest(w.due, w.safetyAt, w.missAt, w.silentAt())
 }
 
 // walFetchSent records a fetch being sent, for the tracker.
@@ -373,6 +550,12 @@ func (l *loop) walFetched(ctx context.Context, res fetchResult) {
 	short := len(res.fetched) < res.req.Limit
 	if w.tracker.fetched(f, res.fetched, short, l.hand.known) {
 		l.fetch.paced = true
+		if w.live && w.misses < walMissLooks && w.missAt.IsZero() {
+			w.missAt = time.Now().Add(walMissDelay << w.misses)
+			w.misses++
+		}
+	} else {
+		w.misses = 0
 	}
 	if res.safety && len(res.fetched) > 0 && w.live {
 		l.log.Warn("WAL safety poll found messages the stream had not announced", "messages", len(res.fetched))

@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -37,6 +38,15 @@ snapshot, which holds back purge; SQLite: a read transaction, which holds back
 checkpoints), and the line adds pinned_eps, pinned_p99_ms and their ratios to the
 unpinned figures of the same run (pinned_eps_x, pinned_p99_x). A latency phase of two
 minutes or more prints each minute's p50 and p99, so a trend shows.
+With --source wal (PostgreSQL), phases 1 to 3 run twice on one server, polling first, then
+in WAL mode after 'outbox wal setup': the usual keys are WAL mode's figures, poll_* are
+polling's, and eps_x, p99_x, pg_cpu_x compare them. Without --database-url it starts a
+private server with wal_level=logical (it needs the PostgreSQL server binaries), and then
+also reports the server's CPU time per 10,000 events drained (pg_cpu_ms_per_10k, the
+walsender's part walsender_cpu_ms_per_10k) and, after the latency phases, the statements
+per second the relays run with nothing to publish, for --idle (idle_qps, of which fetches
+idle_fetch_qps). The latency phase runs at --rate and then at each of --extra-rates
+(5000 by default with --source wal; keys r5000_p50_ms, ...).
 With --runs N, phases 1 and 2 are repeated N times and eps, raw_eps and ratio are the
 medians (ratio is the median of the per-run ratios). It uses a throwaway outbox and
 destinations (streams, queues, topics), dropped at the end. Progress goes to stderr; the
@@ -58,6 +68,9 @@ last line on stdout is "bench: key=value ...". With no flags it uses the local s
 		fs.BoolVar(&cfg.PinXmin, "pin-xmin", false, "measure the drain and latency phases again with a snapshot held open in the\nbench's database (a long transaction), and report them as pinned_*")
 		fs.IntVar(&cfg.RotateRows, "rotate-rows", 0, "PostgreSQL: the pending ring's bucket size (`n` messages; default the store's, 2000)")
 		fs.IntVar(&cfg.SchemaVersion, "schema-version", 0, "PostgreSQL: migrate the bench's outbox up to this `version` only (3: pending rows\nwithout the ring), to compare layouts (default: the latest)")
+		fs.StringVar(&cfg.Source, "source", bench.SourcePoll, "how the relays learn of new messages: `poll` (LISTEN/NOTIFY and polling) or wal, which\nmeasures polling too, in the same run (PostgreSQL)")
+		fs.Var(&intList{v: &cfg.ExtraRates}, "extra-rates", "more latency-phase `rates` after --rate, comma-separated (default 5000 with --source wal;\n\"\" for none)")
+		fs.DurationVar(&cfg.Idle, "idle", 10*time.Second, "with --source wal on its private server: how long to count the idle relays' statements")
 		fs.IntVar(&cfg.Relay.BatchSize, "batch-size", 0, "relay fetch size (0: the relay's default)")
 		fs.IntVar(&cfg.Relay.MaxInFlight, "max-in-flight", 0, "relay in-flight cap (0: the relay's default)")
 		fs.IntVar(&cfg.Relay.PublishBatchSize, "publish-batch-size", 0, "relay publish batch size (0: the relay's default)")
@@ -78,6 +91,16 @@ last line on stdout is "bench: key=value ...". With no flags it uses the local s
 			if cfg.Writers < 0 || cfg.WritersDuration <= 0 {
 				return usageErrorf("--writers must not be negative, --writers-duration must be positive")
 			}
+			switch {
+			case cfg.Source != bench.SourcePoll && cfg.Source != bench.SourceWAL:
+				return usageErrorf("--source: want poll or wal, not %q", cfg.Source)
+			case cfg.Source == bench.SourceWAL && cfg.DB != bench.DBPostgres:
+				return usageErrorf("--source wal: WAL mode reads PostgreSQL's logical replication; use --db postgres")
+			case cfg.Source == bench.SourceWAL && cfg.PinXmin:
+				return usageErrorf("--source wal and --pin-xmin measure different things: run them apart")
+			case cfg.Idle <= 0:
+				return usageErrorf("--idle must be positive")
+			}
 			cfg.Progress = inv.stderr
 			res, err := bench.Run(ctx, cfg)
 			if err != nil {
@@ -87,4 +110,35 @@ last line on stdout is "bench: key=value ...". With no flags it uses the local s
 			return err
 		}
 	},
+}
+
+// intList is a flag of comma-separated positive integers.
+type intList struct{ v *[]int }
+
+func (l *intList) String() string {
+	if l.v == nil {
+		return ""
+	}
+	parts := make([]string, len(*l.v))
+	for i, n := range *l.v {
+		parts[i] = strconv.Itoa(n)
+	}
+	return strings.Join(parts, ",")
+}
+
+func (l *intList) Set(s string) error {
+	out := []int{} // "" gives none, not the default
+	if s == "" {
+		*l.v = out
+		return nil
+	}
+	for _, part := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(part))
+		if err != nil || n < 1 {
+			return fmt.Errorf("%q is not a positive number", part)
+		}
+		out = append(out, n)
+	}
+	*l.v = out
+	return nil
 }

@@ -126,6 +126,9 @@ The outbox schema must be migrated first (outbox migrate up).`,
 		fs.StringVar(&o.wal.Publication, "wal-publication", "", "with --source wal: the `publication` (default: as 'outbox wal setup')")
 		o.wal.SafetyPoll = outbox.WALSafetyPollDefault
 		fs.Var(durationValue{d: &o.wal.SafetyPoll, allowForever: true}, "wal-safety-poll", "with --source wal: run a full fetch anyway every `duration`; -1 for never")
+		o.wal.Heartbeat = outbox.WALHeartbeatDefault
+		fs.Var(durationValue{d: &o.wal.Heartbeat, allowForever: true}, "wal-heartbeat", "with --source wal: the slot's reader writes a heartbeat into the log every `duration`\nand opens the stream again when three go missing; -1 for never")
+		fs.BoolVar(&o.wal.KeepLostSlot, "wal-keep-lost-slot", false, "with --source wal: leave a lost or missing slot for an operator (poll until 'outbox wal setup')\ninstead of making it anew")
 
 		o.grace = shutdownGraceDefault
 		fs.Var(durationValue{d: &o.grace}, "shutdown-grace", "on SIGTERM or SIGINT, wait up to this `duration` for messages in flight to be confirmed")

@@ -147,6 +147,10 @@ type SlotLease struct {
 	Slot    string // the slot's name; empty means the store's default for its outbox
 	Token   int64  // the lease the relay holds, 0 if none
 	Release bool   // give it back: the relay stops reading (set on its final round)
+	// Beat asks the round to write a heartbeat into the log (a message the stream
+	// reports as StreamBatch.Beat) if the relay still holds the lease under Token: the
+	// reader's check that its stream is alive (docs/design-wal.md, §6).
+	Beat bool
 }
 
 // LeaseState is the result of Store.SyncLeases.
@@ -163,6 +167,10 @@ type LeaseState struct {
 	// SlotHolder is the relay that holds the slot reader's lease after the round, this
 	// one included; empty if none does, or the slot is not set up.
 	SlotHolder string
+	// SlotBeat says the round wrote the heartbeat that LeaseRequest.Slot.Beat asked
+	// for; SlotBeatErr, why it could not (the round itself succeeded).
+	SlotBeat    bool
+	SlotBeatErr error
 }
 
 // FairShare is the number of shards a relay may hold when Live relays share Shards:

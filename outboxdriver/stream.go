@@ -35,6 +35,24 @@ type Streamer interface {
 	RecordStreamState(ctx context.Context, req StreamRequest, state StreamState, reason StreamReason) error
 }
 
+// SlotRecreator is implemented by Streamers that can make a lost or missing slot anew
+// (outboxpgx). WAL mode calls it when the stream stops for StreamSlotMissing or
+// StreamSlotLost (unless the relay is told to keep such a slot for an operator), then
+// reads the new slot: the slot never holds the only copy of a message, so nothing is
+// lost, and the relay's catch-up fetch reads what was written meanwhile.
+type SlotRecreator interface {
+	// RecreateSlot makes req.Slot anew if it is missing or lost, only for the relay that
+	// holds the slot's lease under req.Token and only for a slot still recorded (an
+	// operator's 'outbox wal drop' is never undone). It returns nil when a readable slot
+	// exists afterwards; created says it made one.
+	RecreateSlot(ctx context.Context, req StreamRequest) (created bool, err error)
+}
+
+// ErrNotSlotReader is RecreateSlot's error when the relay does not hold the slot's lease
+// under its token, or the slot is not recorded at all ('outbox wal drop' deletes its
+// record first): only the slot's reader makes it anew, and never one an operator dropped.
+var ErrNotSlotReader = errors.New("the relay does not hold the slot's lease, or the slot is not recorded")
+
 // StreamState is how the relays get their work in WAL mode.
 type StreamState string
 

@@ -310,3 +310,45 @@ func TestStatusPartitions(t *testing.T) {
 		t.Fatalf("with no partition: %+v; want 0 and -1", p)
 	}
 }
+
+// TestMigrateUpLocksInTheRelaysOrder: recording an outcome locks the pending table, then
+// the history. Migrating from version 2 renames the history (migration 3) and locks the
+// pending table (migration 4) in one transaction; taken in that order, the two locks
+// deadlock against a relay recording an outcome meanwhile, and PostgreSQL ends one of
+// them. The migration takes the pending table's lock first.
+func TestMigrateUpLocksInTheRelaysOrder(t *testing.T) {
+	t.Parallel()
+	db := testdb.NewDB(t)
+	drv := driverAt(t, db, outboxpgx.Config{}, 2)
+	ctx := testenv.Context(t)
+	// What Complete does, in two steps: the pending table, then the history.
+	tx, err := db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(context.Background()) }()
+	s := pgx.Identifier{db.Schema}.Sanitize()
+	if _, err := tx.Exec(ctx, `LOCK TABLE `+s+`.outbox IN ROW EXCLUSIVE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	migrated := make(chan error, 1)
+	go func() {
+		_, err := drv.MigrateUp(ctx, 0)
+		migrated <- err
+	}()
+	testenv.Await(t, "the migration waiting for a lock", func() (any, bool) {
+		var waiting int
+		err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation
+WHERE NOT l.granted AND c.relnamespace = $1::regnamespace`, db.Schema).Scan(&waiting)
+		return fmt.Sprint(waiting, err), err == nil && waiting > 0
+	})
+	if _, err := tx.Exec(ctx, `LOCK TABLE `+s+`.outbox_published IN ROW EXCLUSIVE MODE`); err != nil {
+		t.Fatalf("the outcome's second lock, with the migration waiting: %v", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := testenv.AwaitRecv(t, "the migration", migrated); err != nil {
+		t.Fatalf("migrate up: %v", err)
+	}
+}

@@ -176,6 +176,18 @@ func (d *Driver) RecordStreamState(ctx context.Context, req outboxdriver.StreamR
 	return err
 }
 
+// RecreateSlot implements outboxdriver.SlotRecreator: the slot is made anew (a lost one
+// dropped first) if the relay holds its lease under req.Token; creating it waits up to
+// pgsql.WALSlotTimeoutDefault for the transactions open when it starts.
+func (d *Driver) RecreateSlot(ctx context.Context, req outboxdriver.StreamRequest) (bool, error) {
+	if err := d.needPool(); err != nil {
+		return false, err
+	}
+	return d.names.WALRecreateSlot(ctx, d.inTx, d.names.WALSlot(req.Slot), req.RelayID, req.Token, pgsql.WALSlotTimeoutDefault)
+}
+
+var _ outboxdriver.SlotRecreator = (*Driver)(nil)
+
 // slotRecorded checks that setup recorded the slot in outbox_wal: 'outbox wal drop'
 // deletes the row first, so that a relay it terminated does not take the slot again
 // before it is dropped.

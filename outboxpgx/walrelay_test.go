@@ -5,7 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
+	"strings"
+	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -23,7 +27,7 @@ import (
 // logical decoding.
 func TestWALRelay(t *testing.T) {
 	t.Parallel()
-	srv := testpg.StartServer(t, "wal_level=logical", "wal_sender_timeout=5s")
+	srv := testpg.StartServer(t, "wal_level=logical", "wal_sender_timeout=5s", "max_replication_slots=20", "max_wal_senders=20")
 	for _, tc := range []struct {
 		name string
 		test func(*testing.T, *testpg.Server)
@@ -36,6 +40,9 @@ func TestWALRelay(t *testing.T) {
 		{"StandbyTakesOver", testWALRelayStandbyTakesOver},
 		{"EndsAStaleReader", testWALRelayEndsAStaleReader},
 		{"IdleSlotAdvances", testWALRelayIdleSlotAdvances},
+		{"SilentStreamReopens", testWALRelaySilentStreamReopens},
+		{"DroppedSlotMadeAnew", testWALRelayDroppedSlotMadeAnew},
+		{"LargeAndInterleavedTransactions", testWALRelayLargeAndInterleaved},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -63,11 +70,18 @@ func startWALRelay(t *testing.T, b *streamBundle, pub outbox.Publisher, poll boo
 // leases back.
 func runWALRelay(t *testing.T, b *streamBundle, pub outbox.Publisher, id string, poll bool, obs outbox.Observer) (r *outbox.Relay, kill func()) {
 	t.Helper()
-	cfg := outbox.RelayConfig{ID: id, PollInterval: 50 * time.Millisecond, LeaseTTL: 3 * time.Second,
-		RetryMinDelay: 10 * time.Millisecond, Observer: obs}
+	var wal *outbox.WALConfig
 	if !poll {
-		cfg.WAL = &outbox.WALConfig{SafetyPoll: -1}
+		wal = &outbox.WALConfig{SafetyPoll: -1}
 	}
+	return runWALRelayWith(t, b, pub, id, wal, obs)
+}
+
+// runWALRelayWith is runWALRelay with WAL mode's settings: polling when wal is nil.
+func runWALRelayWith(t *testing.T, b *streamBundle, pub outbox.Publisher, id string, wal *outbox.WALConfig, obs outbox.Observer) (r *outbox.Relay, kill func()) {
+	t.Helper()
+	cfg := outbox.RelayConfig{ID: id, PollInterval: 50 * time.Millisecond, LeaseTTL: 3 * time.Second,
+		RetryMinDelay: 10 * time.Millisecond, Observer: obs, WAL: wal}
 	r, err := outbox.NewRelay(b.drv, pub, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -275,7 +289,7 @@ func testWALRelayRecordsState(t *testing.T, srv *testpg.Server) {
 	other := newStreamBundle(t, srv, Config{}, true)
 	other.exec(t, `SELECT pg_drop_replication_slot('`+other.slot+`')`)
 	pub2 := &outboxtest.Publisher{}
-	startWALRelay(t, other, pub2, false, nil)
+	runWALRelayWith(t, other, pub2, "wal-test", &outbox.WALConfig{SafetyPoll: -1, KeepLostSlot: true}, nil)
 	other.writeKey(t, "k", "1", "2")
 	if got := payloads(pub2.Await(t, 2)); !slices.Equal(got, []string{`"1"`, `"2"`}) {
 		t.Fatalf("published %v without the slot, want 1, 2", got)
@@ -435,4 +449,224 @@ func testWALRelayIdleSlotAdvances(t *testing.T, srv *testpg.Server) {
 	if got := payloads(pub.Await(t, 1)); len(got) != 1 {
 		t.Fatalf("published %v, want the one message", got)
 	}
+}
+
+// walEvents records a relay's WAL news.
+type walEvents struct {
+	outbox.NopObserver
+	mu     sync.Mutex
+	events []outbox.WALStreamEvent
+}
+
+func (o *walEvents) WALStream(e outbox.WALStreamEvent) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.events = append(o.events, e)
+}
+
+// count returns how many events since the first `after` ones match.
+func (o *walEvents) count(after int, match func(outbox.WALStreamEvent) bool) int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	n := 0
+	for _, e := range o.events[min(after, len(o.events)):] {
+		if match(e) {
+			n++
+		}
+	}
+	return n
+}
+
+func (o *walEvents) len() int { o.mu.Lock(); defer o.mu.Unlock(); return len(o.events) }
+
+// A stream that stays silent (here its server process is stopped: to the relay, the same
+// as a half-open connection) is found by its missing heartbeats: the relay polls, then
+// reads the slot again once it can. With SafetyPoll off, nothing else would fetch the
+// message written meanwhile.
+func testWALRelaySilentStreamReopens(t *testing.T, srv *testpg.Server) {
+	b := newStreamBundle(t, srv, Config{}, true)
+	pub := &outboxtest.Publisher{}
+	obs := &walEvents{}
+	runWALRelayWith(t, b, pub, "beating", &outbox.WALConfig{SafetyPoll: -1, Heartbeat: 100 * time.Millisecond}, obs)
+	b.writeKey(t, "k", "1")
+	pub.Await(t, 1)
+	beat := func(e outbox.WALStreamEvent) bool { return !e.Beat.IsZero() }
+	testenv.AwaitCond(t, "a heartbeat back through the stream", func() bool { return obs.count(0, beat) > 0 })
+
+	var pid int
+	if err := b.pool.QueryRow(testenv.Context(t), `SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1`, b.slot).Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Skipf("cannot stop the walsender (pid %d) from this process: %v", pid, err)
+	}
+	resumed := false
+	resume := func() {
+		if !resumed {
+			resumed = true
+			_ = syscall.Kill(pid, syscall.SIGCONT)
+		}
+	}
+	defer resume()
+	mark := obs.len()
+	b.writeKey(t, "k", "2")
+	pub.Await(t, 2)
+	if n := obs.count(mark, func(e outbox.WALStreamEvent) bool { return e.Silent }); n == 0 {
+		t.Fatal("published while the stream was stuck, but the relay never said the stream was silent")
+	}
+	mark = obs.len()
+	resume() // the relay ended the stopped walsender (fenced terminate): it exits now
+	testenv.AwaitCond(t, "the stream live and beating again", func() bool {
+		return obs.count(mark, func(e outbox.WALStreamEvent) bool { return e.Reading && !e.Beat.IsZero() }) > 0
+	})
+	b.writeKey(t, "k", "3")
+	if got := payloads(pub.Await(t, 3)); !slices.Equal(got, []string{`"1"`, `"2"`, `"3"`}) {
+		t.Fatalf("published %v, want 1, 2, 3", got)
+	}
+}
+
+// A slot dropped by hand under its reader (its row in outbox_wal kept, unlike 'outbox wal
+// drop') is made anew by the reader, which reads it: what was written meanwhile is
+// published once, in order, and the new slot moves past it.
+func testWALRelayDroppedSlotMadeAnew(t *testing.T, srv *testpg.Server) {
+	b := newStreamBundle(t, srv, Config{}, true)
+	pub := &outboxtest.Publisher{}
+	obs := &walEvents{}
+	runWALRelayWith(t, b, pub, "remaker", &outbox.WALConfig{SafetyPoll: -1}, obs)
+	b.writeKey(t, "k", "1")
+	pub.Await(t, 1)
+	b.awaitActive(t)
+	b.dropSlotByHand(t)
+	b.writeKey(t, "k", "2", "3")
+	if got := payloads(pub.Await(t, 3)); !slices.Equal(got, []string{`"1"`, `"2"`, `"3"`}) {
+		t.Fatalf("published %v, want 1, 2, 3", got)
+	}
+	recreated := func(e outbox.WALStreamEvent) bool { return e.Recreated }
+	testenv.AwaitCond(t, "the relay to say it made the slot anew", func() bool { return obs.count(0, recreated) == 1 })
+	b.awaitActive(t)
+	b.writeKey(t, "k", "4")
+	end := b.currentLSN(t)
+	if got := payloads(pub.Await(t, 4)); got[3] != `"4"` {
+		t.Fatalf("published %v, want 1-4", got)
+	}
+	b.awaitConfirmedPast(t, end)
+}
+
+// dropSlotByHand drops the bundle's slot as an operator would with
+// pg_drop_replication_slot, ending the session that reads it first.
+func (b *streamBundle) dropSlotByHand(t *testing.T) {
+	t.Helper()
+	testenv.Await(t, "the slot dropped", func() (any, bool) {
+		_, err := b.pool.Exec(testenv.Context(t), `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1 AND active_pid IS NOT NULL`, b.slot)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = b.pool.Exec(testenv.Context(t), `SELECT pg_drop_replication_slot($1)`, b.slot)
+		return err, err == nil
+	})
+}
+
+// TestWALRelayLostSlotMadeAnew: a slot PostgreSQL invalidated while no relay read it (it
+// held more WAL than max_slot_wal_keep_size) is dropped and made anew by the reader, which
+// publishes what was written before and since, once and in order.
+func TestWALRelayLostSlotMadeAnew(t *testing.T) {
+	t.Parallel()
+	srv := testpg.StartServer(t, "wal_level=logical", "max_slot_wal_keep_size=1MB")
+	b := newStreamBundle(t, srv, Config{}, true)
+	b.writeKey(t, "k", "1")
+	b.exec(t, `CREATE TABLE %s.filler (x int)`)
+	testenv.Await(t, "the slot to be lost", func() (any, bool) {
+		b.exec(t, `INSERT INTO %s.filler SELECT generate_series(1, 1000)`)
+		b.exec(t, `SELECT pg_switch_wal()`)
+		b.exec(t, `CHECKPOINT`)
+		s := b.slotStatus(t)
+		return s, s == "lost"
+	})
+	b.writeKey(t, "k", "2")
+	pub := &outboxtest.Publisher{}
+	obs := &walEvents{}
+	runWALRelayWith(t, b, pub, "remaker", &outbox.WALConfig{SafetyPoll: -1}, obs)
+	if got := payloads(pub.Await(t, 2)); !slices.Equal(got, []string{`"1"`, `"2"`}) {
+		t.Fatalf("published %v, want 1, 2", got)
+	}
+	testenv.AwaitCond(t, "the relay to say it made the slot anew", func() bool {
+		return obs.count(0, func(e outbox.WALStreamEvent) bool { return e.Recreated }) == 1
+	})
+	if s := b.slotStatus(t); s != "reserved" {
+		t.Fatalf("the new slot's wal_status is %q, want reserved", s)
+	}
+	b.writeKey(t, "k", "3")
+	end := b.currentLSN(t)
+	if got := payloads(pub.Await(t, 3)); got[2] != `"3"` {
+		t.Fatalf("published %v, want 1-3", got)
+	}
+	b.awaitConfirmedPast(t, end)
+}
+
+// slotStatus is the bundle's slot's wal_status ("lost" when PostgreSQL reports none).
+func (b *streamBundle) slotStatus(t *testing.T) string {
+	t.Helper()
+	var status string
+	if err := b.pool.QueryRow(testenv.Context(t), `SELECT coalesce(wal_status, 'lost') FROM pg_replication_slots WHERE slot_name = $1`, b.slot).Scan(&status); err != nil {
+		t.Fatal(err)
+	}
+	return status
+}
+
+// A transaction of 100,000 events, with two long transactions interleaved around it (one
+// open before it and committed after it, one begun inside it and committed before it),
+// while the relay streams: every event is published once, each key in insert order, and
+// the slot moves past the last commit.
+func testWALRelayLargeAndInterleaved(t *testing.T, srv *testpg.Server) {
+	const big, keys = 100_000, 1_000
+	b := newStreamBundle(t, srv, Config{}, true)
+	pub := &outboxtest.Publisher{}
+	startWALRelay(t, b, pub, false, nil)
+	b.writeKey(t, "warm", "0")
+	pub.Await(t, 1)
+
+	ctx := testenv.Context(t)
+	early := b.begin(t) // open before the large one, committed after it
+	b.writeIn(t, early, "early")
+	large := b.begin(t)
+	msgs := make([]outbox.Message, 0, 10_000)
+	for i := range big {
+		msgs = append(msgs, outbox.Message{Topic: "t", Key: fmt.Sprintf("k%d", i%keys), Payload: []byte(fmt.Sprintf("%d", i))})
+		if len(msgs) == cap(msgs) {
+			if err := b.w.Write(ctx, large, msgs...); err != nil {
+				t.Fatal(err)
+			}
+			msgs = msgs[:0]
+		}
+		if i == big/2 {
+			inner := b.begin(t) // begun inside the large one, committed before it
+			b.writeIn(t, inner, "inner")
+			b.commit(t, inner)
+		}
+	}
+	b.commit(t, large)
+	b.commit(t, early)
+	end := b.currentLSN(t)
+
+	got := pub.Await(t, 1+2+big)
+	if len(got) != 1+2+big {
+		t.Fatalf("published %d messages, want %d, each once", len(got), 1+2+big)
+	}
+	last := map[string]int{}
+	seen := map[string]bool{}
+	for _, m := range got {
+		if seen[m.ID.String()] {
+			t.Fatalf("message %s published twice", m.ID)
+		}
+		seen[m.ID.String()] = true
+		if !strings.HasPrefix(m.Key, "k") {
+			continue
+		}
+		n, _ := strconv.Atoi(string(m.Payload))
+		if prev, ok := last[m.Key]; ok && n < prev {
+			t.Fatalf("key %s: %d published after %d", m.Key, n, prev)
+		}
+		last[m.Key] = n
+	}
+	b.awaitConfirmedPast(t, end)
 }

@@ -41,12 +41,17 @@
 //	outbox_shards_lost_total                counter    relay                        leases lost or given back: at stop, in a rebalance, or taken over while the relay stalled
 //	outbox_outcomes_refused_total           counter    relay                        outcomes not recorded because the lease had moved on (fenced); the new owner publishes those messages again
 //	outbox_broker_pauses_total              counter    relay                        pauses of sending after a broker outage
+//	outbox_wal_reading                      gauge      relay                        WAL mode: 1 while the relay streams the slot (its reader, stream live)
+//	outbox_wal_heartbeat_timestamp_seconds  gauge      relay                        WAL mode: Unix time the relay's last heartbeat came back through its stream
+//	outbox_wal_silent_reopens_total         counter    relay                        WAL mode: stream found silent (no heartbeat for three intervals) and opened again
+//	outbox_wal_slot_recreations_total       counter    relay                        WAL mode: slot made anew after PostgreSQL lost it or it went missing
 //
 // The per-topic counters count at the relay, when the broker answers, before the outcome
 // is recorded. A message whose outcome is refused (fenced) is published again by the
 // shard's new owner and counted there too, so outbox_published_total counts what the
 // broker received, duplicates included. Per-topic series appear with a topic's first
-// event; the others exist from the relay's start, at zero.
+// event, the WAL series with a WAL-mode relay's first stream news; the others exist from
+// the relay's start, at zero.
 //
 // # Metrics of the outbox (StatusCollector)
 //

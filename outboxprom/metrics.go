@@ -105,6 +105,8 @@ type vecs struct {
 	gained, lost, refused, pauses, fetchErrs, recordErrs *prometheus.CounterVec
 	publishLatency, commitLatency                        *prometheus.HistogramVec
 	publishBatch, fetchBatch, fetchDur, recordDur        *prometheus.HistogramVec
+	walReading, walBeat                                  *prometheus.GaugeVec
+	walSilent, walRecreated                              *prometheus.CounterVec
 }
 
 // relayMetrics are the collectors curried with one relay's labels.
@@ -116,6 +118,7 @@ type relayMetrics struct {
 	publishLatency, commitLatency                        prometheus.ObserverVec // by topic
 	gained, lost, refused, pauses, fetchErrs, recordErrs prometheus.Counter
 	publishBatch, fetchBatch, fetchDur, recordDur        prometheus.Observer
+	wal                                                  atomic.Bool // the WAL series exist (WALStream was called)
 }
 
 // New returns a Metrics registered on c.Registerer. Registering collectors that are
@@ -164,6 +167,11 @@ func New(c Config) *Metrics {
 		fetchBatch:     histogram("fetch_batch_size", "Messages per fetch that returned any.", batches, "relay"),
 		fetchDur:       histogram("fetch_duration_seconds", "Duration of fetches of due messages, failed and empty ones included.", durations, "relay"),
 		recordDur:      histogram("record_duration_seconds", "Duration of the database writes that record publish outcomes.", durations, "relay"),
+
+		walReading:   gauge("wal_reading", "WAL mode: 1 while the relay streams the replication slot (it is the slot's reader and the stream is live), else 0.", "relay"),
+		walBeat:      gauge("wal_heartbeat_timestamp_seconds", "WAL mode: Unix time at which the last heartbeat the relay wrote into the log came back through its stream.", "relay"),
+		walSilent:    counter("wal_silent_reopens_total", "WAL mode: times the relay found its stream silent (no heartbeat, nothing else, for three heartbeat intervals) and opened it again.", "relay"),
+		walRecreated: counter("wal_slot_recreations_total", "WAL mode: times the relay made its replication slot anew after PostgreSQL lost it (max_slot_wal_keep_size) or it went missing (dropped by hand, a failover).", "relay"),
 	}
 	return &Metrics{broker: cmp.Or(c.Broker, BrokerDefault), vecs: v, now: time.Now, seen: map[int64]time.Time{},
 		maxTopics: cmp.Or(c.MaxTopics, MaxTopicsDefault), topics: map[string]bool{}}
@@ -262,6 +270,9 @@ func (m *Metrics) Running(e outbox.RunningEvent) {
 	if !e.Running {
 		r.up.Set(0)
 		r.shardsHeld.Set(0)
+		if r.wal.Load() {
+			m.vecs.walReading.WithLabelValues(r.relay).Set(0)
+		}
 		return
 	}
 	r.up.Set(1)
@@ -396,3 +407,30 @@ func (m *Metrics) LeasesChanged(e outbox.LeaseEvent) {
 
 // Paused implements outbox.Observer.
 func (m *Metrics) Paused(outbox.PauseEvent) { m.relay().pauses.Inc() }
+
+var _ outbox.WALObserver = (*Metrics)(nil)
+
+// WALStream implements outbox.WALObserver. The WAL series appear with the first event,
+// so a polling relay has none.
+func (m *Metrics) WALStream(e outbox.WALStreamEvent) {
+	r := m.relay()
+	v := m.vecs
+	if !r.wal.Swap(true) { // the counters from zero, for increase()
+		v.walSilent.WithLabelValues(r.relay)
+		v.walRecreated.WithLabelValues(r.relay)
+	}
+	reading := 0.0
+	if e.Reading {
+		reading = 1
+	}
+	v.walReading.WithLabelValues(r.relay).Set(reading)
+	if !e.Beat.IsZero() {
+		v.walBeat.WithLabelValues(r.relay).Set(float64(e.Beat.UnixNano()) / 1e9)
+	}
+	if e.Silent {
+		v.walSilent.WithLabelValues(r.relay).Inc()
+	}
+	if e.Recreated {
+		v.walRecreated.WithLabelValues(r.relay).Inc()
+	}
+}

@@ -272,6 +272,42 @@ func TestTwoRelaysOneRegistry(t *testing.T) {
 	New(Config{Registerer: clash})
 }
 
+// TestWALSeries: a polling relay has no WAL series; a WAL-mode relay's appear with its
+// first stream news and follow it.
+func TestWALSeries(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewRegistry()
+	m := New(Config{Registerer: reg})
+	m.Running(outbox.RunningEvent{RelayID: "r", Running: true})
+	r := map[string]string{"relay": "r"}
+	if find(t, reg, "outbox_wal_reading", r) != nil || find(t, reg, "outbox_wal_silent_reopens_total", r) != nil {
+		t.Fatal("WAL series before any WAL news")
+	}
+	m.WALStream(outbox.WALStreamEvent{Reading: true})
+	if value(t, reg, "outbox_wal_reading", r) != 1 || value(t, reg, "outbox_wal_silent_reopens_total", r) != 0 ||
+		value(t, reg, "outbox_wal_slot_recreations_total", r) != 0 {
+		t.Fatal("reading, or the reopenings from zero, missing once the stream is live")
+	}
+	beat := time.Date(2030, 1, 1, 12, 0, 0, 0, time.UTC)
+	m.WALStream(outbox.WALStreamEvent{Reading: true, Beat: beat})
+	if got := value(t, reg, "outbox_wal_heartbeat_timestamp_seconds", r); got != float64(beat.Unix()) {
+		t.Fatalf("heartbeat timestamp %v, want %d", got, beat.Unix())
+	}
+	m.WALStream(outbox.WALStreamEvent{})
+	m.WALStream(outbox.WALStreamEvent{Silent: true})
+	if value(t, reg, "outbox_wal_reading", r) != 0 || value(t, reg, "outbox_wal_silent_reopens_total", r) != 1 {
+		t.Fatal("a silent stream not counted, or still reading")
+	}
+	m.WALStream(outbox.WALStreamEvent{Reading: true, Recreated: true})
+	if value(t, reg, "outbox_wal_slot_recreations_total", r) != 1 {
+		t.Fatal("a slot made anew not counted")
+	}
+	m.Running(outbox.RunningEvent{RelayID: "r"})
+	if value(t, reg, "outbox_wal_reading", r) != 0 {
+		t.Fatal("reading after the relay stopped")
+	}
+}
+
 // TestTopicLabelsBounded: topics beyond MaxTopics share the series of OtherTopic.
 func TestTopicLabelsBounded(t *testing.T) {
 	reg := prometheus.NewRegistry()

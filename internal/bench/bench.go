@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/pgserver"
 )
 
 // Config sizes a run. Zero values take the defaults.
@@ -59,8 +60,22 @@ type Config struct {
 	// RotateRows is the PostgreSQL store's RotateRows (the pending ring's bucket size);
 	// 0 means its default.
 	RotateRows int
-	Relay      outbox.RelayConfig
-	Progress   io.Writer // Progress lines; nil for none.
+	// Source is how the relays learn of new messages: SourcePoll (LISTEN/NOTIFY and
+	// polling, the default) or SourceWAL (PostgreSQL logical replication). With
+	// SourceWAL the phases run twice on one server, polling first, then in WAL mode
+	// after 'outbox wal setup': the result is WAL mode's, and Poll polling's. Without a
+	// DatabaseURL the bench starts a private server with wal_level=logical (and
+	// pg_stat_statements), and then also measures the server's CPU time during the
+	// drain and the statements it runs while the outbox is idle.
+	Source string
+	// ExtraRates are more latency-phase rates, measured after Rate's (SourceWAL
+	// defaults to 5,000 events/s).
+	ExtraRates []int
+	// Idle is how long the idle phase (SourceWAL on the private server) counts the
+	// statements of relays with nothing to do. Defaults to 10s.
+	Idle     time.Duration
+	Relay    outbox.RelayConfig
+	Progress io.Writer // Progress lines; nil for none.
 }
 
 // Result is what a run measured.
@@ -73,7 +88,17 @@ type Result struct {
 	// Pinned holds the same figures measured with a snapshot held open (Config.PinXmin),
 	// nil without it.
 	Pinned *Phases
+	// Source is Config.Source; Poll holds polling's figures measured in the same run
+	// when it is SourceWAL (the others are WAL mode's), nil otherwise.
+	Source string
+	Poll   *Phases
 }
+
+// Sources of Config.Source.
+const (
+	SourcePoll = "poll"
+	SourceWAL  = "wal"
+)
 
 // Phases is what the drain and latency phases measured.
 type Phases struct {
@@ -84,6 +109,30 @@ type Phases struct {
 	LatencyEvents int
 	RSSMiB        float64 // peak resident memory while the relays drained
 	Writers       *WritersPhase
+	// Extra are the latency phases at Config.ExtraRates.
+	Extra []RateLatency
+	// Server is what the relays cost the PostgreSQL server, when the bench can see its
+	// processes and statements (Config.Source "wal" on its private server); nil
+	// otherwise.
+	Server *ServerLoad
+}
+
+// RateLatency is a latency phase's figures at one rate.
+type RateLatency struct {
+	Rate          int
+	Events        int
+	P50, P95, P99 time.Duration
+}
+
+// ServerLoad is what the relays cost the PostgreSQL server.
+type ServerLoad struct {
+	// CPUPer10k is the CPU time of every server process (backends, walsender, background
+	// workers) per 10,000 events drained, from the relays' start to the last confirm
+	// (the backlog was written before); WalsenderPer10k is the walsender's part.
+	CPUPer10k, WalsenderPer10k time.Duration
+	// IdleQPS is statements per second while the relays run with nothing to publish
+	// (their lease rounds included); IdleFetchQPS the fetches among them.
+	IdleQPS, IdleFetchQPS float64
 }
 
 // WritersPhase is what the writers phase measured (Config.Writers).
@@ -104,26 +153,57 @@ func (r Result) String() string {
 	if ratio == 0 && r.RawEPS > 0 {
 		ratio = r.EPS / r.RawEPS
 	}
-	ms := func(d time.Duration) string {
-		return strconv.FormatFloat(float64(d)/float64(time.Millisecond), 'f', 2, 64)
+	ms := msText
+	source := ""
+	if r.Source == SourceWAL {
+		source = " source=wal"
 	}
-	line := fmt.Sprintf("bench: db=%s events=%d relays=%d runs=%d eps=%.0f raw_eps=%.0f ratio=%.2f drain_s=%.2f rate=%d latency_events=%d p50_ms=%s p95_ms=%s p99_ms=%s rss_mib=%.0f",
-		r.DB, r.Events, r.Relays, max(r.Runs, 1), r.EPS, r.RawEPS, ratio, r.DrainSeconds, r.Rate, r.LatencyEvents, ms(r.P50), ms(r.P95), ms(r.P99), r.RSSMiB)
+	line := fmt.Sprintf("bench: db=%s%s events=%d relays=%d runs=%d eps=%.0f raw_eps=%.0f ratio=%.2f drain_s=%.2f rate=%d latency_events=%d p50_ms=%s p95_ms=%s p99_ms=%s rss_mib=%.0f",
+		r.DB, source, r.Events, r.Relays, max(r.Runs, 1), r.EPS, r.RawEPS, ratio, r.DrainSeconds, r.Rate, r.LatencyEvents, ms(r.P50), ms(r.P95), ms(r.P99), r.RSSMiB)
+	line += r.Phases.extraKeys("")
 	if w := r.Writers; w != nil {
 		line += fmt.Sprintf(" writers=%d writers_events=%d writer_eps=%.0f relay_eps=%.0f relay_writer_ratio=%.2f catch_up_ms=%s writers_p50_ms=%s writers_p95_ms=%s writers_p99_ms=%s",
 			w.Writers, w.Events, w.WriterEPS, w.RelayEPS, w.RelayEPS/max(w.WriterEPS, 1e-9), ms(w.CatchUp), ms(w.P50), ms(w.P95), ms(w.P99))
 	}
-	if p := r.Pinned; p != nil {
-		div := func(a, b float64) float64 {
-			if b == 0 {
-				return 0
-			}
-			return a / b
+	div := func(a, b float64) float64 {
+		if b == 0 {
+			return 0
 		}
+		return a / b
+	}
+	if p := r.Pinned; p != nil {
 		line += fmt.Sprintf(" pinned_eps=%.0f pinned_raw_eps=%.0f pinned_ratio=%.2f pinned_p50_ms=%s pinned_p95_ms=%s pinned_p99_ms=%s pinned_eps_x=%.2f pinned_p99_x=%.2f",
 			p.EPS, p.RawEPS, p.Ratio, ms(p.P50), ms(p.P95), ms(p.P99), div(p.EPS, r.EPS), div(float64(p.P99), float64(r.P99)))
 	}
+	if p := r.Poll; p != nil {
+		line += fmt.Sprintf(" poll_eps=%.0f poll_raw_eps=%.0f poll_ratio=%.2f poll_p50_ms=%s poll_p95_ms=%s poll_p99_ms=%s",
+			p.EPS, p.RawEPS, p.Ratio, ms(p.P50), ms(p.P95), ms(p.P99))
+		line += p.extraKeys("poll_")
+		line += fmt.Sprintf(" eps_x=%.2f p99_x=%.2f", div(r.EPS, p.EPS), div(float64(r.P99), float64(p.P99)))
+		if r.Server != nil && p.Server != nil {
+			line += fmt.Sprintf(" pg_cpu_x=%.2f", div(float64(r.Server.CPUPer10k), float64(p.Server.CPUPer10k)))
+		}
+	}
 	return line
+}
+
+// msText writes d in milliseconds with two decimals, as the line's *_ms keys are.
+func msText(d time.Duration) string {
+	return strconv.FormatFloat(float64(d)/float64(time.Millisecond), 'f', 2, 64)
+}
+
+// extraKeys are the line's keys for the extra rates' latencies and the server's load,
+// each prefixed.
+func (ph Phases) extraKeys(prefix string) string {
+	var b strings.Builder
+	for _, x := range ph.Extra {
+		fmt.Fprintf(&b, " %sr%d_p50_ms=%s %sr%d_p95_ms=%s %sr%d_p99_ms=%s", prefix, x.Rate, msText(x.P50), prefix, x.Rate, msText(x.P95), prefix, x.Rate, msText(x.P99))
+	}
+	if l := ph.Server; l != nil {
+		fmt.Fprintf(&b, " %spg_cpu_ms_per_10k=%s %swalsender_cpu_ms_per_10k=%s %sidle_qps=%.1f %sidle_fetch_qps=%.1f",
+			prefix, msText(l.CPUPer10k), prefix, msText(l.WalsenderPer10k), prefix, l.IdleQPS, prefix, l.IdleFetchQPS)
+	}
+	return b.String()
 }
 
 func (c Config) withDefaults() Config {
@@ -140,6 +220,11 @@ func (c Config) withDefaults() Config {
 	c.Runs = cmp.Or(c.Runs, 1)
 	c.Duration = cmp.Or(c.Duration, 10*time.Second)
 	c.WritersDuration = cmp.Or(c.WritersDuration, 10*time.Second)
+	c.Source = cmp.Or(c.Source, SourcePoll)
+	if c.Source == SourceWAL && c.ExtraRates == nil {
+		c.ExtraRates = []int{5_000}
+	}
+	c.Idle = cmp.Or(c.Idle, 10*time.Second)
 	if c.Progress == nil {
 		c.Progress = io.Discard
 	}
@@ -155,7 +240,39 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	if cfg.Events < 1 || cfg.Keys < 1 || cfg.PayloadBytes < 1 || cfg.Relays < 1 || cfg.Rate < 1 || cfg.Runs < 1 {
 		return Result{}, errors.New("bench: events, keys, payload bytes, relays, rate and runs must be positive")
 	}
-	res := Result{DB: cfg.DB, Events: cfg.Events, Relays: cfg.Relays, Rate: cfg.Rate}
+	for _, r := range cfg.ExtraRates {
+		if r < 1 {
+			return Result{}, errors.New("bench: extra rates must be positive")
+		}
+	}
+	switch {
+	case cfg.Source != SourcePoll && cfg.Source != SourceWAL:
+		return Result{}, fmt.Errorf("bench: unknown source %q: want %s or %s", cfg.Source, SourcePoll, SourceWAL)
+	case cfg.Source == SourceWAL && cfg.DB != DBPostgres:
+		return Result{}, errors.New("bench: WAL mode reads PostgreSQL's logical replication: --source wal needs --db postgres")
+	case cfg.Source == SourceWAL && cfg.PinXmin:
+		return Result{}, errors.New("bench: --pin-xmin and --source wal measure different things: run them apart")
+	case cfg.Source != SourceWAL || cfg.DatabaseURL != "":
+		return run(ctx, cfg, 0)
+	}
+	// A private server with logical decoding, whose processes and statements the bench
+	// can see.
+	fmt.Fprintf(cfg.Progress, "bench: starting a private PostgreSQL server (wal_level=logical, pg_stat_statements)\n")
+	srv, err := pgserver.Start(pgserver.Options{Settings: []string{"wal_level=logical",
+		"shared_preload_libraries=pg_stat_statements", "max_wal_senders=20", "max_replication_slots=20"}})
+	if err != nil {
+		return Result{}, fmt.Errorf("bench: a private PostgreSQL server: %w", err)
+	}
+	defer srv.Close()
+	c := cfg
+	c.DatabaseURL = srv.URL()
+	return run(ctx, c, srv.PID())
+}
+
+// run is Run on cfg's database; postmaster, when not 0, is the PostgreSQL server's
+// process, whose CPU time the phases then measure.
+func run(ctx context.Context, cfg Config, postmaster int) (Result, error) {
+	res := Result{DB: cfg.DB, Events: cfg.Events, Relays: cfg.Relays, Rate: cfg.Rate, Source: cfg.Source}
 	tag := randomTag()
 	say := func(format string, args ...any) { fmt.Fprintf(cfg.Progress, "bench: "+format+"\n", args...) }
 
@@ -200,6 +317,27 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	defer rss.stop()
 	m := &measurer{cfg: cfg, target: target, db: db, payload: payload, rawDest: rawDest, dest: dest, tag: tag,
 		rss: rss, confirmed: &confirmLog{}, say: say}
+	pg, _ := db.(*postgres) // nil on the other stores; Run allows postmaster and SourceWAL only on PostgreSQL
+	if postmaster != 0 {
+		m.cpu = &pgCPU{postmaster: postmaster}
+		if err := pg.statementsOn(ctx); err != nil {
+			return res, fmt.Errorf("bench: pg_stat_statements: %w", err)
+		}
+	}
+	if cfg.Source == SourceWAL {
+		// Polling first, on the same server, then WAL mode: setup turns the NOTIFY
+		// trigger off, which polling's wake-ups need.
+		poll, err := m.phases(ctx, "poll ")
+		if err != nil {
+			return res, err
+		}
+		res.Poll = &poll
+		say("WAL mode: setting up the slot and publication")
+		if err := pg.walSetup(ctx); err != nil {
+			return res, err
+		}
+		m.cfg.Relay.WAL = &outbox.WALConfig{}
+	}
 	if res.Phases, err = m.phases(ctx, ""); err != nil {
 		return res, err
 	}
@@ -231,6 +369,7 @@ type measurer struct {
 	confirmed          *confirmLog
 	say                func(format string, args ...any)
 	pass               int
+	cpu                *pgCPU // nil: the server's processes are not this machine's to see
 }
 
 // phases measures cfg.Runs times the reference and then the relays draining a fresh
@@ -273,6 +412,12 @@ func (m *measurer) phases(ctx context.Context, label string) (Phases, error) {
 		// the backlog writers used, and measure from here.
 		debug.FreeOSMemory()
 		m.rss.reset()
+		var cpuBefore cpuTimes
+		if m.cpu != nil {
+			if cpuBefore, err = m.cpu.sample(); err != nil {
+				return ph, err
+			}
+		}
 		running, err = startRelays(ctx, cfg, m.target, m.db, m.dest, fmt.Sprintf("%s-%d-%d", m.tag, m.pass, run), m.confirmed)
 		if err != nil {
 			return ph, err
@@ -283,6 +428,17 @@ func (m *measurer) phases(ctx context.Context, label string) (Phases, error) {
 		if err != nil {
 			return ph, err
 		}
+		if m.cpu != nil {
+			after, err := m.cpu.sample()
+			if err != nil {
+				return ph, err
+			}
+			all, walsender := after.since(cpuBefore)
+			per := func(d time.Duration) time.Duration { return d * 10_000 / time.Duration(cfg.Events) }
+			ph.Server = &ServerLoad{CPUPer10k: per(all), WalsenderPer10k: per(walsender)}
+			say("%sPostgreSQL CPU: %.0f ms per 10,000 events (walsender %.0f ms)", label,
+				float64(ph.Server.CPUPer10k)/float64(time.Millisecond), float64(ph.Server.WalsenderPer10k)/float64(time.Millisecond))
+		}
 		e := float64(cfg.Events) / d.Seconds()
 		say("%sdrain: %.0f events/s (%.2f of raw), peak rss %.0f MiB", label, e, e/raw, m.rss.peakMiB())
 		ph.RSSMiB = max(ph.RSSMiB, m.rss.peakMiB())
@@ -290,16 +446,36 @@ func (m *measurer) phases(ctx context.Context, label string) (Phases, error) {
 	}
 	ph.EPS, ph.RawEPS, ph.Ratio, ph.DrainSeconds = median(eps), median(raws), median(ratios), median(drains)
 
-	// Phase 3: commit-to-confirm latency at a fixed rate, woken by LISTEN/NOTIFY.
+	// Phase 3: commit-to-confirm latency at a fixed rate, woken by LISTEN/NOTIFY (or the
+	// WAL stream), then at each extra rate.
 	if cfg.Duration > 0 {
-		say("%slatency: %d events/s for %s", label, cfg.Rate, cfg.Duration)
-		lat, err := steadyLatency(ctx, m.db, cfg, m.payload, m.confirmed, func(format string, args ...any) { say(label+format, args...) })
-		if err != nil {
-			return ph, err
+		for i, rate := range append([]int{cfg.Rate}, cfg.ExtraRates...) {
+			say("%slatency: %d events/s for %s", label, rate, cfg.Duration)
+			c := cfg
+			c.Rate = rate
+			lat, err := steadyLatency(ctx, m.db, c, m.payload, m.confirmed, func(format string, args ...any) { say(label+format, args...) })
+			if err != nil {
+				return ph, err
+			}
+			r := RateLatency{Rate: rate, Events: len(lat)}
+			if len(lat) > 0 {
+				r.P50, r.P95, r.P99 = percentiles(lat)
+			}
+			if i == 0 {
+				ph.LatencyEvents, ph.P50, ph.P95, ph.P99 = r.Events, r.P50, r.P95, r.P99
+			} else {
+				ph.Extra = append(ph.Extra, r)
+			}
 		}
-		ph.LatencyEvents = len(lat)
-		if len(lat) > 0 {
-			ph.P50, ph.P95, ph.P99 = percentiles(lat)
+	}
+
+	// Phase 3b: the statements of relays with nothing to publish.
+	if ph.Server != nil && running != nil {
+		pg, ok := m.db.(*postgres)
+		if ok {
+			if err := m.idlePhase(ctx, pg, &ph, label); err != nil {
+				return ph, err
+			}
 		}
 	}
 
@@ -315,6 +491,35 @@ func (m *measurer) phases(ctx context.Context, label string) (Phases, error) {
 		ph.Writers = w
 	}
 	return ph, nil
+}
+
+// idlePhase counts the statements the running relays make while nothing is written, for
+// cfg.Idle, after a second for what was in flight to settle.
+func (m *measurer) idlePhase(ctx context.Context, pg *postgres, ph *Phases, label string) error {
+	m.say("%sidle: counting statements for %s with nothing to publish", label, m.cfg.Idle)
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(time.Second):
+	}
+	all0, fetch0, err := statementCounts(ctx, pg.pool)
+	if err != nil {
+		return fmt.Errorf("count statements (pg_stat_statements): %w", err)
+	}
+	start := time.Now()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(m.cfg.Idle):
+	}
+	all1, fetch1, err := statementCounts(ctx, pg.pool)
+	if err != nil {
+		return fmt.Errorf("count statements (pg_stat_statements): %w", err)
+	}
+	secs := time.Since(start).Seconds()
+	ph.Server.IdleQPS, ph.Server.IdleFetchQPS = float64(all1-all0)/secs, float64(fetch1-fetch0)/secs
+	m.say("%sidle: %.1f statements/s, %.1f of them fetches", label, ph.Server.IdleQPS, ph.Server.IdleFetchQPS)
+	return nil
 }
 
 // writersPhase runs cfg.Writers goroutines that each commit one event per transaction,
@@ -664,7 +869,8 @@ type rssSampler struct {
 }
 
 func (s *rssSampler) start() {
-	s.done = make(chan struct{})
+	done := make(chan struct{})
+	s.done = done
 	go func() {
 		t := time.NewTicker(50 * time.Millisecond)
 		defer t.Stop()
@@ -673,7 +879,7 @@ func (s *rssSampler) start() {
 				s.peak.Store(kb)
 			}
 			select {
-			case <-s.done:
+			case <-done:
 				return
 			case <-t.C:
 			}

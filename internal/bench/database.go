@@ -14,6 +14,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/pgsql"
+	"github.com/outboxkit/outbox/internal/pgsql/pgxq"
 	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/outboxmysql"
 	"github.com/outboxkit/outbox/outboxpgx"
@@ -61,6 +63,7 @@ type postgres struct {
 	rotateRows  int
 	pool        *pgxpool.Pool
 	w           *outbox.Writer[pgx.Tx]
+	wal         bool // walSetup made a slot and a publication, which drop removes
 }
 
 func openPostgres(ctx context.Context, url, tag string, version, rotateRows int) (*postgres, error) {
@@ -130,8 +133,45 @@ func (p *postgres) pin(ctx context.Context) (func(), error) {
 }
 
 func (p *postgres) drop() {
-	_, _ = p.pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS "`+p.schema+`" CASCADE`)
+	ctx := context.Background()
+	if p.wal {
+		if names, err := p.names(); err == nil {
+			slot, pub := names.WALDefaults()
+			_, _ = names.WALDrop(ctx, p.inTx, pgsql.WALDropOptions{Slot: slot, Publication: pub, Force: true})
+		}
+	}
+	_, _ = p.pool.Exec(ctx, `DROP SCHEMA IF EXISTS "`+p.schema+`" CASCADE`)
 	p.pool.Close()
+}
+
+func (p *postgres) names() (*pgsql.Names, error) {
+	return pgsql.NewNames(pgsql.Config{Schema: p.schema, RotateRows: p.rotateRows})
+}
+
+func (p *postgres) inTx(ctx context.Context, fn func(pgsql.Querier) error) error {
+	return pgx.BeginFunc(ctx, p.pool, func(tx pgx.Tx) error { return fn(pgxq.Querier{DB: tx}) })
+}
+
+// walSetup does what 'outbox wal setup' does for the bench's outbox, with the default
+// slot and publication names.
+func (p *postgres) walSetup(ctx context.Context) error {
+	names, err := p.names()
+	if err != nil {
+		return err
+	}
+	slot, pub := names.WALDefaults()
+	p.wal = true
+	if _, err := names.WALSetup(ctx, p.inTx, pgsql.WALSetupOptions{Slot: slot, Publication: pub}); err != nil {
+		return fmt.Errorf("WAL setup: %w", err)
+	}
+	return nil
+}
+
+// statementsOn makes pg_stat_statements readable in the bench's database, for the idle
+// phase (the private server preloads the library).
+func (p *postgres) statementsOn(ctx context.Context) error {
+	_, err := p.pool.Exec(ctx, `CREATE EXTENSION IF NOT EXISTS pg_stat_statements`)
+	return err
 }
 
 // sqlDatabase is an outbox written through database/sql (SQLite, MySQL).

@@ -131,6 +131,9 @@ func (n *Names) Up(ctx context.Context, inTx InTx, target int) ([]int, error) {
 		if err != nil {
 			return err
 		}
+		if err := n.lockFirst(ctx, q, applied, target); err != nil {
+			return err
+		}
 		for _, m := range all {
 			if applied[m.Version] || (target > 0 && m.Version > target) {
 				continue
@@ -154,6 +157,23 @@ func (n *Names) Up(ctx context.Context, inTx InTx, target int) ([]int, error) {
 		return nil, err
 	}
 	return done, nil
+}
+
+// lockFirst takes the pending table's lock before any migration runs when the ring
+// migration is among those to apply and the table exists. A relay recording an outcome
+// locks the pending table, then the history; migration 3 renames the history, and
+// migration 4 then locks the pending table, in the same transaction: in that order the
+// two would deadlock against a running relay. Writers wait from here rather than from
+// migration 4, which holds the lock until the commit anyway.
+func (n *Names) lockFirst(ctx context.Context, q Querier, applied map[int]bool, target int) error {
+	if applied[ringMigration] || (target > 0 && target < ringMigration) {
+		return nil
+	}
+	exists, err := queryInts(ctx, q, `SELECT (to_regclass($1) IS NOT NULL)::int`, n.Outbox)
+	if err != nil || exists[0] == 0 {
+		return err
+	}
+	return q.Exec(ctx, `LOCK TABLE `+n.Outbox+` IN ACCESS EXCLUSIVE MODE`)
 }
 
 // Down reverts applied migrations above target (0 reverts all), newest first, in one

@@ -334,6 +334,9 @@ func (db *DB) syncSlot(ctx context.Context, q Querier, req outboxdriver.LeaseReq
 				st.Target = st.Shards
 			}
 		}
+		if req.Slot.Beat && token != 0 && token == req.Slot.Token {
+			return db.walBeat(ctx, q, slot, token, st)
+		}
 		return nil
 	}()
 	if state := SQLState(err); state == "42P01" || state == "42703" { // undefined table or column
@@ -344,6 +347,22 @@ func (db *DB) syncSlot(ctx context.Context, q Querier, req outboxdriver.LeaseReq
 		return err
 	}
 	return q.Exec(ctx, "RELEASE SAVEPOINT outbox_wal")
+}
+
+// walBeat writes the slot reader's heartbeat under a savepoint of its own: a failure
+// (the function's EXECUTE revoked, say) costs the relay its liveness check, which it
+// logs (LeaseState.SlotBeatErr), not its lease round.
+func (db *DB) walBeat(ctx context.Context, q Querier, slot string, token int64, st *outboxdriver.LeaseState) error {
+	if err := q.Exec(ctx, "SAVEPOINT outbox_wal_beat"); err != nil {
+		return err
+	}
+	var lsn string
+	if err := q.QueryRow(ctx, db.Names.WALHeartbeat(), []any{slot, token}, &lsn); err != nil {
+		st.SlotBeatErr = err
+		return q.Exec(ctx, "ROLLBACK TO SAVEPOINT outbox_wal_beat")
+	}
+	st.SlotBeat = true
+	return q.Exec(ctx, "RELEASE SAVEPOINT outbox_wal_beat")
 }
 
 // held returns the relay's leases under tokens.

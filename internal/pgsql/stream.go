@@ -15,6 +15,14 @@ import (
 // pg_logical_emit_message, and that the stream reader reports as beats.
 const WALHeartbeatPrefix = "outbox.hb"
 
+// WALHeartbeat writes a heartbeat into the log for the slot $1's reader holding the lease
+// under token $2: a non-transactional logical decoding message (it reaches the log, and
+// the stream, even if the round's transaction rolls back), whose content names the slot
+// and the token.
+func (n *Names) WALHeartbeat() string {
+	return `SELECT pg_logical_emit_message(false, '` + WALHeartbeatPrefix + `', $1::text || ':' || $2::bigint)::text`
+}
+
 // OutboxRelation returns the schema and the name of the outbox table, unquoted, as a
 // logical replication Relation message names it: the publication publishes via the
 // partition root, so inserts into any bucket of the pending ring arrive as inserts

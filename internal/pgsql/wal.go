@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/outboxdriver"
 )
 
 // This file prepares PostgreSQL for WAL mode (docs/design-wal.md, §7): what `outbox wal
@@ -595,6 +596,56 @@ ORDER BY xact_start LIMIT 1`, nil, &pid, &user, &app, &ageSeconds)
 	age := time.Duration(ageSeconds * float64(time.Second)).Round(time.Second)
 	return fmt.Errorf("%s; the oldest open transaction is PID %d (user %q, application %q), open for %s: "+
 		"end it (SELECT pg_terminate_backend(%d)) or wait for it, then run setup again: %w", base, pid, user, app, age, pid, cause)
+}
+
+// WALRecreateSlot makes slot anew for the relay relayID that reads it under token (WAL
+// mode, docs/design-wal.md §5): when the slot is missing (dropped by hand, a failover
+// to a server without it) it is created; when it was invalidated (wal_status lost: it
+// held more WAL than max_slot_wal_keep_size allows) it is dropped, then created. A slot
+// that exists and is not lost is left as it is (another relay made it meanwhile).
+// Creating waits, up to timeout, for the transactions open when it starts. The slot's
+// row in outbox_wal keeps its lease and gets the new slot's position, as setup records
+// it. created says a slot was made.
+//
+// Nothing is lost by it: the slot never holds the only copy of a message, every pending
+// one is still in the outbox, and the reader's catch-up fetch reads them all.
+func (n *Names) WALRecreateSlot(ctx context.Context, inTx InTx, slot, relayID string, token int64, timeout time.Duration) (created bool, err error) {
+	if err := CheckWALName("Slot", slot); err != nil {
+		return false, err
+	}
+	var pub string
+	err = inTx(ctx, func(q Querier) error {
+		return q.QueryRow(ctx, `SELECT publication FROM `+n.walTable()+` WHERE slot_name = $1 AND owner = $2 AND token = $3`,
+			[]any{slot, relayID, token}, &pub)
+	})
+	if errors.Is(err, ErrNoRows) {
+		return false, outboxdriver.ErrNotSlotReader
+	}
+	if err != nil {
+		return false, err
+	}
+	var status string
+	err = inTx(ctx, func(q Querier) error {
+		return q.QueryRow(ctx, `SELECT coalesce(wal_status, 'lost') FROM pg_catalog.pg_replication_slots WHERE slot_name = $1`, []any{slot}, &status)
+	})
+	switch {
+	case errors.Is(err, ErrNoRows):
+	case err != nil:
+		return false, err
+	case status != "lost":
+		return false, nil
+	default:
+		if err := n.dropSlotStep(inTx, slot, false).run(ctx); err != nil {
+			return false, fmt.Errorf("drop lost replication slot %q: %w", slot, err)
+		}
+	}
+	if err := n.createSlotStep(inTx, WALSetupOptions{Slot: slot}, timeout).run(ctx); err != nil {
+		return false, fmt.Errorf("create replication slot %q: %w", slot, err)
+	}
+	if err := inTx(ctx, func(q Querier) error { return q.Exec(ctx, n.recordSlotSQL(slot, pub)) }); err != nil {
+		return true, fmt.Errorf("record replication slot %q: %w", slot, err)
+	}
+	return true, nil
 }
 
 // recordSlotSQL records the slot in outbox_wal with where it is now, the outbox sequence's

@@ -1,263 +1,73 @@
-// Package testpg gives tests a private PostgreSQL server: a cluster of its own in a
-// temporary directory, on a free port of 127.0.0.1, that a test may stop (as an operator
-// or a crash would) and start again. Tests that take PostgreSQL down use it, never the
-// shared server, which other packages' tests use concurrently. A missing PostgreSQL
-// installation fails the test, never skips it.
+// Package testpg gives tests a private PostgreSQL server (package pgserver): a cluster of
+// its own in a temporary directory, on a free port of 127.0.0.1, that a test may stop (as
+// an operator or a crash would) and start again. Tests that take PostgreSQL down use it,
+// never the shared server, which other packages' tests use concurrently. A missing
+// PostgreSQL installation fails the test, never skips it.
 //
-// The server keeps PostgreSQL's durability defaults (fsync, synchronous_commit,
-// full_page_writes on), so a transaction whose COMMIT succeeded survives an immediate
-// stop. It trusts every connection from 127.0.0.1 and listens on no Unix socket. A test
-// that needs other server settings passes them to StartServer, as postgres -c takes
-// them: StartServer(t, "wal_level=logical") for logical replication, which the shared
-// server's settings (wal_level=replica) do not allow.
-//
-// initdb and postgres refuse to run as root: under root, the server runs as the
-// postgres OS user, in a directory that user owns.
+// A test that needs other server settings passes them to StartServer, as postgres -c
+// takes them: StartServer(t, "wal_level=logical") for logical replication, which the
+// shared server's settings (wal_level=replica) do not allow.
 package testpg
 
 import (
-	"bytes"
-	"cmp"
-	"errors"
-	"fmt"
-	"os"
-	"os/exec"
-	"os/user"
-	"path/filepath"
-	"slices"
-	"strconv"
-	"strings"
-	"sync"
-	"syscall"
-
-	"github.com/jackc/pgx/v5"
-
+	"github.com/outboxkit/outbox/internal/pgserver"
 	"github.com/outboxkit/outbox/internal/testinfra/testenv"
 )
 
 // Database is the database every server has, besides postgres and the templates.
-const Database = "test"
+const Database = pgserver.Database
 
 // A StopMode is how Stop shuts the server down: pg_ctl's -m.
-type StopMode string
+type StopMode = pgserver.StopMode
 
 const (
-	// Fast disconnects the clients, rolls back their transactions and checkpoints.
-	Fast StopMode = "fast"
-	// Immediate kills every server process at once, without a checkpoint, as a crash
-	// would: the next start replays the WAL.
-	Immediate StopMode = "immediate"
+	Fast      = pgserver.Fast      // disconnects the clients, rolls back and checkpoints
+	Immediate = pgserver.Immediate // kills every server process at once, as a crash would
 )
 
-// dirPrefix names the servers' directories under os.TempDir(), for the sweep.
-const dirPrefix = "outbox-testpg-"
-
-// Server is a private PostgreSQL server: a postmaster child process of the test that
-// keeps its port and data directory across restarts. It is stopped and its directory
-// removed when the test ends, and it shuts down at once if the test process dies without
-// cleaning up (a killed test binary). Its methods are safe for concurrent use.
+// Server is a private PostgreSQL server of a test: stopped and removed when the test
+// ends. Its methods fail the test on an error.
 type Server struct {
-	t    testenv.TB
-	bin  string // the directory of initdb, postgres and pg_ctl
-	port int
-	root string // owner, server.log and data
-	cred *syscall.Credential
-	// settings are the extra "name=value" server settings, given at every start.
-	settings []string
-
-	mu   sync.Mutex
-	cmd  *exec.Cmd
-	done chan struct{} // closed when cmd has exited
+	*pgserver.Server
+	t testenv.TB
 }
 
-// StartServer creates a cluster in a temporary directory, starts it on a free port of
-// 127.0.0.1, creates the Database and waits until it accepts connections. It fails the
-// test if PostgreSQL is not installed or the server does not come up.
+// StartServer creates a cluster, starts it, creates the Database and waits until it
+// accepts connections (pgserver.Start, with testenv.Stall as its stall bound). It fails
+// the test if PostgreSQL is not installed or the server does not come up.
 //
 // settings are extra server settings, each "name=value" as postgres -c takes it
 // ("wal_level=logical", "max_replication_slots=2"); they apply at every start, restarts
-// included, and beat the defaults this package sets. A setting PostgreSQL does not know
-// or accept fails the start, with the server log.
+// included, and beat the defaults. A setting PostgreSQL does not know or accept fails
+// the start, with the server log.
 func StartServer(t testenv.TB, settings ...string) *Server {
 	t.Helper()
-	for _, kv := range settings {
-		if name, _, ok := strings.Cut(kv, "="); !ok || name == "" || strings.ContainsAny(name, " \t\n") {
-			t.Fatalf("testpg: setting %q: want name=value, as postgres -c takes it", kv)
+	s, err := pgserver.Start(pgserver.Options{Settings: settings, Stall: testenv.Stall()})
+	if err != nil {
+		t.Fatalf("testpg: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := s.Close(); err != nil {
+			t.Logf("testpg: %v", err)
 		}
-	}
-	bin, err := binDir()
-	if err != nil {
-		t.Fatalf("testpg: %v", err)
-	}
-	cred, err := credential()
-	if err != nil {
-		t.Fatalf("testpg: %v", err)
-	}
-	sweep()
-	root, err := os.MkdirTemp("", dirPrefix)
-	if err != nil {
-		t.Fatalf("testpg: %v", err)
-	}
-	s := &Server{t: t, bin: bin, root: root, cred: cred, settings: slices.Clone(settings)}
-	// Registered before anything can fail, so a half-made server is removed too.
-	t.Cleanup(s.cleanup)
-	if err := s.makeRoot(); err != nil {
-		t.Fatalf("testpg: prepare %s: %v", root, err)
-	}
-	if out, err := s.run("initdb", "-D", s.dataDir(), "-U", "postgres", "-A", "trust", "-E", "UTF8", "--locale=C"); err != nil {
-		t.Fatalf("testpg: initdb: %v\n%s", err, out)
-	}
-	s.port = testenv.FreePort(t)
-	s.Start()
-
-	ctx := testenv.Context(t)
-	conn, err := pgx.Connect(ctx, s.url("postgres"))
-	if err == nil {
-		_, err = conn.Exec(ctx, "CREATE DATABASE "+Database)
-		_ = conn.Close(ctx)
-	}
-	if err != nil {
-		t.Fatalf("testpg: create database %s: %v", Database, err)
-	}
-	return s
+	})
+	return &Server{Server: s, t: t}
 }
 
-// URL returns the URL of the server's Database.
-func (s *Server) URL() string { return s.url(Database) }
-
-// Addr returns the server's host:port.
-func (s *Server) Addr() string { return "127.0.0.1:" + strconv.Itoa(s.port) }
-
-func (s *Server) url(db string) string {
-	return "postgres://postgres@" + s.Addr() + "/" + db + "?sslmode=disable"
-}
-
-func (s *Server) dataDir() string { return filepath.Join(s.root, "data") }
-func (s *Server) logPath() string { return filepath.Join(s.root, "server.log") }
-
-// makeRoot makes the server's directory reachable by the server's user, its data
-// directory owned by that user, and records this process as the owner, for the sweep.
-func (s *Server) makeRoot() error {
-	if err := os.WriteFile(filepath.Join(s.root, "owner"), []byte(strconv.Itoa(os.Getpid())), 0o644); err != nil {
-		return err
-	}
-	if err := os.Mkdir(s.dataDir(), 0o700); err != nil {
-		return err
-	}
-	if s.cred == nil {
-		return nil
-	}
-	if err := os.Chmod(s.root, 0o755); err != nil {
-		return err
-	}
-	return os.Chown(s.dataDir(), int(s.cred.Uid), int(s.cred.Gid))
-}
-
-// command returns the PostgreSQL program name, to run as the server's user, which dies
-// with this process.
-func (s *Server) command(name string, args ...string) *exec.Cmd {
-	cmd := exec.Command(filepath.Join(s.bin, name), args...)
-	cmd.Dir = s.root
-	cmd.Env = []string{"PATH=" + s.bin + ":/usr/bin:/bin", "LC_ALL=C", "TZ=UTC"}
-	// Set after the credential change in the child, so the change does not clear it.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: s.cred, Pdeathsig: syscall.SIGKILL}
-	return cmd
-}
-
-// run runs a PostgreSQL program to completion and returns its output.
-func (s *Server) run(name string, args ...string) ([]byte, error) {
-	var out bytes.Buffer
-	cmd := s.command(name, args...)
-	cmd.Stdout, cmd.Stderr = &out, &out
-	err := cmd.Run()
-	return out.Bytes(), err
-}
-
-// Start starts the server again, on the same port and data directory, and waits until
-// it accepts connections (after crash recovery, if it was stopped immediately). Starting
-// a running server does nothing.
-//
-// The postmaster is a child of this process rather than a daemon of pg_ctl start's, so
-// that it gets SIGQUIT (an immediate shutdown) when this process dies.
+// Start starts the server again and waits until it accepts connections (pgserver's
+// Start).
 func (s *Server) Start() {
 	s.t.Helper()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.cmd != nil {
-		return
-	}
-	logf, err := os.OpenFile(s.logPath(), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		s.t.Fatalf("testpg: open server log: %v", err)
-	}
-	args := []string{"-D", s.dataDir(), "-p", strconv.Itoa(s.port),
-		"-c", "listen_addresses=127.0.0.1", "-c", "unix_socket_directories=",
-		"-c", "fsync=on", "-c", "synchronous_commit=on", "-c", "full_page_writes=on"}
-	for _, kv := range s.settings { // after the defaults: the last -c of a name wins
-		args = append(args, "-c", kv)
-	}
-	cmd := s.command("postgres", args...)
-	cmd.SysProcAttr.Pdeathsig = syscall.SIGQUIT
-	// A process group of its own: a Ctrl-C at the terminal (which `outbox-torture`
-	// turns into an early end and a check) must not shut the server down too.
-	cmd.SysProcAttr.Setpgid = true
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
-		_ = logf.Close()
-		s.t.Fatalf("testpg: start postgres: %v", err)
-	}
-	done := make(chan struct{})
-	go func() {
-		_ = cmd.Wait()
-		_ = logf.Close()
-		close(done)
-	}()
-	s.cmd, s.done = cmd, done
-
-	if err := s.waitReady(done); err != nil {
-		_ = cmd.Process.Kill()
-		<-done
-		s.cmd, s.done = nil, nil
-		s.t.Fatalf("testpg: postgres on port %d did not come up: %v\n--- server log ---\n%s", s.port, err, s.log())
+	if err := s.Server.Start(); err != nil {
+		s.t.Fatalf("testpg: %v", err)
 	}
 }
 
-// waitReady polls until a client can connect and run a query. A start, crash recovery
-// included, may take as long as it takes on a loaded machine: it fails when the process
-// exits, or when the ping's error stays the same for testenv.Stall().
-func (s *Server) waitReady(exited <-chan struct{}) error {
-	return testenv.WaitReady(exited, "the server to accept connections", s.ping, nil)
-}
-
-// ping connects and pings; its context bounds a hang, not how fast the server answers.
-func (s *Server) ping() error {
-	ctx, cancel := testenv.CallContext()
-	defer cancel()
-	conn, err := pgx.Connect(ctx, s.url("postgres"))
-	if err != nil {
-		return err
-	}
-	defer conn.Close(ctx)
-	return conn.Ping(ctx)
-}
-
-// Stop shuts the server down with pg_ctl stop -m mode and waits for every server
-// process to exit. Stopping a stopped server does nothing.
+// Stop shuts the server down with pg_ctl stop -m mode (pgserver's Stop).
 func (s *Server) Stop(mode StopMode) {
 	s.t.Helper()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.cmd == nil {
-		return
-	}
-	out, err := s.run("pg_ctl", "stop", "-D", s.dataDir(), "-m", string(mode), "-w", "-t", strconv.Itoa(int(testenv.Stall().Seconds())))
-	if err != nil {
-		_ = s.cmd.Process.Kill()
-	}
-	<-s.done
-	s.cmd, s.done = nil, nil
-	if err != nil {
-		s.t.Fatalf("testpg: pg_ctl stop -m %s: %v (killed the postmaster)\n%s", mode, err, out)
+	if err := s.Server.Stop(mode); err != nil {
+		s.t.Fatalf("testpg: %v", err)
 	}
 }
 
@@ -266,119 +76,4 @@ func (s *Server) Restart(mode StopMode) {
 	s.t.Helper()
 	s.Stop(mode)
 	s.Start()
-}
-
-// cleanup stops the server, fast, and removes its directory.
-func (s *Server) cleanup() {
-	s.mu.Lock()
-	if s.cmd != nil {
-		if out, err := s.run("pg_ctl", "stop", "-D", s.dataDir(), "-m", string(Fast), "-w"); err != nil {
-			s.t.Logf("testpg: pg_ctl stop: %v\n%s", err, out)
-			_ = s.cmd.Process.Kill()
-		}
-		<-s.done
-		s.cmd, s.done = nil, nil
-	}
-	s.mu.Unlock()
-	if err := os.RemoveAll(s.root); err != nil {
-		s.t.Logf("testpg: remove %s: %v", s.root, err)
-	}
-}
-
-// log returns the tail of the server log.
-func (s *Server) log() string { return testenv.LogTail(s.logPath(), 8<<10) }
-
-// pid returns the postmaster's process id, 0 when stopped.
-func (s *Server) pid() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.cmd == nil {
-		return 0
-	}
-	return s.cmd.Process.Pid
-}
-
-// binDir returns the bin directory of the newest PostgreSQL under /usr/lib/postgresql
-// (Debian's layout), or else the directory of initdb on PATH.
-func binDir() (string, error) {
-	const base = "/usr/lib/postgresql"
-	entries, _ := os.ReadDir(base)
-	var versions []float64
-	for _, e := range entries {
-		v, err := strconv.ParseFloat(e.Name(), 64)
-		if err == nil && isFile(filepath.Join(base, e.Name(), "bin", "initdb")) {
-			versions = append(versions, v)
-		}
-	}
-	if len(versions) > 0 {
-		return filepath.Join(base, strconv.FormatFloat(slices.Max(versions), 'f', -1, 64), "bin"), nil
-	}
-	if p, err := exec.LookPath("initdb"); err == nil {
-		return filepath.Dir(p), nil
-	}
-	return "", fmt.Errorf("PostgreSQL's initdb is needed for this test and is neither under %s/<version>/bin nor on PATH: install the PostgreSQL server (apt-get install postgresql)", base)
-}
-
-func isFile(path string) bool {
-	fi, err := os.Stat(path)
-	return err == nil && fi.Mode().IsRegular()
-}
-
-// credential returns whom to run the server as: the postgres OS user under root (initdb
-// and postgres refuse root), nil (this process's user) otherwise.
-func credential() (*syscall.Credential, error) {
-	if os.Geteuid() != 0 {
-		return nil, nil
-	}
-	u, err := user.Lookup("postgres")
-	if err != nil {
-		return nil, fmt.Errorf("running as root, the server must run as the postgres OS user, which is missing (%v): install the PostgreSQL server, which creates it", err)
-	}
-	uid, err1 := strconv.ParseUint(u.Uid, 10, 32)
-	gid, err2 := strconv.ParseUint(u.Gid, 10, 32)
-	if err := cmp.Or(err1, err2); err != nil {
-		return nil, fmt.Errorf("user postgres: %w", err)
-	}
-	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, nil
-}
-
-// sweep removes the directories of servers whose test process died without cleaning up
-// (the server itself went down with it). A directory whose owner or postmaster still
-// lives, or that has no owner yet, is left alone.
-func sweep() {
-	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), dirPrefix+"*"))
-	for _, dir := range dirs {
-		owner, err := readPID(filepath.Join(dir, "owner"))
-		if err != nil || alive(owner) {
-			continue
-		}
-		if pm, err := readPID(filepath.Join(dir, "data", "postmaster.pid")); err == nil && alive(pm) {
-			continue
-		}
-		_ = os.RemoveAll(dir)
-	}
-}
-
-// readPID reads the process id on the first line of path.
-func readPID(path string) (int, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return 0, err
-	}
-	first, _, _ := strings.Cut(string(b), "\n")
-	return strconv.Atoi(strings.TrimSpace(first))
-}
-
-// alive reports whether process pid exists and is not a zombie.
-func alive(pid int) bool {
-	if pid <= 0 || syscall.Kill(pid, 0) == syscall.ESRCH {
-		return false
-	}
-	stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return !errors.Is(err, os.ErrNotExist)
-	}
-	// pid (comm) state ...: comm may hold spaces and parentheses, the state follows the last ')'.
-	_, rest, _ := strings.Cut(string(stat[bytes.LastIndexByte(stat, ')')+1:]), " ")
-	return !strings.HasPrefix(rest, "Z")
 }

@@ -70,8 +70,12 @@ func TestCanaries(t *testing.T) {
 	}, {
 		// A retired bucket of the pending ring is truncated with its pending rows in
 		// it. A broker cut leaves a backlog spread over buckets small enough to reclaim.
+		// Rows in the relay's hand survive the truncation (it publishes them from
+		// memory once the broker is back), so the relay may hold few: the backlog stays
+		// in the buckets. (Holding 1,500, it took in all of a cut's backlog in CI's
+		// three runs once.)
 		bug:    broken.TruncateStragglers,
-		cfg:    Config{Relays: 1, Kinds: []string{KindBrokerCut}},
+		cfg:    Config{Relays: 1, Kinds: []string{KindBrokerCut}, MaxInFlight: 20, BatchSize: 20},
 		want:   "lost events",
 		caught: func(r torture.Report) bool { return r.Lost > 0 },
 	}, {

@@ -73,14 +73,23 @@ func TestTortureNATS(t *testing.T) {
 	}
 }
 
-// TestTortureWAL is TestTortureNATS with the relays in WAL mode (a private server with
-// wal_level=logical and the slot set up): one relay reads the slot, the others poll
-// their shards; the stream is cut, its connections terminated and the database
-// restarted under load. Nothing lost, nothing reordered, as when polling.
+// TestTortureWAL is the torture with the relays in WAL mode (a private server with
+// wal_level=logical and the slot set up), on every broker with 1 and 3 relays: one relay
+// reads the slot, the others stand by; on top of every broker's and the database's
+// faults, the stream is cut, its connections terminated, the database restarted, and the
+// slot dropped and invalidated under load. Nothing lost, nothing reordered, as when
+// polling. NATS runs as long as TestTortureNATS; RabbitMQ and Kafka run 20 s (and until
+// every fault kind was injected), to keep the test command's length.
 func TestTortureWAL(t *testing.T) {
-	for _, relays := range []int{1, 3} {
-		t.Run(fmt.Sprintf("relays=%d", relays), func(t *testing.T) {
-			runAndCheck(t, Config{Broker: "nats", Relays: relays, WAL: true})
-		})
+	for _, broker := range []string{"nats", "rabbitmq", "kafka"} {
+		for _, relays := range []int{1, 3} {
+			t.Run(fmt.Sprintf("%s/relays=%d", broker, relays), func(t *testing.T) {
+				cfg := Config{Broker: broker, Relays: relays, WAL: true}
+				if broker != "nats" {
+					cfg.Duration = 20 * time.Second
+				}
+				runAndCheck(t, cfg)
+			})
+		}
 	}
 }

@@ -2,13 +2,17 @@ package chaos
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outboxkit/outbox/internal/pgsql"
 	"github.com/outboxkit/outbox/internal/testinfra/testdb"
 	"github.com/outboxkit/outbox/internal/testinfra/testenv"
 	"github.com/outboxkit/outbox/internal/testinfra/testpg"
@@ -121,4 +125,126 @@ func storageChurn(tb testenv.TB, db *testdb.DB, created int) {
 	if rotations == 0 {
 		tb.Errorf("the pending ring never moved on: the run did not exercise it")
 	}
+}
+
+// KindWALSlotDrop drops the relays' replication slot under them, as an operator's
+// pg_drop_replication_slot would (its record in outbox_wal stays, unlike 'outbox wal
+// drop'): the session reading it is ended, then the slot dropped. The reader must make it
+// anew and lose nothing, since every message not yet recorded is still in the outbox
+// (WAL runs only). The slot audit learns of each drop, so that it judges a new slot only
+// by the commits it covered.
+const KindWALSlotDrop = "wal-slot-drop"
+
+func walSlotDrop(db *testdb.DB, slot string, audit *slotAudit) nemesis.Fault {
+	return nemesis.Fault{Kind: KindWALSlotDrop,
+		Inject: func(*rand.Rand) (string, func() error, error) {
+			ctx := context.Background()
+			for attempt := 1; ; attempt++ {
+				_, err := db.Pool.Exec(ctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1 AND active_pid IS NOT NULL`, slot)
+				if err == nil {
+					_, err = db.Pool.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, slot)
+				}
+				switch {
+				case err == nil:
+					audit.dropped()
+					return "slot " + slot, nil, nil
+				case pgsql.SQLState(err) == "42704": // gone already; its reader has yet to make it anew
+					return "slot " + slot + " (gone already)", nil, nil
+				case pgsql.SQLState(err) != "55006" || attempt == 50: // 55006: read again before the drop
+					return "", nil, fmt.Errorf("drop slot %s: %w", slot, err)
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+		}}
+}
+
+// KindWALSlotLost freezes every relay (SIGSTOP) while the database writes more WAL than
+// max_slot_wal_keep_size (walKeepSize in WAL runs) allows the slot to hold, and
+// checkpoints, until PostgreSQL invalidates the relays' slot (wal_status lost); the heal
+// thaws them (SIGCONT). The reader must drop the lost slot, make it anew and lose
+// nothing (WAL runs only).
+const KindWALSlotLost = "wal-slot-lost"
+
+// walKeepSize is max_slot_wal_keep_size in WAL runs: small, so that wal-slot-lost needs
+// little WAL, and large enough that the other faults' few seconds of lag stay within it,
+// and the audit slot's too: a logical slot's restart position moves only at the server's
+// snapshots of running transactions, which it logs every 15 s and at checkpoints.
+const walKeepSize = "128MB"
+
+func walSlotLost(tb testenv.TB, rs []*relay, db *testdb.DB, slot string, audit *slotAudit) nemesis.Fault {
+	// The WAL is written in a database of its own, which logical decoding in the run's
+	// database skips: the audit slot decodes none of it.
+	var filler *pgx.Conn
+	tb.Cleanup(func() {
+		if filler != nil {
+			_ = filler.Close(context.Background())
+		}
+	})
+	fill := func(ctx context.Context) error {
+		if filler == nil {
+			if _, err := db.Pool.Exec(ctx, `CREATE DATABASE wal_filler`); err != nil && pgsql.SQLState(err) != "42P04" {
+				return err
+			}
+			cc := db.Pool.Config().ConnConfig.Copy()
+			cc.Database = "wal_filler"
+			conn, err := pgx.ConnectConfig(ctx, cc)
+			if err != nil {
+				return err
+			}
+			filler = conn
+		}
+		// About 16 MB a round, then a checkpoint (which logs a snapshot of running
+		// transactions and invalidates the slots too far behind); the audit slot is
+		// consumed after each, so that its restart position follows and only the frozen
+		// relays' slot falls behind by more than walKeepSize.
+		if _, err := filler.Exec(ctx, `CREATE TABLE IF NOT EXISTS filler (pad text);
+TRUNCATE filler;
+INSERT INTO filler SELECT repeat('x', 1000) FROM generate_series(1, 13000);
+CHECKPOINT`); err != nil {
+			return err
+		}
+		_ = audit.consume(ctx) // a failure costs the audit some commits (remake), not the fault
+		return nil
+	}
+	return nemesis.Fault{Kind: KindWALSlotLost, MinHold: 100 * time.Millisecond, MaxHold: 500 * time.Millisecond,
+		Inject: func(*rand.Rand) (string, func() error, error) {
+			var ids []string
+			thaw := func() error {
+				var errs []error
+				for _, r := range rs {
+					if _, err := r.signal(syscall.SIGCONT); err != nil {
+						errs = append(errs, err)
+					}
+				}
+				return errors.Join(errs...)
+			}
+			for _, r := range rs {
+				id, err := r.signal(syscall.SIGSTOP)
+				if err != nil {
+					_ = thaw()
+					return "", nil, err
+				}
+				ids = append(ids, id)
+			}
+			ctx := context.Background()
+			status := ""
+			for round := 1; status != "lost"; round++ {
+				if round > 50 {
+					_ = thaw()
+					return "", nil, fmt.Errorf("slot %s still %q after %d rounds of WAL and checkpoints", slot, status, round-1)
+				}
+				err := fill(ctx)
+				if err == nil {
+					err = db.Pool.QueryRow(ctx, `SELECT coalesce(wal_status, 'lost') FROM pg_replication_slots WHERE slot_name = $1`, slot).Scan(&status)
+				}
+				if errors.Is(err, pgx.ErrNoRows) {
+					status = "lost" // gone (a drop): the reader makes it anew all the same
+				} else if err != nil {
+					_ = thaw()
+					return "", nil, err
+				}
+			}
+			audit.dropped() // the reader drops it and makes it anew
+			return fmt.Sprintf("slot %s lost, relays %s frozen", slot, strings.Join(ids, ",")), thaw, nil
+		}}
 }

@@ -38,6 +38,7 @@ const (
 	envAppName  = "OUTBOX_TORTURE_APP_NAME"
 	envAttempts = "OUTBOX_TORTURE_MAX_ATTEMPTS"
 	envWAL      = "OUTBOX_TORTURE_WAL"
+	envBatch    = "OUTBOX_TORTURE_BATCH"
 )
 
 // ringRotateRows is the relays' Config.RotateRows: at the workload's few hundred events a
@@ -143,6 +144,7 @@ func RelayMain() int {
 	}
 	ttl, _ := time.ParseDuration(os.Getenv(envTTL))
 	inFlight, _ := strconv.Atoi(os.Getenv(envInFlight))
+	batch, _ := strconv.Atoi(os.Getenv(envBatch))
 	attempts, _ := strconv.Atoi(os.Getenv(envAttempts))
 	var wal *outbox.WALConfig
 	if on, _ := strconv.ParseBool(os.Getenv(envWAL)); on {
@@ -150,7 +152,7 @@ func RelayMain() int {
 	}
 	r, err := outbox.NewRelay(drv, refusePoison{pub}, outbox.RelayConfig{
 		WAL: wal,
-		ID:  os.Getenv(envID), LeaseTTL: ttl, MaxInFlight: inFlight, PublishBatchSize: min(250, max(inFlight, 1)),
+		ID:  os.Getenv(envID), LeaseTTL: ttl, MaxInFlight: inFlight, PublishBatchSize: min(250, max(inFlight, 1)), BatchSize: batch,
 		PollInterval: 100 * time.Millisecond, MaxAttempts: attempts,
 		RetryMinDelay: 50 * time.Millisecond, RetryMaxDelay: 200 * time.Millisecond,
 		OutageMinDelay: 50 * time.Millisecond, OutageMaxDelay: time.Second, PublishTimeout: 5 * time.Second,
@@ -172,7 +174,7 @@ func RelayMain() int {
 type relayConfig struct {
 	databaseURL, schema, kind, broker, route, appName string
 	ttl                                               time.Duration
-	inFlight, maxAttempts                             int
+	inFlight, batch, maxAttempts                      int      // batch 0: the relay's default
 	env                                               []string // extra environment
 	logDir                                            string   // where each incarnation's log is kept too ("": nowhere)
 	wal                                               bool     // WAL mode
@@ -233,7 +235,8 @@ func (r *relay) start() error {
 	cmd.Env = append(os.Environ(), envChild+"=1", envDatabase+"="+c.databaseURL, envSchema+"="+c.schema,
 		envKind+"="+c.kind, envBroker+"="+c.broker, envRoute+"="+c.route,
 		envTTL+"="+c.ttl.String(), envID+"="+r.relayID(), envInFlight+"="+strconv.Itoa(c.inFlight),
-		envAppName+"="+c.appName, envAttempts+"="+strconv.Itoa(c.maxAttempts), envWAL+"="+strconv.FormatBool(c.wal))
+		envAppName+"="+c.appName, envAttempts+"="+strconv.Itoa(c.maxAttempts), envWAL+"="+strconv.FormatBool(c.wal),
+		envBatch+"="+strconv.Itoa(c.batch))
 	cmd.Env = append(cmd.Env, c.env...)
 	if r.stderr != nil {
 		r.logs = append(r.logs, tail(r.stderr.String(), 20))

@@ -78,6 +78,11 @@ type Config struct {
 	// MaxAttempts is the relays' attempt limit before a dead letter; default 3, or the
 	// broker's own (RabbitMQ's returns burn attempts: RabbitMaxAttempts).
 	MaxAttempts int
+	// MaxInFlight and BatchSize are the relays' RelayConfig.MaxInFlight (default 500)
+	// and BatchSize (default the relay's, 1,000). A relay holds up to their sum of
+	// fetched messages: small ones leave most of an outage's backlog in the database
+	// rather than in the relay's hand.
+	MaxInFlight, BatchSize int
 	// DrainStall ends the final drain when the number of pending events has not gone
 	// down for this long; the events still pending are then reported lost. Default
 	// testenv.Stall() (2 minutes, OUTBOX_TEST_STALL): a slow drain that keeps moving is
@@ -147,7 +152,7 @@ func Run(tb testenv.TB, cfg Config) torture.Report {
 	if cfg.PrivatePostgres {
 		var settings []string
 		if cfg.WAL {
-			settings = append(settings, "wal_level=logical", "wal_sender_timeout=10s")
+			settings = append(settings, "wal_level=logical", "wal_sender_timeout=10s", "max_slot_wal_keep_size="+walKeepSize)
 		}
 		pg = testpg.StartServer(tb, settings...)
 		cfg.DatabaseURL = pg.URL()
@@ -171,10 +176,11 @@ func Run(tb testenv.TB, cfg Config) torture.Report {
 		tb.Fatal(err)
 	}
 	var audit *slotAudit
+	var slot string // the relays' replication slot (WAL runs)
 	if cfg.WAL {
-		walSetup(tb, cfg.DatabaseURL, db.Schema)
+		slot = walSetup(tb, cfg.DatabaseURL, db.Schema)
 		if cfg.Relays == 1 {
-			audit = startSlotAudit(tb, db)
+			audit = startSlotAudit(tb, db, slot)
 		}
 	}
 
@@ -185,7 +191,7 @@ func Run(tb testenv.TB, cfg Config) torture.Report {
 	_, _ = rand.Read(b[:])
 	rcfg := relayConfig{databaseURL: relayDatabaseURL, schema: db.Schema, kind: cfg.Broker, broker: broker.RelayURL(),
 		route: broker.Route(), appName: "torture-relay-" + hex.EncodeToString(b[:]), ttl: leaseTTL,
-		inFlight: maxInFlight, maxAttempts: cfg.MaxAttempts, wal: cfg.WAL, env: cfg.RelayEnv}
+		inFlight: cmp.Or(cfg.MaxInFlight, maxInFlight), batch: cfg.BatchSize, maxAttempts: cfg.MaxAttempts, wal: cfg.WAL, env: cfg.RelayEnv}
 	if cfg.Artifacts != "" {
 		rcfg.logDir = cfg.Artifacts
 	}
@@ -215,6 +221,9 @@ func Run(tb testenv.TB, cfg Config) torture.Report {
 	faults = append(faults, proxyFaults(tb, dbProxy, KindDBCut, KindDBLatency, KindDBBlackhole)...)
 	if pg != nil {
 		faults = append(faults, pgRestart(pg, db.Pool))
+	}
+	if cfg.WAL {
+		faults = append(faults, walSlotDrop(db, slot, audit), walSlotLost(tb, rs, db, slot, audit))
 	}
 	faults = append(faults, broker.Faults(tb)...)
 	if len(cfg.Kinds) > 0 {
@@ -338,7 +347,7 @@ func Run(tb testenv.TB, cfg Config) torture.Report {
 		if err != nil {
 			tb.Fatal(err)
 		}
-		tb.Logf("slot audit: %d commits checked against %d confirmed positions, %d passed ahead of a record", res.checked, res.passed, res.ahead)
+		tb.Logf("slot audit: %d commits checked against %d confirmed positions, %d passed ahead of a record (audit slot made again %d times)", res.checked, res.passed, res.ahead, res.remade)
 		rep.SlotAhead = res.ahead
 		if res.example != "" {
 			rep.Examples = append(rep.Examples, res.example)
@@ -549,8 +558,8 @@ func writeJSONL[T any](tb testenv.TB, path string, rows []T) {
 }
 
 // walSetup does what 'outbox wal setup' does for the run's outbox: a publication and a
-// logical slot, named by default.
-func walSetup(tb testenv.TB, url, schema string) {
+// logical slot, named by default; it returns the slot's name.
+func walSetup(tb testenv.TB, url, schema string) (slot string) {
 	tb.Helper()
 	ctx := testenv.Context(tb)
 	names, err := pgsql.NewNames(pgsql.Config{Schema: schema})
@@ -569,4 +578,5 @@ func walSetup(tb testenv.TB, url, schema string) {
 	if _, err := names.WALSetup(ctx, inTx, pgsql.WALSetupOptions{Slot: slot, Publication: pub, SlotTimeout: testenv.Stall()}); err != nil {
 		tb.Fatalf("wal setup: %v", err)
 	}
+	return slot
 }

@@ -1,4 +1,4 @@
-package testpg
+package pgserver
 
 import (
 	"bufio"
@@ -17,23 +17,24 @@ import (
 
 // envOrphan makes the test binary a process that starts a server, prints its directory
 // and postmaster pid, and waits to be killed.
-const envOrphan = "OUTBOX_TESTPG_ORPHAN"
+const envOrphan = "OUTBOX_PGSERVER_ORPHAN"
 
 func TestMain(m *testing.M) {
 	if os.Getenv(envOrphan) == "1" {
-		_ = testenv.Run("orphan", nil, func(tb testenv.TB) {
-			s := StartServer(tb)
-			fmt.Printf("%s %d\n", s.root, s.pid())
-			select {}
-		})
-		os.Exit(1)
+		s, err := Start(Options{})
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		fmt.Printf("%s %d\n", s.root, s.PID())
+		select {}
 	}
 	os.Exit(m.Run())
 }
 
 func TestServerStopStart(t *testing.T) {
 	t.Parallel()
-	s := StartServer(t)
+	s := start(t)
 	if !strings.HasPrefix(s.URL(), "postgres://postgres@127.0.0.1:") || s.URL() == testdb.URL() {
 		t.Fatalf("URL = %s, want a private port on 127.0.0.1", s.URL())
 	}
@@ -75,12 +76,12 @@ func TestServerStopStart(t *testing.T) {
 	if _, err := held.Exec(ctx, `INSERT INTO t VALUES (2)`); err != nil {
 		t.Fatal(err)
 	}
-	s.Stop(Immediate)
+	must(t, s.Stop(Immediate))
 	if err := query(t, `SELECT 1`); err == nil {
 		t.Fatal("a query on a stopped server succeeded")
 	}
-	s.Stop(Immediate) // stopping twice is safe
-	s.Start()
+	must(t, s.Stop(Immediate)) // stopping twice is safe
+	must(t, s.Start())
 	if _, err := held.Exec(ctx, `SELECT 1`); err == nil {
 		t.Error("a session from before the immediate stop still works")
 	}
@@ -91,8 +92,8 @@ func TestServerStopStart(t *testing.T) {
 	if err := query(t, `INSERT INTO t VALUES (3)`); err != nil {
 		t.Fatal(err)
 	}
-	s.Restart(Fast)
-	s.Start() // starting a running server does nothing
+	must(t, s.Restart(Fast))
+	must(t, s.Start()) // starting a running server does nothing
 	if n := count(t); n != 3 {
 		t.Errorf("after a fast restart: %d rows, want 3", n)
 	}
@@ -143,7 +144,7 @@ func TestServerDiesWithTestProcess(t *testing.T) {
 // restart.
 func TestServerSettings(t *testing.T) {
 	t.Parallel()
-	s := StartServer(t, "wal_level=logical", "max_replication_slots=3")
+	s := start(t, "wal_level=logical", "max_replication_slots=3")
 	show := func(name string) string {
 		t.Helper()
 		ctx := testenv.Context(t)
@@ -171,6 +172,28 @@ func TestServerSettings(t *testing.T) {
 		}
 	}
 	check("after the start")
-	s.Restart(Fast)
+	must(t, s.Restart(Fast))
 	check("after a restart")
+}
+
+// start starts a server for t, closed when t ends.
+func start(t *testing.T, settings ...string) *Server {
+	t.Helper()
+	s, err := Start(Options{Settings: settings, Stall: testenv.Stall()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := s.Close(); err != nil {
+			t.Error(err)
+		}
+	})
+	return s
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
 }

@@ -1,0 +1,71 @@
+package bench
+
+import (
+	"os"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/outboxkit/outbox/internal/pgsql"
+)
+
+// TestLineWithPolling: with Source wal the line carries WAL mode's figures under the
+// usual keys, polling's as poll_*, and their ratios.
+func TestLineWithPolling(t *testing.T) {
+	load := func(cpu time.Duration, fetch float64) *ServerLoad {
+		return &ServerLoad{CPUPer10k: cpu, WalsenderPer10k: cpu / 4, IdleQPS: 3, IdleFetchQPS: fetch}
+	}
+	r := Result{DB: "postgres", Source: SourceWAL, Events: 100, Relays: 1, Rate: 1000,
+		Phases: Phases{EPS: 200, P99: 2 * time.Millisecond, Server: load(100*time.Millisecond, 0),
+			Extra: []RateLatency{{Rate: 5000, P50: time.Millisecond, P95: time.Millisecond, P99: 3 * time.Millisecond}}}}
+	poll := Phases{EPS: 100, P99: 4 * time.Millisecond, Server: load(200*time.Millisecond, 1)}
+	r.Poll = &poll
+	line := r.String()
+	for _, want := range []string{" source=wal ", " eps=200 ", " p99_ms=2.00 ", " r5000_p99_ms=3.00 ", " pg_cpu_ms_per_10k=100.00 ",
+		" walsender_cpu_ms_per_10k=25.00 ", " idle_fetch_qps=0.0 ", " poll_eps=100 ", " poll_p99_ms=4.00 ", " poll_pg_cpu_ms_per_10k=200.00 ",
+		" poll_idle_fetch_qps=1.0 ", " eps_x=2.00 ", " p99_x=0.50 ", " pg_cpu_x=0.50"} {
+		if !strings.Contains(line+" ", want) {
+			t.Errorf("line lacks %q:\n%s", want, line)
+		}
+	}
+}
+
+// TestReadStat reads this process's parent and CPU time from /proc.
+func TestReadStat(t *testing.T) {
+	ppid, cpu, ok := readStat(os.Getpid())
+	if !ok || ppid != os.Getppid() || cpu < 0 {
+		t.Fatalf("readStat(self) = %d, %s, %v; want the parent %d", ppid, cpu, ok, os.Getppid())
+	}
+}
+
+// TestCPUSince: a process alive throughout counts its difference, one started since
+// counts from zero, one that ended is lost, the walsender's part is apart.
+func TestCPUSince(t *testing.T) {
+	before := cpuTimes{1: {cpu: time.Second}, 2: {cpu: time.Second}, 3: {cpu: 5 * time.Second}}
+	now := cpuTimes{1: {cpu: 3 * time.Second}, 3: {cpu: time.Second, walsender: true}, 4: {cpu: time.Second, walsender: true}}
+	all, ws := now.since(before)
+	if all != 4*time.Second || ws != 2*time.Second {
+		t.Fatalf("since = %s, walsender %s; want 4s, 2s", all, ws)
+	}
+}
+
+// TestFetchStatementCounted: the idle phase tells the relay's fetches from its other
+// statements by their text, as pg_stat_statements keeps it.
+func TestFetchStatementCounted(t *testing.T) {
+	n, err := pgsql.NewNames(pgsql.Config{Schema: "s"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fetch := regexp.MustCompile(`(?s)ORDER BY o\.seq.*LIMIT`) // statementCounts' LIKE pattern
+	for name, sql := range map[string]string{"Fetch": n.Fetch(), "FetchAfter": n.FetchAfter()} {
+		if !fetch.MatchString(sql) {
+			t.Errorf("%s does not match the idle phase's pattern:\n%s", name, sql)
+		}
+	}
+	for name, sql := range map[string]string{"Complete": n.Complete(), "LeaseHeartbeat": n.LeaseHeartbeat(), "NextDue": n.NextDue()} {
+		if fetch.MatchString(sql) {
+			t.Errorf("%s would count as a fetch:\n%s", name, sql)
+		}
+	}
+}
