@@ -475,6 +475,9 @@ func (l *loop) onLeases(res leaseResult) {
 	}
 	if len(c.gained) > 0 {
 		l.fetch.gained()
+		if l.wal != nil {
+			l.wal.dueStale = true // the new shards' waiting rows
+		}
 	}
 	// Lanes skipped while the leases had lapsed locally become sendable again.
 	l.hand.requeue(l.sendable)
@@ -736,6 +739,9 @@ func (l *loop) onComplete(res completeResult) {
 			retried++
 			l.r.stats.rejected.Add(1)
 		}
+	}
+	if retried > 0 {
+		l.walWaiting()
 	}
 	if len(c.Published)+len(c.Failed)+res.dropped > 0 {
 		l.cfg.Observer.RecordDone(RecordEvent{Published: published, Retried: retried, Dead: dead, Refused: len(res.refused) + res.dropped, Took: res.took})

@@ -91,9 +91,10 @@ type walTracker struct {
 
 	txns    []*walTxn
 	open    map[int64][]*walTxn
-	seqs    int // unresolved occurrences of seqs
-	pending int // transactions not resolved
-	bulks   int // bulk transactions not resolved
+	seqs    int    // unresolved occurrences of seqs
+	pending int    // transactions not resolved
+	bulks   int    // bulk transactions not resolved
+	handed  uint64 // seqs and bulk transactions a full fetch resolved by not returning them (b, d)
 
 	lastEnd uint64 // end of the last transaction added
 	idle    uint64 // the highest idle position received
@@ -218,6 +219,7 @@ func (t *walTracker) fetched(f walFetch, rows []*Message, short bool, known map[
 		}
 		if seen > 0 {
 			t.resolve(seq, seen)
+			t.handed++
 		}
 	}
 	if t.bulks > 0 {
@@ -228,6 +230,7 @@ func (t *walTracker) fetched(f walFetch, rows []*Message, short bool, known map[
 			if full && (short || top >= x.hi) && f.sawFinished(x) {
 				x.bulk = false
 				t.bulks--
+				t.handed++
 				if x.resolved() {
 					t.pending--
 				}

@@ -51,14 +51,22 @@ const WALSafetyPollDefault = time.Minute
 // WALHeartbeatDefault is WALConfig.Heartbeat's default.
 const WALHeartbeatDefault = 10 * time.Second
 
-// walMissDelay spaces the quick fetches after a fetch missed rows the log announced
-// (doubling, walMissLooks of them, then the usual paced full fetch every
-// fullFetchEvery): the walsender may send a commit before the committing session has
-// left the server's list of running transactions, so that a fetch right after does not
-// see the rows yet, for a moment.
+// walAckEvery spaces the acknowledgements sent to the stream: each is a status update
+// the walsender takes in and a wake-up of the stream's reader, and a position held back
+// that long only keeps that much more WAL.
+const walAckEvery = 20 * time.Millisecond
+
+// After a fetch missed rows the log announced, the relay looks again at once, then
+// walMissDelay later, doubling, walMissLooks looks in all, then with the usual paced
+// full fetch every fullFetchEvery. The walsender may send a commit before the committing
+// session has left the server's list of running transactions (on a busy machine the
+// walsender's wake-up can preempt it), so that a fetch right after does not see the rows
+// yet, for a moment: in a trickle at 1,000 commits a second, 5-10% of the fetches. The
+// first look goes at once because its round trip is wait enough, and a timer cannot wait
+// less than about a millisecond.
 const (
-	walMissDelay = 2 * time.Millisecond
-	walMissLooks = 4
+	walMissDelay = time.Millisecond
+	walMissLooks = 6
 )
 
 // walSilentBeats is how many heartbeat intervals the stream may stay silent, with a
@@ -109,8 +117,12 @@ type walSource struct {
 	reason    outboxdriver.StreamReason // why it does not, as last logged
 	acked     uint64                    // the last position sent
 	ackUntil  time.Time                 // its deadline
+	ackedAt   time.Time                 // when it was sent
+	ackAt     time.Time                 // when a newer one may go (walAckEvery); zero: none waits
 	drops     int                       // hand.drops when last looked at
 	due       time.Time                 // when a waiting row becomes due (NextDue); zero: none known
+	dueStale  bool                      // the next due row may have changed since the last NextDue
+	handed    uint64                    // tracker.handed at the last NextDue
 	missAt    time.Time                 // when to look again for announced rows a fetch missed; zero: not asked
 	misses    int                       // quick looks in a row (walMissDelay)
 	dueBusy   bool                      // a NextDue query is out
@@ -255,6 +267,7 @@ func (l *loop) stopStream(why string) {
 func (l *loop) setLive(live bool) {
 	w := l.wal
 	l.fetch.want = true
+	w.dueStale = true
 	if w.live != live {
 		w.live = live
 		l.observeWAL(WALStreamEvent{Reading: live})
@@ -386,7 +399,7 @@ func (l *loop) onWALState(s walState) {
 		if w.cfg.SafetyPoll > 0 {
 			w.safetyAt = time.Now().Add(w.cfg.SafetyPoll)
 		}
-		w.ackUntil = time.Time{} // answer the server at once
+		w.ackUntil, w.ackedAt = time.Time{}, time.Time{} // answer the server at once
 		w.beatNext, w.beatOwed, w.heardAt = time.Time{}, time.Time{}, time.Now()
 	case s.fallback:
 		switch {
@@ -480,38 +493,46 @@ func (l *loop) walTick() {
 		w.safetyAt = now.Add(w.cfg.SafetyPoll)
 		w.safetyOut = true
 		l.fetch.want = true
+		w.dueStale = true
 	}
 	if !w.due.IsZero() && !now.Before(w.due) {
 		w.due = time.Time{}
 		l.fetch.want = true
+		w.dueStale = true
 	}
 	if !w.missAt.IsZero() && !now.Before(w.missAt) {
 		w.missAt = time.Time{}
 		l.fetch.want = true
 	}
 	ack, until := w.tracker.ackable(), l.leases.until
+	w.ackAt = time.Time{}
 	if ack == w.acked && !until.After(w.ackUntil) {
 		return
 	}
 	if !now.Before(until) {
 		return // the leases lapsed locally: vouch for nothing
 	}
+	if next := w.ackedAt.Add(walAckEvery); now.Before(next) {
+		w.ackAt = next
+		return
+	}
 	select { // keep only the latest
 	case <-w.acks:
 	default:
 	}
 	w.acks <- outboxdriver.StreamAck{LSN: ack, Until: until}
-	w.acked, w.ackUntil = ack, until
+	w.acked, w.ackUntil, w.ackedAt = ack, until, now
 }
 
 // walWakeAt is when the loop must wake for WAL mode: a waiting row coming due, a safety
-// poll, a quick look for rows a fetch missed, the stream turning silent.
+// poll, a quick look for rows a fetch missed, an acknowledgement held back, the stream
+// turning silent.
 func (l *loop) walWakeAt() time.Time {
 	w := l.wal
 	if w == nil || !w.live {
 		return time.Time{}
 	}
-	return earliest(w.due, w.safetyAt, w.missAt, w.silentAt())
+	return earliest(w.due, w.safetyAt, w.missAt, w.ackAt, w.silentAt())
 }
 
 // walFetchSent records a fetch being sent, for the tracker.
@@ -551,7 +572,11 @@ func (l *loop) walFetched(ctx context.Context, res fetchResult) {
 	if w.tracker.fetched(f, res.fetched, short, l.hand.known) {
 		l.fetch.paced = true
 		if w.live && w.misses < walMissLooks && w.missAt.IsZero() {
-			w.missAt = time.Now().Add(walMissDelay << w.misses)
+			if w.misses == 0 {
+				l.fetch.want = true
+			} else {
+				w.missAt = time.Now().Add(walMissDelay << (w.misses - 1))
+			}
 			w.misses++
 		}
 	} else {
@@ -560,7 +585,11 @@ func (l *loop) walFetched(ctx context.Context, res fetchResult) {
 	if res.safety && len(res.fetched) > 0 && w.live {
 		l.log.Warn("WAL safety poll found messages the stream had not announced", "messages", len(res.fetched))
 	}
-	if w.live && res.req.After == 0 && short {
+	// The next due row changes only when a row starts waiting or one comes due: a row
+	// this fetch handed to polling (a delayed message, or one behind a waiting row), a
+	// failure recorded, shards gained, the stream going live, the known due time come.
+	if w.live && res.req.After == 0 && short && (w.dueStale || w.handed != w.tracker.handed) {
+		w.dueStale, w.handed = false, w.tracker.handed
 		l.walNextDue(ctx, res.req.Leases)
 	}
 }
@@ -600,6 +629,16 @@ func (l *loop) onWALDue(ctx context.Context, res walDueResult) {
 	if w.dueAgain {
 		w.dueAgain = false
 		l.walNextDue(ctx, l.leases.active())
+	}
+}
+
+// walWaiting records that recorded failures left rows waiting in the table: a full fetch
+// soon, after which the relay asks when the next one comes due. Without it a message
+// whose destination was unavailable would wait for the next commit, or the safety poll.
+func (l *loop) walWaiting() {
+	if l.wal != nil {
+		l.wal.dueStale = true
+		l.fetch.paced = true
 	}
 }
 

@@ -13,18 +13,18 @@ import (
 
 var _ outboxdriver.SnapshotFetcher = (*Driver)(nil)
 
-// FetchSnapshot implements outboxdriver.SnapshotFetcher: Fetch's statement, and the
-// snapshot it read in (pg_current_snapshot(), PostgreSQL 13 or later). Under READ
-// COMMITTED every statement takes a snapshot of its own, so the two run in one read-only
-// REPEATABLE READ transaction, where the first statement takes the snapshot that every
-// later one sees.
+// FetchSnapshot implements outboxdriver.SnapshotFetcher: Fetch's statement, and a
+// snapshot (pg_current_snapshot(), PostgreSQL 13 or later) taken just before it. Under
+// READ COMMITTED the fetch takes its own snapshot once it holds its locks, later than
+// the one returned: a transaction finished in the returned snapshot was finished in the
+// fetch's, so its rows were there to be read (a reclaim's moved rows included: TRUNCATE
+// is not MVCC-safe, but the fetch waits for the reclaim's lock before its snapshot). The
+// converse need not hold: a transaction that finished in between counts as running, and
+// the relay looks again.
 //
-// Like Fetch, it costs one round trip: the whole transaction (BEGIN, the snapshot, JIT
-// off, the fetch, COMMIT) goes as one pgx batch. A statement that fails leaves the
-// connection in an aborted transaction; pgxpool destroys a connection released outside
-// the idle state, so it is never lent again, and the error costs that connection rather
-// than a ROLLBACK's round trip. A connection the server had closed is replaced at once
-// (onLiveConn).
+// Like Fetch, it costs one round trip and two statements: JIT off with the snapshot, then
+// the fetch, as one pgx batch in one implicit transaction. A connection the server had
+// closed is replaced at once (onLiveConn).
 func (d *Driver) FetchSnapshot(ctx context.Context, req outboxdriver.FetchRequest) ([]*outbox.Message, outboxdriver.Snapshot, error) {
 	if err := d.needPool(); err != nil {
 		return nil, outboxdriver.Snapshot{}, err
@@ -40,22 +40,15 @@ func (d *Driver) FetchSnapshot(ctx context.Context, req outboxdriver.FetchReques
 	r, err := onLiveConn(ctx, d.pool, func() (result, error) {
 		var r result
 		b := &pgx.Batch{}
-		b.Queue("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-		// The locks before the snapshot: TRUNCATE is not MVCC-safe, and the ring's
-		// reclaim moves a bucket's last pending rows to the current bucket, then
-		// truncates it. A snapshot taken before a reclaim that commits before the fetch
-		// reads would see neither the moved rows nor the emptied bucket's, and the key
-		// gate would let a key's later rows overtake them (the torture caught it). LOCK
-		// takes no snapshot, so the one below is taken once any reclaim committed.
-		b.Queue("LOCK TABLE " + d.names.Outbox + " IN ACCESS SHARE MODE")
-		b.Queue("SELECT pg_current_snapshot()::text").QueryRow(func(row pgx.Row) error { return row.Scan(&r.snap) })
-		b.Queue("SELECT set_config('jit', 'off', true)")
+		b.Queue("SELECT set_config('jit', 'off', true), pg_current_snapshot()::text").QueryRow(func(row pgx.Row) error {
+			var jit string
+			return row.Scan(&jit, &r.snap)
+		})
 		b.Queue(sql, args...).Query(func(rows pgx.Rows) error {
 			var err error
 			r.msgs, err = pgx.CollectRows(rows, scanMessage)
 			return err
 		})
-		b.Queue("COMMIT")
 		return r, d.pool.SendBatch(ctx, b).Close()
 	})
 	if err != nil {

@@ -43,6 +43,7 @@ func TestWALRelay(t *testing.T) {
 		{"SilentStreamReopens", testWALRelaySilentStreamReopens},
 		{"DroppedSlotMadeAnew", testWALRelayDroppedSlotMadeAnew},
 		{"LargeAndInterleavedTransactions", testWALRelayLargeAndInterleaved},
+		{"WaitingRowsComeDue", testWALRelayWaitingRowsComeDue},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -232,6 +233,42 @@ func testWALRelayIdleFetchesNothing(t *testing.T, srv *testpg.Server) {
 	}
 	b.writeKey(t, "k", "2")
 	pub.Await(t, 2)
+}
+
+// Rows that wait in the table are published when they come due, with nothing else
+// written and no safety poll: a delayed message (the stream announces it, the fetch
+// hands it to polling), and one whose destination was unavailable (the relay records
+// the failure and lets it go). Only the next-due query finds them, and WAL mode asks
+// it only when something may have started waiting.
+func testWALRelayWaitingRowsComeDue(t *testing.T, srv *testpg.Server) {
+	b := newStreamBundle(t, srv, Config{}, true)
+	var failed atomic.Bool
+	pub := &outboxtest.Publisher{Fail: func(m *outbox.Message) error {
+		if string(m.Payload) == `"unavailable"` && failed.CompareAndSwap(false, true) {
+			return &outbox.DestinationOutageError{Destination: m.Topic, Err: errors.New("down for a moment")}
+		}
+		return nil
+	}}
+	startWALRelay(t, b, pub, false, nil)
+	b.writeKey(t, "k", "1")
+	pub.Await(t, 1)
+	b.awaitActive(t)
+
+	at := time.Now().Add(1500 * time.Millisecond)
+	b.writeMsgs(t, outbox.Message{Topic: "t", Key: "d", Payload: []byte(`"delayed"`), DeliverAt: at})
+	got := pub.Await(t, 2)
+	if p := string(got[1].Payload); p != `"delayed"` {
+		t.Fatalf("published %s second; want the delayed message", p)
+	}
+	if now := time.Now(); now.Before(at) {
+		t.Fatalf("the delayed message was published %v before its time", at.Sub(now))
+	}
+
+	b.writeKey(t, "u", "unavailable")
+	got = pub.Await(t, 3)
+	if p := string(got[2].Payload); p != `"unavailable"` || !failed.Load() {
+		t.Fatalf("published %s third (failed once: %v); want the message whose destination was down", p, failed.Load())
+	}
 }
 
 // A slot dropped under the relay loses nothing: the relay falls back to polling.

@@ -326,7 +326,11 @@ func run(ctx context.Context, cfg Config, postmaster int) (Result, error) {
 	}
 	if cfg.Source == SourceWAL {
 		// Polling first, on the same server, then WAL mode: setup turns the NOTIFY
-		// trigger off, which polling's wake-ups need.
+		// trigger off, which polling's wake-ups need. Each mode starts on a vacuumed,
+		// checkpointed database.
+		if err := pg.quiesce(ctx); err != nil {
+			return res, err
+		}
 		poll, err := m.phases(ctx, "poll ")
 		if err != nil {
 			return res, err
@@ -334,6 +338,9 @@ func run(ctx context.Context, cfg Config, postmaster int) (Result, error) {
 		res.Poll = &poll
 		say("WAL mode: setting up the slot and publication")
 		if err := pg.walSetup(ctx); err != nil {
+			return res, err
+		}
+		if err := pg.quiesce(ctx); err != nil {
 			return res, err
 		}
 		m.cfg.Relay.WAL = &outbox.WALConfig{}

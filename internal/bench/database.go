@@ -117,6 +117,20 @@ func (p *postgres) settle(ctx context.Context) error {
 	return err
 }
 
+// quiesce vacuums the outbox's tables and checkpoints: what one mode's phases left
+// behind (dead rows, a history to vacuum, WAL to checkpoint) is then not cleaned up
+// during the next mode's, which would charge it to that mode.
+func (p *postgres) quiesce(ctx context.Context) error {
+	s := pgx.Identifier{p.schema}.Sanitize()
+	if _, err := p.pool.Exec(ctx, `VACUUM (ANALYZE) `+s+`.outbox, `+s+`.outbox_published`); err != nil {
+		return fmt.Errorf("vacuum: %w", err)
+	}
+	if _, err := p.pool.Exec(ctx, `CHECKPOINT`); err != nil {
+		return fmt.Errorf("checkpoint: %w", err)
+	}
+	return nil
+}
+
 // pin opens a REPEATABLE READ transaction and takes its snapshot: until it ends, the xmin
 // horizon of the bench's database stays where it is and vacuum removes no row deleted
 // after it.
