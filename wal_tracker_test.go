@@ -678,3 +678,31 @@ func TestWALTrackerSnapshot(t *testing.T) {
 		}
 	}
 }
+
+// TestWALTrackerCompacts: once a backlog's seqs are resolved, the map of open seqs is made
+// anew, small, and what is still open stays open.
+func TestWALTrackerCompacts(t *testing.T) {
+	w := newWALTracker()
+	const n = 10 * compactMin
+	var txns []outboxdriver.StreamTxn
+	for i := int64(1); i <= n; i++ {
+		txns = append(txns, walTx(uint64(100*i), i))
+	}
+	w.add(walBatch(txns...), 0, nil)
+	if w.peak != n {
+		t.Fatalf("peak = %d after %d seqs; want %d", w.peak, n, n)
+	}
+	for seq := int64(1); seq < n; seq++ { // all but the last
+		w.settled(seq, w.gen)
+	}
+	if w.peak >= compactMin || len(w.open) != 1 || !w.isOpen(n) {
+		t.Fatalf("after settling all but one: peak %d, %d open (open %d: %v); want a map made anew with %d in it", w.peak, len(w.open), n, w.isOpen(n), n)
+	}
+	if w.ackable() != uint64(100*(n-1)) {
+		t.Fatalf("ackable %d; want the end of the last transaction resolved, %d", w.ackable(), 100*(n-1))
+	}
+	w.settled(n, w.gen)
+	if w.ackable() != uint64(100*n) {
+		t.Fatalf("ackable %d after the last; want %d", w.ackable(), 100*n)
+	}
+}

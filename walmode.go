@@ -569,9 +569,19 @@ func (l *loop) walFetched(ctx context.Context, res fetchResult) {
 	f := res.wal
 	f.snap = res.snap
 	short := len(res.fetched) < res.req.Limit
+	full := res.req.After == 0
+	// A continuation resolves nothing: it only says that a full fetch is wanted, which
+	// is already asked for when paced is set. (Through a backlog the tracker holds tens
+	// of thousands of seqs, and looking through them after every continuation was most
+	// of the loop's time.)
+	if !full && l.fetch.paced {
+		return
+	}
 	if w.tracker.fetched(f, res.fetched, short, l.hand.known) {
 		l.fetch.paced = true
-		if w.live && w.misses < walMissLooks && w.missAt.IsZero() {
+		// Quick looks are for commits a full fetch's snapshot saw running; what a
+		// continuation skipped waits for the paced full fetch.
+		if full && w.live && w.misses < walMissLooks && w.missAt.IsZero() {
 			if w.misses == 0 {
 				l.fetch.want = true
 			} else {
@@ -588,7 +598,7 @@ func (l *loop) walFetched(ctx context.Context, res fetchResult) {
 	// The next due row changes only when a row starts waiting or one comes due: a row
 	// this fetch handed to polling (a delayed message, or one behind a waiting row), a
 	// failure recorded, shards gained, the stream going live, the known due time come.
-	if w.live && res.req.After == 0 && short && (w.dueStale || w.handed != w.tracker.handed) {
+	if w.live && full && short && (w.dueStale || w.handed != w.tracker.handed) {
 		w.dueStale, w.handed = false, w.tracker.handed
 		l.walNextDue(ctx, res.req.Leases)
 	}
