@@ -29,6 +29,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxkit/outbox/internal/childproc"
 )
 
 // Database is the database every server has, besides postgres and the templates.
@@ -72,7 +74,7 @@ type Server struct {
 	opts Options
 	mu   sync.Mutex
 	cmd  *exec.Cmd
-	done chan struct{} // closed when cmd has exited
+	done <-chan struct{} // closed when cmd has exited
 }
 
 // Start creates a cluster in a temporary directory, starts it on a free port of
@@ -222,21 +224,13 @@ func (s *Server) Start() error {
 	// into an early end) must not shut the server down too.
 	cmd.SysProcAttr.Setpgid = true
 	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
-		_ = logf.Close()
+	done, err := childproc.Start(cmd, logf)
+	if err != nil {
 		return fmt.Errorf("start postgres: %w", err)
 	}
-	done := make(chan struct{})
-	go func() {
-		_ = cmd.Wait()
-		_ = logf.Close()
-		close(done)
-	}()
 	s.cmd, s.done = cmd, done
 
-	if err := s.waitReady(done); err != nil {
-		_ = cmd.Process.Kill()
-		<-done
+	if err := childproc.Ready(cmd, done, s.waitReady); err != nil {
 		s.cmd, s.done = nil, nil
 		return fmt.Errorf("postgres on port %d did not come up: %w\n--- server log ---\n%s", s.port, err, s.LogTail())
 	}

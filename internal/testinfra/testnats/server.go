@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/outboxkit/outbox/internal/childproc"
 	"github.com/outboxkit/outbox/internal/testinfra/testenv"
 )
 
@@ -29,7 +30,7 @@ type Server struct {
 
 	mu   sync.Mutex
 	cmd  *exec.Cmd
-	done chan struct{} // closed when cmd has exited
+	done <-chan struct{} // closed when cmd has exited
 }
 
 // StartServer starts a private nats-server on a free port of 127.0.0.1 with JetStream
@@ -70,21 +71,13 @@ func (s *Server) Start() {
 	}
 	cmd := exec.Command(s.bin, "-a", "127.0.0.1", "-p", strconv.Itoa(s.port), "-js", "-sd", s.dir)
 	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
-		_ = logf.Close()
+	done, err := childproc.Start(cmd, logf)
+	if err != nil {
 		s.t.Fatalf("testnats: start %s: %v", s.bin, err)
 	}
-	done := make(chan struct{})
-	go func() {
-		_ = cmd.Wait()
-		_ = logf.Close()
-		close(done)
-	}()
 	s.cmd, s.done = cmd, done
 
-	if err := s.waitReady(done); err != nil {
-		_ = cmd.Process.Kill()
-		<-done
+	if err := childproc.Ready(cmd, done, s.waitReady); err != nil {
 		s.cmd, s.done = nil, nil
 		s.t.Fatalf("testnats: nats-server on port %d did not come up: %v\n--- server log ---\n%s", s.port, err, s.log())
 	}

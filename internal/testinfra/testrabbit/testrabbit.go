@@ -20,6 +20,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/outboxkit/outbox/internal/childproc"
 	"github.com/outboxkit/outbox/internal/testinfra/testenv"
 )
 
@@ -48,7 +49,7 @@ type Server struct {
 
 	mu   sync.Mutex
 	cmd  *exec.Cmd
-	done chan struct{} // closed when cmd has exited
+	done <-chan struct{} // closed when cmd has exited
 }
 
 // StartServer starts a private RabbitMQ node listening on a free port of 127.0.0.1, with
@@ -155,21 +156,13 @@ func (s *Server) Start() {
 		_ = logf.Close()
 		s.t.Fatalf("testrabbit: %v", err)
 	}
-	if err := cmd.Start(); err != nil {
-		_ = logf.Close()
+	done, err := childproc.Start(cmd, logf)
+	if err != nil {
 		s.t.Fatalf("testrabbit: start %s: %v", s.script, err)
 	}
-	done := make(chan struct{})
-	go func() {
-		_ = cmd.Wait()
-		_ = logf.Close()
-		close(done)
-	}()
 	s.cmd, s.done = cmd, done
 
-	if err := s.waitReady(done); err != nil {
-		_ = cmd.Process.Kill()
-		<-done
+	if err := childproc.Ready(cmd, done, s.waitReady); err != nil {
 		s.cmd, s.done = nil, nil
 		s.t.Fatalf("testrabbit: node %s on port %d did not come up: %v\n--- node log ---\n%s", s.node, s.port, err, s.log())
 	}
