@@ -202,3 +202,40 @@ func TestSlotLease(t *testing.T) {
 		t.Fatalf("without outbox_wal: token %d, holder %q, target %d; want polling", st.SlotToken, st.SlotHolder, st.Target)
 	}
 }
+
+// TestSlotLeaseModeAfterRestart: a relay that ran in WAL mode and restarts polling under
+// the same ID (after a crash: it never gave its row back) says so in its first round, and
+// the slot's reader goes back to its fair share instead of holding every shard. On an
+// outbox without WAL mode's column the round still succeeds.
+func TestSlotLeaseModeAfterRestart(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	exec := func(q string) {
+		t.Helper()
+		if _, err := b.Pool.Exec(ctx, fmt.Sprintf(q, `"`+b.Schema+`"`)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	exec(`INSERT INTO %s.outbox_wal (slot_name, publication, created_lsn) VALUES ('s', 'p', '0/0')`)
+	sync := func(relay string, slot *outboxdriver.SlotLease, adopt bool) outboxdriver.LeaseState {
+		t.Helper()
+		st, err := b.Driver.SyncLeases(ctx, outboxdriver.LeaseRequest{RelayID: relay, TTL: time.Minute, Slot: slot, Adopt: adopt})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}
+	r := sync("r", &outboxdriver.SlotLease{Slot: "s"}, true)
+	sync("a", &outboxdriver.SlotLease{Slot: "s"}, true)
+	exec(`UPDATE %s.outbox_wal SET state = 'streaming'`)
+	if st := sync("r", &outboxdriver.SlotLease{Slot: "s", Token: r.SlotToken}, false); st.Target != st.Shards {
+		t.Fatalf("the reader beside a relay in WAL mode: target %d of %d; want every shard", st.Target, st.Shards)
+	}
+	sync("a", nil, true) // a restarted, polling
+	if st := sync("r", &outboxdriver.SlotLease{Slot: "s", Token: r.SlotToken}, false); st.Live != 2 || st.Target != st.FairShare() {
+		t.Fatalf("the reader beside a relay restarted polling: target %d of %d live; want the fair share", st.Target, st.Live)
+	}
+	exec(`ALTER TABLE %s.outbox_relays DROP COLUMN mode`) // an outbox before schema version 5
+	sync("z", nil, true)
+}

@@ -225,6 +225,10 @@ func (db *DB) SyncLeases(ctx context.Context, req outboxdriver.LeaseRequest) (ou
 			if err := db.syncSlot(ctx, q, req, &expired, &st); err != nil {
 				return err
 			}
+		} else if req.Adopt {
+			if err := db.markPolling(ctx, q, req.RelayID); err != nil {
+				return err
+			}
 		}
 		if want := st.Target - len(held); want > 0 {
 			ids, err := expired.lock(ctx, q, n)
@@ -347,6 +351,24 @@ func (db *DB) syncSlot(ctx context.Context, q Querier, req outboxdriver.LeaseReq
 		return err
 	}
 	return q.Exec(ctx, "RELEASE SAVEPOINT outbox_wal")
+}
+
+// markPolling records, in a polling relay's first round, that the relay is not in WAL
+// mode: a process that ran in WAL mode under the same ID and crashed left its row saying
+// so, and while it does the slot's reader holds every shard and this relay none. Under a
+// savepoint: an outbox before schema version 5 has no mode column.
+func (db *DB) markPolling(ctx context.Context, q Querier, relayID string) error {
+	if err := q.Exec(ctx, "SAVEPOINT outbox_mode"); err != nil {
+		return err
+	}
+	err := q.Exec(ctx, db.Names.WALLeasePoll(), relayID)
+	if state := SQLState(err); state == "42P01" || state == "42703" { // undefined table or column
+		return q.Exec(ctx, "ROLLBACK TO SAVEPOINT outbox_mode")
+	}
+	if err != nil {
+		return err
+	}
+	return q.Exec(ctx, "RELEASE SAVEPOINT outbox_mode")
 }
 
 // walBeat writes the slot reader's heartbeat under a savepoint of its own: a failure

@@ -73,6 +73,12 @@ func (n *Names) WALLeaseMode() string {
 	return n.lease(`UPDATE {{relays}} SET mode = 'wal' WHERE id = $1 AND mode <> 'wal'`)
 }
 
+// WALLeasePoll records that the relay $1 polls, when its row says otherwise (left by an
+// earlier process under the same ID that ran in WAL mode).
+func (n *Names) WALLeasePoll() string {
+	return n.lease(`UPDATE {{relays}} SET mode = 'poll' WHERE id = $1 AND mode <> 'poll'`)
+}
+
 // WALLeaseHeld returns the token of the slot $2's lease if the relay $1 holds it under
 // $3 (no row otherwise).
 func (n *Names) WALLeaseHeld() string {
