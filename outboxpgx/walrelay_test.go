@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -478,11 +479,20 @@ func testWALRelayIdleSlotAdvances(t *testing.T, srv *testpg.Server) {
 		t.Fatal(err)
 	}
 	defer conn.Close(context.Background())
-	if _, err := conn.Exec(testenv.Context(t), `CREATE TABLE filler AS SELECT g, repeat('x', 500) AS pad FROM generate_series(1, 40000) g`); err != nil {
+	// About 20 MB of WAL by default; OUTBOX_TEST_WAL_FILLER_MB asks for more (docs/robustness.md
+	// has a run with 1 GB).
+	mb := 20
+	if v, err := strconv.Atoi(os.Getenv("OUTBOX_TEST_WAL_FILLER_MB")); err == nil && v > 0 {
+		mb = v
+	}
+	start := b.currentLSN(t)
+	if _, err := conn.Exec(testenv.Context(t), `CREATE TABLE filler AS SELECT g, repeat('x', 500) AS pad FROM generate_series(1, $1::int) g`, mb*2000); err != nil {
 		t.Fatal(err)
 	}
 	end := b.currentLSN(t)
+	written := time.Now()
 	b.awaitConfirmedPast(t, end)
+	t.Logf("another database wrote %d MB of WAL; the idle outbox's slot confirmed past it %v after the write", (end-start)>>20, time.Since(written).Round(time.Millisecond))
 	if got := payloads(pub.Await(t, 1)); len(got) != 1 {
 		t.Fatalf("published %v, want the one message", got)
 	}
