@@ -475,9 +475,7 @@ func (l *loop) onLeases(res leaseResult) {
 	}
 	if len(c.gained) > 0 {
 		l.fetch.gained()
-		if l.wal != nil {
-			l.wal.dueStale = true // the new shards' waiting rows
-		}
+		l.walDueStale() // the new shards' waiting rows
 	}
 	// Lanes skipped while the leases had lapsed locally become sendable again.
 	l.hand.requeue(l.sendable)

@@ -647,8 +647,16 @@ func (l *loop) onWALDue(ctx context.Context, res walDueResult) {
 // whose destination was unavailable would wait for the next commit, or the safety poll.
 func (l *loop) walWaiting() {
 	if l.wal != nil {
-		l.wal.dueStale = true
+		l.walDueStale()
 		l.fetch.paced = true
+	}
+}
+
+// walDueStale records that the next due row may have changed: the next short full fetch
+// asks the store (NextDue).
+func (l *loop) walDueStale() {
+	if l.wal != nil {
+		l.wal.dueStale = true
 	}
 }
 

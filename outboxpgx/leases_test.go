@@ -147,22 +147,11 @@ func TestLeaseFirstRoundsNeverShareAShard(t *testing.T) {
 // without the WAL table leaves the relays polling.
 func TestSlotLease(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
+	b, exec, syncAdopt := slotLeaseOutbox(t)
 	ctx := context.Background()
-	exec := func(q string) {
-		t.Helper()
-		if _, err := b.Pool.Exec(ctx, fmt.Sprintf(q, `"`+b.Schema+`"`)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	exec(`INSERT INTO %s.outbox_wal (slot_name, publication, created_lsn) VALUES ('s', 'p', '0/0')`)
 	sync := func(relay string, slot *outboxdriver.SlotLease) outboxdriver.LeaseState {
 		t.Helper()
-		st, err := b.Driver.SyncLeases(ctx, outboxdriver.LeaseRequest{RelayID: relay, TTL: time.Minute, Slot: slot})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return st
+		return syncAdopt(relay, slot, false)
 	}
 	a := sync("a", &outboxdriver.SlotLease{Slot: "s"})
 	if a.SlotToken == 0 || a.SlotHolder != "a" || a.Target != a.Shards {
@@ -209,23 +198,7 @@ func TestSlotLease(t *testing.T) {
 // outbox without WAL mode's column the round still succeeds.
 func TestSlotLeaseModeAfterRestart(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	ctx := context.Background()
-	exec := func(q string) {
-		t.Helper()
-		if _, err := b.Pool.Exec(ctx, fmt.Sprintf(q, `"`+b.Schema+`"`)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	exec(`INSERT INTO %s.outbox_wal (slot_name, publication, created_lsn) VALUES ('s', 'p', '0/0')`)
-	sync := func(relay string, slot *outboxdriver.SlotLease, adopt bool) outboxdriver.LeaseState {
-		t.Helper()
-		st, err := b.Driver.SyncLeases(ctx, outboxdriver.LeaseRequest{RelayID: relay, TTL: time.Minute, Slot: slot, Adopt: adopt})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return st
-	}
+	_, exec, sync := slotLeaseOutbox(t)
 	r := sync("r", &outboxdriver.SlotLease{Slot: "s"}, true)
 	sync("a", &outboxdriver.SlotLease{Slot: "s"}, true)
 	exec(`UPDATE %s.outbox_wal SET state = 'streaming'`)
@@ -238,4 +211,28 @@ func TestSlotLeaseModeAfterRestart(t *testing.T) {
 	}
 	exec(`ALTER TABLE %s.outbox_relays DROP COLUMN mode`) // an outbox before schema version 5
 	sync("z", nil, true)
+}
+
+// slotLeaseOutbox migrates an outbox with the slot 's' recorded, and returns it, exec
+// (a statement with %s for the schema) and sync (one lease round of relay, in WAL mode
+// when slot is set, with Adopt as on a first round).
+func slotLeaseOutbox(t *testing.T) (b *testBundle, exec func(string), sync func(relay string, slot *outboxdriver.SlotLease, adopt bool) outboxdriver.LeaseState) {
+	b = setup(t)
+	ctx := context.Background()
+	exec = func(q string) {
+		t.Helper()
+		if _, err := b.Pool.Exec(ctx, fmt.Sprintf(q, `"`+b.Schema+`"`)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	exec(`INSERT INTO %s.outbox_wal (slot_name, publication, created_lsn) VALUES ('s', 'p', '0/0')`)
+	sync = func(relay string, slot *outboxdriver.SlotLease, adopt bool) outboxdriver.LeaseState {
+		t.Helper()
+		st, err := b.Driver.SyncLeases(ctx, outboxdriver.LeaseRequest{RelayID: relay, TTL: time.Minute, Slot: slot, Adopt: adopt})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}
+	return b, exec, sync
 }

@@ -290,10 +290,7 @@ func (db *DB) syncSlot(ctx context.Context, q Querier, req outboxdriver.LeaseReq
 	if err != nil {
 		return err
 	}
-	if err := q.Exec(ctx, "SAVEPOINT outbox_wal"); err != nil {
-		return err
-	}
-	err = func() error {
+	missing, err := withoutVersion5(ctx, q, func() error {
 		if err := q.Exec(ctx, n.WALLeaseMode(), req.RelayID); err != nil {
 			return err
 		}
@@ -342,33 +339,37 @@ func (db *DB) syncSlot(ctx context.Context, q Querier, req outboxdriver.LeaseReq
 			return db.walBeat(ctx, q, slot, token, st)
 		}
 		return nil
-	}()
-	if state := SQLState(err); state == "42P01" || state == "42703" { // undefined table or column
+	})
+	if missing {
 		st.SlotToken, st.SlotHolder = 0, ""
-		return q.Exec(ctx, "ROLLBACK TO SAVEPOINT outbox_wal")
 	}
-	if err != nil {
-		return err
-	}
-	return q.Exec(ctx, "RELEASE SAVEPOINT outbox_wal")
+	return err
 }
 
 // markPolling records, in a polling relay's first round, that the relay is not in WAL
 // mode: a process that ran in WAL mode under the same ID and crashed left its row saying
-// so, and while it does the slot's reader holds every shard and this relay none. Under a
-// savepoint: an outbox before schema version 5 has no mode column.
+// so, and while it does the slot's reader holds every shard and this relay none. An
+// outbox before schema version 5 has no mode column.
 func (db *DB) markPolling(ctx context.Context, q Querier, relayID string) error {
-	if err := q.Exec(ctx, "SAVEPOINT outbox_mode"); err != nil {
-		return err
+	_, err := withoutVersion5(ctx, q, func() error { return q.Exec(ctx, db.Names.WALLeasePoll(), relayID) })
+	return err
+}
+
+// withoutVersion5 runs fn, WAL mode's part of a lease round, under a savepoint: on an
+// outbox before schema version 5 (an undefined table or column) it undoes fn and reports
+// missing, without an error, so that the round goes on and the relay polls.
+func withoutVersion5(ctx context.Context, q Querier, fn func() error) (missing bool, err error) {
+	if err := q.Exec(ctx, "SAVEPOINT outbox_wal"); err != nil {
+		return false, err
 	}
-	err := q.Exec(ctx, db.Names.WALLeasePoll(), relayID)
+	err = fn()
 	if state := SQLState(err); state == "42P01" || state == "42703" { // undefined table or column
-		return q.Exec(ctx, "ROLLBACK TO SAVEPOINT outbox_mode")
+		return true, q.Exec(ctx, "ROLLBACK TO SAVEPOINT outbox_wal")
 	}
 	if err != nil {
-		return err
+		return false, err
 	}
-	return q.Exec(ctx, "RELEASE SAVEPOINT outbox_mode")
+	return false, q.Exec(ctx, "RELEASE SAVEPOINT outbox_wal")
 }
 
 // walBeat writes the slot reader's heartbeat under a savepoint of its own: a failure

@@ -125,16 +125,12 @@ func startSlotAudit(tb testenv.TB, db *testdb.DB, slot string) *slotAudit {
 			ccancel()
 		}
 	}()
-	var stopped bool
-	a.stop = func() {
-		if !stopped {
-			stopped = true
-			cancel()
-			close(quit)
-			<-done
-			<-done
-		}
-	}
+	a.stop = sync.OnceFunc(func() {
+		cancel()
+		close(quit)
+		<-done
+		<-done
+	})
 	tb.Cleanup(a.stop) // a run that fails before its check; stopping twice is harmless
 	return a
 }
@@ -280,14 +276,11 @@ func (a *slotAudit) check(ctx context.Context) (auditResult, error) {
 	if err != nil {
 		return auditResult{}, err
 	}
-	a.mu.Lock()
-	txns := a.txns
+	a.mu.Lock() // the sampler and consumer have stopped: these no longer change
+	txns, samples, waited, remade := a.txns, a.samples, a.waited, a.remade
 	a.mu.Unlock()
 	// When each message was recorded, of the keys that never had a waiting message.
 	s := pgx.Identifier{a.db.Schema}.Sanitize()
-	a.mu.Lock()
-	samples, waited := a.samples, a.waited
-	a.mu.Unlock()
 	recorded := map[int64]time.Time{}
 	rows, err := a.db.Pool.Query(ctx, `SELECT p.seq, p.key, p.published_at FROM `+s+`.outbox_published p
 WHERE NOT EXISTS (SELECT 1 FROM `+s+`.outbox_published r WHERE r.key = p.key AND r.attempts > 0)
@@ -313,9 +306,7 @@ WHERE NOT EXISTS (SELECT 1 FROM `+s+`.outbox_published r WHERE r.key = p.key AND
 	}
 	var res auditResult
 	res.passed = len(samples)
-	a.mu.Lock()
-	res.remade = a.remade
-	a.mu.Unlock()
+	res.remade = remade
 	// Where each generation's slot began: its first position.
 	born := map[int]uint64{}
 	for _, sm := range samples {
