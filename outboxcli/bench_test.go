@@ -36,8 +36,10 @@ func TestBenchSourceWAL(t *testing.T) {
 		"poll_eps", "poll_p99_ms", "poll_r400_p99_ms", "poll_pg_cpu_ms_per_10k", "poll_idle_qps", "eps_x", "p99_x", "pg_cpu_x"} {
 		positive(key)
 	}
-	if _, ok := fields["idle_fetch_qps"]; !ok {
-		t.Errorf("no idle_fetch_qps in the line:\n%s", r)
+	for _, key := range []string{"idle_fetch_qps", "relay_cpu_ms_per_10k", "busy_cores", "poll_busy_cores", "cpu_x"} {
+		if _, ok := fields[key]; !ok {
+			t.Errorf("no %s in the line:\n%s", key, r)
+		}
 	}
 	if fields["poll_walsender_cpu_ms_per_10k"] != "0.00" {
 		t.Errorf("polling used a walsender: poll_walsender_cpu_ms_per_10k=%s", fields["poll_walsender_cpu_ms_per_10k"])

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -192,6 +193,63 @@ func TestRingLeavesBacklogInPlace(t *testing.T) {
 	}
 	if got := bucketCounts(t, db); got[0] != pgsql.MoveLimit+1 || got[1] != 20 {
 		t.Fatalf("rows by bucket %v", got)
+	}
+}
+
+// A bucket that held a backlog (16 MiB or more) is emptied with up to MoveLimitLarge rows
+// still pending, not MoveLimit: while the backlog's tail is published rather than after,
+// since every full fetch walks the rows published from it until then. When the rows
+// moved are due, the ring moves on at once, so that they do not stay in the current
+// bucket once published; that bucket, not large, then waits for the usual MoveLimit.
+// Rows that wait (retries, delays) do not move the ring on: they would be moved back and
+// forth.
+func TestRingEmptiesLargeBucketEarly(t *testing.T) {
+	t.Parallel()
+	for _, waiting := range []bool{false, true} {
+		t.Run(fmt.Sprintf("waiting=%v", waiting), func(t *testing.T) {
+			t.Parallel()
+			db := testdb.Migrated(t)
+			drv := driverAt(t, db, outboxpgx.Config{RotateRows: 10}, 0)
+			payload := make([]byte, 1500) // stored inline: 11,000 rows take over 16 MiB
+			for from := 0; from < 11_000; from += 1_000 {
+				msgs := make([]outbox.Message, 1_000)
+				for i := range msgs {
+					msgs[i] = outbox.Message{Topic: "t", Key: fmt.Sprintf("k%d", (from+i)%7), Payload: payload}
+				}
+				db.Write(t, msgs...)
+			}
+			if size := bucketSize(t, db, 0); size < 16<<20 {
+				t.Fatalf("bucket 0 holds %d bytes; the test needs 16 MiB", size)
+			}
+			if r := recycle(t, drv); !r.Rotated {
+				t.Fatalf("first recycle %+v; want a rotation", r)
+			}
+			const left = pgsql.MoveLimit * 5
+			db.Exec(t, `DELETE FROM %[1]s.outbox WHERE seq <= (SELECT max(seq) FROM %[1]s.outbox) - `+strconv.Itoa(left))
+			if waiting {
+				db.Exec(t, `UPDATE %[1]s.outbox SET attempts = 1, next_attempt_at = now() + interval '1 hour'`)
+			}
+			before := pendingRows(t, db)
+			r := recycleUntil(t, drv, "the large bucket emptied", func(r outboxdriver.Recycling) bool { return r.Reclaimed > 0 })
+			if r.Moved != left || r.Rotated == waiting {
+				t.Fatalf("recycle %+v; want %d rows moved, and the ring moved on: %v", r, left, !waiting)
+			}
+			if cur, want := ringCurrent(t, db), map[bool]int{false: 0, true: 1}[waiting]; cur != want {
+				t.Fatalf("current bucket %d; want %d", cur, want)
+			}
+			if got := bucketCounts(t, db); len(got) != 1 || got[1] != left {
+				t.Fatalf("rows by bucket %v; want the %d in bucket 1", got, left)
+			}
+			if after := pendingRows(t, db); !slices.Equal(after, before) {
+				t.Fatalf("the move changed the pending rows: %d before, %d after", len(before), len(after))
+			}
+			if waiting {
+				return
+			}
+			if r := recycle(t, drv); r.Reclaimed != 0 || !r.Draining {
+				t.Fatalf("bucket 1, not large, with %d pending: %+v; want it left to drain", left, r)
+			}
+		})
 	}
 }
 

@@ -130,6 +130,12 @@ type ServerLoad struct {
 	// workers) per 10,000 events drained, from the relays' start to the last confirm
 	// (the backlog was written before); WalsenderPer10k is the walsender's part.
 	CPUPer10k, WalsenderPer10k time.Duration
+	// RelayCPUPer10k is the bench process's CPU time per 10,000 events over the same
+	// span: the relays run in it. BusyCores is how many of the machine's CPUs were busy
+	// on average meanwhile (every process: the server, the relays, the broker): near the
+	// machine's count, the drain's rate is set by the CPU time each event costs.
+	RelayCPUPer10k time.Duration
+	BusyCores      float64
 	// IdleQPS is statements per second while the relays run with nothing to publish
 	// (their lease rounds included); IdleFetchQPS the fetches among them.
 	IdleQPS, IdleFetchQPS float64
@@ -181,7 +187,8 @@ func (r Result) String() string {
 		line += p.extraKeys("poll_")
 		line += fmt.Sprintf(" eps_x=%.2f p99_x=%.2f", div(r.EPS, p.EPS), div(float64(r.P99), float64(p.P99)))
 		if r.Server != nil && p.Server != nil {
-			line += fmt.Sprintf(" pg_cpu_x=%.2f", div(float64(r.Server.CPUPer10k), float64(p.Server.CPUPer10k)))
+			line += fmt.Sprintf(" pg_cpu_x=%.2f cpu_x=%.2f", div(float64(r.Server.CPUPer10k), float64(p.Server.CPUPer10k)),
+				div(float64(r.Server.CPUPer10k+r.Server.RelayCPUPer10k), float64(p.Server.CPUPer10k+p.Server.RelayCPUPer10k)))
 		}
 	}
 	return line
@@ -200,8 +207,9 @@ func (ph Phases) extraKeys(prefix string) string {
 		fmt.Fprintf(&b, " %sr%d_p50_ms=%s %sr%d_p95_ms=%s %sr%d_p99_ms=%s", prefix, x.Rate, msText(x.P50), prefix, x.Rate, msText(x.P95), prefix, x.Rate, msText(x.P99))
 	}
 	if l := ph.Server; l != nil {
-		fmt.Fprintf(&b, " %spg_cpu_ms_per_10k=%s %swalsender_cpu_ms_per_10k=%s %sidle_qps=%.1f %sidle_fetch_qps=%.1f",
-			prefix, msText(l.CPUPer10k), prefix, msText(l.WalsenderPer10k), prefix, l.IdleQPS, prefix, l.IdleFetchQPS)
+		fmt.Fprintf(&b, " %spg_cpu_ms_per_10k=%s %swalsender_cpu_ms_per_10k=%s %srelay_cpu_ms_per_10k=%s %sbusy_cores=%.2f %sidle_qps=%.1f %sidle_fetch_qps=%.1f",
+			prefix, msText(l.CPUPer10k), prefix, msText(l.WalsenderPer10k), prefix, msText(l.RelayCPUPer10k), prefix, l.BusyCores,
+			prefix, l.IdleQPS, prefix, l.IdleFetchQPS)
 	}
 	return b.String()
 }
@@ -420,8 +428,12 @@ func (m *measurer) phases(ctx context.Context, label string) (Phases, error) {
 		debug.FreeOSMemory()
 		m.rss.reset()
 		var cpuBefore cpuTimes
+		var hostBefore hostCPU
 		if m.cpu != nil {
 			if cpuBefore, err = m.cpu.sample(); err != nil {
+				return ph, err
+			}
+			if hostBefore, err = sampleHost(); err != nil {
 				return ph, err
 			}
 		}
@@ -440,11 +452,17 @@ func (m *measurer) phases(ctx context.Context, label string) (Phases, error) {
 			if err != nil {
 				return ph, err
 			}
+			host, err := sampleHost()
+			if err != nil {
+				return ph, err
+			}
 			all, walsender := after.since(cpuBefore)
 			per := func(d time.Duration) time.Duration { return d * 10_000 / time.Duration(cfg.Events) }
-			ph.Server = &ServerLoad{CPUPer10k: per(all), WalsenderPer10k: per(walsender)}
-			say("%sPostgreSQL CPU: %.0f ms per 10,000 events (walsender %.0f ms)", label,
-				float64(ph.Server.CPUPer10k)/float64(time.Millisecond), float64(ph.Server.WalsenderPer10k)/float64(time.Millisecond))
+			ph.Server = &ServerLoad{CPUPer10k: per(all), WalsenderPer10k: per(walsender),
+				RelayCPUPer10k: per(host.self - hostBefore.self), BusyCores: host.busyCores(hostBefore)}
+			say("%sCPU per 10,000 events: PostgreSQL %.0f ms (walsender %.0f ms), relays %.0f ms; %.2f cores busy", label,
+				float64(ph.Server.CPUPer10k)/float64(time.Millisecond), float64(ph.Server.WalsenderPer10k)/float64(time.Millisecond),
+				float64(ph.Server.RelayCPUPer10k)/float64(time.Millisecond), ph.Server.BusyCores)
 		}
 		e := float64(cfg.Events) / d.Seconds()
 		say("%sdrain: %.0f events/s (%.2f of raw), peak rss %.0f MiB", label, e, e/raw, m.rss.peakMiB())
@@ -857,6 +875,11 @@ func steadyLatency(ctx context.Context, db database, cfg Config, payload []byte,
 			time.Sleep(time.Millisecond)
 		}
 	}
+	if path := os.Getenv("OUTBOX_BENCH_LATENCY_LOG"); path != "" {
+		if err := appendLatencyLog(path, start, committedAt, confirmed); err != nil {
+			return nil, err
+		}
+	}
 	if cfg.Duration >= 2*time.Minute {
 		for minute := 0; minute < len(perMinute); minute++ {
 			if l := perMinute[minute]; len(l) > 0 {
@@ -867,6 +890,36 @@ func steadyLatency(ctx context.Context, db database, cfg Config, payload []byte,
 		}
 	}
 	return lat, nil
+}
+
+// appendLatencyLog appends to path one line per event of a latency phase that began at
+// start: milliseconds from start to its commit, and from its commit to its confirm, in
+// commit order, after a line "# phase" that separates the phases.
+func appendLatencyLog(path string, start time.Time, committedAt map[outbox.ID]time.Time, confirmed *confirmLog) error {
+	type event struct{ at, took time.Duration }
+	events := make([]event, 0, len(committedAt))
+	for id, c := range committedAt {
+		t, _ := confirmed.get(id)
+		events = append(events, event{c.Sub(start), max(t.Sub(c), 0)})
+	}
+	slices.SortFunc(events, func(a, b event) int { return cmp.Compare(a.at, b.at) })
+	var b strings.Builder
+	b.WriteString("# phase\n")
+	for _, e := range events {
+		fmt.Fprintf(&b, "%.3f %.3f\n", float64(e.at)/float64(time.Millisecond), float64(e.took)/float64(time.Millisecond))
+	}
+	f, err := os.OpenFile(path, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
+	if err != nil {
+		return fmt.Errorf("bench: latency log: %w", err)
+	}
+	_, err = f.WriteString(b.String())
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("bench: latency log: %w", err)
+	}
+	return nil
 }
 
 // rssSampler tracks the process's peak resident memory while it runs.

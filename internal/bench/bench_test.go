@@ -14,7 +14,7 @@ import (
 // usual keys, polling's as poll_*, and their ratios.
 func TestLineWithPolling(t *testing.T) {
 	load := func(cpu time.Duration, fetch float64) *ServerLoad {
-		return &ServerLoad{CPUPer10k: cpu, WalsenderPer10k: cpu / 4, IdleQPS: 3, IdleFetchQPS: fetch}
+		return &ServerLoad{CPUPer10k: cpu, WalsenderPer10k: cpu / 4, RelayCPUPer10k: 50 * time.Millisecond, BusyCores: 1.9, IdleQPS: 3, IdleFetchQPS: fetch}
 	}
 	r := Result{DB: "postgres", Source: SourceWAL, Events: 100, Relays: 1, Rate: 1000,
 		Phases: Phases{EPS: 200, P99: 2 * time.Millisecond, Server: load(100*time.Millisecond, 0),
@@ -24,7 +24,8 @@ func TestLineWithPolling(t *testing.T) {
 	line := r.String()
 	for _, want := range []string{" source=wal ", " eps=200 ", " p99_ms=2.00 ", " r5000_p99_ms=3.00 ", " pg_cpu_ms_per_10k=100.00 ",
 		" walsender_cpu_ms_per_10k=25.00 ", " idle_fetch_qps=0.0 ", " poll_eps=100 ", " poll_p99_ms=4.00 ", " poll_pg_cpu_ms_per_10k=200.00 ",
-		" poll_idle_fetch_qps=1.0 ", " eps_x=2.00 ", " p99_x=0.50 ", " pg_cpu_x=0.50"} {
+		" poll_idle_fetch_qps=1.0 ", " eps_x=2.00 ", " p99_x=0.50 ", " pg_cpu_x=0.50 ", " relay_cpu_ms_per_10k=50.00 ",
+		" busy_cores=1.90 ", " poll_relay_cpu_ms_per_10k=50.00 ", " cpu_x=0.60"} {
 		if !strings.Contains(line+" ", want) {
 			t.Errorf("line lacks %q:\n%s", want, line)
 		}
@@ -36,6 +37,25 @@ func TestReadStat(t *testing.T) {
 	ppid, cpu, ok := readStat(os.Getpid())
 	if !ok || ppid != os.Getppid() || cpu < 0 {
 		t.Fatalf("readStat(self) = %d, %s, %v; want the parent %d", ppid, cpu, ok, os.Getppid())
+	}
+}
+
+// TestSampleHost reads this process's CPU time and the machine's busy time, which only
+// grow.
+func TestSampleHost(t *testing.T) {
+	before, err := sampleHost()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for x := 0; time.Since(before.at) < 20*time.Millisecond; x++ {
+		_ = x * x // busy: the process's CPU time advances
+	}
+	after, err := sampleHost()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after.self < before.self || after.busy < before.busy || after.busyCores(before) < 0 {
+		t.Fatalf("host CPU went back: %+v then %+v", before, after)
 	}
 }
 

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -73,6 +74,47 @@ func (now cpuTimes) since(before cpuTimes) (all, walsender time.Duration) {
 		}
 	}
 	return all, walsender
+}
+
+// hostCPU is a sample of the bench process's CPU time (the relays run in it) and of the
+// whole machine's busy time, from /proc.
+type hostCPU struct {
+	at   time.Time
+	self time.Duration // the bench process: user + system
+	busy time.Duration // every CPU of the machine, not idle and not waiting for I/O
+}
+
+// busyCores is how many CPUs were busy on average from before to h.
+func (h hostCPU) busyCores(before hostCPU) float64 {
+	return float64(h.busy-before.busy) / float64(max(h.at.Sub(before.at), 1))
+}
+
+func sampleHost() (hostCPU, error) {
+	_, self, ok := readStat(os.Getpid())
+	if !ok {
+		return hostCPU{}, errors.New("read /proc/self/stat")
+	}
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return hostCPU{}, err
+	}
+	// "cpu  user nice system idle iowait irq softirq steal ...", in USER_HZ ticks.
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line)
+	if len(f) < 9 || f[0] != "cpu" {
+		return hostCPU{}, fmt.Errorf("/proc/stat: unexpected first line %q", line)
+	}
+	var ticks int64
+	for i, v := range f[1:9] {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			return hostCPU{}, fmt.Errorf("/proc/stat: %w", err)
+		}
+		if i != 3 && i != 4 { // idle, iowait
+			ticks += n
+		}
+	}
+	return hostCPU{at: time.Now(), self: self, busy: time.Duration(ticks) * time.Second / userHZ}, nil
 }
 
 // readStat reads a process's parent and its CPU time (user + system) from

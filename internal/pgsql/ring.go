@@ -15,13 +15,14 @@ import (
 // ring's advisory lock:
 //
 //   - reclaim: a bucket other than the current one whose rows are nearly all gone (at
-//     most MoveLimit still pending) is locked, its pending rows are moved into the
-//     current bucket with their seq and every other column unchanged, and it is
-//     truncated. TRUNCATE gives the storage back whatever snapshot is open, where a
+//     most MoveLimit still pending, MoveLimitLarge for a bucket that held a backlog) is
+//     locked, its pending rows are moved into the current bucket with their seq and
+//     every other column unchanged, and it is truncated. TRUNCATE gives the storage back whatever snapshot is open, where a
 //     DELETE would leave dead rows for fetches to walk until vacuum may remove them.
 //   - rotate: once the current bucket has taken RotateRows rows (counted by the seq
-//     sequence since it became current) and the next bucket is empty (no storage at
-//     all), the next one becomes current.
+//     sequence since it became current), or right after a large bucket's rows were
+//     moved into it, and the next bucket is empty (no storage at all), the next one
+//     becomes current.
 //
 // A row may land in any bucket at any time (an INSERT that read the ring before a
 // rotation, a long REPEATABLE READ writer), and a fetch reads every bucket, so where a
@@ -32,9 +33,17 @@ import (
 // RotateRowsDefault is how many rows a bucket takes before the ring moves on.
 const RotateRowsDefault = 2_000
 
-// MoveLimit is the most pending rows a reclaim moves: the bucket is locked while they
-// are copied, so a bucket holding more (a backlog) is left to drain first.
+// MoveLimit is the most pending rows a reclaim moves: outcomes wait while they are
+// copied, so a bucket holding more (a backlog) is left to drain first.
 const MoveLimit = 1_000
+
+// MoveLimitLarge is MoveLimit for a bucket of ringLargeBucket bytes or more, one that
+// held a backlog. Until such a bucket is emptied every full fetch walks the rows
+// published from it, tens of milliseconds while a snapshot keeps them: emptied with up
+// to 10,000 rows left, it is emptied while the backlog's last rows are published rather
+// than after, and the ring moves on at once, so that the rows moved do not stay in the
+// current bucket once published (docs/design.md, "Rotation and reclaim").
+const MoveLimitLarge = 10_000
 
 // ringLockTimeout bounds how long a reclaim waits for the bucket's lock, which it can
 // only get once the writers' and relays' statements on that bucket are done, and which
@@ -42,9 +51,11 @@ const MoveLimit = 1_000
 // next call.
 const ringLockTimeout = "20ms"
 
-// ringLargeBucket is the size (bytes) from which a reclaim waits up to
-// ringLargeLockTimeout for the bucket's lock: about 45,000 rows of a few hundred bytes,
-// which every full fetch walks until the bucket is emptied.
+// ringLargeBucket is the size (bytes) from which a bucket counts as large: about 45,000
+// rows of a few hundred bytes, which every full fetch walks until the bucket is
+// emptied. A reclaim moves up to MoveLimitLarge rows out of it and waits up to
+// ringLargeLockTimeout for its lock, since those fetches are slow and the lock cannot
+// be had until one ends.
 const (
 	ringLargeBucket      = 16 << 20
 	ringLargeLockTimeout = "250ms"
@@ -76,17 +87,23 @@ func (n *Names) Recycle(ctx context.Context, inTx InTx) (outboxdriver.Recycling,
 	}
 	// Oldest first: the bucket after the current one is the next to become current.
 	var errs []error
+	var tail bool
 	for i := 1; i < RingBuckets; i++ {
 		b := (current + i) % RingBuckets
-		moved, done, waiting, err := n.reclaim(ctx, inTx, b)
-		if done {
+		rc, err := n.reclaim(ctx, inTx, b)
+		if rc.done {
 			r.Reclaimed++
-			r.Moved += moved
+			r.Moved += rc.moved
+			tail = tail || rc.tail
 		}
-		r.Draining = r.Draining || waiting
+		r.Draining = r.Draining || rc.waiting
 		errs = append(errs, err)
 	}
-	r.Rotated, err = n.rotate(ctx, inTx, n.rotateRows)
+	// A backlog's tail, moved out of a large bucket, is published within a moment: move
+	// on now, so that the bucket it went to is emptied next rather than after RotateRows
+	// more writes, while every full fetch walks it. Rows that wait (retries, delays)
+	// do not count: they would be moved back and forth.
+	r.Rotated, err = n.rotate(ctx, inTx, n.rotateRows, tail)
 	return r, errors.Join(append(errs, err)...)
 }
 
@@ -126,18 +143,31 @@ func (n *Names) ringTx(ctx context.Context, inTx InTx, fn func(Querier) error) (
 	return n.lockedTx(ctx, inTx, "outbox-ring:", ringLockTimeout, fn)
 }
 
+// reclaimed is what a reclaim did: done says the bucket was truncated after moving
+// moved rows out of it, tail that it was a large bucket (ringLargeBucket) and more than
+// MoveLimit of the rows moved were due (a backlog's tail), waiting that it holds more
+// pending rows than may be moved.
+type reclaimed struct {
+	moved                      int
+	done, large, tail, waiting bool
+}
+
 // reclaim empties bucket b if it is not the current one, has storage, and holds at most
-// MoveLimit pending rows: in one transaction, lock it, move its rows into the current
-// bucket, and truncate it. done says the bucket was truncated, waiting that it holds
-// more than MoveLimit pending rows.
+// MoveLimit pending rows (MoveLimitLarge if it is large): in one transaction, lock it,
+// move its rows into the current bucket, and truncate it.
 //
-// The ACCESS EXCLUSIVE lock waits for the statements that use b (fetches, outcomes,
-// inserts that routed a row there) and holds off new ones until commit. A statement that
-// waited takes its snapshot after the lock is granted (READ COMMITTED), so it finds the
-// moved rows in their new bucket. The ring row is read FOR SHARE, so b cannot become
-// current meanwhile.
-func (n *Names) reclaim(ctx context.Context, inTx InTx, b int) (moved int, done, waiting bool, err error) {
+// The rows are copied under a SHARE lock, which waits for the statements that change b
+// (outcomes, inserts that routed a row there) and holds off new ones, while fetches go
+// on reading b; the copies stay invisible to them until commit. The ACCESS EXCLUSIVE
+// lock that follows waits for the fetches too and holds off every statement on b until
+// commit, for the TRUNCATE alone: a bucket that held a large backlog takes tens of
+// milliseconds to scan while a snapshot keeps its dead rows, and no fetch waits for
+// that. A statement that waited for either lock takes its snapshot after the lock is
+// granted (READ COMMITTED), so it finds the moved rows in their new bucket. The ring row
+// is read FOR SHARE, so b cannot become current meanwhile.
+func (n *Names) reclaim(ctx context.Context, inTx InTx, b int) (reclaimed, error) {
 	bucket := n.Bucket(b)
+	var rc reclaimed
 	ran, err := n.ringTx(ctx, inTx, func(q Querier) error {
 		cur, err := queryInts(ctx, q, `SELECT current FROM `+n.Ring+` FOR SHARE`)
 		if err != nil || len(cur) != 1 || cur[0] == b {
@@ -147,12 +177,17 @@ func (n *Names) reclaim(ctx context.Context, inTx InTx, b int) (moved int, done,
 		if err != nil || size[0] == 0 {
 			return err // never written since its last reclaim: nothing to give back
 		}
-		// Count first without the lock, which would stop every fetch and outcome while
-		// the count walks a bucket still full of backlog. From the highest seq down: a
-		// backlog drains from its lowest seq, so its live rows come first and the count
-		// stops at MoveLimit without walking the rows already published.
-		if live, err := queryInts(ctx, q, `SELECT count(*)::int FROM (SELECT 1 FROM `+bucket+` ORDER BY seq DESC LIMIT $1) x`, MoveLimit+1); err != nil || live[0] > MoveLimit {
-			waiting = err == nil
+		rc.large = size[0] >= ringLargeBucket
+		limit := MoveLimit
+		if rc.large {
+			limit = MoveLimitLarge
+		}
+		// Count first without the lock, which would hold off outcomes while the count
+		// walks a bucket still full of backlog. From the highest seq down: a backlog
+		// drains from its lowest seq, so its live rows come first and the count stops at
+		// the limit without walking the rows already published.
+		if live, err := queryInts(ctx, q, `SELECT count(*)::int FROM (SELECT 1 FROM `+bucket+` ORDER BY seq DESC LIMIT $1) x`, limit+1); err != nil || live[0] > limit {
+			rc.waiting = err == nil
 			return err
 		}
 		// Waiting for the commit to be flushed would hold the lock longer. If the commit
@@ -161,54 +196,63 @@ func (n *Names) reclaim(ctx context.Context, inTx InTx, b int) (moved int, done,
 		if err := q.Exec(ctx, `SET LOCAL synchronous_commit = off`); err != nil {
 			return err
 		}
-		// A bucket that held a large backlog makes every full fetch walk it, so those
-		// fetches are slow, and the lock cannot be had until one ends: wait longer for it.
-		if size[0] >= ringLargeBucket {
+		// SHARE holds off the writers and outcomes that would change b (they take ROW
+		// EXCLUSIVE) but not the fetches, which read on while the stragglers are copied.
+		if err := q.Exec(ctx, `LOCK TABLE `+bucket+` IN SHARE MODE`); err != nil {
+			return err
+		}
+		// Copy what is there (a writer may have added rows since the count), in one scan
+		// of the bucket, and undo it all if that is more than the limit after all. The
+		// copies are seen by others only at commit, when b is empty.
+		// The rows due now (neither retried nor delayed) are about to be published.
+		move := `WITH m AS (INSERT INTO ` + n.Outbox + ` (` + pendingColumns + `, bucket) OVERRIDING SYSTEM VALUE
+SELECT ` + pendingColumns + `, $1 FROM ` + bucket + ` ORDER BY seq RETURNING next_attempt_at, created_at)
+SELECT count(*)::int, (count(*) FILTER (WHERE next_attempt_at <= now() OR next_attempt_at = created_at))::int FROM m`
+		if broken.Has(broken.TruncateStragglers) {
+			move = `SELECT 0, 0 WHERE $1::int IS NOT NULL` // canary: the pending rows are not moved
+		}
+		var moved, due int
+		if err := q.QueryRow(ctx, move, []any{cur[0]}, &moved, &due); err != nil {
+			return fmt.Errorf("move the pending rows of bucket %d: %w", b, err)
+		}
+		if moved > limit {
+			return errTooManyToMove
+		}
+		if rc.large {
 			if err := q.Exec(ctx, `SET LOCAL lock_timeout = '`+ringLargeLockTimeout+`'`); err != nil {
 				return err
 			}
 		}
+		// From here to the commit, fetches of b wait too: only the TRUNCATE is left.
 		if err := q.Exec(ctx, `LOCK TABLE `+bucket+` IN ACCESS EXCLUSIVE MODE`); err != nil {
 			return err
-		}
-		// Move what is there (a writer may have added rows since the count), in one scan
-		// of the bucket, and undo it all if that is more than MoveLimit after all.
-		move := `WITH m AS (INSERT INTO ` + n.Outbox + ` (` + pendingColumns + `, bucket) OVERRIDING SYSTEM VALUE
-SELECT ` + pendingColumns + `, $1 FROM ` + bucket + ` ORDER BY seq RETURNING 1) SELECT count(*)::int FROM m`
-		if broken.Has(broken.TruncateStragglers) {
-			move = `SELECT 0 WHERE $1::int IS NOT NULL` // canary: the pending rows are not moved
-		}
-		got, err := queryInts(ctx, q, move, cur[0])
-		if err != nil {
-			return fmt.Errorf("move the pending rows of bucket %d: %w", b, err)
-		}
-		if len(got) == 1 && got[0] > MoveLimit {
-			return errTooManyToMove
 		}
 		if err := q.Exec(ctx, `TRUNCATE `+bucket); err != nil {
 			return fmt.Errorf("truncate bucket %d: %w", b, err)
 		}
-		moved, done = got[0], true
+		rc.moved, rc.done, rc.tail = moved, true, rc.large && due > MoveLimit
 		return nil
 	})
 	if errors.Is(err, errTooManyToMove) {
-		return 0, false, true, nil
+		return reclaimed{waiting: true}, nil
 	}
 	if err != nil {
-		return 0, false, false, fmt.Errorf("reclaim bucket %d: %w", b, err)
+		return reclaimed{}, fmt.Errorf("reclaim bucket %d: %w", b, err)
 	}
-	return moved, done && ran, waiting, nil
+	rc.done = rc.done && ran
+	return rc, nil
 }
 
-// rotate makes the next bucket current once the current one has taken rotateRows rows
-// and the next one has no storage (it was reclaimed, or never used). Rows written since
-// are counted by the seq sequence, which moves and replays do not advance.
-func (n *Names) rotate(ctx context.Context, inTx InTx, rotateRows int) (rotated bool, err error) {
+// rotate makes the next bucket current once the current one has taken rotateRows rows,
+// or at once with now, and the next one has no storage (it was reclaimed, or never
+// used). Rows written since are counted by the seq sequence, which moves and replays do
+// not advance.
+func (n *Names) rotate(ctx context.Context, inTx InTx, rotateRows int, now bool) (rotated bool, err error) {
 	ran, err := n.ringTx(ctx, inTx, func(q Querier) error {
 		var current, taken int
 		if err := q.QueryRow(ctx, `SELECT current,
     coalesce(pg_sequence_last_value(pg_get_serial_sequence($1, 'seq')::regclass), 0) - rotated_seq
-FROM `+n.Ring+` FOR UPDATE`, []any{n.Outbox}, &current, &taken); err != nil || taken < rotateRows {
+FROM `+n.Ring+` FOR UPDATE`, []any{n.Outbox}, &current, &taken); err != nil || (taken < rotateRows && !now) {
 			return err
 		}
 		next := (current + 1) % RingBuckets
@@ -227,7 +271,7 @@ FROM `+n.Ring+` FOR UPDATE`, []any{n.Outbox}, &current, &taken); err != nil || t
 }
 
 // errTooManyToMove rolls a reclaim back when the bucket turned out to hold more than
-// MoveLimit rows once locked.
+// its limit of rows once locked.
 var errTooManyToMove = errors.New("too many pending rows to move")
 
 // pendingColumns are the pending table's columns a move copies: all but the generated
