@@ -17,12 +17,13 @@ import (
 //   - reclaim: a bucket other than the current one whose rows are nearly all gone (at
 //     most MoveLimit still pending, MoveLimitLarge for a bucket that held a backlog) is
 //     locked, its pending rows are moved into the current bucket with their seq and
-//     every other column unchanged, and it is truncated. TRUNCATE gives the storage back whatever snapshot is open, where a
-//     DELETE would leave dead rows for fetches to walk until vacuum may remove them.
+//     every other column unchanged, and it is truncated. TRUNCATE gives the storage
+//     back whatever snapshot is open, where a DELETE would leave dead rows for fetches
+//     to walk until vacuum may remove them.
 //   - rotate: once the current bucket has taken RotateRows rows (counted by the seq
-//     sequence since it became current), or right after a large bucket's rows were
-//     moved into it, and the next bucket is empty (no storage at all), the next one
-//     becomes current.
+//     sequence since it became current), or right after a backlog's tail was moved into
+//     it, and the next bucket is empty (no storage at all), the next one becomes
+//     current.
 //
 // A row may land in any bucket at any time (an INSERT that read the ring before a
 // rotation, a long REPEATABLE READ writer), and a fetch reads every bucket, so where a
@@ -148,8 +149,8 @@ func (n *Names) ringTx(ctx context.Context, inTx InTx, fn func(Querier) error) (
 // MoveLimit of the rows moved were due (a backlog's tail), waiting that it holds more
 // pending rows than may be moved.
 type reclaimed struct {
-	moved                      int
-	done, large, tail, waiting bool
+	moved               int
+	done, tail, waiting bool
 }
 
 // reclaim empties bucket b if it is not the current one, has storage, and holds at most
@@ -177,9 +178,9 @@ func (n *Names) reclaim(ctx context.Context, inTx InTx, b int) (reclaimed, error
 		if err != nil || size[0] == 0 {
 			return err // never written since its last reclaim: nothing to give back
 		}
-		rc.large = size[0] >= ringLargeBucket
+		large := size[0] >= ringLargeBucket
 		limit := MoveLimit
-		if rc.large {
+		if large {
 			limit = MoveLimitLarge
 		}
 		// Count first without the lock, which would hold off outcomes while the count
@@ -203,8 +204,8 @@ func (n *Names) reclaim(ctx context.Context, inTx InTx, b int) (reclaimed, error
 		}
 		// Copy what is there (a writer may have added rows since the count), in one scan
 		// of the bucket, and undo it all if that is more than the limit after all. The
-		// copies are seen by others only at commit, when b is empty.
-		// The rows due now (neither retried nor delayed) are about to be published.
+		// copies are seen by others only at commit, when b is empty. Count the rows due
+		// now (neither retried nor delayed), which are about to be published.
 		move := `WITH m AS (INSERT INTO ` + n.Outbox + ` (` + pendingColumns + `, bucket) OVERRIDING SYSTEM VALUE
 SELECT ` + pendingColumns + `, $1 FROM ` + bucket + ` ORDER BY seq RETURNING next_attempt_at, created_at)
 SELECT count(*)::int, (count(*) FILTER (WHERE next_attempt_at <= now() OR next_attempt_at = created_at))::int FROM m`
@@ -218,7 +219,7 @@ SELECT count(*)::int, (count(*) FILTER (WHERE next_attempt_at <= now() OR next_a
 		if moved > limit {
 			return errTooManyToMove
 		}
-		if rc.large {
+		if large {
 			if err := q.Exec(ctx, `SET LOCAL lock_timeout = '`+ringLargeLockTimeout+`'`); err != nil {
 				return err
 			}
@@ -230,7 +231,7 @@ SELECT count(*)::int, (count(*) FILTER (WHERE next_attempt_at <= now() OR next_a
 		if err := q.Exec(ctx, `TRUNCATE `+bucket); err != nil {
 			return fmt.Errorf("truncate bucket %d: %w", b, err)
 		}
-		rc.moved, rc.done, rc.tail = moved, true, rc.large && due > MoveLimit
+		rc.moved, rc.done, rc.tail = moved, true, large && due > MoveLimit
 		return nil
 	})
 	if errors.Is(err, errTooManyToMove) {
