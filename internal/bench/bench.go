@@ -124,7 +124,7 @@ type RateLatency struct {
 	P50, P95, P99 time.Duration
 }
 
-// ServerLoad is what the relays cost the PostgreSQL server.
+// ServerLoad is what the relays cost the PostgreSQL server and the machine.
 type ServerLoad struct {
 	// CPUPer10k is the CPU time of every server process (backends, walsender, background
 	// workers) per 10,000 events drained, from the relays' start to the last confirm
