@@ -467,6 +467,9 @@ func (m *measurer) phases(ctx context.Context, label string) (Phases, error) {
 		e := float64(cfg.Events) / d.Seconds()
 		say("%sdrain: %.0f events/s (%.2f of raw), peak rss %.0f MiB", label, e, e/raw, m.rss.peakMiB())
 		ph.RSSMiB = max(ph.RSSMiB, m.rss.peakMiB())
+		if err := m.emptyDestinations(ctx); err != nil {
+			return ph, err
+		}
 		eps, raws, ratios, drains = append(eps, e), append(raws, raw), append(ratios, e/raw), append(drains, d.Seconds())
 	}
 	ph.EPS, ph.RawEPS, ph.Ratio, ph.DrainSeconds = median(eps), median(raws), median(ratios), median(drains)
@@ -516,6 +519,21 @@ func (m *measurer) phases(ctx context.Context, label string) (Phases, error) {
 		ph.Writers = w
 	}
 	return ph, nil
+}
+
+// emptyDestinations empties the raw and the relays' destinations if the broker needs it
+// (emptier), after a drain filled them.
+func (m *measurer) emptyDestinations(ctx context.Context) error {
+	e, ok := m.target.(emptier)
+	if !ok {
+		return nil
+	}
+	for _, route := range []string{m.rawDest, m.dest} {
+		if err := e.Empty(ctx, route); err != nil {
+			return fmt.Errorf("bench: empty the destination after the drain: %w", err)
+		}
+	}
+	return nil
 }
 
 // idlePhase counts the statements the running relays make while nothing is written, for
