@@ -48,7 +48,7 @@ func (t *amqpTarget) Prepare(ctx context.Context, name string) (string, func(), 
 }
 
 // Empty purges the queue: a classic queue holding 100,000 messages confirms new ones
-// several times slower than an empty one (docs/benchmarks.md).
+// with a p99 several times that of an empty one (docs/benchmarks.md).
 func (t *amqpTarget) Empty(ctx context.Context, route string) error {
 	ch, err := t.conn.Channel()
 	if err != nil {
