@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"fmt"
 	"net"
-	"os"
 	"strconv"
 	"testing"
 	"time"
@@ -15,16 +14,12 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/testinfra/testenv"
+	"github.com/outboxkit/outbox/internal/testinfra/testrabbit"
 	"github.com/outboxkit/outbox/outboxamqp"
 )
 
 // testURL is the RabbitMQ the tests use: OUTBOX_TEST_AMQP_URL, or the local server.
-func testURL() string {
-	if u := os.Getenv("OUTBOX_TEST_AMQP_URL"); u != "" {
-		return u
-	}
-	return "amqp://guest:guest@127.0.0.1:5672/"
-}
+func testURL() string { return testrabbit.URL() }
 
 // testHostPort is testURL's host:port, for a proxy in front of it.
 func testHostPort(t *testing.T) string {

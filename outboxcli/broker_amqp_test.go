@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"fmt"
 	"net/url"
-	"os"
 	"strings"
 	"testing"
 
@@ -14,15 +13,11 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/testinfra/testenv"
+	"github.com/outboxkit/outbox/internal/testinfra/testrabbit"
 )
 
 // amqpURL is the RabbitMQ of the tests: OUTBOX_TEST_AMQP_URL, or the local server.
-func amqpURL() string {
-	if u := os.Getenv("OUTBOX_TEST_AMQP_URL"); u != "" {
-		return u
-	}
-	return "amqp://guest:guest@127.0.0.1:5672/"
-}
+func amqpURL() string { return testrabbit.URL() }
 
 // amqpConn connects to the test server, until the test ends. A missing server fails the
 // test.

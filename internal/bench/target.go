@@ -34,10 +34,11 @@ type Target interface {
 }
 
 // emptier is a Target whose destinations slow down as they fill: a queue that keeps every
-// message until a consumer takes it, and confirms new ones later the more it holds. The bench has no consumer, so after each drain the
-// run empties both destinations, as consumers would have, and the latency phase that
-// follows measures the relays rather than a broker holding hundreds of thousands of
-// messages no one reads (docs/benchmarks.md, "p99 right after a large drain").
+// message until a consumer takes it, and confirms new ones later the more it holds. The
+// bench has no consumer, so after each drain the run empties both destinations, as
+// consumers would have, and the latency phase that follows measures the relays rather
+// than a broker holding hundreds of thousands of messages no one reads
+// (docs/benchmarks.md, "p99 right after a large drain").
 type emptier interface {
 	// Empty removes every message from the destination that route sends to.
 	Empty(ctx context.Context, route string) error

@@ -2,21 +2,18 @@ package bench
 
 import (
 	"context"
-	"os"
 	"testing"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/outboxkit/outbox/internal/testinfra/testrabbit"
 )
 
 // TestAMQPEmpty: the RabbitMQ target empties a queue the raw phase filled, as the run does
 // after each drain.
 func TestAMQPEmpty(t *testing.T) {
-	url := os.Getenv("OUTBOX_TEST_AMQP_URL")
-	if url == "" {
-		url = "amqp://guest:guest@127.0.0.1:5672/"
-	}
 	ctx := context.Background()
-	target, err := openAMQP(ctx, url)
+	target, err := openAMQP(ctx, testrabbit.URL())
 	if err != nil {
 		t.Fatalf("RabbitMQ is needed (set OUTBOX_TEST_AMQP_URL, or start it: rabbitmq-server -detached): %v", err)
 	}

@@ -6,6 +6,7 @@
 package testrabbit
 
 import (
+	"cmp"
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
@@ -23,6 +24,12 @@ import (
 	"github.com/outboxkit/outbox/internal/childproc"
 	"github.com/outboxkit/outbox/internal/testinfra/testenv"
 )
+
+// URL returns the shared test server's URL: $OUTBOX_TEST_AMQP_URL or the local server on
+// port 5672. Tests that stop the broker use StartServer instead.
+func URL() string {
+	return cmp.Or(os.Getenv("OUTBOX_TEST_AMQP_URL"), "amqp://guest:guest@127.0.0.1:5672/")
+}
 
 // Where to find the rabbitmq-server start script itself. Debian's /usr/sbin/rabbitmq-server
 // is a wrapper that switches to the rabbitmq user, whose files would then be out of reach
