@@ -93,5 +93,21 @@ func (p *fetchPlan) failed(now time.Time) {
 	p.retryAt = now.Add(dbRetry(p.failures))
 }
 
+// notified records a notification that messages were written, from seq from on (0: it
+// does not say). When they all lie above the cursor, a continuation reads them: it starts
+// at the cursor and walks none of the rows already published, which a full fetch walks
+// from the oldest while a snapshot keeps them. A full fetch still follows within
+// fullFetchEvery (paced) for what no notification announces: retries come due, and a
+// key's messages that a continuation held back behind an older one. Anything else (a
+// late commit at or below the cursor, a notification that does not say, no cursor yet)
+// asks for a full fetch now.
+func (p *fetchPlan) notified(from int64) {
+	if from <= p.cursor {
+		p.want = true
+		return
+	}
+	p.more, p.paced = true, true
+}
+
 // gained records new shards: the next fetch is full and starts over.
 func (p *fetchPlan) gained() { p.want, p.cursor = true, 0 }

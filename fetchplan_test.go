@@ -83,3 +83,94 @@ func TestFetchPlan(t *testing.T) {
 		t.Fatalf("cursor after gaining shards = %d", p.cursor)
 	}
 }
+
+// A notification that says where its transaction's messages start is read by a
+// continuation when they all lie above the cursor, with a full fetch no later than
+// fullFetchEvery after the last; one at or below the cursor, or one that does not say,
+// asks for a full fetch at once.
+func TestFetchPlanNotified(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	p := fetchPlan{cursor: 700, maxSeq: 700, lastFull: t0}
+	next := func(step string, now time.Time, full bool, after int64) {
+		t.Helper()
+		fetch, gotFull, gotAfter := p.next(now, 1000, 100)
+		if !fetch || gotFull != full || gotAfter != after {
+			t.Fatalf("%s: next = fetch %v, full %v, after %d; want full %v, after %d (plan %+v)", step, fetch, gotFull, gotAfter, full, after, p)
+		}
+		p.started(full, now)
+	}
+	p.notified(701)
+	next("written above the cursor", t0.Add(time.Millisecond), false, 700)
+	p.done(703, false, 700)
+	if p.cursor != 703 {
+		t.Fatalf("cursor after the continuation = %d, want 703", p.cursor)
+	}
+	if fetch, _, _ := p.next(t0.Add(2*time.Millisecond), 1000, 100); fetch {
+		t.Fatal("a continuation with nothing more to read fetches again at once")
+	}
+	if !p.wakeAt(t0.Add(2 * time.Millisecond)).Equal(t0.Add(fullFetchEvery)) {
+		t.Fatalf("the paced full fetch wakes the loop at %v, want %v", p.wakeAt(t0), t0.Add(fullFetchEvery))
+	}
+	next("paced full fetch", t0.Add(fullFetchEvery), true, 0)
+	p.done(0, false, 0)
+
+	p.notified(703)
+	next("a late commit at the cursor", t0.Add(fullFetchEvery+time.Millisecond), true, 0)
+	p.done(703, false, 0)
+	p.notified(0)
+	next("a notification that does not say", t0.Add(fullFetchEvery+2*time.Millisecond), true, 0)
+	p.done(0, false, 0)
+
+	// Without a cursor (the relay's first fetch, shards just gained) the fetch is full.
+	p.gained()
+	p.want = false
+	p.notified(900)
+	next("no cursor yet", t0.Add(time.Second), true, 0)
+}
+
+func TestWrittenFrom(t *testing.T) {
+	var w writtenFrom
+	if froms, unknown := w.take(); froms != nil || unknown {
+		t.Fatalf("nothing gathered: %v, %v", froms, unknown)
+	}
+	w.add(9)
+	w.add(4)
+	if froms, unknown := w.take(); len(froms) != 2 || froms[0] != 9 || froms[1] != 4 || unknown {
+		t.Fatalf("two seqs: %v, %v", froms, unknown)
+	}
+	w.add(5)
+	w.add(0)
+	if _, unknown := w.take(); !unknown {
+		t.Fatal("a notification that did not say is lost")
+	}
+	for i := range maxGathered + 1 {
+		w.add(int64(i + 1))
+	}
+	if froms, unknown := w.take(); len(froms) != maxGathered || !unknown {
+		t.Fatalf("more than kept: %d seqs, unknown %v", len(froms), unknown)
+	}
+}
+
+// A transaction whose lowest message the relay holds at or below its cursor needs no
+// fetch; any other asks for the fetch its seq calls for.
+func TestLoopNotified(t *testing.T) {
+	l := &loop{hand: newHand(), fetch: fetchPlan{cursor: 50}}
+	l.hand.known[40] = inHand{key: "k"}
+	l.notified([]int64{40}, false)
+	if l.fetch.want || l.fetch.more {
+		t.Fatalf("a transaction already read: plan %+v", l.fetch)
+	}
+	l.notified([]int64{40, 60}, false)
+	if l.fetch.want || !l.fetch.more {
+		t.Fatalf("one transaction read, one above the cursor: plan %+v", l.fetch)
+	}
+	l.notified([]int64{45}, false)
+	if !l.fetch.want {
+		t.Fatalf("a late commit not in hand: plan %+v", l.fetch)
+	}
+	l.fetch = fetchPlan{cursor: 50}
+	l.notified([]int64{40}, true)
+	if !l.fetch.want {
+		t.Fatalf("a notification that did not say: plan %+v", l.fetch)
+	}
+}

@@ -6,8 +6,8 @@ import (
 )
 
 func TestFloors(t *testing.T) {
-	bounds := func(f *floors, held map[string]int64) map[string]int64 {
-		keys, seqs := f.bounds(held)
+	bounds := func(f *floors, held map[string]int64, backlog bool) map[string]int64 {
+		keys, seqs := f.bounds(held, backlog)
 		if len(keys) != len(seqs) {
 			t.Fatalf("%d keys, %d seqs", len(keys), len(seqs))
 		}
@@ -28,16 +28,20 @@ func TestFloors(t *testing.T) {
 		}
 		held map[string]int64
 		want map[string]int64
+		// notified is what a continuation woken by a notification sends: the held keys
+		// alone, each raised to its floor.
+		notified map[string]int64
 	}{
-		{name: "nothing", want: map[string]int64{}},
-		{name: "held only", held: map[string]int64{"a": 7}, want: map[string]int64{"a": 7}},
+		{name: "nothing", want: map[string]int64{}, notified: map[string]int64{}},
+		{name: "held only", held: map[string]int64{"a": 7}, want: map[string]int64{"a": 7}, notified: map[string]int64{"a": 7}},
 		{
 			name: "floor only, highest outcome wins",
 			raise: []struct {
 				key string
 				seq int64
 			}{{"a", 5}, {"a", 9}, {"a", 3}},
-			want: map[string]int64{"a": 9},
+			want:     map[string]int64{"a": 9},
+			notified: map[string]int64{},
 		},
 		{
 			name: "held above the floor",
@@ -45,8 +49,9 @@ func TestFloors(t *testing.T) {
 				key string
 				seq int64
 			}{{"a", 5}},
-			held: map[string]int64{"a": 12},
-			want: map[string]int64{"a": 12},
+			held:     map[string]int64{"a": 12},
+			want:     map[string]int64{"a": 12},
+			notified: map[string]int64{"a": 12},
 		},
 		{
 			name: "floor above what is held", // a lane refilled below a recorded outcome cannot happen, but the higher bound holds either way
@@ -54,8 +59,9 @@ func TestFloors(t *testing.T) {
 				key string
 				seq int64
 			}{{"a", 20}},
-			held: map[string]int64{"a": 12},
-			want: map[string]int64{"a": 20},
+			held:     map[string]int64{"a": 12},
+			want:     map[string]int64{"a": 20},
+			notified: map[string]int64{"a": 20},
 		},
 		{
 			name: "messages without a key have no floor",
@@ -63,8 +69,9 @@ func TestFloors(t *testing.T) {
 				key string
 				seq int64
 			}{{"", 4}, {"b", 2}},
-			held: map[string]int64{"c": 1},
-			want: map[string]int64{"b": 2, "c": 1},
+			held:     map[string]int64{"c": 1},
+			want:     map[string]int64{"b": 2, "c": 1},
+			notified: map[string]int64{"c": 1},
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -72,8 +79,11 @@ func TestFloors(t *testing.T) {
 			for _, r := range tc.raise {
 				f.raise(r.key, r.seq)
 			}
-			if got := bounds(f, tc.held); !maps.Equal(got, tc.want) {
-				t.Fatalf("got %v, want %v", got, tc.want)
+			if got := bounds(f, tc.held, true); !maps.Equal(got, tc.want) {
+				t.Fatalf("backlog: got %v, want %v", got, tc.want)
+			}
+			if got := bounds(f, tc.held, false); !maps.Equal(got, tc.notified) {
+				t.Fatalf("notified: got %v, want %v", got, tc.notified)
 			}
 		})
 	}

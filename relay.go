@@ -240,6 +240,7 @@ type loop struct {
 	fetches      chan fetchResult
 	leaseResults chan leaseResult
 	wake         chan struct{}
+	woken        writtenFrom   // where the messages announced since the loop last looked start
 	wakeLeases   chan struct{} // a relay gave shards back: sync the leases now
 
 	wal    *walSource // WAL mode (walmode.go); nil when polling
@@ -355,7 +356,9 @@ func (l *loop) run(ctx context.Context) {
 		case res := <-l.leaseResults:
 			l.onLeases(res)
 		case <-l.wake:
-			l.fetch.want = l.fetch.want || l.polling()
+			if froms, unknown := l.woken.take(); l.polling() {
+				l.notified(froms, unknown)
+			}
 		case <-poll.C:
 			l.fetch.want = l.fetch.want || l.polling()
 		case b := <-l.walReading():
@@ -754,6 +757,25 @@ func (l *loop) onComplete(res completeResult) {
 	}
 }
 
+// notified plans the fetches for what the notifications announced: each the lowest seq
+// its transaction wrote. A transaction whose lowest message is in hand at or below the
+// cursor needs none: the fetch that read that message saw all of its rows (they became
+// visible together), and those it did not return lie above the cursor, or are held back
+// by their key's gate until a full fetch. That is the usual case at a steady rate, where
+// the fetch woken by one commit often reads the next one too.
+func (l *loop) notified(froms []int64, unknown bool) {
+	if unknown {
+		l.fetch.notified(0)
+		return
+	}
+	for _, from := range froms {
+		if _, inHand := l.hand.known[from]; inHand && from <= l.fetch.cursor {
+			continue
+		}
+		l.fetch.notified(from)
+	}
+}
+
 // startFetch reads more due messages when there is room for them and the fetch plan
 // (fetchplan.go) wants them. A continuation must not let a key's newer message overtake
 // an older one the relay does not hold, so it sends the keys it holds and their floors
@@ -784,7 +806,7 @@ func (l *loop) startFetch(ctx context.Context) {
 		req.Exclude = l.hand.seqs()
 	} else {
 		req.After = after
-		req.Keys, req.KeySeqs = l.floors.bounds(l.hand.held())
+		req.Keys, req.KeySeqs = l.floors.bounds(l.hand.held(), l.fetch.moreLikely)
 	}
 	l.hand.fetchStarted()
 	wf, safety := l.walFetchSent(req)

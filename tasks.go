@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"sync"
 	"time"
 
 	"github.com/outboxkit/outbox/outboxdriver"
@@ -14,10 +15,12 @@ import (
 // advisory lock per task, so one relay does the work at a time).
 
 func (l *loop) listen(ctx context.Context, lis outboxdriver.Listener) {
-	wake := func(w outboxdriver.Wake) {
+	wake := func(w outboxdriver.Wake, from int64) {
 		ch := l.wake
 		if w == outboxdriver.WakeLeases {
 			ch = l.wakeLeases
+		} else {
+			l.woken.add(from)
 		}
 		select {
 		case ch <- struct{}{}:
@@ -128,4 +131,34 @@ func (c rowCleaner) Maintain(ctx context.Context, req outboxdriver.MaintainReque
 		case <-time.After(10 * time.Millisecond):
 		}
 	}
+}
+
+// writtenFrom gathers, between the listener and the loop, the seqs the notifications
+// announced (the lowest each transaction wrote), for the loop to take when woken.
+type writtenFrom struct {
+	mu      sync.Mutex
+	froms   []int64
+	unknown bool // one did not say, or more came than are kept: fetch in full
+}
+
+// maxGathered bounds the seqs kept between two looks of the loop.
+const maxGathered = 256
+
+func (w *writtenFrom) add(from int64) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if from == 0 || len(w.froms) == maxGathered {
+		w.unknown = true
+		return
+	}
+	w.froms = append(w.froms, from)
+}
+
+// take returns what was gathered since the last take, and starts over.
+func (w *writtenFrom) take() (froms []int64, unknown bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	froms, unknown = w.froms, w.unknown
+	w.froms, w.unknown = nil, false
+	return froms, unknown
 }

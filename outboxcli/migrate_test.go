@@ -2,6 +2,7 @@ package outboxcli
 
 import (
 	"context"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -52,8 +53,12 @@ func TestMigrateRoundTrip(t *testing.T) {
 		t.Fatal("no outbox_wal table or outbox_relays.mode column after migrate up")
 	}
 
-	// One version back reverts the newest migration only. 005_wal drops outbox_wal, which
-	// names WAL mode's replication slots: it asks first, and changes nothing without --yes.
+	// One version back reverts the newest migration only: 006_notify_from drops no data.
+	if r := must(t, 0, b.env, "migrate", "down"); !strings.Contains(r.stdout, "reverted 006_notify_from") || strings.Contains(r.stdout, "005") {
+		t.Fatalf("down one version: %s", r)
+	}
+	// 005_wal drops outbox_wal, which names WAL mode's replication slots: it asks first,
+	// and changes nothing without --yes.
 	r = must(t, 2, b.env, "migrate", "down")
 	if line := errorLine(r.stderr); !strings.Contains(line, "--yes") || !strings.Contains(line, "005_wal") ||
 		!strings.Contains(line, "outbox_wal") || !b.tableExists(t, "outbox_wal") {
@@ -115,7 +120,7 @@ func TestMigrateSQLNeedsNoDatabaseAndMatchesUp(t *testing.T) {
 	if _, err := b.Pool.Exec(context.Background(), r.stdout); err != nil {
 		t.Fatalf("apply migrate sql output: %v", err)
 	}
-	if r := must(t, 0, b.env, "migrate", "status"); strings.Contains(r.stdout, " no") {
+	if r := must(t, 0, b.env, "migrate", "status"); regexp.MustCompile(`(?m)\sno$`).MatchString(r.stdout) {
 		t.Fatalf("status after applying the SQL by hand: %s", r)
 	}
 	if r := must(t, 0, b.env, "migrate", "up"); !strings.Contains(r.stdout, "up to date") {

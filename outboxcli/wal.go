@@ -261,9 +261,10 @@ func (w *walSession) inTx(ctx context.Context, fn func(pgsql.Querier) error) err
 	return pgx.BeginFunc(ctx, w.conn, func(tx pgx.Tx) error { return fn(pgxq.Querier{DB: tx}) })
 }
 
-// needMigrated fails with advice unless every migration is applied: setup writes to
-// outbox_wal (version 5), and a publication follows the table it was created for, so the
-// pending ring (version 4, which replaces the outbox table) must be in place first.
+// needMigrated fails with advice unless every migration up to version 5 is applied:
+// setup writes to outbox_wal (version 5), and a publication follows the table it was
+// created for, so the pending ring (version 4, which replaces the outbox table) must be
+// in place first. Later versions are not WAL mode's to ask for.
 func (w *walSession) needMigrated(ctx context.Context, db *dbFlags) error {
 	st, err := w.names.Status(ctx, w.inTx)
 	if err != nil {
@@ -271,7 +272,7 @@ func (w *walSession) needMigrated(ctx context.Context, db *dbFlags) error {
 	}
 	var missing []int
 	for _, m := range st {
-		if !m.Applied {
+		if !m.Applied && m.Version <= pgsql.WALMigration {
 			missing = append(missing, m.Version)
 		}
 	}

@@ -94,10 +94,14 @@ type Recycling struct {
 
 // Listener is implemented by stores that can wake the relay when messages are written
 // or shards are given back (PostgreSQL LISTEN/NOTIFY). Listen calls wake after each
-// notification, saying which, and returns when ctx is done or the listening connection
-// fails; the relay polls meanwhile and calls Listen again.
+// notification, saying which and, for WakeWritten, the lowest seq the notifying
+// transaction wrote (0 when the notification does not say), and returns when ctx is done
+// or the listening connection fails; the relay polls meanwhile and calls Listen again.
+//
+// A seq lets the relay read what was written by a continuation above its cursor, which
+// walks none of the rows already published, instead of a fetch from the oldest row.
 type Listener interface {
-	Listen(ctx context.Context, wake func(Wake)) error
+	Listen(ctx context.Context, wake func(w Wake, from int64)) error
 }
 
 // Wake says why a Listener woke the relay.

@@ -281,7 +281,7 @@ func (d *Driver) SyncLeases(ctx context.Context, req outboxdriver.LeaseRequest) 
 // Listen implements outboxdriver.Listener with LISTEN on a connection of its own. It does not
 // work through PgBouncer in transaction pooling mode (the session that listens is not
 // kept); the relay's polling covers that case.
-func (d *Driver) Listen(ctx context.Context, wake func(outboxdriver.Wake)) error {
+func (d *Driver) Listen(ctx context.Context, wake func(outboxdriver.Wake, int64)) error {
 	if err := d.needPool(); err != nil {
 		return err
 	}
@@ -294,16 +294,16 @@ func (d *Driver) Listen(ctx context.Context, wake func(outboxdriver.Wake)) error
 	if _, err := conn.Exec(ctx, "LISTEN "+d.names.ChannelIdent); err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
-	wake(outboxdriver.WakeWritten) // anything written before LISTEN took effect
+	wake(outboxdriver.WakeWritten, 0) // anything written before LISTEN took effect
 	for {
 		n, err := conn.WaitForNotification(ctx)
 		if err != nil {
 			return err
 		}
 		if n.Payload == pgsql.NotifyLeases {
-			wake(outboxdriver.WakeLeases)
+			wake(outboxdriver.WakeLeases, 0)
 		} else {
-			wake(outboxdriver.WakeWritten)
+			wake(outboxdriver.WakeWritten, pgsql.NotifiedFrom(n.Payload))
 		}
 	}
 }

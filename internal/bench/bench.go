@@ -922,7 +922,8 @@ func appendLatencyLog(path string, start time.Time, committedAt map[outbox.ID]ti
 	}
 	slices.SortFunc(events, func(a, b event) int { return cmp.Compare(a.at, b.at) })
 	var b strings.Builder
-	b.WriteString("# phase\n")
+	fmt.Fprintf(&b, "# phase started %.3f (Unix seconds); then per event: ms from the start to COMMIT, ms to the broker's confirm\n",
+		float64(start.UnixMicro())/1e6)
 	for _, e := range events {
 		fmt.Fprintf(&b, "%.3f %.3f\n", float64(e.at)/float64(time.Millisecond), float64(e.took)/float64(time.Millisecond))
 	}

@@ -23,9 +23,10 @@ type MigrationStatus struct {
 
 // deferrable are the migrations this code runs without: version 3 (published history in
 // partitions), whose maintenance falls back to deleting expired rows on the old table,
-// version 4 (the pending ring), without which Recycle does nothing, and version 5 (WAL
-// mode's bookkeeping), without which relays poll.
-var deferrable = map[int]bool{3: true, 4: true, 5: true}
+// version 4 (the pending ring), without which Recycle does nothing, version 5 (WAL
+// mode's bookkeeping), without which relays poll, and version 6 (the NOTIFY's seq),
+// without which every wake-up fetches in full.
+var deferrable = map[int]bool{3: true, 4: true, 5: true, 6: true}
 
 // downDrops returns what reverting each migration deletes: the migrations whose down
 // migration drops tables holding data. (Reverting 3 and 4 copies their rows back.)
@@ -41,6 +42,10 @@ func (n *Names) downDrops() map[int]string {
 // ringMigration makes the pending table a ring of buckets, copying the pending rows
 // while it holds the outbox's lock.
 const ringMigration = 4
+
+// WALMigration records WAL mode's slots: `outbox wal setup` needs it and every version
+// before it.
+const WALMigration = 5
 
 // ErrCopyLimit is wrapped by Up's error when migration 4 would copy more pending rows
 // than the configured limit.

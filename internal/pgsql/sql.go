@@ -295,8 +295,19 @@ func (n *Names) LeaseLockExpired() string {
 }
 
 // NotifyLeases is the payload of the notification a lease round that released shards
-// sends on the outbox's channel (outboxdriver.WakeLeases); the NOTIFY trigger's is empty.
+// sends on the outbox's channel (outboxdriver.WakeLeases). The NOTIFY trigger's is the
+// lowest seq the transaction wrote (migration 6), or empty before migration 6.
 const NotifyLeases = "leases"
+
+// NotifiedFrom reads the seq in the NOTIFY trigger's payload: 0 when it has none (an
+// outbox before migration 6, or a payload from something else).
+func NotifiedFrom(payload string) int64 {
+	seq, err := strconv.ParseInt(payload, 10, 64)
+	if err != nil || seq < 0 {
+		return 0
+	}
+	return seq
+}
 
 func (n *Names) LeaseRelease() string {
 	return n.lease(`UPDATE {{leases}} SET owner = NULL, expires_at = '-infinity' WHERE owner = $1 AND token = ANY($2::bigint[])`)
