@@ -769,7 +769,7 @@ func (l *loop) notified(froms []int64, unknown bool) {
 		return
 	}
 	for _, from := range froms {
-		if _, inHand := l.hand.known[from]; inHand && from <= l.fetch.cursor {
+		if _, inHand := l.hand.shardOf(from); inHand && from <= l.fetch.cursor {
 			continue
 		}
 		l.fetch.notified(from)
