@@ -106,8 +106,20 @@ func (p *fetchPlan) notified(from int64) {
 		p.want = true
 		return
 	}
-	p.more, p.paced = true, true
+	p.poke()
 }
+
+// planned reports whether a fetch is planned: now, once there is room, or paced.
+func (p *fetchPlan) planned() bool { return p.want || p.paced || p.more || p.moreLikely }
+
+// wantFull asks for a full fetch now: a poll, or the gate just taken (gate.go), after
+// which rows committed by writers that did not notify may lie anywhere.
+func (p *fetchPlan) wantFull() { p.want = true }
+
+// poke asks for a continuation now, with a full fetch within fullFetchEvery (paced):
+// messages may have been written above the cursor (the gate was busy: writers that do
+// not notify were committing).
+func (p *fetchPlan) poke() { p.more, p.paced = true, true }
 
 // gained records new shards: the next fetch is full and starts over.
 func (p *fetchPlan) gained() { p.want, p.cursor = true, 0 }

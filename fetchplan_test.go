@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"github.com/outboxkit/outbox/outboxdriver"
 	"testing"
 	"time"
 )
@@ -128,26 +129,50 @@ func TestFetchPlanNotified(t *testing.T) {
 	next("no cursor yet", t0.Add(time.Second), true, 0)
 }
 
-func TestWrittenFrom(t *testing.T) {
-	var w writtenFrom
-	if froms, unknown := w.take(); froms != nil || unknown {
-		t.Fatalf("nothing gathered: %v, %v", froms, unknown)
+func TestListenNews(t *testing.T) {
+	var w listenNews
+	if froms, unknown, started, gate, full := w.take(); froms != nil || unknown || started || gate.kind != newsNone || full {
+		t.Fatalf("nothing gathered: %v, %v, %v, %v, %v", froms, unknown, started, gate, full)
 	}
-	w.add(9)
-	w.add(4)
-	if froms, unknown := w.take(); len(froms) != 2 || froms[0] != 9 || froms[1] != 4 || unknown {
-		t.Fatalf("two seqs: %v, %v", froms, unknown)
+	w.written(9)
+	w.written(4)
+	if froms, unknown, _, gate, _ := w.take(); len(froms) != 2 || froms[0] != 9 || froms[1] != 4 || unknown || gate.kind != newsWritten {
+		t.Fatalf("two seqs: %v, %v, %v", froms, unknown, gate)
 	}
-	w.add(5)
-	w.add(0)
-	if _, unknown := w.take(); !unknown {
+	w.written(5)
+	w.written(0)
+	if _, unknown, _, _, _ := w.take(); !unknown {
 		t.Fatal("a notification that did not say is lost")
 	}
 	for i := range maxGathered + 1 {
-		w.add(int64(i + 1))
+		w.written(int64(i + 1))
 	}
-	if froms, unknown := w.take(); len(froms) != maxGathered || !unknown {
+	if froms, unknown, _, _, _ := w.take(); len(froms) != maxGathered || !unknown {
 		t.Fatalf("more than kept: %d seqs, unknown %v", len(froms), unknown)
+	}
+	// The gate's news in the order said: an answer, then a notification, is an open gate;
+	// the full fetch an armed answer calls for is kept all the same.
+	w.answered(outboxdriver.GateArmed)
+	w.written(7)
+	if _, _, _, gate, full := w.take(); gate.kind != newsWritten || !full {
+		t.Fatalf("armed, then a notification: %v, full %v", gate, full)
+	}
+	w.written(8)
+	w.answered(outboxdriver.GateBusy)
+	if _, _, _, gate, full := w.take(); gate.kind != newsAnswer || gate.answer != outboxdriver.GateBusy || full {
+		t.Fatalf("a notification, then busy: %v, full %v", gate, full)
+	}
+	w.answered(outboxdriver.GateCovered)
+	w.listening(false)
+	w.listening(true)
+	w.written(9)
+	if _, _, started, gate, _ := w.take(); !started || gate.kind != newsWritten {
+		t.Fatalf("the listener stopped, started and woke: started %v, %v", started, gate)
+	}
+	w.answered(outboxdriver.GateCovered)
+	w.listening(false)
+	if _, _, _, gate, full := w.take(); gate.kind != newsStopped || !full {
+		t.Fatalf("covered, then the listener stopped: %v, full %v", gate, full)
 	}
 }
 

@@ -240,8 +240,10 @@ type loop struct {
 	fetches      chan fetchResult
 	leaseResults chan leaseResult
 	wake         chan struct{}
-	woken        writtenFrom   // where the messages announced since the loop last looked start
+	news         listenNews    // what the listener said since the loop last looked
 	wakeLeases   chan struct{} // a relay gave shards back: sync the leases now
+	gate         *wakeGate     // when to ask for the gate (gate.go); nil when the store cannot listen
+	gateAsks     chan struct{} // the asks, to the listener
 
 	wal    *walSource // WAL mode (walmode.go); nil when polling
 	walDue chan walDueResult
@@ -271,6 +273,9 @@ func newLoop(r *Relay) *loop {
 		wake:         make(chan struct{}, 1),
 		wakeLeases:   make(chan struct{}, 1),
 		walDue:       make(chan walDueResult, 1),
+	}
+	if _, ok := r.store.(outboxdriver.Listener); ok {
+		l.gate, l.gateAsks = &wakeGate{}, make(chan struct{}, 1)
 	}
 	if r.cfg.WAL != nil {
 		l.wal = newWALSource(*r.cfg.WAL, r.store.(outboxdriver.Streamer), r.store)
@@ -334,7 +339,7 @@ func (l *loop) run(ctx context.Context) {
 		l.startComplete(ctx)
 		// Wake up for a paused outage, a pending recording, fetch or lease retry, or
 		// WAL mode's timers.
-		next := earliest(l.outage.wakeAt(), l.outcomes.retryAt, l.fetch.wakeAt(time.Now()), l.walWakeAt(), l.leaseRetryAt)
+		next := earliest(l.outage.wakeAt(), l.outcomes.retryAt, l.fetch.wakeAt(time.Now()), l.walWakeAt(), l.leaseRetryAt, l.gateWakeAt())
 		if !next.IsZero() {
 			timer.Reset(max(time.Until(next), time.Millisecond))
 		}
@@ -356,11 +361,12 @@ func (l *loop) run(ctx context.Context) {
 		case res := <-l.leaseResults:
 			l.onLeases(res)
 		case <-l.wake:
-			if froms, unknown := l.woken.take(); l.polling() {
-				l.notified(froms, unknown)
-			}
+			l.onListenNews()
 		case <-poll.C:
-			l.fetch.want = l.fetch.want || l.polling()
+			if l.polling() {
+				l.fetch.wantFull()
+				l.recheckGate()
+			}
 		case b := <-l.walReading():
 			l.onWALBatch(b)
 		case s := <-walStates:
@@ -372,6 +378,7 @@ func (l *loop) run(ctx context.Context) {
 				l.syncLeases(ctx, false)
 			}
 		case <-l.wakeLeases:
+			l.recheckGate() // the relay that gave shards back may have held the gate
 			if !l.stopping {
 				l.leaseRoundSoon(ctx)
 			}
@@ -391,6 +398,9 @@ func (l *loop) run(ctx context.Context) {
 		case <-timer.C:
 			if l.outage.due(time.Now()) {
 				l.resume(ctx)
+			}
+			if l.gate != nil && l.gate.due(time.Now()) {
+				l.fetch.poke()
 			}
 			if !l.leaseRetryAt.IsZero() && !time.Now().Before(l.leaseRetryAt) && !l.stopping {
 				l.leaseRetryAt = time.Time{}
@@ -757,6 +767,60 @@ func (l *loop) onComplete(res completeResult) {
 	}
 }
 
+// onListenNews takes what the listener said: the gate's news, and the fetches the
+// notifications call for.
+func (l *loop) onListenNews() {
+	froms, unknown, started, news, full := l.news.take()
+	if g := l.gate; g != nil {
+		if started {
+			g.listening(true)
+		}
+		switch news.kind {
+		case newsWritten:
+			g.woken()
+		case newsAnswer:
+			g.answered(news.answer, time.Now())
+		case newsStopped:
+			g.listening(false)
+		}
+	}
+	if !l.polling() {
+		return
+	}
+	if full {
+		l.fetch.wantFull()
+	}
+	l.notified(froms, unknown)
+	// A notification that asks for no fetch (the relay holds what it announced) leaves
+	// nothing to come back short: ask now, or writers would no longer notify.
+	if !l.fetch.planned() && l.gate != nil && l.gate.short() {
+		l.askGate()
+	}
+}
+
+// askGate asks the listener for the gate (an ask already out is as good).
+func (l *loop) askGate() {
+	select {
+	case l.gateAsks <- struct{}{}:
+	default:
+	}
+}
+
+// recheckGate asks for the gate again if another relay held it (wakeGate.recheck).
+func (l *loop) recheckGate() {
+	if l.gate != nil && l.polling() && l.gate.recheck() {
+		l.askGate()
+	}
+}
+
+// gateWakeAt is when a retry after a busy gate is due, for the loop's timer.
+func (l *loop) gateWakeAt() time.Time {
+	if l.gate == nil {
+		return time.Time{}
+	}
+	return l.gate.wakeAt()
+}
+
 // notified plans the fetches for what the notifications announced: each the lowest seq
 // its transaction wrote. A transaction whose lowest message is in hand at or below the
 // cursor needs none: the fetch that read that message saw all of its rows (they became
@@ -832,7 +896,11 @@ func (l *loop) onFetch(ctx context.Context, res fetchResult) {
 	for _, m := range res.fetched {
 		top = max(top, m.Seq)
 	}
-	l.fetch.done(top, len(res.fetched) == res.req.Limit, res.req.After)
+	full := len(res.fetched) == res.req.Limit
+	l.fetch.done(top, full, res.req.After)
+	if !full && l.gate != nil && l.polling() && l.gate.short() {
+		l.askGate()
+	}
 	tokens := make(map[int]int64, len(res.req.Leases))
 	for _, ls := range res.req.Leases {
 		tokens[ls.Shard] = ls.Token

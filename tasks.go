@@ -15,17 +15,31 @@ import (
 // advisory lock per task, so one relay does the work at a time).
 
 func (l *loop) listen(ctx context.Context, lis outboxdriver.Listener) {
-	wake := func(w outboxdriver.Wake, from int64) {
-		ch := l.wake
-		if w == outboxdriver.WakeLeases {
-			ch = l.wakeLeases
-		} else {
-			l.woken.add(from)
-		}
+	signal := func(ch chan struct{}) {
 		select {
 		case ch <- struct{}{}:
 		default:
 		}
+	}
+	wake := func(w outboxdriver.Wake, from int64) {
+		if w == outboxdriver.WakeLeases {
+			signal(l.wakeLeases)
+			return
+		}
+		l.news.written(from)
+		signal(l.wake)
+	}
+	var gate outboxdriver.Gate
+	if l.gate != nil {
+		gate = outboxdriver.Gate{Asks: l.gateAsks, Answer: func(a outboxdriver.GateState) {
+			l.news.answered(a)
+			signal(l.wake)
+		}}
+	}
+	listen := func() error {
+		l.news.listening(true)
+		defer func() { l.news.listening(false); signal(l.wake) }()
+		return lis.Listen(ctx, wake, gate)
 	}
 	// A lost LISTEN connection is most often one the database closed (a restart, a
 	// terminated backend): listen again at once, backing off to 2 s while it fails, and
@@ -33,7 +47,7 @@ func (l *loop) listen(ctx context.Context, lis outboxdriver.Listener) {
 	fails := 0
 	for ctx.Err() == nil {
 		began := time.Now()
-		err := lis.Listen(ctx, wake)
+		err := listen()
 		if ctx.Err() != nil {
 			return
 		}
@@ -133,20 +147,42 @@ func (c rowCleaner) Maintain(ctx context.Context, req outboxdriver.MaintainReque
 	}
 }
 
-// writtenFrom gathers, between the listener and the loop, the seqs the notifications
-// announced (the lowest each transaction wrote), for the loop to take when woken.
-type writtenFrom struct {
+// listenNews gathers, between the listener and the loop, what the listener said since
+// the loop last looked: where the messages the notifications announced start (the lowest
+// seq each transaction wrote), and the latest news of the gate, which the loop takes in
+// the order the listener said it (an answer, then a notification: the gate is open).
+type listenNews struct {
 	mu      sync.Mutex
 	froms   []int64
 	unknown bool // one did not say, or more came than are kept: fetch in full
+	gate    gateNews
+	full    bool // the gate was armed or covered since: fetch in full
+	started bool // the listener started since: its news is the gate's after that
 }
+
+// gateNews is the listener's latest news of the gate.
+type gateNews struct {
+	kind   gateNewsKind
+	answer outboxdriver.GateState // kind newsAnswer
+}
+
+type gateNewsKind uint8
+
+const (
+	newsNone    gateNewsKind = iota
+	newsWritten              // a notification of a write: the listener let go of the gate
+	newsAnswer               // an answer to the relay's ask
+	newsStarted              // the listener started (listenNews.started says so too)
+	newsStopped              // the listener stopped
+)
 
 // maxGathered bounds the seqs kept between two looks of the loop.
 const maxGathered = 256
 
-func (w *writtenFrom) add(from int64) {
+func (w *listenNews) written(from int64) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	w.gate = gateNews{kind: newsWritten}
 	if from == 0 || len(w.froms) == maxGathered {
 		w.unknown = true
 		return
@@ -154,11 +190,27 @@ func (w *writtenFrom) add(from int64) {
 	w.froms = append(w.froms, from)
 }
 
-// take returns what was gathered since the last take, and starts over.
-func (w *writtenFrom) take() (froms []int64, unknown bool) {
+func (w *listenNews) answered(a outboxdriver.GateState) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	froms, unknown = w.froms, w.unknown
-	w.froms, w.unknown = nil, false
-	return froms, unknown
+	w.gate = gateNews{kind: newsAnswer, answer: a}
+	w.full = w.full || a == outboxdriver.GateArmed || a == outboxdriver.GateCovered
+}
+
+func (w *listenNews) listening(on bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.gate = gateNews{kind: newsStopped}
+	if on {
+		w.gate.kind, w.started = newsStarted, true
+	}
+}
+
+// take returns what was gathered since the last take, and starts over.
+func (w *listenNews) take() (froms []int64, unknown bool, started bool, gate gateNews, full bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	froms, unknown, started, gate, full = w.froms, w.unknown, w.started, w.gate, w.full
+	w.froms, w.unknown, w.started, w.gate, w.full = nil, false, false, gateNews{}, false
+	return froms, unknown, started, gate, full
 }

@@ -30,8 +30,20 @@ with --writers):
      published per second (writers' start -> last confirm), relay_writer_ratio the
      second over the first (1.00: the relay keeps up), catch_up_ms how long after the
      last commit the last event was confirmed, writers_p50/p95/p99_ms COMMIT returned ->
-     broker confirmed. On SQLite it shows whether the relay gets its turns at the one
-     write lock: outbox bench --db sqlite --writers 8 --duration -1s.
+     broker confirmed. The reference, measured in the same run: the same N writers
+     commit the same one-event transactions as one plain INSERT each into a naive
+     outbox table (outbox_events: id, aggregate, event type, JSON payload of the same
+     size, dedup key; indexed for a poller, by aggregate, unique dedup key), which no
+     relay reads, for half of --writers-duration right before the writers and half
+     right after; naive_writer_eps is its rate, writer_x = writer_eps /
+     naive_writer_eps (ours, with the relays running, over the naive table's, with
+     none: 1.00 means our Writer commits as fast as a plain INSERT).
+     writer_commit_p50/p99_ms and naive_commit_p50/p99_ms are one whole write
+     transaction, BEGIN to COMMIT returned. Both use the same pool, one connection per
+     writer (the database must allow N more connections; SQLite keeps its store's
+     pool). On SQLite it shows whether the relay gets its turns at the one write lock,
+     and has no reference (no naive_* keys, no writer_x): its single writer is its own
+     case. outbox bench --db sqlite --writers 8 --duration -1s.
 With --pin-xmin, phases 1 to 3 run a second time with a snapshot held open in the bench's
 database (PostgreSQL: REPEATABLE READ, which pins the xmin horizon; MySQL: a consistent
 snapshot, which holds back purge; SQLite: a read transaction, which holds back
@@ -64,8 +76,8 @@ last line on stdout is "bench: key=value ...". With no flags it uses the local s
 		fs.IntVar(&cfg.Relays, "relays", 1, "relays draining the backlog at once")
 		fs.IntVar(&cfg.Rate, "rate", 1_000, "events per second in the latency phase")
 		fs.DurationVar(&cfg.Duration, "duration", 10*time.Second, "length of the latency phase (-1s skips it)")
-		fs.IntVar(&cfg.Writers, "writers", 0, "writers committing at full speed while the relays publish, in a fourth phase\n(0: no such phase)")
-		fs.DurationVar(&cfg.WritersDuration, "writers-duration", 10*time.Second, "length of the writers phase")
+		fs.IntVar(&cfg.Writers, "writers", 0, "writers committing at full speed while the relays publish, in a fourth phase,\nagainst a naive outbox table's rate (0: no such phase)")
+		fs.DurationVar(&cfg.WritersDuration, "writers-duration", 10*time.Second, "length of the writers phase; the naive table's reference takes as long again,\nhalf before it and half after")
 		fs.IntVar(&cfg.Runs, "runs", 1, "raw + drain measurements to take; the figures are their medians")
 		fs.BoolVar(&cfg.PinXmin, "pin-xmin", false, "measure the drain and latency phases again with a snapshot held open in the\nbench's database (a long transaction), and report them as pinned_*")
 		fs.IntVar(&cfg.RotateRows, "rotate-rows", 0, "PostgreSQL: the pending ring's bucket size (`n` messages; default the store's, 2000)")

@@ -45,3 +45,14 @@ func TestBenchSourceWAL(t *testing.T) {
 		t.Errorf("polling used a walsender: poll_walsender_cpu_ms_per_10k=%s", fields["poll_walsender_cpu_ms_per_10k"])
 	}
 }
+
+// TestBenchWritersHelp: the help names the writers phase's reference and its keys.
+func TestBenchWritersHelp(t *testing.T) {
+	t.Parallel()
+	r := must(t, 0, nil, "bench", "--help")
+	for _, key := range []string{"naive_writer_eps", "writer_x", "writer_commit_p50/p99_ms", "naive_commit_p50/p99_ms", "outbox_events"} {
+		if !strings.Contains(r.stdout, key) {
+			t.Errorf("bench --help does not mention %s:\n%s", key, r.stdout)
+		}
+	}
+}

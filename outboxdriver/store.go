@@ -100,8 +100,14 @@ type Recycling struct {
 //
 // A seq lets the relay read what was written by a continuation above its cursor, which
 // walks none of the rows already published, instead of a fetch from the oldest row.
+//
+// Writers notify only while a relay waits (Gate): a notifying commit is serialised with
+// every other notifying commit of the whole database server, so an outbox whose writers
+// notified on every commit cost a busy application most of its commit rate. Listen
+// answers the relay's asks on gate.Asks, one Gate.Answer each, in order with its wake
+// calls: a wake that follows an answer happened after it.
 type Listener interface {
-	Listen(ctx context.Context, wake func(w Wake, from int64)) error
+	Listen(ctx context.Context, wake func(w Wake, from int64), gate Gate) error
 }
 
 // Wake says why a Listener woke the relay.
@@ -115,6 +121,41 @@ const (
 	// joined). The relay syncs its leases at once instead of at its next renewal, so
 	// that the shards' keys wait for a round trip rather than a renewal interval.
 	WakeLeases
+)
+
+// Gate carries a relay's asks to be woken by the next write, and the listener's
+// answers. A zero Gate asks nothing: the writers of an outbox that gates its
+// notifications then notify no one, and the relay finds their messages by polling.
+type Gate struct {
+	// Asks receives an ask when the relay has found nothing more to fetch and would wait.
+	Asks <-chan struct{}
+	// Answer is called with the listener's answer to each ask.
+	Answer func(GateState)
+}
+
+// GateState is a Listener's answer to an ask (Gate).
+type GateState uint8
+
+const (
+	// GateAlways: writers notify on every commit (an outbox whose schema predates the
+	// gate, PostgreSQL before schema version 7). Nothing to ask for until Listen is
+	// called again.
+	GateAlways GateState = iota
+	// GateArmed: this listener holds the gate, and every writer from now on notifies
+	// until the next notification, when the listener lets go of it (the relay is busy
+	// again). Every writer that had not notified has ended: a fetch from now on sees
+	// what it wrote.
+	GateArmed
+	// GateCovered: another relay's listener holds the gate, with the same meaning: the
+	// notifications reach every listener.
+	GateCovered
+	// GateBusy: writers that did not notify are between their insert and their commit.
+	// The relay fetches again shortly and asks again.
+	GateBusy
+	// GateUnavailable: the listening session cannot hold the gate (it is not kept from
+	// one statement to the next: PgBouncer in transaction pooling mode). Nothing to ask
+	// for until Listen is called again; the relay polls.
+	GateUnavailable
 )
 
 // Lease is a relay's ownership of one shard. Token grows with every change of owner; the

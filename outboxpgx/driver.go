@@ -10,9 +10,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -48,7 +50,7 @@ type Driver struct {
 	names  *pgsql.Names
 	shared pgsql.DB // the logic shared with outboxsql, over pool
 
-	insertSQL, fetchSQL, fetchAfterSQL, completeSQL string
+	insertSQL, insertOneSQL, fetchSQL, fetchAfterSQL, completeSQL string
 }
 
 var (
@@ -77,6 +79,7 @@ func New(pool *pgxpool.Pool, config Config) (*Driver, error) {
 	d := &Driver{
 		pool: pool, names: names,
 		insertSQL:     names.InsertUnnest(),
+		insertOneSQL:  names.InsertOne(),
 		fetchSQL:      names.Fetch(),
 		fetchAfterSQL: names.FetchAfter(),
 		completeSQL:   names.Complete(),
@@ -96,6 +99,9 @@ func (d *Driver) needPool() error {
 func (d *Driver) Insert(ctx context.Context, tx pgx.Tx, msgs []outbox.Message) ([]string, error) {
 	if tx == nil {
 		return nil, errors.New("outboxpgx: nil transaction: Write must run inside the caller's transaction")
+	}
+	if len(msgs) == 1 {
+		return d.insertOne(ctx, tx, &msgs[0])
 	}
 	n := len(msgs)
 	ids := make([][16]byte, n)
@@ -278,10 +284,36 @@ func (d *Driver) SyncLeases(ctx context.Context, req outboxdriver.LeaseRequest) 
 	return d.shared.SyncLeases(ctx, req)
 }
 
-// Listen implements outboxdriver.Listener with LISTEN on a connection of its own. It does not
-// work through PgBouncer in transaction pooling mode (the session that listens is not
-// kept); the relay's polling covers that case.
-func (d *Driver) Listen(ctx context.Context, wake func(outboxdriver.Wake, int64)) error {
+func (d *Driver) insertOne(ctx context.Context, tx pgx.Tx, m *outbox.Message) ([]string, error) {
+	h, err := pgsql.EncodeHeaders(m.Headers)
+	if err != nil {
+		return nil, err
+	}
+	payload := m.Payload
+	if payload == nil {
+		payload = []byte{}
+	}
+	var deliver pgtype.Timestamptz
+	if !m.DeliverAt.IsZero() {
+		deliver = pgtype.Timestamptz{Time: m.DeliverAt, Valid: true}
+	}
+	var written string
+	err = tx.QueryRow(ctx, d.insertOneSQL, [16]byte(m.ID), m.Topic, m.Key, m.AggregateType, m.EventType, m.ContentType, payload, h, m.DedupKey, deliver).Scan(&written)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows): // the dedup key is taken
+		return []string{m.DedupKey}, nil
+	case err != nil:
+		return nil, fmt.Errorf("outbox insert: %w", err)
+	}
+	return nil, nil
+}
+
+// Listen implements outboxdriver.Listener with LISTEN on a connection of its own, which
+// also holds the outbox's gate while the relay waits (schema version 7), so that the
+// gate goes with the session that receives the notifications. Neither works through
+// PgBouncer in transaction pooling mode (the session is not kept): the gate answers
+// GateUnavailable, and the relay polls.
+func (d *Driver) Listen(ctx context.Context, wake func(outboxdriver.Wake, int64), gate outboxdriver.Gate) error {
 	if err := d.needPool(); err != nil {
 		return err
 	}
@@ -294,16 +326,113 @@ func (d *Driver) Listen(ctx context.Context, wake func(outboxdriver.Wake, int64)
 	if _, err := conn.Exec(ctx, "LISTEN "+d.names.ChannelIdent); err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
+	var version int
+	if err := conn.QueryRow(ctx, d.names.SchemaVersion()).Scan(&version); err != nil {
+		return fmt.Errorf("listen: read the schema version: %w", err)
+	}
+	pid := conn.PgConn().PID()
+	answer := outboxdriver.GateArmed // what an ask gets without asking the database; GateArmed: ask it
+	if version < pgsql.GateVersion {
+		answer = outboxdriver.GateAlways
+	}
+	held := false
+	w := &waiter{conn: conn}
+	if gate.Asks != nil {
+		go w.forward(ctx, gate.Asks)
+	}
 	wake(outboxdriver.WakeWritten, 0) // anything written before LISTEN took effect
 	for {
-		n, err := conn.WaitForNotification(ctx)
-		if err != nil {
+		n, asked, err := w.next(ctx)
+		switch {
+		case err != nil:
 			return err
-		}
-		if n.Payload == pgsql.NotifyLeases {
+		case asked && (held || answer != outboxdriver.GateArmed):
+			gate.Answer(answer)
+		case asked:
+			var state string
+			if err := conn.QueryRow(ctx, d.names.GateArm(), pid).Scan(&state); err != nil {
+				return fmt.Errorf("listen: take the gate: %w", err)
+			}
+			switch state {
+			case "armed":
+				held = true
+				gate.Answer(outboxdriver.GateArmed)
+			case "covered":
+				gate.Answer(outboxdriver.GateCovered)
+			case "busy":
+				gate.Answer(outboxdriver.GateBusy)
+			default: // "moved"
+				answer = outboxdriver.GateUnavailable
+				gate.Answer(answer)
+			}
+		case n.Payload == pgsql.NotifyLeases:
 			wake(outboxdriver.WakeLeases, 0)
-		} else {
+		default:
 			wake(outboxdriver.WakeWritten, pgsql.NotifiedFrom(n.Payload))
+			if !held {
+				continue
+			}
+			// The relay is busy again: writers stop notifying.
+			var ok bool
+			if err := conn.QueryRow(ctx, d.names.GateRelease(), pid).Scan(&ok); err != nil {
+				return fmt.Errorf("listen: let go of the gate: %w", err)
+			}
+			if !ok {
+				return errors.New("listen: the listening session moved to another server process (PgBouncer in transaction pooling mode?); " +
+					"the gate stays with the process that took it until that process ends, and writers notify meanwhile: " +
+					"give the relay a direct connection or a session-mode pool")
+			}
+			held = false
 		}
 	}
+}
+
+// waiter waits on a listening connection for a notification or the relay's ask,
+// whichever comes first: an ask interrupts the wait, and the connection stays usable.
+type waiter struct {
+	conn    *pgx.Conn
+	mu      sync.Mutex
+	pending bool               // an ask not yet answered
+	cancel  context.CancelFunc // interrupts the wait in progress
+}
+
+// forward takes the relay's asks until ctx ends.
+func (w *waiter) forward(ctx context.Context, asks <-chan struct{}) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-asks:
+			w.mu.Lock()
+			w.pending = true
+			if w.cancel != nil {
+				w.cancel()
+			}
+			w.mu.Unlock()
+		}
+	}
+}
+
+// next returns the next notification, or asked when an ask came first. A notification
+// received along with an ask comes first; the ask stays for the next call.
+func (w *waiter) next(ctx context.Context) (n *pgconn.Notification, asked bool, err error) {
+	w.mu.Lock()
+	if w.pending {
+		w.pending = false
+		w.mu.Unlock()
+		return nil, true, nil
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	w.cancel = cancel
+	w.mu.Unlock()
+	n, err = w.conn.WaitForNotification(wctx)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.cancel = nil
+	if err == nil || ctx.Err() != nil || !w.pending {
+		return n, false, err
+	}
+	w.pending = false
+	return nil, true, nil
 }

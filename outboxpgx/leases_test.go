@@ -73,8 +73,11 @@ func TestLeaseReleaseWakesListeners(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	wakes := make(chan outboxdriver.Wake, 16)
 	done := make(chan error, 1)
-	go func() { done <- b.Driver.Listen(ctx, func(w outboxdriver.Wake, _ int64) { wakes <- w }) }()
+	go func() {
+		done <- b.Driver.Listen(ctx, func(w outboxdriver.Wake, _ int64) { wakes <- w }, outboxdriver.Gate{})
+	}()
 	defer func() { cancel(); <-done }()
+	b.holdGate(t) // writers notify
 	if w := testenv.AwaitRecv(t, "Listen's first wake-up", wakes); w != outboxdriver.WakeWritten {
 		t.Fatalf("first wake-up %v, want WakeWritten", w)
 	}

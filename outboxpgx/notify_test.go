@@ -26,9 +26,10 @@ func TestNotifySaysWhereWritesStart(t *testing.T) {
 			if w == outboxdriver.WakeWritten {
 				froms <- from
 			}
-		})
+		}, outboxdriver.Gate{})
 	}()
 	defer func() { cancel(); <-done }()
+	b.holdGate(t) // as a waiting relay would: every writer notifies
 	if from := testenv.AwaitRecv(t, "Listen's first wake-up", froms); from != 0 {
 		t.Fatalf("the wake-up for what was written before LISTEN says %d, want 0", from)
 	}

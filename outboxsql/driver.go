@@ -114,6 +114,9 @@ func (d *Driver) insertSQL(rows int) string {
 		return q.(string)
 	}
 	q := d.names.InsertValues(rows)
+	if rows == 1 {
+		q = d.names.InsertOne() // the same parameters as one row of InsertValues
+	}
 	d.insertCache.Store(rows, q)
 	return q
 }

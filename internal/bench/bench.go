@@ -45,8 +45,12 @@ type Config struct {
 	// publish, as an application's writers and its relay share a database. It measures
 	// the writers' rate, the relays' rate over the same events and commit-to-confirm
 	// latency together: on SQLite, whether the relay gets its turns at the write lock.
+	// Except on SQLite, the same writers also commit into a naive outbox table, for
+	// half of WritersDuration before and half after, the reference WritersPhase.X
+	// compares the writers' rate with.
 	Writers int
-	// WritersDuration is the length of the writers phase. Defaults to 10s.
+	// WritersDuration is the length of the writers phase (the reference takes as long
+	// again). Defaults to 10s.
 	WritersDuration time.Duration
 	// PinXmin, when set, measures the drain and latency phases a second time with a
 	// snapshot held open in the bench's database for their whole length (PostgreSQL: a
@@ -151,6 +155,18 @@ type WritersPhase struct {
 	// CatchUp is how long after the last commit the last event was confirmed.
 	CatchUp       time.Duration
 	P50, P95, P99 time.Duration // COMMIT returned -> broker confirmed
+	// CommitP50 and CommitP99 are how long one whole write transaction took, from its
+	// BEGIN to its COMMIT returned.
+	CommitP50, CommitP99 time.Duration
+	// NaiveEPS is the reference measured in the same run: the same writers committing
+	// the same one-event transactions as one plain INSERT each into a naive outbox table
+	// (naiveTable) that no relay reads, on the same pool, for half of WritersDuration
+	// right before the writers and half right after (events of both halves over their
+	// time). X is WriterEPS / NaiveEPS. Both are 0, and NaiveEvents and the naive
+	// latencies too, on SQLite, which has no reference: it takes one writer at a time.
+	NaiveEPS, X                    float64
+	NaiveEvents                    int
+	NaiveCommitP50, NaiveCommitP99 time.Duration // BEGIN -> COMMIT returned, both halves pooled
 }
 
 // String is the one-line summary, `bench: key=value ...`.
@@ -170,6 +186,13 @@ func (r Result) String() string {
 	if w := r.Writers; w != nil {
 		line += fmt.Sprintf(" writers=%d writers_events=%d writer_eps=%.0f relay_eps=%.0f relay_writer_ratio=%.2f catch_up_ms=%s writers_p50_ms=%s writers_p95_ms=%s writers_p99_ms=%s",
 			w.Writers, w.Events, w.WriterEPS, w.RelayEPS, w.RelayEPS/max(w.WriterEPS, 1e-9), ms(w.CatchUp), ms(w.P50), ms(w.P95), ms(w.P99))
+		if w.NaiveEPS > 0 {
+			line += fmt.Sprintf(" naive_writer_eps=%.0f writer_x=%.2f", w.NaiveEPS, w.X)
+		}
+		line += fmt.Sprintf(" writer_commit_p50_ms=%s writer_commit_p99_ms=%s", ms(w.CommitP50), ms(w.CommitP99))
+		if w.NaiveEPS > 0 {
+			line += fmt.Sprintf(" naive_commit_p50_ms=%s naive_commit_p99_ms=%s", ms(w.NaiveCommitP50), ms(w.NaiveCommitP99))
+		}
 	}
 	div := func(a, b float64) float64 {
 		if b == 0 {
@@ -510,12 +533,17 @@ func (m *measurer) phases(ctx context.Context, label string) (Phases, error) {
 	// Phase 4: writers at full speed while the relays publish.
 	if cfg.Writers > 0 {
 		say("%swriters: %d writers at full speed for %s, one event per transaction, while the relays publish", label, cfg.Writers, cfg.WritersDuration)
-		w, err := writersPhase(ctx, m.db, cfg, m.payload, m.confirmed)
+		w, err := writersPhase(ctx, m.db, cfg, m.payload, m.confirmed, func(format string, args ...any) { say(label+format, args...) })
 		if err != nil {
 			return ph, err
 		}
-		say("%swriters: %d events, writers %.0f/s, relays %.0f/s (%.2f of the writers), caught up %.0f ms after the last commit, p99 %.2f ms",
-			label, w.Events, w.WriterEPS, w.RelayEPS, w.RelayEPS/max(w.WriterEPS, 1e-9), float64(w.CatchUp)/float64(time.Millisecond), float64(w.P99)/float64(time.Millisecond))
+		naive := ""
+		if w.NaiveEPS > 0 {
+			naive = fmt.Sprintf("; naive table %.0f/s (writer_x %.2f), its commits p50 %s ms, p99 %s ms", w.NaiveEPS, w.X, msText(w.NaiveCommitP50), msText(w.NaiveCommitP99))
+		}
+		say("%swriters: %d events, writers %.0f/s, relays %.0f/s (%.2f of the writers), caught up %.0f ms after the last commit, p99 %.2f ms; commits p50 %s ms, p99 %s ms%s",
+			label, w.Events, w.WriterEPS, w.RelayEPS, w.RelayEPS/max(w.WriterEPS, 1e-9), float64(w.CatchUp)/float64(time.Millisecond), float64(w.P99)/float64(time.Millisecond),
+			msText(w.CommitP50), msText(w.CommitP99), naive)
 		ph.Writers = w
 	}
 	return ph, nil
@@ -568,38 +596,58 @@ func (m *measurer) idlePhase(ctx context.Context, pg *postgres, ph *Phases, labe
 // writersPhase runs cfg.Writers goroutines that each commit one event per transaction,
 // beginning the next as soon as the last committed, for cfg.WritersDuration, while the
 // relays (already running) publish; then it waits until every event is confirmed.
-func writersPhase(ctx context.Context, db database, cfg Config, payload []byte, confirmed *confirmLog) (*WritersPhase, error) {
-	confirmed.begin()
-	type commit struct {
-		id outbox.ID
-		at time.Time
-	}
-	commits := make([][]commit, cfg.Writers)
-	errs := make([]error, cfg.Writers)
-	start := time.Now()
-	deadline := start.Add(cfg.WritersDuration)
-	var wg sync.WaitGroup
-	for g := range cfg.Writers {
-		wg.Go(func() {
-			for i := 0; time.Now().Before(deadline) && ctx.Err() == nil; i++ {
-				m := outbox.Message{ID: outbox.NewID(), Topic: "orders", Key: "writer-" + strconv.Itoa(g) + "-" + strconv.Itoa(i%(cfg.Keys/cfg.Writers+1)),
-					Payload: payload, ContentType: "application/octet-stream"}
-				if err := db.write(ctx, []outbox.Message{m}); err != nil {
-					errs[g] = err
-					return
-				}
-				commits[g] = append(commits[g], commit{m.ID, time.Now()})
-			}
-		})
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
+//
+// Around it runs the reference, where the database has one: the same writers on the same
+// pool commit the same events as one plain INSERT each into the naive table, for half of
+// cfg.WritersDuration right before ours and half right after, and the halves count as
+// one run, so that drift on a shared machine (other load, the database's checkpoints and
+// caches) falls on both sides alike. The relays stay up meanwhile, as they have since the
+// drain, but idle: the first half begins after everything written before was confirmed,
+// the second after all of ours were, and no relay reads the naive table: on PostgreSQL
+// they wait on LISTEN, which its INSERTs do not notify (in WAL mode the walsender decodes
+// its rows and drops them, as it would beside an application's tables), elsewhere they
+// poll, the same few queries a second during both halves as during ours. Stopping them
+// for the reference would leave their restart inside our phase.
+func writersPhase(ctx context.Context, db database, cfg Config, payload []byte, confirmed *confirmLog, say func(string, ...any)) (*WritersPhase, error) {
+	pool, err := db.writers(ctx, cfg.Writers)
+	if err != nil {
 		return nil, fmt.Errorf("writers: %w", err)
 	}
-	var all []commit
-	for _, c := range commits {
-		all = append(all, c...)
+	defer pool.close()
+	keyOf := func(g, i int) string {
+		return "writer-" + strconv.Itoa(g) + "-" + strconv.Itoa(i%(cfg.Keys/cfg.Writers+1))
 	}
+	var naive []commitRun
+	naiveHalf := func(which string) error {
+		if pool.naive == nil {
+			return nil
+		}
+		say("writers: naive reference, %s half: %d writers for %s, one plain INSERT per transaction into %s, no relay",
+			which, cfg.Writers, cfg.WritersDuration/2, naiveTable)
+		body := jsonPayload(len(payload))
+		r, err := commitLoop(ctx, cfg.Writers, cfg.WritersDuration/2, func(g, i int) (outbox.ID, error) {
+			e := naiveEvent{ID: outbox.NewID(), AggregateType: "orders", AggregateID: keyOf(g, i), EventType: "order.placed", Payload: body}
+			return e.ID, pool.naive(ctx, e)
+		})
+		if err != nil {
+			return fmt.Errorf("writers: naive reference: %w", err)
+		}
+		naive = append(naive, r)
+		return nil
+	}
+
+	if err := naiveHalf("first"); err != nil {
+		return nil, err
+	}
+	confirmed.begin()
+	ours, err := commitLoop(ctx, cfg.Writers, cfg.WritersDuration, func(g, i int) (outbox.ID, error) {
+		m := outbox.Message{ID: outbox.NewID(), Topic: "orders", Key: keyOf(g, i), Payload: payload, ContentType: "application/octet-stream"}
+		return m.ID, pool.write(ctx, []outbox.Message{m})
+	})
+	if err != nil {
+		return nil, fmt.Errorf("writers: %w", err)
+	}
+	all := ours.commits
 	w := &WritersPhase{Writers: cfg.Writers, Events: len(all)}
 	if len(all) == 0 {
 		return w, nil
@@ -625,11 +673,111 @@ func writersPhase(ctx context.Context, db database, cfg Config, payload []byte, 
 			lastCommit = c.at
 		}
 	}
-	w.WriterEPS = float64(len(all)) / lastCommit.Sub(start).Seconds()
-	w.RelayEPS = float64(len(all)) / lastConfirm.Sub(start).Seconds()
+	if err := naiveHalf("second"); err != nil {
+		return nil, err
+	}
+
+	w.WriterEPS = float64(len(all)) / ours.seconds()
+	w.RelayEPS = float64(len(all)) / lastConfirm.Sub(ours.start).Seconds()
 	w.CatchUp = max(lastConfirm.Sub(lastCommit), 0)
 	w.P50, w.P95, w.P99 = percentiles(lat)
+	w.CommitP50, _, w.CommitP99 = percentiles(ours.durations())
+	var secs float64
+	var naiveLat []time.Duration
+	for _, r := range naive {
+		w.NaiveEvents += len(r.commits)
+		secs += r.seconds()
+		naiveLat = append(naiveLat, r.durations()...)
+	}
+	if w.NaiveEvents > 0 && secs > 0 {
+		w.NaiveEPS = float64(w.NaiveEvents) / secs
+		w.X = w.WriterEPS / w.NaiveEPS
+		w.NaiveCommitP50, _, w.NaiveCommitP99 = percentiles(naiveLat)
+	}
 	return w, nil
+}
+
+// commitRun is what commitLoop measured: when it started, and each transaction.
+type commitRun struct {
+	start   time.Time
+	commits []commit
+}
+
+// commit is one transaction of a commitLoop: its event's id, when it began (before
+// BEGIN) and when its COMMIT returned.
+type commit struct {
+	id        outbox.ID
+	began, at time.Time
+}
+
+// seconds is the run's length: from its start to its last commit; 0 without commits.
+func (r commitRun) seconds() float64 {
+	var last time.Time
+	for _, c := range r.commits {
+		if c.at.After(last) {
+			last = c.at
+		}
+	}
+	if last.IsZero() {
+		return 0
+	}
+	return last.Sub(r.start).Seconds()
+}
+
+// durations are how long each transaction took, BEGIN to COMMIT returned.
+func (r commitRun) durations() []time.Duration {
+	d := make([]time.Duration, len(r.commits))
+	for i, c := range r.commits {
+		d[i] = c.at.Sub(c.began)
+	}
+	return d
+}
+
+// commitLoop runs n goroutines that each commit one event per transaction with write (g
+// is the goroutine, i its transaction; write returns the event's id once its commit
+// returned), beginning the next as soon as the last committed, for d.
+func commitLoop(ctx context.Context, n int, d time.Duration, write func(g, i int) (outbox.ID, error)) (commitRun, error) {
+	per := make([][]commit, n)
+	errs := make([]error, n)
+	start := time.Now()
+	deadline := start.Add(d)
+	var wg sync.WaitGroup
+	for g := range n {
+		wg.Go(func() {
+			for i := 0; time.Now().Before(deadline) && ctx.Err() == nil; i++ {
+				began := time.Now()
+				id, err := write(g, i)
+				if err != nil {
+					errs[g] = err
+					return
+				}
+				per[g] = append(per[g], commit{id: id, began: began, at: time.Now()})
+			}
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return commitRun{}, err
+	}
+	r := commitRun{start: start}
+	for _, c := range per {
+		r.commits = append(r.commits, c...)
+	}
+	return r, nil
+}
+
+// jsonPayload returns a JSON value of n bytes, the naive table's payload for our payload
+// of n bytes: {"d":"abc..."}, or below 8 bytes a number of n digits.
+func jsonPayload(n int) string {
+	const wrap = len(`{"d":""}`)
+	if n < wrap {
+		return strings.Repeat("1", n)
+	}
+	b := make([]byte, n-wrap)
+	for i := range b {
+		b[i] = 'a' + byte(i%26)
+	}
+	return `{"d":"` + string(b) + `"}`
 }
 
 // percentiles returns the 50th, 95th and 99th percentiles of lat, which it sorts.

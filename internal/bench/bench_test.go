@@ -1,13 +1,21 @@
 package bench
 
 import (
+	"encoding/json"
 	"os"
+	"reflect"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/pgsql"
+	"github.com/outboxkit/outbox/internal/testinfra/testdb"
+	"github.com/outboxkit/outbox/internal/testinfra/testenv"
+	"github.com/outboxkit/outbox/internal/testinfra/testmysql"
+	"github.com/outboxkit/outbox/internal/testinfra/testnats"
 )
 
 // TestLineWithPolling: with Source wal the line carries WAL mode's figures under the
@@ -88,4 +96,131 @@ func TestFetchStatementCounted(t *testing.T) {
 			t.Errorf("%s would count as a fetch:\n%s", name, sql)
 		}
 	}
+}
+
+// TestWritersNaiveReference runs a tiny writers phase on PostgreSQL and on MySQL: with our
+// writers' rate it measures the naive table's in the same run, and both commit latencies.
+// Figures are not judged here; that each was measured, and that writer_x is the ratio of
+// the two rates, is.
+func TestWritersNaiveReference(t *testing.T) {
+	testnats.Conn(t, "") // the shared server the runs publish to; missing, it fails here
+	for db, url := range map[string]string{DBPostgres: testdb.URL(), DBMySQL: testmysql.DSN()} {
+		t.Run(db, func(t *testing.T) {
+			t.Parallel()
+			res, err := Run(testenv.Context(t), Config{DB: db, DatabaseURL: url, BrokerURL: testnats.URL(),
+				Events: 500, Keys: 50, Duration: -1, Writers: 4, WritersDuration: time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			w := res.Writers
+			if w == nil {
+				t.Fatalf("no writers phase in %+v", res)
+			}
+			for name, v := range map[string]float64{"WriterEPS": w.WriterEPS, "NaiveEPS": w.NaiveEPS, "X": w.X,
+				"NaiveEvents": float64(w.NaiveEvents), "CommitP50": float64(w.CommitP50), "CommitP99": float64(w.CommitP99),
+				"NaiveCommitP50": float64(w.NaiveCommitP50), "NaiveCommitP99": float64(w.NaiveCommitP99)} {
+				if v <= 0 {
+					t.Errorf("%s = %v, want a positive figure: %+v", name, v, w)
+				}
+			}
+			if w.X != w.WriterEPS/w.NaiveEPS {
+				t.Errorf("X = %v, want WriterEPS/NaiveEPS = %v", w.X, w.WriterEPS/w.NaiveEPS)
+			}
+			fields := lineFields(res.String())
+			for _, key := range []string{"writer_eps", "naive_writer_eps", "writer_x", "writer_commit_p50_ms", "writer_commit_p99_ms",
+				"naive_commit_p50_ms", "naive_commit_p99_ms", "writers_p99_ms"} {
+				if v, err := strconv.ParseFloat(fields[key], 64); err != nil || v <= 0 {
+					t.Errorf("%s=%q, want a positive figure:\n%s", key, fields[key], res)
+				}
+			}
+			if want := strconv.FormatFloat(w.WriterEPS/w.NaiveEPS, 'f', 2, 64); fields["writer_x"] != want {
+				t.Errorf("writer_x=%s, want writer_eps/naive_writer_eps = %s", fields["writer_x"], want)
+			}
+		})
+	}
+}
+
+// TestWritersPool: the writers phase's pool writes ours and the naive table's rows, the
+// naive one with its id, its id's text as the dedup key and the JSON payload as given.
+func TestWritersPool(t *testing.T) {
+	for db, url := range map[string]string{DBPostgres: testdb.URL(), DBMySQL: testmysql.DSN()} {
+		t.Run(db, func(t *testing.T) {
+			t.Parallel()
+			ctx := testenv.Context(t)
+			d, err := openDatabase(ctx, Config{DB: db, DatabaseURL: url}, randomTag())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer d.drop()
+			pool, err := d.writers(ctx, 3)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer pool.close()
+			if err := pool.write(ctx, []outbox.Message{{Topic: "orders", Key: "k", Payload: []byte("x")}}); err != nil {
+				t.Fatal(err)
+			}
+			e := naiveEvent{ID: outbox.NewID(), AggregateType: "orders", AggregateID: "writer-0-0", EventType: "order.placed", Payload: jsonPayload(20)}
+			if err := pool.naive(ctx, e); err != nil {
+				t.Fatal(err)
+			}
+			var payload, dedup string
+			switch d := d.(type) {
+			case *postgres:
+				err = d.pool.QueryRow(ctx, `SELECT payload::text, dedup_key FROM "`+d.schema+`".`+naiveTable+` WHERE id = $1`, [16]byte(e.ID)).Scan(&payload, &dedup)
+			case *sqlDatabase:
+				err = d.db.QueryRowContext(ctx, `SELECT payload, dedup_key FROM `+naiveTable+` WHERE id = ?`, e.ID[:]).Scan(&payload, &dedup)
+			}
+			if err != nil {
+				t.Fatalf("read the naive row back: %v", err)
+			}
+			var got, want any
+			if err := json.Unmarshal([]byte(payload), &got); err != nil {
+				t.Fatalf("payload %q: %v", payload, err)
+			}
+			_ = json.Unmarshal([]byte(e.Payload), &want)
+			if !reflect.DeepEqual(got, want) || dedup != e.ID.String() {
+				t.Errorf("naive row: payload %s, dedup_key %s; want %s, %s", payload, dedup, e.Payload, e.ID)
+			}
+		})
+	}
+}
+
+// TestWritersJSONPayload: the naive table's payload is JSON of exactly our payload's size.
+func TestWritersJSONPayload(t *testing.T) {
+	for n := 1; n <= 140; n++ {
+		if p := jsonPayload(n); len(p) != n || !json.Valid([]byte(p)) {
+			t.Errorf("jsonPayload(%d) = %q: %d bytes, valid JSON %v", n, p, len(p), json.Valid([]byte(p)))
+		}
+	}
+}
+
+// TestWritersLine: the line carries the naive reference's keys when it was measured, and
+// leaves them out when it was not (SQLite); the commit latencies are there either way.
+func TestWritersLine(t *testing.T) {
+	w := &WritersPhase{Writers: 4, Events: 100, WriterEPS: 50, RelayEPS: 50, CommitP50: time.Millisecond, CommitP99: 3 * time.Millisecond,
+		NaiveEPS: 200, X: 0.25, NaiveEvents: 400, NaiveCommitP50: time.Millisecond / 2, NaiveCommitP99: 2 * time.Millisecond}
+	r := Result{DB: "postgres", Phases: Phases{Writers: w}}
+	line := r.String() + " "
+	for _, want := range []string{" writer_eps=50 ", " naive_writer_eps=200 ", " writer_x=0.25 ", " writer_commit_p50_ms=1.00 ",
+		" writer_commit_p99_ms=3.00 ", " naive_commit_p50_ms=0.50 ", " naive_commit_p99_ms=2.00 "} {
+		if !strings.Contains(line, want) {
+			t.Errorf("line lacks %q:\n%s", want, line)
+		}
+	}
+	w.NaiveEPS, w.X, w.NaiveEvents, w.NaiveCommitP50, w.NaiveCommitP99 = 0, 0, 0, 0, 0
+	line = r.String() + " "
+	if strings.Contains(line, "naive_") || strings.Contains(line, "writer_x=") || !strings.Contains(line, " writer_commit_p99_ms=3.00 ") {
+		t.Errorf("without a reference, want no naive_* and no writer_x, with writer_commit_*:\n%s", line)
+	}
+}
+
+// lineFields splits a `bench: key=value ...` line.
+func lineFields(line string) map[string]string {
+	fields := map[string]string{}
+	for _, kv := range strings.Fields(line) {
+		k, v, _ := strings.Cut(kv, "=")
+		fields[k] = v
+	}
+	return fields
 }

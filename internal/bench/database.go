@@ -34,9 +34,74 @@ type database interface {
 	// pin holds a snapshot open on a connection of its own until release is called: the
 	// long transaction that keeps the database from cleaning up behind the relay.
 	pin(ctx context.Context) (release func(), err error)
+	// writers returns the writers phase's pool (Config.Writers), for n writers.
+	writers(ctx context.Context, n int) (*writerPool, error)
 	// drop deletes the outbox and closes what the database holds.
 	drop()
 }
+
+// writerPool is the writers phase's connections, one per writer and opened before the
+// phase, so that no writer waits for a connection or pays for opening one. Our Writer
+// and the naive reference write through the same pool: what differs between their rates
+// is the write alone.
+type writerPool struct {
+	// write commits msgs in one transaction through our Writer.
+	write func(ctx context.Context, msgs []outbox.Message) error
+	// naive commits e as one plain INSERT into the naive outbox table (naiveTable), in a
+	// transaction of its own; nil when the database has no reference (SQLite).
+	naive func(ctx context.Context, e naiveEvent) error
+	close func()
+}
+
+// naiveEvent is one row of the naive outbox table; its dedup key is its id's text, as
+// our Writer's default is.
+type naiveEvent struct {
+	ID                                    outbox.ID
+	AggregateType, AggregateID, EventType string
+	Payload                               string // JSON
+}
+
+// naiveTable is the reference the writers phase compares our Writer with: the outbox
+// table an application writes for itself, one row per event, with the indexes its
+// poller (unpublished first, oldest first), its per-aggregate reads and its
+// deduplication need. It lives in the bench's schema or database and goes with it.
+const naiveTable = "outbox_events"
+
+// pgNaiveDDL makes naiveTable; %s is its schema-qualified name.
+const pgNaiveDDL = `CREATE TABLE IF NOT EXISTS %[1]s (
+	id UUID PRIMARY KEY,
+	aggregate_type TEXT NOT NULL,
+	aggregate_id TEXT NOT NULL,
+	event_type TEXT NOT NULL,
+	payload JSONB NOT NULL,
+	headers JSONB NOT NULL DEFAULT '{}',
+	dedup_key TEXT NOT NULL,
+	created_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+	published_at TIMESTAMPTZ NULL,
+	attempt SMALLINT NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS outbox_events_unpublished ON %[1]s (published_at NULLS FIRST, created_at);
+CREATE INDEX IF NOT EXISTS outbox_events_aggregate ON %[1]s (aggregate_type, aggregate_id);
+CREATE UNIQUE INDEX IF NOT EXISTS outbox_events_dedup_key ON %[1]s (dedup_key)`
+
+// mysqlNaiveDDL is pgNaiveDDL for MySQL and MariaDB: the id in 16 bytes, as our outbox
+// keeps it, VARCHAR where an index needs a bounded key, and a plain index on
+// published_at, whose NULLs sort first in ascending order here.
+const mysqlNaiveDDL = "CREATE TABLE IF NOT EXISTS " + naiveTable + ` (
+	id BINARY(16) NOT NULL PRIMARY KEY,
+	aggregate_type VARCHAR(255) NOT NULL,
+	aggregate_id VARCHAR(255) NOT NULL,
+	event_type VARCHAR(255) NOT NULL,
+	payload JSON NOT NULL,
+	headers JSON NOT NULL DEFAULT ('{}'),
+	dedup_key VARCHAR(255) NOT NULL,
+	created_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
+	published_at DATETIME(6) NULL,
+	attempt SMALLINT NOT NULL DEFAULT 0,
+	KEY outbox_events_unpublished (published_at, created_at),
+	KEY outbox_events_aggregate (aggregate_type, aggregate_id),
+	UNIQUE KEY outbox_events_dedup_key (dedup_key)
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4`
 
 // Databases a run can use (Config.DB).
 const (
@@ -110,6 +175,67 @@ func (p *postgres) store(ctx context.Context) (outboxdriver.Store, func(), error
 		return nil, nil, err
 	}
 	return drv, pool.Close, nil
+}
+
+// writers opens a pool of max(n, pgxpool's default) connections, as many as there are
+// writers: the default (max(4, CPUs)) would have them queue for a connection, and the
+// queue, not the database, would set their rate.
+func (p *postgres) writers(ctx context.Context, n int) (*writerPool, error) {
+	pc, err := pgxpool.ParseConfig(p.url)
+	if err != nil {
+		return nil, err
+	}
+	pc.MaxConns = max(pc.MaxConns, int32(n))
+	pool, err := pgxpool.NewWithConfig(ctx, pc)
+	if err != nil {
+		return nil, fmt.Errorf("pool: %w", err)
+	}
+	fail := func(err error) (*writerPool, error) {
+		pool.Close()
+		return nil, fmt.Errorf("pool: %w", err)
+	}
+	drv, err := outboxpgx.New(pool, p.config())
+	if err != nil {
+		return fail(err)
+	}
+	w, err := outbox.NewWriter(drv, outbox.WriterConfig{})
+	if err != nil {
+		return fail(err)
+	}
+	table := pgx.Identifier{p.schema, naiveTable}.Sanitize()
+	if _, err := pool.Exec(ctx, fmt.Sprintf(pgNaiveDDL, table)); err != nil {
+		return fail(fmt.Errorf("create the naive table: %w", err))
+	}
+	// Open the n connections now: each is held until all are, so each is a new one.
+	conns := make([]*pgxpool.Conn, 0, n)
+	var openErr error
+	for range n {
+		c, err := pool.Acquire(ctx)
+		if err != nil {
+			openErr = err
+			break
+		}
+		conns = append(conns, c)
+	}
+	for _, c := range conns {
+		c.Release()
+	}
+	if openErr != nil {
+		return fail(fmt.Errorf("open %d connections, one per writer (lower --writers or raise the server's max_connections): %w", n, openErr))
+	}
+	insert := `INSERT INTO ` + table + ` (id, aggregate_type, aggregate_id, event_type, payload, dedup_key) VALUES ($1, $2, $3, $4, $5, $6)`
+	return &writerPool{
+		write: func(ctx context.Context, msgs []outbox.Message) error {
+			return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return w.Write(ctx, tx, msgs...) })
+		},
+		naive: func(ctx context.Context, e naiveEvent) error {
+			return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+				_, err := tx.Exec(ctx, insert, [16]byte(e.ID), e.AggregateType, e.AggregateID, e.EventType, e.Payload, e.ID.String())
+				return err
+			})
+		},
+		close: pool.Close,
+	}, nil
 }
 
 func (p *postgres) settle(ctx context.Context) error {
@@ -197,6 +323,8 @@ type sqlDatabase struct {
 	cleanup func()
 	// pinSQL opens a transaction and takes a snapshot (see database.pin).
 	pinSQL []string
+	// naiveDDL makes naiveTable; empty when the writers phase has no reference (SQLite).
+	naiveDDL string
 }
 
 // sqlDriver is what the SQLite and MySQL drivers have in common here.
@@ -243,6 +371,70 @@ func (s *sqlDatabase) store(context.Context) (outboxdriver.Store, func(), error)
 		return nil, nil, err
 	}
 	return drv, func() { _ = db.Close() }, nil
+}
+
+// writers opens a pool of n connections (MaxOpenConns and MaxIdleConns both n), as many
+// as there are writers: database/sql keeps two idle by default, so the others would be
+// closed and opened again between transactions. SQLite keeps its store's pool, sized by
+// outboxsqlite.Open, and has no reference: it takes one writer at a time whatever the
+// pool, which is its own case.
+func (s *sqlDatabase) writers(ctx context.Context, n int) (*writerPool, error) {
+	if s.naiveDDL == "" {
+		return &writerPool{write: s.write, close: func() {}}, nil
+	}
+	db, err := s.newPool()
+	if err != nil {
+		return nil, fmt.Errorf("pool: %w", err)
+	}
+	db.SetMaxOpenConns(n)
+	db.SetMaxIdleConns(n)
+	fail := func(err error) (*writerPool, error) {
+		_ = db.Close()
+		return nil, fmt.Errorf("pool: %w", err)
+	}
+	drv, err := s.newDrv(db)
+	if err != nil {
+		return fail(err)
+	}
+	w, err := outbox.NewWriter[*sql.Tx](drv, outbox.WriterConfig{})
+	if err != nil {
+		return fail(err)
+	}
+	if _, err := db.ExecContext(ctx, s.naiveDDL); err != nil {
+		return fail(fmt.Errorf("create the naive table: %w", err))
+	}
+	// Open the n connections now: each is held until all are, so each is a new one, and
+	// then kept idle.
+	conns := make([]*sql.Conn, 0, n)
+	var openErr error
+	for range n {
+		c, err := db.Conn(ctx)
+		if err != nil {
+			openErr = err
+			break
+		}
+		conns = append(conns, c)
+	}
+	for _, c := range conns {
+		_ = c.Close()
+	}
+	if openErr != nil {
+		return fail(fmt.Errorf("open %d connections, one per writer (lower --writers or raise the server's max_connections): %w", n, openErr))
+	}
+	inTx := outbox.SQLTx(db, nil)
+	insert := "INSERT INTO " + naiveTable + " (id, aggregate_type, aggregate_id, event_type, payload, dedup_key) VALUES (?, ?, ?, ?, ?, ?)"
+	return &writerPool{
+		write: func(ctx context.Context, msgs []outbox.Message) error {
+			return inTx(ctx, func(tx *sql.Tx) error { return w.Write(ctx, tx, msgs...) })
+		},
+		naive: func(ctx context.Context, e naiveEvent) error {
+			return inTx(ctx, func(tx *sql.Tx) error {
+				_, err := tx.ExecContext(ctx, insert, e.ID[:], e.AggregateType, e.AggregateID, e.EventType, e.Payload, e.ID.String())
+				return err
+			})
+		},
+		close: func() { _ = db.Close() },
+	}, nil
 }
 
 func (s *sqlDatabase) settle(context.Context) error { return nil }
@@ -314,7 +506,8 @@ func openMySQL(ctx context.Context, dsn, tag string) (*sqlDatabase, error) {
 		newDrv:  func(db *sql.DB) (sqlDriver, error) { return outboxmysql.New(db, outboxmysql.Config{}) },
 		// A consistent snapshot keeps its read view: InnoDB's purge cannot remove a
 		// delete-marked row newer than it.
-		pinSQL: []string{"START TRANSACTION WITH CONSISTENT SNAPSHOT", "SELECT count(*) FROM outbox"},
+		pinSQL:   []string{"START TRANSACTION WITH CONSISTENT SNAPSHOT", "SELECT count(*) FROM outbox"},
+		naiveDDL: mysqlNaiveDDL,
 		cleanup: func() {
 			_, _ = adminDB.ExecContext(context.Background(), "DROP DATABASE IF EXISTS `"+strings.ReplaceAll(name, "`", "")+"`")
 			adminDB.Close()

@@ -13,6 +13,7 @@ import (
 	"cmp"
 	"embed"
 	"fmt"
+	"hash/fnv"
 	"io/fs"
 	"regexp"
 	"sort"
@@ -77,6 +78,15 @@ func (c Config) Validate() error {
 
 func channel(schema, prefix string) string { return schema + "." + prefix + "outbox" }
 
+// wakeKey derives the outbox's gate lock from its channel: 64 bits of FNV-1a, so that
+// two outboxes of a database (and, all but certainly, other applications' advisory
+// locks) never share it.
+func wakeKey(channel string) int64 {
+	h := fnv.New64a()
+	h.Write([]byte("outbox-wake:" + channel))
+	return int64(h.Sum64())
+}
+
 // Names are the quoted, schema-qualified names of the outbox objects.
 type Names struct {
 	Schema, Outbox, Published, Dead, Dedup, Leases, Relays, TokenSeq, Migrations, NotifyFunc string
@@ -92,10 +102,13 @@ type Names struct {
 	Channel          string // NOTIFY channel, raw text
 	ChannelLiteral   string // Channel as an SQL string literal
 	ChannelIdent     string // Channel as a quoted identifier, for LISTEN
-	ShardMask        int
-	prefix, schema   string
-	rotateRows       int
-	copyLimit        int
+	// WakeKey is the advisory lock a waiting relay holds and writers test (migration
+	// 7): a writer notifies only while a relay holds it.
+	WakeKey        int64
+	ShardMask      int
+	prefix, schema string
+	rotateRows     int
+	copyLimit      int
 }
 
 // NewNames validates c and builds its names.
@@ -128,6 +141,7 @@ func NewNames(c Config) (*Names, error) {
 		Channel:         ch,
 		ChannelLiteral:  literal(ch),
 		ChannelIdent:    quote(ch),
+		WakeKey:         wakeKey(ch),
 		ShardMask:       Shards - 1,
 		prefix:          c.Prefix,
 		rotateRows:      cmp.Or(c.RotateRows, RotateRowsDefault),

@@ -62,6 +62,22 @@ func (n *Names) InsertUnnest() string {
      WITH ORDINALITY AS u(id, topic, key, aggregate_type, event_type, content_type, payload, headers, dedup_key, deliver_at, ord)`)
 }
 
+// InsertOne inserts one message ($1..$10 as one row of InsertValues), which is what most
+// Write calls carry: a plain INSERT of the claimed dedup key, without the set logic that
+// orders and deduplicates several messages, costs the writer's transaction less.
+func (n *Names) InsertOne() string {
+	return n.r(`WITH claimed AS (
+    INSERT INTO {{dedup}} (dedup_key) VALUES ($9::text)
+    ON CONFLICT (dedup_key) DO NOTHING
+    RETURNING dedup_key
+)
+INSERT INTO {{outbox}} (id, topic, key, aggregate_type, event_type, content_type, payload, headers, dedup_key, next_attempt_at)
+SELECT $1::uuid, $2::text, $3::text, $4::text, $5::text, $6::text, $7::bytea, $8::text::jsonb, dedup_key,
+       CASE WHEN $10::timestamptz IS NULL THEN now() ELSE greatest(now(), $10::timestamptz) END
+FROM claimed
+RETURNING dedup_key`)
+}
+
 // InsertValuesColumns is the number of parameters per row of InsertValues.
 const InsertValuesColumns = 10
 
@@ -307,6 +323,37 @@ func NotifiedFrom(payload string) int64 {
 		return 0
 	}
 	return seq
+}
+
+// GateVersion is the schema version from which writers notify only while a relay holds
+// the gate (migration 7).
+const GateVersion = 7
+
+// GateArm is a listening session's ask for the gate ($1: its backend's pid, as it
+// listened): 'armed' when the session took it, 'covered' when another session holds it,
+// 'busy' when writers hold it shared (between their insert and their commit), 'moved'
+// when the statement ran in another backend than the one that listened (PgBouncer in
+// transaction pooling mode), which then takes nothing. Taking it shared tells a relay
+// from writers: only relays take it alone.
+func (n *Names) GateArm() string {
+	k := strconv.FormatInt(n.WakeKey, 10)
+	return `SELECT CASE
+    WHEN pg_backend_pid() <> $1 THEN 'moved'
+    WHEN pg_try_advisory_lock(` + k + `) THEN 'armed'
+    WHEN NOT pg_try_advisory_lock_shared(` + k + `) THEN 'covered'
+    WHEN pg_advisory_unlock_shared(` + k + `) THEN 'busy'
+    ELSE 'busy' END`
+}
+
+// GateRelease lets go of the gate ($1: the backend's pid, as it listened); false when the
+// statement ran in another backend, which holds nothing.
+func (n *Names) GateRelease() string {
+	return `SELECT CASE WHEN pg_backend_pid() <> $1 THEN false ELSE pg_advisory_unlock(` + strconv.FormatInt(n.WakeKey, 10) + `) END`
+}
+
+// SchemaVersion reads the highest schema version applied.
+func (n *Names) SchemaVersion() string {
+	return `SELECT coalesce(max(version), 0) FROM ` + n.Migrations
 }
 
 func (n *Names) LeaseRelease() string {

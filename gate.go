@@ -1,0 +1,133 @@
+package outbox
+
+import (
+	"time"
+
+	"github.com/outboxkit/outbox/outboxdriver"
+)
+
+// gateRetryMin and gateRetryMax bound the wait before the relay fetches again when the
+// gate was busy (writers between their insert and their commit), doubling with each
+// busy answer in a row: a relay that cannot take the gate because writers never stop
+// fetches about every gateRetryMax, in batches, and costs the database little.
+const (
+	gateRetryMin = time.Millisecond
+	gateRetryMax = 16 * time.Millisecond
+)
+
+// wakeGate decides when the relay asks its listener for the outbox's gate
+// (outboxdriver.Gate), and what the answer means for fetching. Writers notify only
+// while some relay holds the gate, so a relay that holds none must find new messages
+// itself. It does no I/O and reads no clock.
+//
+// States:
+//   - open: writers may not notify. When a fetch comes back short (the relay would
+//     wait) the relay asks for the gate: asking.
+//   - asking: an ask is out. The relay polls meanwhile, as before any answer.
+//   - armed: this relay holds the gate; covered: another relay does. Writers notify:
+//     the relay waits for a notification (and its polls). The first notification makes
+//     the listener let go, and the gate open again.
+//   - retrying: the gate was busy. At retryAt the relay fetches above its cursor, then
+//     asks again when that fetch comes back short.
+//   - always: writers notify on every commit (an outbox before the gate); off: the
+//     listener cannot hold the gate, or is not listening. Nothing to ask: the relay
+//     waits for notifications and polls, until the listener starts again.
+//
+// Invariant: the relay goes without fetching until its next poll only in armed,
+// covered, always and off, or with an ask out: in open and retrying it has a fetch
+// planned or asks. After an armed or covered answer the relay makes a full fetch
+// (answered says so): rows committed before it by writers that did not notify may lie
+// below its cursor, where a continuation does not look.
+type wakeGate struct {
+	state   gateState
+	busy    int       // busy answers in a row
+	retryAt time.Time // retrying: when to fetch again
+}
+
+type gateState uint8
+
+const (
+	gateOff gateState = iota
+	gateOpen
+	gateAsking
+	gateArmed
+	gateCovered
+	gateRetrying
+	gateAlways
+)
+
+// short records a fetch that came back short, and says whether to ask for the gate.
+func (g *wakeGate) short() (ask bool) {
+	if g.state != gateOpen {
+		return false
+	}
+	g.state = gateAsking
+	return true
+}
+
+// answered records the listener's answer at now, and says whether the relay fetches
+// in full at once.
+func (g *wakeGate) answered(a outboxdriver.GateState, now time.Time) (full bool) {
+	switch a {
+	case outboxdriver.GateArmed, outboxdriver.GateCovered:
+		g.state, g.busy = gateArmed, 0
+		if a == outboxdriver.GateCovered {
+			g.state = gateCovered
+		}
+		return true
+	case outboxdriver.GateBusy:
+		g.busy++
+		g.state = gateRetrying
+		g.retryAt = now.Add(min(gateRetryMin<<min(g.busy-1, 10), gateRetryMax))
+	case outboxdriver.GateAlways:
+		g.state = gateAlways
+	default: // GateUnavailable
+		g.state = gateOff
+	}
+	return false
+}
+
+// woken records a notification: the listener let go of the gate, if it held it.
+func (g *wakeGate) woken() {
+	if g.state != gateAlways && g.state != gateOff {
+		g.state = gateOpen
+	}
+}
+
+// recheck records a poll, or a relay that gave shards back, and says whether to ask
+// for the gate. Another relay's hold on the gate is not watched: it may have ended
+// without a notification (that relay stopped or died), so the relay asks again.
+func (g *wakeGate) recheck() (ask bool) {
+	if g.state != gateCovered {
+		return false
+	}
+	g.state = gateAsking
+	return true
+}
+
+// listening records that the listener started (open: ask again) or stopped (off).
+func (g *wakeGate) listening(on bool) {
+	g.state, g.busy = gateOff, 0
+	if on {
+		g.state = gateOpen
+	}
+}
+
+// due says whether a retry after a busy answer is due at now; if so the gate is open
+// again and the relay fetches above its cursor.
+func (g *wakeGate) due(now time.Time) bool {
+	if g.state != gateRetrying || now.Before(g.retryAt) {
+		return false
+	}
+	g.state = gateOpen
+	return true
+}
+
+// wakeAt is when the retry after a busy answer is due, for the loop's timer: zero when
+// none is planned.
+func (g *wakeGate) wakeAt() time.Time {
+	if g.state != gateRetrying {
+		return time.Time{}
+	}
+	return g.retryAt
+}

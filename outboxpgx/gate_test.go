@@ -1,0 +1,172 @@
+package outboxpgx_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/pgsql"
+	"github.com/outboxkit/outbox/internal/testinfra/testenv"
+	"github.com/outboxkit/outbox/outboxdriver"
+)
+
+// wakeKey is the outbox's gate lock.
+func (b *testBundle) wakeKey(t *testing.T) int64 {
+	t.Helper()
+	n, err := pgsql.NewNames(pgsql.Config{Schema: b.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n.WakeKey
+}
+
+// holdGate holds the outbox's gate on a session of its own until the test ends, as a
+// waiting relay's listener would: every writer notifies meanwhile.
+func (b *testBundle) holdGate(t *testing.T) {
+	t.Helper()
+	ctx := context.Background()
+	c, err := b.Pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn := c.Hijack()
+	t.Cleanup(func() { conn.Close(ctx) })
+	if _, err := conn.Exec(ctx, fmt.Sprintf("SELECT pg_advisory_lock(%d)", b.wakeKey(t))); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// gateListener runs Listen with a gate, and returns its wake-ups and answers in the order
+// Listen gave them, and the function that asks.
+type gateEvent struct {
+	wake   bool
+	from   int64
+	answer outboxdriver.GateState
+}
+
+func (b *testBundle) gateListener(t *testing.T) (events chan gateEvent, ask func() outboxdriver.GateState) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	events = make(chan gateEvent, 64)
+	asks := make(chan struct{}, 1)
+	done := make(chan error, 1)
+	go func() {
+		done <- b.Driver.Listen(ctx, func(w outboxdriver.Wake, from int64) {
+			if w == outboxdriver.WakeWritten {
+				events <- gateEvent{wake: true, from: from}
+			}
+		}, outboxdriver.Gate{Asks: asks, Answer: func(a outboxdriver.GateState) { events <- gateEvent{answer: a} }})
+	}()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; ctx.Err() == nil {
+			t.Errorf("Listen: %v", err)
+		}
+	})
+	if e := testenv.AwaitRecv(t, "Listen's first wake-up", events); !e.wake {
+		t.Fatalf("first event %+v, want a wake-up", e)
+	}
+	ask = func() outboxdriver.GateState {
+		t.Helper()
+		asks <- struct{}{}
+		e := testenv.AwaitRecv(t, "the gate's answer", events)
+		if e.wake {
+			t.Fatalf("a wake-up (from %d) before the gate's answer", e.from)
+		}
+		return e.answer
+	}
+	return events, ask
+}
+
+// TestGate: a writer notifies only while a relay's listener holds the gate; the
+// listener lets go of it at the first notification; a writer between its insert and its
+// commit keeps a relay from taking it (busy), and another session's hold covers.
+func TestGate(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	events, ask := b.gateListener(t)
+	msg := func(key string) outbox.Message { return outbox.Message{Topic: "t", Key: key, Payload: []byte(`1`)} }
+	maxSeq := func() int64 {
+		var seq int64
+		if err := b.Pool.QueryRow(ctx, fmt.Sprintf(`SELECT coalesce(max(seq), 0) FROM "%s".outbox`, b.Schema)).Scan(&seq); err != nil {
+			t.Fatal(err)
+		}
+		return seq
+	}
+
+	b.Write(t, msg("open")) // no relay waits: no notification
+	if a := ask(); a != outboxdriver.GateArmed {
+		t.Fatalf("an idle outbox: answer %d, want GateArmed", a)
+	}
+	if a := ask(); a != outboxdriver.GateArmed {
+		t.Fatalf("asked again while held: answer %d, want GateArmed", a)
+	}
+	b.Write(t, msg("armed"))
+	// The first notification is the second write's: the first did not notify.
+	if e := testenv.AwaitRecv(t, "the notification of a write while armed", events); !e.wake || e.from != maxSeq() {
+		t.Fatalf("event %+v, want a wake-up from %d", e, maxSeq())
+	}
+	// Let go of at the notification: another session can take the gate.
+	testenv.Await(t, "the listener to let go of the gate", func() (any, bool) {
+		var took bool
+		err := pgx.BeginFunc(ctx, b.Pool, func(tx pgx.Tx) error {
+			return tx.QueryRow(ctx, fmt.Sprintf("SELECT pg_try_advisory_xact_lock(%d)", b.wakeKey(t))).Scan(&took)
+		})
+		return err, err == nil && took
+	})
+
+	// A writer between its insert and its commit: busy, and it did not notify.
+	tx, err := b.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Writer.Write(ctx, tx, msg("in flight")); err != nil {
+		t.Fatal(err)
+	}
+	if a := ask(); a != outboxdriver.GateBusy {
+		t.Fatalf("a writer in flight: answer %d, want GateBusy", a)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if a := ask(); a != outboxdriver.GateArmed {
+		t.Fatalf("the writer committed: answer %d, want GateArmed", a)
+	}
+	b.Write(t, msg("armed again"))
+	if e := testenv.AwaitRecv(t, "the notification after the busy writer", events); !e.wake || e.from != maxSeq() {
+		t.Fatalf("event %+v, want a wake-up from %d", e, maxSeq())
+	}
+
+	// Another session holds the gate: covered, and writers notify.
+	b.holdGate(t)
+	testenv.Await(t, "the answer covered", func() (any, bool) {
+		a := ask() // armed while the listener has not yet let go
+		return a, a == outboxdriver.GateCovered
+	})
+	b.Write(t, msg("covered"))
+	if e := testenv.AwaitRecv(t, "the notification while covered", events); !e.wake || e.from != maxSeq() {
+		t.Fatalf("event %+v, want a wake-up from %d", e, maxSeq())
+	}
+}
+
+// TestGateBeforeVersion7: on an outbox whose schema predates the gate, writers notify
+// on every commit and the listener answers GateAlways.
+func TestGateBeforeVersion7(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	if _, err := b.Driver.MigrateDown(context.Background(), pgsql.GateVersion-1); err != nil {
+		t.Fatal(err)
+	}
+	events, ask := b.gateListener(t)
+	if a := ask(); a != outboxdriver.GateAlways {
+		t.Fatalf("answer %d, want GateAlways", a)
+	}
+	b.Write(t, outbox.Message{Topic: "t", Key: "k", Payload: []byte(`1`)})
+	if e := testenv.AwaitRecv(t, "the notification of a write", events); !e.wake || e.from == 0 {
+		t.Fatalf("event %+v, want a wake-up from a seq", e)
+	}
+}
