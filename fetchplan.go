@@ -109,8 +109,9 @@ func (p *fetchPlan) notified(from int64) {
 	p.poke()
 }
 
-// planned reports whether a fetch is planned: now, once there is room, or paced.
-func (p *fetchPlan) planned() bool { return p.want || p.paced || p.more || p.moreLikely }
+// planned reports whether a fetch is planned now, or once there is room (a paced full
+// fetch may be up to fullFetchEvery away: it does not count).
+func (p *fetchPlan) planned() bool { return p.want || p.more || p.moreLikely }
 
 // wantFull asks for a full fetch now: a poll, or the gate just taken (gate.go), after
 // which rows committed by writers that did not notify may lie anywhere.

@@ -6,13 +6,14 @@ import (
 	"github.com/outboxkit/outbox/outboxdriver"
 )
 
-// gateRetryMin and gateRetryMax bound the wait before the relay fetches again when the
-// gate was busy (writers between their insert and their commit), doubling with each
-// busy answer in a row: a relay that cannot take the gate because writers never stop
-// fetches about every gateRetryMax, in batches, and costs the database little.
+// gateRetryMin and gateRetryMax bound how soon the relay fetches again while writers
+// are active and the gate stays open: after a busy answer (writers between their insert
+// and their commit), from gateRetryMin doubling with each busy answer in a row, and
+// after a fetch that found messages, gateRetryMax. A relay whose writers never stop
+// fetches about every gateRetryMax, in batches, and never makes them notify.
 const (
 	gateRetryMin = time.Millisecond
-	gateRetryMax = 16 * time.Millisecond
+	gateRetryMax = 4 * time.Millisecond
 )
 
 // wakeGate decides when the relay asks its listener for the outbox's gate
@@ -21,14 +22,17 @@ const (
 // itself. It does no I/O and reads no clock.
 //
 // States:
-//   - open: writers may not notify. When a fetch comes back short (the relay would
-//     wait) the relay asks for the gate: asking.
+//   - open: writers may not notify. When a fetch comes back empty (the relay would
+//     wait) the relay asks for the gate: asking. When it comes back short but not
+//     empty, writers are active: the relay fetches again at gateRetryMax (retrying)
+//     rather than ask, since while the gate is held every writer's commit notifies,
+//     and notifying commits are serialised server-wide.
 //   - asking: an ask is out. The relay polls meanwhile, as before any answer.
 //   - armed: this relay holds the gate; covered: another relay does. Writers notify:
 //     the relay waits for a notification (and its polls). The first notification makes
 //     the listener let go, and the gate open again.
-//   - retrying: the gate was busy. At retryAt the relay fetches above its cursor, then
-//     asks again when that fetch comes back short.
+//   - retrying: the gate was busy, or writers are active. At retryAt the relay fetches
+//     above its cursor, then asks when that fetch comes back empty.
 //   - always: writers notify on every commit (an outbox before the gate); off: the
 //     listener cannot hold the gate, or is not listening. Nothing to ask: the relay
 //     waits for notifications and polls, until the listener starts again.
@@ -56,7 +60,16 @@ const (
 	gateAlways
 )
 
-// short records a fetch that came back short, and says whether to ask for the gate.
+// found records, at now, a fetch that came back short with messages: writers are
+// active, so the relay fetches again at gateRetryMax rather than ask for the gate.
+func (g *wakeGate) found(now time.Time) {
+	if g.state == gateOpen {
+		g.state, g.retryAt = gateRetrying, now.Add(gateRetryMax)
+	}
+}
+
+// short records that the relay has nothing more to fetch (a fetch came back empty),
+// and says whether to ask for the gate.
 func (g *wakeGate) short() (ask bool) {
 	if g.state != gateOpen {
 		return false
@@ -113,8 +126,8 @@ func (g *wakeGate) listening(on bool) {
 	}
 }
 
-// due says whether a retry after a busy answer is due at now; if so the gate is open
-// again and the relay fetches above its cursor.
+// due says whether the next fetch while the gate is open is due at now (retrying); if
+// so the relay fetches above its cursor.
 func (g *wakeGate) due(now time.Time) bool {
 	if g.state != gateRetrying || now.Before(g.retryAt) {
 		return false
@@ -123,7 +136,7 @@ func (g *wakeGate) due(now time.Time) bool {
 	return true
 }
 
-// wakeAt is when the retry after a busy answer is due, for the loop's timer: zero when
+// wakeAt is when the next fetch while the gate is open is due, for the loop's timer: zero when
 // none is planned.
 func (g *wakeGate) wakeAt() time.Time {
 	if g.state != gateRetrying {

@@ -7,9 +7,10 @@ import (
 	"github.com/outboxkit/outbox/outboxdriver"
 )
 
-// The gate's states as the loop drives them: asked when a fetch comes back short, a
-// full fetch after it is held, a retry after a busy answer, backing off while writers
-// keep it busy, and nothing to ask where the listener cannot hold it.
+// The gate's states as the loop drives them: asked when a fetch comes back empty, a
+// fetch again soon instead when it found messages, a full fetch after the gate is held,
+// a retry after a busy answer, backing off while writers keep it busy, and nothing to
+// ask where the listener cannot hold it.
 func TestWakeGate(t *testing.T) {
 	t0 := time.Unix(1000, 0)
 	var g wakeGate
@@ -33,12 +34,17 @@ func TestWakeGate(t *testing.T) {
 		t.Fatal("asked again while holding the gate")
 	}
 	g.woken()
-	if !g.short() {
-		t.Fatal("a notification opened the gate, yet no ask")
+	// A fetch that found messages: writers are active; fetch again soon, do not ask.
+	g.found(t0)
+	if g.short() || g.wakeAt() != t0.Add(gateRetryMax) {
+		t.Fatalf("writers active: asked, or no fetch at gateRetryMax: %+v", g)
+	}
+	if !g.due(t0.Add(gateRetryMax)) || !g.short() {
+		t.Fatal("the next fetch came back empty, yet no ask")
 	}
 
-	// Busy: retry after 1, 2, 4 ... ms, at most gateRetryMax; due once.
-	for i, want := range []time.Duration{1, 2, 4, 8, 16, 16} {
+	// Busy: retry after 1, 2, 4 ms, at most gateRetryMax; due once.
+	for i, want := range []time.Duration{1, 2, 4, 4} {
 		now := t0.Add(time.Duration(i) * time.Second)
 		if g.answered(outboxdriver.GateBusy, now) {
 			t.Fatal("busy, yet a full fetch")

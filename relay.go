@@ -898,8 +898,12 @@ func (l *loop) onFetch(ctx context.Context, res fetchResult) {
 	}
 	full := len(res.fetched) == res.req.Limit
 	l.fetch.done(top, full, res.req.After)
-	if !full && l.gate != nil && l.polling() && l.gate.short() {
-		l.askGate()
+	if g := l.gate; !full && g != nil && l.polling() {
+		if len(res.fetched) > 0 {
+			g.found(time.Now())
+		} else if g.short() {
+			l.askGate()
+		}
 	}
 	tokens := make(map[int]int64, len(res.req.Leases))
 	for _, ls := range res.req.Leases {

@@ -1,23 +1,20 @@
--- Back to version 6: every writer notifies, and the bucket column's default is an SQL
--- function again.
-CREATE OR REPLACE FUNCTION {{.NotifyFunc}}() RETURNS trigger LANGUAGE plpgsql AS $fn$
+-- Back to version 6: every writer notifies (the trigger loses its condition; its
+-- function is version 6's), and the bucket column's default is an SQL function again.
+DO $do$
 DECLARE
-    lowest  bigint;
-    setting text := 'outbox.notified_' || TG_RELID;
-    sent    text;
+    disabled boolean;
 BEGIN
-    SELECT min(seq) INTO lowest FROM written;
-    IF lowest IS NULL THEN
-        RETURN NULL; -- the statement wrote nothing
+    SELECT tgenabled = 'D' INTO disabled FROM pg_catalog.pg_trigger
+    WHERE tgrelid = to_regclass({{.TableLiteral "outbox"}}) AND tgname = {{.NameLiteral "outbox_notify"}};
+    DROP TRIGGER IF EXISTS {{.Trigger}} ON {{.Outbox}};
+    CREATE TRIGGER {{.Trigger}} AFTER INSERT ON {{.Outbox}}
+        REFERENCING NEW TABLE AS written
+        FOR EACH STATEMENT EXECUTE FUNCTION {{.NotifyFunc}}();
+    IF disabled THEN
+        ALTER TABLE {{.Outbox}} DISABLE TRIGGER {{.Trigger}};
     END IF;
-    sent := current_setting(setting, true);
-    IF sent IS NULL OR sent = '' OR lowest < sent::bigint THEN
-        PERFORM pg_notify({{.ChannelLiteral}}, lowest::text);
-        PERFORM set_config(setting, lowest::text, true);
-    END IF;
-    RETURN NULL;
 END
-$fn$;
+$do$;
 
 CREATE OR REPLACE FUNCTION {{.BucketFunc}}() RETURNS smallint LANGUAGE sql STABLE
 AS $fn$ SELECT current FROM {{.Ring}} $fn$;
