@@ -118,8 +118,8 @@ func (p *fetchPlan) planned() bool { return p.want || p.more || p.moreLikely }
 func (p *fetchPlan) wantFull() { p.want = true }
 
 // poke asks for a continuation now, with a full fetch within fullFetchEvery (paced):
-// messages may have been written above the cursor (the gate was busy: writers that do
-// not notify were committing).
+// messages may have been written above the cursor (a notification said so, or writers
+// that do not notify are active: gate.go).
 func (p *fetchPlan) poke() { p.more, p.paced = true, true }
 
 // gained records new shards: the next fetch is full and starts over.

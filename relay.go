@@ -166,7 +166,8 @@ func (r *Relay) Run(ctx context.Context, grace time.Duration) error {
 // clock, each with its invariants and tests: the shard leases (leaseBook, leases.go), the
 // messages in hand and the key gate (hand, hand.go), the fetch planner and the keys'
 // floors (fetchPlan and floors: fetchplan.go, floors.go), the outcomes awaiting record
-// (outcomeBuffer, outcomes.go) and the pause after an outage (outageGate, outage.go).
+// (outcomeBuffer, outcomes.go), the pause after an outage (outageGate, outage.go) and
+// when to ask for the wake gate (wakeGate, gate.go).
 // Messages enter the hand from one source, the store's Fetch (startFetch and onFetch);
 // another source hands them in the same way, through hand.fetchStarted and hand.fetched,
 // under the same leases.
@@ -813,7 +814,7 @@ func (l *loop) recheckGate() {
 	}
 }
 
-// gateWakeAt is when a retry after a busy gate is due, for the loop's timer.
+// gateWakeAt is when the next fetch while the gate is open is due, for the loop's timer.
 func (l *loop) gateWakeAt() time.Time {
 	if l.gate == nil {
 		return time.Time{}

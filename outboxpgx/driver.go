@@ -335,7 +335,17 @@ func (d *Driver) Listen(ctx context.Context, wake func(outboxdriver.Wake, int64)
 	if version < pgsql.GateVersion {
 		answer = outboxdriver.GateAlways
 	}
-	held := false
+	// The session can hold the gate only if it is kept from one statement to the next,
+	// which its own notification coming back proves: through PgBouncer in transaction
+	// pooling mode it never does (LISTEN is lost), and the gate, taken by whichever
+	// server process ran the statement, would stay with that process. Asks wait for it.
+	probe, verified := pgsql.NotifyProbe(), answer != outboxdriver.GateArmed
+	if !verified {
+		if _, err := conn.Exec(ctx, "SELECT pg_notify($1, $2)", d.names.Channel, probe); err != nil {
+			return fmt.Errorf("listen: %w", err)
+		}
+	}
+	held, deferred := false, false
 	w := &waiter{conn: conn}
 	if gate.Asks != nil {
 		go w.forward(ctx, gate.Asks)
@@ -343,9 +353,14 @@ func (d *Driver) Listen(ctx context.Context, wake func(outboxdriver.Wake, int64)
 	wake(outboxdriver.WakeWritten, 0) // anything written before LISTEN took effect
 	for {
 		n, asked, err := w.next(ctx)
+		if err == nil && !asked && n.Payload == probe {
+			verified, asked = true, deferred
+		}
 		switch {
 		case err != nil:
 			return err
+		case asked && !verified:
+			deferred = true
 		case asked && (held || answer != outboxdriver.GateArmed):
 			gate.Answer(answer)
 		case asked:
@@ -365,6 +380,7 @@ func (d *Driver) Listen(ctx context.Context, wake func(outboxdriver.Wake, int64)
 				answer = outboxdriver.GateUnavailable
 				gate.Answer(answer)
 			}
+		case pgsql.IsNotifyProbe(n.Payload): // ours, answered above, or another relay's
 		case n.Payload == pgsql.NotifyLeases:
 			wake(outboxdriver.WakeLeases, 0)
 		default:

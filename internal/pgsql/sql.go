@@ -1,6 +1,8 @@
 package pgsql
 
 import (
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"strconv"
 	"strings"
@@ -314,6 +316,20 @@ func (n *Names) LeaseLockExpired() string {
 // sends on the outbox's channel (outboxdriver.WakeLeases). The NOTIFY trigger's is the
 // lowest seq the transaction wrote (migration 6), or empty before migration 6.
 const NotifyLeases = "leases"
+
+// NotifyProbe returns the payload of a notification a listening session sends itself to
+// learn that it is kept from one statement to the next (it comes back), before it takes
+// the gate: unique, and not a seq (relays before version 7 take it as a plain wake-up).
+func NotifyProbe() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return notifyProbePrefix + hex.EncodeToString(b[:])
+}
+
+// IsNotifyProbe reports whether payload is a NotifyProbe.
+func IsNotifyProbe(payload string) bool { return strings.HasPrefix(payload, notifyProbePrefix) }
+
+const notifyProbePrefix = "probe:"
 
 // NotifiedFrom reads the seq in the NOTIFY trigger's payload: 0 when it has none (an
 // outbox before migration 6, or a payload from something else).
