@@ -311,8 +311,8 @@ func (d *Driver) insertOne(ctx context.Context, tx pgx.Tx, m *outbox.Message) ([
 // Listen implements outboxdriver.Listener with LISTEN on a connection of its own, which
 // also holds the outbox's gate while the relay waits (schema version 7), so that the
 // gate goes with the session that receives the notifications. Neither works through
-// PgBouncer in transaction pooling mode (the session is not kept): the gate answers
-// GateUnavailable, and the relay polls.
+// PgBouncer in transaction pooling mode (the session is not kept): the gate is never
+// taken there, asks go unanswered, and the relay polls.
 func (d *Driver) Listen(ctx context.Context, wake func(outboxdriver.Wake, int64), gate outboxdriver.Gate) error {
 	if err := d.needPool(); err != nil {
 		return err
@@ -348,7 +348,9 @@ func (d *Driver) Listen(ctx context.Context, wake func(outboxdriver.Wake, int64)
 	held, deferred := false, false
 	w := &waiter{conn: conn}
 	if gate.Asks != nil {
-		go w.forward(ctx, gate.Asks)
+		fctx, stop := context.WithCancel(ctx)
+		defer stop() // the next Listen takes the asks
+		go w.forward(fctx, gate.Asks)
 	}
 	wake(outboxdriver.WakeWritten, 0) // anything written before LISTEN took effect
 	for {

@@ -206,22 +206,8 @@ func (p *postgres) writers(ctx context.Context, n int) (*writerPool, error) {
 	if _, err := pool.Exec(ctx, fmt.Sprintf(pgNaiveDDL, table)); err != nil {
 		return fail(fmt.Errorf("create the naive table: %w", err))
 	}
-	// Open the n connections now: each is held until all are, so each is a new one.
-	conns := make([]*pgxpool.Conn, 0, n)
-	var openErr error
-	for range n {
-		c, err := pool.Acquire(ctx)
-		if err != nil {
-			openErr = err
-			break
-		}
-		conns = append(conns, c)
-	}
-	for _, c := range conns {
-		c.Release()
-	}
-	if openErr != nil {
-		return fail(fmt.Errorf("open %d connections, one per writer (lower --writers or raise the server's max_connections): %w", n, openErr))
+	if err := openAll(n, func() (*pgxpool.Conn, error) { return pool.Acquire(ctx) }, (*pgxpool.Conn).Release); err != nil {
+		return fail(err)
 	}
 	insert := `INSERT INTO ` + table + ` (id, aggregate_type, aggregate_id, event_type, payload, dedup_key) VALUES ($1, $2, $3, $4, $5, $6)`
 	return &writerPool{
@@ -403,23 +389,8 @@ func (s *sqlDatabase) writers(ctx context.Context, n int) (*writerPool, error) {
 	if _, err := db.ExecContext(ctx, s.naiveDDL); err != nil {
 		return fail(fmt.Errorf("create the naive table: %w", err))
 	}
-	// Open the n connections now: each is held until all are, so each is a new one, and
-	// then kept idle.
-	conns := make([]*sql.Conn, 0, n)
-	var openErr error
-	for range n {
-		c, err := db.Conn(ctx)
-		if err != nil {
-			openErr = err
-			break
-		}
-		conns = append(conns, c)
-	}
-	for _, c := range conns {
-		_ = c.Close()
-	}
-	if openErr != nil {
-		return fail(fmt.Errorf("open %d connections, one per writer (lower --writers or raise the server's max_connections): %w", n, openErr))
+	if err := openAll(n, func() (*sql.Conn, error) { return db.Conn(ctx) }, func(c *sql.Conn) { _ = c.Close() }); err != nil {
+		return fail(err)
 	}
 	inTx := outbox.SQLTx(db, nil)
 	insert := "INSERT INTO " + naiveTable + " (id, aggregate_type, aggregate_id, event_type, payload, dedup_key) VALUES (?, ?, ?, ?, ?, ?)"
@@ -514,4 +485,26 @@ func openMySQL(ctx context.Context, dsn, tag string) (*sqlDatabase, error) {
 		},
 	}
 	return s.open(ctx, "MySQL")
+}
+
+// openAll opens a pool's n connections before the writers phase, so that no writer waits
+// for one or pays for opening it: each is held until all are, so each is a new one, then
+// given back to stay idle in the pool.
+func openAll[C any](n int, acquire func() (C, error), release func(C)) error {
+	conns := make([]C, 0, n)
+	var err error
+	for range n {
+		var c C
+		if c, err = acquire(); err != nil {
+			break
+		}
+		conns = append(conns, c)
+	}
+	for _, c := range conns {
+		release(c)
+	}
+	if err != nil {
+		return fmt.Errorf("open %d connections, one per writer (lower --writers or raise the server's max_connections): %w", n, err)
+	}
+	return nil
 }

@@ -10,10 +10,10 @@
 -- has nothing left to fetch and lets go of at the first notification.
 --
 -- The trigger's condition tests the gate by taking it shared until its transaction
--- ends. While a
--- writer holds it so, no relay can take it: a relay that takes it knows that every
--- writer that did not notify has ended, so the fetch it makes next sees their rows, and
--- that every later writer notifies. docs/design.md, "The wake gate", has the states.
+-- ends. While a writer holds it so, no relay can take it: a relay that takes it knows
+-- that every writer that did not notify has ended, so the fetch it makes next sees
+-- their rows, and that every later writer notifies. docs/design.md, "The wake gate", has
+-- the states.
 --
 -- A relay of version 6 or older never takes the gate: with this schema it finds new
 -- messages by polling only, so upgrade the relays with the schema.
@@ -57,7 +57,7 @@ $do$;
 
 -- The bucket column's default is evaluated for every row. PL/pgSQL keeps the plan of
 -- its query for the session; an SQL function's query was planned again for every
--- statement, which cost about a fifth of a one-row INSERT.
+-- statement, about a sixth of a one-row INSERT's time.
 CREATE OR REPLACE FUNCTION {{.BucketFunc}}() RETURNS smallint LANGUAGE plpgsql STABLE AS $fn$
 BEGIN
     RETURN (SELECT current FROM {{.Ring}});
