@@ -53,7 +53,11 @@ func TestMigrateRoundTrip(t *testing.T) {
 		t.Fatal("no outbox_wal table or outbox_relays.mode column after migrate up")
 	}
 
-	// One version back reverts the newest migration only: 006_notify_from drops no data.
+	// One version back reverts the newest migration only: 007_wake_gate and
+	// 006_notify_from drop no data.
+	if r := must(t, 0, b.env, "migrate", "down"); !strings.Contains(r.stdout, "reverted 007_wake_gate") || strings.Contains(r.stdout, "006") {
+		t.Fatalf("down one version: %s", r)
+	}
 	if r := must(t, 0, b.env, "migrate", "down"); !strings.Contains(r.stdout, "reverted 006_notify_from") || strings.Contains(r.stdout, "005") {
 		t.Fatalf("down one version: %s", r)
 	}

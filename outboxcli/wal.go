@@ -21,11 +21,10 @@ var walCommand = &command{
 	name:    "wal",
 	summary: "Set up, inspect or drop the publication and replication slot of WAL mode (PostgreSQL)",
 	help: `In WAL mode, relays learn of new messages from PostgreSQL's logical replication instead
-of polling (docs/design-wal.md; the relays' side is being built: until it lands, relays
-poll and nothing reads the slot). These commands manage what WAL mode reads: a
-publication of the inserts into the outbox table and a logical replication slot,
-recorded in the table outbox_wal (schema version 5). They need PostgreSQL 14 or later
-with wal_level = logical.
+of polling (outbox relay --source wal; docs/design-wal.md). These commands manage what
+WAL mode reads: a publication of the inserts into the outbox table and a logical
+replication slot, recorded in the table outbox_wal (schema version 5). They need
+PostgreSQL 14 or later with wal_level = logical.
 
 A slot keeps every WAL segment written after the position relays confirmed, for the
 whole server: a slot that nothing reads fills the disk. Set max_slot_wal_keep_size,
