@@ -104,8 +104,9 @@ type Recycling struct {
 // Writers notify only while a relay waits (Gate): a notifying commit is serialised with
 // every other notifying commit of the whole database server, so an outbox whose writers
 // notified on every commit cost a busy application most of its commit rate. Listen
-// answers the relay's asks on gate.Asks, one Gate.Answer each, in order with its wake
-// calls: a wake that follows an answer happened after it.
+// answers the relay's asks on gate.Asks with Gate.Answer, in order with its wake calls
+// (a wake that follows an answer happened after it). Asks that arrive together may get
+// one answer, and a session that cannot hold the gate may answer none: the relay polls.
 type Listener interface {
 	Listen(ctx context.Context, wake func(w Wake, from int64), gate Gate) error
 }
