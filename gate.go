@@ -82,11 +82,11 @@ func (g *wakeGate) short() (ask bool) {
 // in full at once.
 func (g *wakeGate) answered(a outboxdriver.GateState, now time.Time) (full bool) {
 	switch a {
-	case outboxdriver.GateArmed, outboxdriver.GateCovered:
+	case outboxdriver.GateArmed:
 		g.state, g.busy = gateArmed, 0
-		if a == outboxdriver.GateCovered {
-			g.state = gateCovered
-		}
+		return true
+	case outboxdriver.GateCovered:
+		g.state, g.busy = gateCovered, 0
 		return true
 	case outboxdriver.GateBusy:
 		g.busy++
@@ -136,8 +136,8 @@ func (g *wakeGate) due(now time.Time) bool {
 	return true
 }
 
-// wakeAt is when the next fetch while the gate is open is due, for the loop's timer: zero when
-// none is planned.
+// wakeAt is when the next fetch while the gate is open is due, for the loop's timer:
+// zero when none is planned.
 func (g *wakeGate) wakeAt() time.Time {
 	if g.state != gateRetrying {
 		return time.Time{}

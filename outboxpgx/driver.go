@@ -113,17 +113,9 @@ func (d *Driver) Insert(ctx context.Context, tx pgx.Tx, msgs []outbox.Message) (
 		m := &msgs[i]
 		ids[i] = m.ID
 		topics[i], keys[i], aggs[i], types[i], cts[i], dedups[i] = m.Topic, m.Key, m.AggregateType, m.EventType, m.ContentType, m.DedupKey
-		payloads[i] = m.Payload
-		if payloads[i] == nil {
-			payloads[i] = []byte{}
-		}
-		h, err := pgsql.EncodeHeaders(m.Headers)
-		if err != nil {
+		var err error
+		if payloads[i], headers[i], deliver[i], err = columns(m); err != nil {
 			return nil, err
-		}
-		headers[i] = h
-		if !m.DeliverAt.IsZero() {
-			deliver[i] = pgtype.Timestamptz{Time: m.DeliverAt, Valid: true}
 		}
 	}
 	rows, err := tx.Query(ctx, d.insertSQL, ids, topics, keys, aggs, types, cts, payloads, headers, dedups, deliver)
@@ -285,20 +277,13 @@ func (d *Driver) SyncLeases(ctx context.Context, req outboxdriver.LeaseRequest) 
 }
 
 func (d *Driver) insertOne(ctx context.Context, tx pgx.Tx, m *outbox.Message) ([]string, error) {
-	h, err := pgsql.EncodeHeaders(m.Headers)
+	payload, headers, deliver, err := columns(m)
 	if err != nil {
 		return nil, err
 	}
-	payload := m.Payload
-	if payload == nil {
-		payload = []byte{}
-	}
-	var deliver pgtype.Timestamptz
-	if !m.DeliverAt.IsZero() {
-		deliver = pgtype.Timestamptz{Time: m.DeliverAt, Valid: true}
-	}
 	var written string
-	err = tx.QueryRow(ctx, d.insertOneSQL, [16]byte(m.ID), m.Topic, m.Key, m.AggregateType, m.EventType, m.ContentType, payload, h, m.DedupKey, deliver).Scan(&written)
+	err = tx.QueryRow(ctx, d.insertOneSQL, [16]byte(m.ID), m.Topic, m.Key, m.AggregateType, m.EventType, m.ContentType,
+		payload, headers, m.DedupKey, deliver).Scan(&written)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows): // the dedup key is taken
 		return []string{m.DedupKey}, nil
@@ -306,6 +291,20 @@ func (d *Driver) insertOne(ctx context.Context, tx pgx.Tx, m *outbox.Message) ([
 		return nil, fmt.Errorf("outbox insert: %w", err)
 	}
 	return nil, nil
+}
+
+// columns encodes the columns of m that the insert does not take as they are: the
+// payload (never NULL), the headers as JSON text, and the delivery time (NULL: now).
+func columns(m *outbox.Message) (payload []byte, headers string, deliver pgtype.Timestamptz, err error) {
+	payload = m.Payload
+	if payload == nil {
+		payload = []byte{}
+	}
+	if !m.DeliverAt.IsZero() {
+		deliver = pgtype.Timestamptz{Time: m.DeliverAt, Valid: true}
+	}
+	headers, err = pgsql.EncodeHeaders(m.Headers)
+	return payload, headers, deliver, err
 }
 
 // Listen implements outboxdriver.Listener with LISTEN on a connection of its own, which
