@@ -53,9 +53,14 @@ func (l Limits) validate() error {
 	return nil
 }
 
-// Prepare validates msgs and fills their defaults (ID, DedupKey, ContentType) in place. It
-// is what Write does before any SQL runs; drivers and tests call it directly. On error
-// nothing must be written.
+// Prepare validates msgs and fills their defaults (ID, ContentType) in place. It is what
+// Write does before any SQL runs; drivers and tests call it directly. On error nothing
+// must be written.
+//
+// A message given neither an ID nor a DedupKey keeps an empty DedupKey: its dedup key is
+// the new ID's string form (Message.DedupID), which no other message can hold, so drivers
+// store it without claiming it. A message given an ID but no DedupKey gets the ID's
+// string form as its DedupKey, claimed like any other.
 func (l Limits) Prepare(msgs []Message) error {
 	l = l.withDefaults()
 	for i := range msgs {
@@ -123,13 +128,18 @@ func (l Limits) prepare(i int, m *Message) error {
 			return bad("DeliverAt", "year %d is outside 1000-9999, the range every store can hold", y)
 		}
 	}
-	if m.ID.IsZero() {
-		m.ID = NewID()
-	}
-	if m.DedupKey == "" {
+	switch {
+	case m.DedupKey != "":
+		if err := checkName(m.DedupKey, true); err != "" {
+			return bad("DedupKey", "%s", err)
+		}
+		if m.ID.IsZero() {
+			m.ID = NewID()
+		}
+	case m.ID.IsZero():
+		m.ID = NewID() // a new id: nothing to deduplicate against, DedupKey stays empty
+	default:
 		m.DedupKey = m.ID.String()
-	} else if err := checkName(m.DedupKey, true); err != "" {
-		return bad("DedupKey", "%s", err)
 	}
 	return nil
 }

@@ -13,12 +13,21 @@ func TestPrepareDefaults(t *testing.T) {
 		{Topic: "t", Payload: []byte(`{"a":1}`)},
 		{Topic: "t", Payload: []byte{0xff, 0x00}},
 		{Topic: "t", Payload: []byte(`{}`), ID: NewID(), DedupKey: "custom"},
+		{Topic: "t", Payload: []byte(`{}`), ID: NewID()},
+		{Topic: "t", Payload: []byte(`{}`), DedupKey: "custom"},
 	}
 	if err := (Limits{}).Prepare(msgs); err != nil {
 		t.Fatal(err)
 	}
-	if msgs[0].ID.IsZero() || msgs[0].DedupKey != msgs[0].ID.String() || msgs[0].ContentType != ContentTypeJSON {
+	// A generated id needs no claim: the dedup key stays empty and DedupID stands in.
+	if msgs[0].ID.IsZero() || msgs[0].DedupKey != "" || msgs[0].DedupID() != msgs[0].ID.String() || msgs[0].ContentType != ContentTypeJSON {
 		t.Fatalf("defaults not filled: %+v", msgs[0])
+	}
+	if msgs[3].DedupKey != msgs[3].ID.String() {
+		t.Fatalf("a given id is not the dedup key: %+v", msgs[3])
+	}
+	if msgs[4].ID.IsZero() || msgs[4].DedupKey != "custom" {
+		t.Fatalf("a given dedup key without an id: %+v", msgs[4])
 	}
 	invalidUTF8JSON := []Message{{Topic: "t", Payload: []byte("\"\xff\""), Headers: map[string]string{"tab": "a\tb"}, Key: "a key", EventType: "ünïcode"}}
 	if err := (Limits{}).Prepare(invalidUTF8JSON); err != nil || invalidUTF8JSON[0].ContentType != ContentTypeBinary {

@@ -15,7 +15,9 @@ import (
 type WriteDriver[TTx any] interface {
 	// Insert writes msgs, already validated and with defaults filled, in tx. It returns
 	// the dedup keys of the messages it skipped because the dedup key was taken, in call
-	// order, and no error for them.
+	// order, and no error for them. A message with an empty DedupKey has an id generated
+	// for it: its dedup key is the id's string form (DedupID), which no other message
+	// holds, so it is stored without being claimed and never skipped.
 	Insert(ctx context.Context, tx TTx, msgs []outboxtype.Message) (skipped []string, err error)
 }
 

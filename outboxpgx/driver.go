@@ -50,7 +50,7 @@ type Driver struct {
 	names  *pgsql.Names
 	shared pgsql.DB // the logic shared with outboxsql, over pool
 
-	insertSQL, insertOneSQL, fetchSQL, fetchAfterSQL, completeSQL string
+	insertSQL, insertOneSQL, insertFreshSQL, fetchSQL, fetchAfterSQL, completeSQL string
 }
 
 var (
@@ -78,11 +78,12 @@ func New(pool *pgxpool.Pool, config Config) (*Driver, error) {
 	}
 	d := &Driver{
 		pool: pool, names: names,
-		insertSQL:     names.InsertUnnest(),
-		insertOneSQL:  names.InsertOne(),
-		fetchSQL:      names.Fetch(),
-		fetchAfterSQL: names.FetchAfter(),
-		completeSQL:   names.Complete(),
+		insertSQL:      names.InsertUnnest(),
+		insertOneSQL:   names.InsertOne(),
+		insertFreshSQL: names.InsertFresh(),
+		fetchSQL:       names.Fetch(),
+		fetchAfterSQL:  names.FetchAfter(),
+		completeSQL:    names.Complete(),
 	}
 	d.shared = pgsql.DB{Names: names, Ready: d.needPool, Pool: pgxq.Querier{DB: pool}, InTx: d.inTx, Snapshot: d.inSnapshot}
 	return d, nil
@@ -281,8 +282,12 @@ func (d *Driver) insertOne(ctx context.Context, tx pgx.Tx, m *outbox.Message) ([
 	if err != nil {
 		return nil, err
 	}
+	q := d.insertOneSQL
+	if m.DedupKey == "" {
+		q = d.insertFreshSQL
+	}
 	var written string
-	err = tx.QueryRow(ctx, d.insertOneSQL, [16]byte(m.ID), m.Topic, m.Key, m.AggregateType, m.EventType, m.ContentType,
+	err = tx.QueryRow(ctx, q, [16]byte(m.ID), m.Topic, m.Key, m.AggregateType, m.EventType, m.ContentType,
 		payload, headers, m.DedupKey, deliver).Scan(&written)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows): // the dedup key is taken

@@ -57,7 +57,7 @@ type Driver struct {
 	names  *pgsql.Names
 	shared pgsql.DB // the logic shared with outboxpgx, over db
 
-	fetchSQL, fetchAfterSQL, completeSQL string
+	fetchSQL, fetchAfterSQL, completeSQL, insertFreshSQL string
 
 	// insertCache holds INSERT texts by row count, built on first use, for 1..cachedRows
 	// and maxRows rows.
@@ -89,9 +89,10 @@ func New(db *sql.DB, config Config) (*Driver, error) {
 	}
 	d := &Driver{
 		db: db, names: names,
-		fetchSQL:      names.Fetch(),
-		fetchAfterSQL: names.FetchAfter(),
-		completeSQL:   names.Complete(),
+		fetchSQL:       names.Fetch(),
+		fetchAfterSQL:  names.FetchAfter(),
+		completeSQL:    names.Complete(),
+		insertFreshSQL: names.InsertFresh(),
 	}
 	d.shared = pgsql.DB{Names: names, Ready: d.needDB, Pool: sqlQuerier{db}, InTx: d.txWith(nil),
 		Snapshot: d.txWith(&sql.TxOptions{Isolation: sql.LevelRepeatableRead, ReadOnly: true})}
@@ -105,8 +106,12 @@ func (d *Driver) needDB() error {
 	return nil
 }
 
-// insertSQL returns the INSERT text for rows messages.
-func (d *Driver) insertSQL(rows int) string {
+// insertSQL returns the INSERT text for msgs.
+func (d *Driver) insertSQL(msgs []outbox.Message) string {
+	if len(msgs) == 1 && msgs[0].DedupKey == "" {
+		return d.insertFreshSQL // the same parameters as one row of InsertValues
+	}
+	rows := len(msgs)
 	if rows > cachedRows && rows != maxRows {
 		return d.names.InsertValues(rows)
 	}
@@ -153,7 +158,7 @@ func (d *Driver) Insert(ctx context.Context, tx *sql.Tx, msgs []outbox.Message) 
 				payload, headers, m.DedupKey, deliverAt)
 		}
 		var err error
-		if written, err = d.insertChunk(ctx, tx, d.insertSQL(len(chunk)), args, written); err != nil {
+		if written, err = d.insertChunk(ctx, tx, d.insertSQL(chunk), args, written); err != nil {
 			return nil, fmt.Errorf("outbox insert: %w", err)
 		}
 	}

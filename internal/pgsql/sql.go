@@ -36,24 +36,28 @@ func (n *Names) r(s string) string {
 
 // insertFrom inserts the messages of the relation m (columns id, topic, key,
 // aggregate_type, event_type, content_type, payload, headers (text), dedup_key,
-// deliver_at, ord) in ord order. A dedup key is claimed in the dedup table first; a
-// message whose key is taken, by an earlier message of the same call or by any message
-// still kept, is skipped. ON CONFLICT DO NOTHING waits for a concurrent transaction that
-// holds the same key and inserts if that one rolls back. Returns the dedup keys written.
+// deliver_at, ord) in ord order. A message's dedup key is claimed in the dedup table
+// first; a message whose key is taken, by an earlier message of the same call or by any
+// message still kept, is skipped. ON CONFLICT DO NOTHING waits for a concurrent
+// transaction that holds the same key and inserts if that one rolls back. An empty
+// dedup_key marks a message whose id was generated for it: its id's text is its dedup
+// key, unclaimed, because no other message can hold it. Returns the dedup keys written.
 func (n *Names) insertFrom(m string) string {
 	return n.r(`WITH m AS (` + m + `),
 firsts AS (
-    SELECT DISTINCT ON (dedup_key) dedup_key, ord FROM m ORDER BY dedup_key, ord
+    SELECT DISTINCT ON (dedup_key) dedup_key, ord FROM m WHERE dedup_key <> '' ORDER BY dedup_key, ord
 ), claimed AS (
     INSERT INTO {{dedup}} (dedup_key) SELECT dedup_key FROM firsts ORDER BY ord
     ON CONFLICT (dedup_key) DO NOTHING
     RETURNING dedup_key
 )
 INSERT INTO {{outbox}} (id, topic, key, aggregate_type, event_type, content_type, payload, headers, dedup_key, next_attempt_at)
-SELECT m.id, m.topic, m.key, m.aggregate_type, m.event_type, m.content_type, m.payload, m.headers::jsonb, m.dedup_key,
+SELECT m.id, m.topic, m.key, m.aggregate_type, m.event_type, m.content_type, m.payload, m.headers::jsonb,
+       CASE WHEN m.dedup_key = '' THEN m.id::text ELSE m.dedup_key END,
        CASE WHEN m.deliver_at IS NULL THEN now() ELSE greatest(now(), m.deliver_at) END
-FROM m JOIN firsts f ON f.ord = m.ord
-WHERE m.dedup_key IN (SELECT dedup_key FROM claimed)
+FROM m
+WHERE m.dedup_key = ''
+   OR (m.ord IN (SELECT ord FROM firsts) AND m.dedup_key IN (SELECT dedup_key FROM claimed))
 ORDER BY m.ord
 RETURNING dedup_key`)
 }
@@ -64,9 +68,10 @@ func (n *Names) InsertUnnest() string {
      WITH ORDINALITY AS u(id, topic, key, aggregate_type, event_type, content_type, payload, headers, dedup_key, deliver_at, ord)`)
 }
 
-// InsertOne inserts one message ($1..$10 as one row of InsertValues), which is what most
-// Write calls carry: a plain INSERT of the claimed dedup key, without the set logic that
-// orders and deduplicates several messages, costs the writer's transaction less.
+// InsertOne inserts one message ($1..$10 as one row of InsertValues, $9 a dedup key that
+// is not empty), which is what most Write calls carry: a plain INSERT of the claimed
+// dedup key, without the set logic that orders and deduplicates several messages, costs
+// the writer's transaction less. It returns no row when the key is taken.
 func (n *Names) InsertOne() string {
 	return n.r(`WITH claimed AS (
     INSERT INTO {{dedup}} (dedup_key) VALUES ($9::text)
@@ -77,6 +82,17 @@ INSERT INTO {{outbox}} (id, topic, key, aggregate_type, event_type, content_type
 SELECT $1::uuid, $2::text, $3::text, $4::text, $5::text, $6::text, $7::bytea, $8::text::jsonb, dedup_key,
        CASE WHEN $10::timestamptz IS NULL THEN now() ELSE greatest(now(), $10::timestamptz) END
 FROM claimed
+RETURNING dedup_key`)
+}
+
+// InsertFresh is InsertOne for a message whose id was generated for it ($9 empty): its
+// dedup key is its id's text, which no other message can hold, so nothing is claimed and
+// the write is one plain INSERT.
+func (n *Names) InsertFresh() string {
+	return n.r(`INSERT INTO {{outbox}} (id, topic, key, aggregate_type, event_type, content_type, payload, headers, dedup_key, next_attempt_at)
+VALUES ($1::uuid, $2::text, $3::text, $4::text, $5::text, $6::text, $7::bytea, $8::text::jsonb,
+        CASE WHEN $9::text = '' THEN $1::uuid::text END, -- NULL, refused, if a key was given
+        CASE WHEN $10::timestamptz IS NULL THEN now() ELSE greatest(now(), $10::timestamptz) END)
 RETURNING dedup_key`)
 }
 

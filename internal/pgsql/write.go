@@ -19,7 +19,7 @@ func SkippedKeys(msgs []outbox.Message, written []string) []string {
 	}
 	var skipped []string
 	for i := range msgs {
-		k := msgs[i].DedupKey
+		k := msgs[i].DedupID()
 		if left[k] > 0 {
 			left[k]--
 			continue

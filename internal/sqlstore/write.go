@@ -38,6 +38,10 @@ const maxChunkBytes = 2 << 20
 //  3. insert the messages whose key was claimed, in call order, so that seq order is
 //     call order.
 //
+// A message whose id was generated for it (an empty DedupKey) claims nothing: its dedup
+// key is its id's text, which no other message holds. A chunk of such messages costs the
+// INSERT alone.
+//
 // Keys are claimed in sorted order: two calls claiming overlapping keys then take their
 // row locks in the same order, which keeps InnoDB from deadlocking them on each other.
 // No statement fails on a duplicate, so the caller's transaction stays usable.
@@ -62,7 +66,7 @@ func (s *Store) Insert(ctx context.Context, tx Querier, msgs []outbox.Message) (
 		chunk := msgs[start:end]
 		var keys []string
 		for i := range chunk {
-			if k := chunk[i].DedupKey; !seen[k] {
+			if k := chunk[i].DedupKey; k != "" && !seen[k] {
 				seen[k] = true
 				keys = append(keys, k)
 			}
@@ -74,7 +78,9 @@ func (s *Store) Insert(ctx context.Context, tx Querier, msgs []outbox.Message) (
 		rows := make([]*outbox.Message, 0, len(chunk))
 		for i := range chunk {
 			m := &chunk[i]
-			if claimed[m.DedupKey] {
+			if m.DedupKey == "" {
+				rows = append(rows, m)
+			} else if claimed[m.DedupKey] {
 				delete(claimed, m.DedupKey) // a second message with this key in the call is a duplicate
 				rows = append(rows, m)
 			} else {
@@ -143,7 +149,7 @@ func (s *Store) insertRows(ctx context.Context, tx Querier, msgs []*outbox.Messa
 			deliverAt = m.DeliverAt.UnixMicro()
 		}
 		args = append(args, m.ID[:], m.Topic, m.Key, m.AggregateType, m.EventType, m.ContentType, payload,
-			headers, m.DedupKey, Shard(m.Key, m.ID), deliverAt)
+			headers, m.DedupID(), Shard(m.Key, m.ID), deliverAt)
 	}
 	_, err := tx.ExecContext(ctx, q, args...)
 	return err
@@ -152,7 +158,7 @@ func (s *Store) insertRows(ctx context.Context, tx Querier, msgs []*outbox.Messa
 // rowBytes estimates the bytes a message adds to an INSERT.
 func rowBytes(m *outbox.Message) int {
 	n := 64 + len(m.Topic) + len(m.Key) + len(m.AggregateType) + len(m.EventType) + len(m.ContentType) +
-		len(m.DedupKey) + len(m.Payload)
+		len(m.DedupID()) + len(m.Payload)
 	for k, v := range m.Headers {
 		n += len(k) + len(v) + 6
 	}

@@ -64,6 +64,7 @@ func Run(t *testing.T, open func(t *testing.T) Outbox) {
 		{"DeferredCountsNoAttempt", deferredCountsNoAttempt},
 		{"DeadLetterAndReplay", deadLetterAndReplay},
 		{"DedupKey", dedupKey},
+		{"GeneratedIDsClaimNothing", generatedIDsClaimNothing},
 		{"Retention", retention},
 		{"RelaysDrainInOrder", relaysDrainInOrder},
 		{"AdminStatusCountsEveryState", adminStatusCountsEveryState},
@@ -634,6 +635,43 @@ func dedupKey(t *testing.T, o Outbox) {
 	if !slices.Equal(got, []string{`{"v":1}`, `{"v":3}`}) {
 		t.Fatalf("fetched %v, want the first write and the non-duplicate of the second", got)
 	}
+}
+
+// generatedIDsClaimNothing writes messages given neither an id nor a dedup key beside
+// messages with dedup keys, alone and in one call: each is stored with its new id as its
+// dedup key and is never skipped, the keyed ones are deduplicated as ever, and call
+// order holds. The generated ids were not claimed: a later message whose dedup key is
+// one of them is written (a claim would have refused it).
+func generatedIDsClaimNothing(t *testing.T, o Outbox) {
+	write(t, o, []outbox.Message{{Topic: "t", Key: "a", Payload: []byte(`{"v":0}`)}})
+	err := o.Write(testenv.Context(t), []outbox.Message{
+		{Topic: "t", Key: "a", Payload: []byte(`{"v":1}`)},
+		{Topic: "t", Key: "a", DedupKey: "k", Payload: []byte(`{"v":2}`)},
+		{Topic: "t", Key: "a", Payload: []byte(`{"v":3}`)},
+		{Topic: "t", Key: "a", DedupKey: "k", Payload: []byte(`{"v":4}`)},
+		{Topic: "t", Key: "a", Payload: []byte(`{"v":5}`)},
+	}, false)
+	var de *outbox.DuplicateError
+	if !errors.As(err, &de) || !slices.Equal(de.DedupKeys, []string{"k"}) {
+		t.Fatalf("a call of generated ids and a repeated dedup key: %v, want a *DuplicateError naming k only", err)
+	}
+	st := sync(t, o, "r1", ttl, nil, nil)
+	got := fetch(t, o, "r1", st.Held, outboxdriver.FetchRequest{})
+	if p := payloads(got); !slices.Equal(p, []string{`{"v":0}`, `{"v":1}`, `{"v":2}`, `{"v":3}`, `{"v":5}`}) {
+		t.Fatalf("fetched %v, want every message but the duplicate, in call order", p)
+	}
+	seen := map[outbox.ID]bool{}
+	for _, m := range got {
+		if seen[m.ID] || m.ID.IsZero() {
+			t.Fatalf("id %s generated twice or not at all", m.ID)
+		}
+		seen[m.ID] = true
+		if want := m.ID.String(); string(m.Payload) != `{"v":2}` && m.DedupKey != want {
+			t.Errorf("message %s has dedup key %q, want its id", m.Payload, m.DedupKey)
+		}
+	}
+	write(t, o, []outbox.Message{{Topic: "t", Key: "b", DedupKey: got[0].ID.String(), Payload: []byte(`{"v":6}`)}})
+	write(t, o, []outbox.Message{{Topic: "t", Key: "b", DedupKey: got[1].ID.String(), Payload: []byte(`{"v":7}`)}})
 }
 
 func retention(t *testing.T, o Outbox) {

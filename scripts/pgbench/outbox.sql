@@ -1,16 +1,11 @@
--- One event per transaction through the statement the Writer runs for one message
--- (internal/pgsql InsertOne), into an outbox migrated with
+-- One event per transaction with a generated id, through the statement the Writer runs
+-- for one such message (internal/pgsql InsertFresh), into an outbox migrated with
 -- outbox migrate up --schema pgbench_outbox.
 BEGIN;
-WITH claimed AS (
-    INSERT INTO pgbench_outbox.outbox_dedup (dedup_key) VALUES (gen_random_uuid()::text)
-    ON CONFLICT (dedup_key) DO NOTHING
-    RETURNING dedup_key
-)
 INSERT INTO pgbench_outbox.outbox (id, topic, key, aggregate_type, event_type, content_type, payload, headers, dedup_key, next_attempt_at)
-SELECT gen_random_uuid(), 'orders', 'order-' || :client_id || '-' || random(), 'order', 'order.created', 'application/json',
-       '{"order":"xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"}'::bytea, '{}'::jsonb, dedup_key,
+SELECT u, 'orders', 'order-' || :client_id || '-' || random(), 'order', 'order.created', 'application/json',
+       '{"order":"xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"}'::bytea, '{}'::jsonb, u::text,
        CASE WHEN NULL::timestamptz IS NULL THEN now() ELSE greatest(now(), NULL::timestamptz) END
-FROM claimed
+FROM gen_random_uuid() u
 RETURNING dedup_key;
 COMMIT;
