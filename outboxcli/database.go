@@ -74,7 +74,7 @@ func addDBFlags(fs *flag.FlagSet, withURL bool) *dbFlags {
 		fs.StringVar(&o.url, "database-url", databaseURLDefault,
 			"only its scheme is read, to pick the SQL dialect: postgres://, mysql:// or sqlite:")
 	}
-	fs.StringVar(&o.schema, "schema", "public", "PostgreSQL `schema` holding the outbox tables (MySQL: the URL's database)")
+	fs.StringVar(&o.schema, "schema", "public", "PostgreSQL `schema` holding the outbox tables (MySQL and SQLite have none here:\nthe outbox lives in the database the URL names)")
 	fs.StringVar(&o.prefix, "prefix", "", "`prefix` of the outbox table names (billing_ gives billing_outbox)")
 	return o
 }

@@ -29,7 +29,7 @@ import (
 )
 
 // commands are the top-level commands, in the order `outbox help` lists them. A new
-// command is a *command in a file of its own and one entry here (`outbox bench` is to be
+// command is a *command in a file of its own and one entry here (`outbox bench` is
 // benchCommand, in bench.go).
 var commands = []*command{
 	demoCommand,

@@ -88,10 +88,11 @@ needs --http-token or --http-token-file.
 With --source wal (PostgreSQL) the relay follows the database's log through the slot
 'outbox wal setup' made, and fetches when a transaction that wrote to the outbox
 commits: no polling while idle, no NOTIFY at commit. Messages, order and guarantees are
-those of polling; the slot moves only past what is recorded or left to polling, and
-when the stream is unavailable (wal_level, privileges, a dropped or lost slot) the relay
-polls and logs why, at ERROR (docs/design-wal.md; WAL mode is new: see
-docs/operations.md, "WAL mode setup").
+those of polling; the slot moves only past what is recorded or left to polling. When the
+stream is unavailable (wal_level, privileges) the relay polls and logs why, at ERROR; a
+dropped or lost slot is made anew and the relay catches up from the outbox table,
+losing nothing (--wal-keep-lost-slot leaves it to an operator instead). See
+docs/operations.md, "WAL mode setup", and docs/design-wal.md.
 
 The outbox schema must be migrated first (outbox migrate up).`,
 	setup: func(fs *flag.FlagSet) runFunc {
@@ -222,7 +223,11 @@ func (o *relayFlags) run(ctx context.Context, inv *invocation) error {
 		}()
 	}
 
-	log.Info("connecting to "+target.kind.String(), "database", redactDSN(o.db.url), "schema", o.db.schema, "prefix", o.db.prefix)
+	where := []any{"database", redactDSN(o.db.url), "prefix", o.db.prefix}
+	if target.kind == dbPostgres {
+		where = append(where, "schema", o.db.schema)
+	}
+	log.Info("connecting to "+target.kind.String(), where...)
 	drv, err := o.db.connect(ctx, target)
 	if err != nil {
 		return err
