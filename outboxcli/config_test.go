@@ -70,9 +70,9 @@ func TestConfigErrors(t *testing.T) {
 		{"duplicate key", "schema: a\nschema: b\n", []string{"migrate", "sql"}, 2, `key "schema" appears twice`},
 		{"null value", "prefix: p\nschema:\n", []string{"migrate", "sql"}, 2, `key "schema" has no value`},
 		{"list for a single value", "schema: [a, b]\n", []string{"migrate", "sql"}, 1, "--schema takes one value"},
-		{"bad value", "\nbatch-size: many\n", []string{"relay"}, 2, "--batch-size: invalid value"},
-		{"empty item of a list", "id:\n  - 0190a5c8-0000-7000-8000-000000000000\n  - ''\n", []string{"dead", "list"}, 3, "--id: invalid value"},
-		{"bad item of a list found later", "\nid:\n  - 0190a5c8-0000-7000-8000-000000000000\n  - nope\n", []string{"dead", "list"}, 2, "--id: "},
+		{"bad value", "\nbatch-size: many\n", []string{"relay"}, 2, `--batch-size: "many" is not a whole number`},
+		{"empty item of a list", "id:\n  - 0190a5c8-0000-7000-8000-000000000000\n  - ''\n", []string{"dead", "list"}, 3, "--id: empty value"},
+		{"bad item of a list found later", "\nid:\n  - 0190a5c8-0000-7000-8000-000000000000\n  - nope\n", []string{"dead", "list"}, 2, `--id: invalid id: "nope"`},
 		{"bad value found later", "prefix: p\nschema: 'x\"y'\n", []string{"migrate", "sql"}, 2, "--schema"},
 		{"bad duration", "poll-interval: 5 minutes\n", []string{"relay"}, 1, "--poll-interval"},
 	}

@@ -55,7 +55,7 @@ func (o *deadFilterFlags) filter() (outboxdriver.DeadFilter, error) {
 	for _, s := range o.ids {
 		id, err := outbox.ParseID(strings.TrimSpace(s))
 		if err != nil {
-			return f, usageErrorf("--id: %v", err)
+			return f, usageErrorf("--id: %s", strings.TrimPrefix(err.Error(), "outbox: "))
 		}
 		f.IDs = append(f.IDs, id)
 	}

@@ -195,7 +195,7 @@ func applySources(fs *flag.FlagSet, env func(string) string, cf *configFile) err
 			}
 			for _, s := range vals {
 				if e := f.Value.Set(strings.TrimSpace(s)); e != nil {
-					err = usageErrorf("--%s: invalid value in %s: %v", f.Name, envName(f.Name), e)
+					err = usageErrorf("--%s: in %s: %s", f.Name, envName(f.Name), valueProblem(f, strings.TrimSpace(s), e))
 					return
 				}
 			}
@@ -208,7 +208,7 @@ func applySources(fs *flag.FlagSet, env func(string) string, cf *configFile) err
 			}
 			for i, s := range e.values {
 				if e2 := f.Value.Set(s); e2 != nil {
-					err = usageErrorf("%s: --%s: invalid value: %v", cf.at(e.lines[i]), f.Name, e2)
+					err = usageErrorf("%s: --%s: %s", cf.at(e.lines[i]), f.Name, valueProblem(f, s, e2))
 					return
 				}
 			}
@@ -224,7 +224,7 @@ func parseArgs(fs *flag.FlagSet, args []string) ([]string, error) {
 	var positional []string
 	for {
 		if err := fs.Parse(args); err != nil {
-			return nil, err
+			return nil, parseError(fs, err)
 		}
 		rest := fs.Args()
 		if len(rest) == 0 {
@@ -236,6 +236,61 @@ func parseArgs(fs *flag.FlagSet, args []string) ([]string, error) {
 		positional = append(positional, rest[0])
 		args = rest[1:]
 	}
+}
+
+// The flag package's errors name a flag with one dash and say only "parse error" of a
+// number that is not one.
+var (
+	flagValueErr = regexp.MustCompile(`^invalid (?:boolean )?value "(.*)" for flag -([^:]+): (.*)$`)
+	flagUnknown  = regexp.MustCompile(`^flag provided but not defined: -(.*)$`)
+	flagNoValue  = regexp.MustCompile(`^flag needs an argument: -(.*)$`)
+)
+
+// parseError rewords an error of fs.Parse as the CLI speaks: flags with two dashes, and
+// what is wrong with a value.
+func parseError(fs *flag.FlagSet, err error) error {
+	msg := err.Error()
+	if m := flagValueErr.FindStringSubmatch(msg); m != nil {
+		if f := fs.Lookup(m[2]); f != nil {
+			return usageErrorf("--%s: %s", m[2], valueProblem(f, m[1], errors.New(m[3])))
+		}
+	}
+	if m := flagUnknown.FindStringSubmatch(msg); m != nil {
+		return usageErrorf("unknown flag --%s", m[1])
+	}
+	if m := flagNoValue.FindStringSubmatch(msg); m != nil {
+		return usageErrorf("--%s needs a value", m[1])
+	}
+	return err
+}
+
+// valueProblem says what is wrong with s as the value of f, given the error its Set
+// returned: the flag package's own number and boolean errors say only "parse error" or
+// "value out of range"; the CLI's own value types say what they want themselves.
+func valueProblem(f *flag.Flag, s string, err error) string {
+	g, ok := f.Value.(flag.Getter)
+	if !ok {
+		return err.Error()
+	}
+	var want string
+	switch g.Get().(type) {
+	case bool:
+		want = "true or false"
+	case int, int64:
+		want = "a whole number"
+	case uint, uint64:
+		want = "a whole number, 0 or more"
+	case float64:
+		want = "a number"
+	case time.Duration:
+		want = "a duration such as 500ms, 30s or 5m"
+	default:
+		return err.Error()
+	}
+	if strings.Contains(err.Error(), "out of range") {
+		return fmt.Sprintf("%q is out of range", s)
+	}
+	return fmt.Sprintf("%q is not %s", s, want)
 }
 
 // ---- flag value types ----
