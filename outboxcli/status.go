@@ -56,6 +56,12 @@ func writeJSON(w io.Writer, v any) error {
 // printStatus prints st; postgres adds what only PostgreSQL reports (the oldest open
 // transaction, which holds back vacuum).
 func printStatus(w io.Writer, st outboxdriver.Status, postgres bool, now time.Time) error {
+	if warnings := st.Warnings(); len(warnings) > 0 {
+		for _, warning := range warnings {
+			fmt.Fprintf(w, "WARNING: %s\n", warning)
+		}
+		fmt.Fprintln(w)
+	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(tw, "pending\t%d\n", st.Pending)
 	fmt.Fprintf(tw, "  due\t%d\n", st.Due)
@@ -100,7 +106,7 @@ func printStatus(w io.Writer, st outboxdriver.Status, postgres bool, now time.Ti
 
 	fmt.Fprintln(w)
 	if len(st.Relays) == 0 {
-		fmt.Fprintln(w, "no relays have run in the last hour")
+		fmt.Fprintln(w, "no relay is running (a relay that stops cleanly leaves this list at once; one that dies stays an hour)")
 		return nil
 	}
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)

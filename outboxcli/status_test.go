@@ -52,9 +52,25 @@ func TestStatus(t *testing.T) {
 		regexp.MustCompile(`(?m)^billing +1 +0 +1 +1 +`),
 		regexp.MustCompile(`(?m)^orders +2 +1 +0 +0 +2h`),
 		regexp.MustCompile(`(?m)^relay-a +host-a +4242 +yes +32 `),
+		regexp.MustCompile(`(?m)^WARNING: 1 dead letters wait for an operator`),
 	} {
 		if !want.MatchString(r.stdout) {
 			t.Errorf("status text does not match %s:\n%s", want, r.stdout)
+		}
+	}
+	if strings.Contains(r.stdout, "no relay holds a shard") {
+		t.Errorf("status warns of due messages without a relay while relay-a holds shards:\n%s", r.stdout)
+	}
+	// The relay dies: its row stays, not live, and no shard is leased any more.
+	b.Exec(t, `UPDATE %[1]s.outbox_relays SET expires_at = now() - interval '1 second'`)
+	b.Exec(t, `UPDATE %[1]s.outbox_leases SET expires_at = now() - interval '1 second'`)
+	stopped := must(t, 0, b.env, "status")
+	for _, want := range []string{
+		"WARNING: 1 messages are due and no relay holds a shard",
+		"WARNING: relay relay-a (host host-a, pid 4242) stopped heartbeating",
+	} {
+		if !strings.Contains(stopped.stdout, want) {
+			t.Errorf("status after the relay died does not say %q:\n%s", want, stopped.stdout)
 		}
 	}
 	if strings.Contains(r.stdout, " \n") {

@@ -96,6 +96,35 @@ type Status struct {
 	WAL []WALSlotStatus `json:"wal,omitempty"`
 }
 
+// Warnings says, one sentence each, what in s needs an operator: due messages that no
+// relay holds a shard for, relays that stopped heartbeating without stopping cleanly, dead
+// letters, and WAL-mode slots the relays cannot read. `outbox status` and the console
+// show them first.
+func (s Status) Warnings() []string {
+	var w []string
+	if s.Due > 0 && s.ShardsLeased == 0 {
+		w = append(w, fmt.Sprintf("%d messages are due and no relay holds a shard: nothing publishes them until a relay runs (outbox relay)", s.Due))
+	}
+	for _, r := range s.Relays {
+		if !r.Live {
+			w = append(w, fmt.Sprintf("relay %s (host %s, pid %d) stopped heartbeating at %s without stopping cleanly: it died or lost the database; other relays take its shards as its leases expire",
+				r.ID, r.Hostname, r.PID, r.HeartbeatAt.UTC().Format(time.RFC3339)))
+		}
+	}
+	if s.Dead > 0 {
+		w = append(w, fmt.Sprintf("%d dead letters wait for an operator: list them with outbox dead list, then replay or purge them", s.Dead))
+	}
+	for _, slot := range s.WAL {
+		switch {
+		case !slot.Exists:
+			w = append(w, fmt.Sprintf("WAL slot %s is recorded but PostgreSQL has none: relays poll until one is made anew (outbox wal setup)", slot.Slot))
+		case slot.State == "fallback":
+			w = append(w, fmt.Sprintf("WAL slot %s: relays poll instead of reading it (%s)", slot.Slot, slot.Reason))
+		}
+	}
+	return w
+}
+
 // WALSlotStatus is one WAL-mode slot as the outbox records it and PostgreSQL reports it.
 type WALSlotStatus struct {
 	Slot string `json:"slot"`

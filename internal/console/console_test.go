@@ -161,6 +161,7 @@ func TestOverview(t *testing.T) {
 		`<tr data-topic="orders">`, `<tr data-topic="billing">`, `<tr data-topic="shipping">`,
 		`href="/dead?topic=orders"`, `data-stat="relay-published">7<`, `This relay`, `relay-under-test`,
 		`<meta http-equiv="refresh" content="5">`,
+		`data-stat="warnings"`, `messages are due and no relay holds a shard`, `3 dead letters wait for an operator`,
 	} {
 		if !strings.Contains(body, want) {
 			t.Errorf("overview lacks %s:\n%s", want, body)
@@ -187,6 +188,9 @@ func TestOverviewShowsRelaysAndLeases(t *testing.T) {
 		if !strings.Contains(body, want) {
 			t.Errorf("overview lacks %s:\n%s", want, body)
 		}
+	}
+	if strings.Contains(body, "no relay holds a shard") {
+		t.Errorf("overview warns of messages without a relay while one leases every shard:\n%s", body)
 	}
 }
 
