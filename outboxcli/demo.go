@@ -5,6 +5,9 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"net/url"
+	"os"
+	"strings"
 
 	"github.com/outboxkit/outbox/internal/demo"
 )
@@ -48,7 +51,11 @@ how many order transactions run at once, e.g.
 			if cfg.Orders < 1 || cfg.Writers < 1 || cfg.Rollback < 0 || cfg.Rollback >= 1 || cfg.Crash < 0 || cfg.Crash >= 1 {
 				return usageErrorf("--orders and --writers must be positive; --rollback and --crash between 0 and 1")
 			}
+			if err := checkDemoURLs(cfg); err != nil {
+				return err
+			}
 			cfg.Out = inv.stdout
+			cfg.Command = cliCommand()
 			res, err := demo.Run(ctx, cfg)
 			if err != nil {
 				return err
@@ -63,4 +70,31 @@ how many order transactions run at once, e.g.
 			return nil
 		}
 	},
+}
+
+// checkDemoURLs refuses a --database-url or --broker the demo cannot use: it runs on
+// PostgreSQL or its own SQLite file, and its consumer reads NATS JetStream.
+func checkDemoURLs(cfg demo.Config) error {
+	if cfg.DatabaseURL != "" {
+		if kind, err := (&dbFlags{url: cfg.DatabaseURL}).kind(); err != nil || kind != dbPostgres {
+			return usageErrorf("--database-url: the demo runs on PostgreSQL (postgres://...) or, without --database-url, on SQLite files of its own (--dir keeps them)")
+		}
+	}
+	if cfg.BrokerURL != "" {
+		u, err := url.Parse(strings.TrimSpace(strings.Split(cfg.BrokerURL, ",")[0]))
+		if err != nil || (u.Scheme != "nats" && u.Scheme != "tls") {
+			return usageErrorf("--broker: the demo's consumer reads NATS JetStream: give a nats:// URL, or leave --broker out for an embedded server")
+		}
+	}
+	return nil
+}
+
+// cliCommand is how the user ran this program, for the commands the demo suggests next:
+// `go run ./cmd/outbox` when go run built it (it installed nothing called outbox),
+// outbox otherwise.
+func cliCommand() string {
+	if exe, err := os.Executable(); err == nil && strings.Contains(exe, string(os.PathSeparator)+"go-build") {
+		return "go run ./cmd/outbox"
+	}
+	return "outbox"
 }

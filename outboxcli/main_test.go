@@ -189,6 +189,8 @@ func TestUsageErrorsExitTwo(t *testing.T) {
 		{[]string{"dead"}, "dead needs a command"},
 		{[]string{"dead", "nosuch"}, `unknown command "nosuch"`},
 		{[]string{"status", "--bogus"}, "unknown flag --bogus"},
+		{[]string{"demo", "--database-url", "sqlite:///tmp/demo.db"}, "--database-url: the demo runs on PostgreSQL"},
+		{[]string{"demo", "--broker", "amqp://guest:guest@127.0.0.1:5672/"}, "--broker: the demo's consumer reads NATS JetStream"},
 		{[]string{"dead", "list", "--limit", "many"}, `--limit: "many" is not a whole number`},
 		{[]string{"dead", "list", "--limit", "99999999999999999999"}, `--limit: "99999999999999999999" is out of range`},
 		{[]string{"dead", "list", "--limit"}, "--limit needs a value"},

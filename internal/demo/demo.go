@@ -33,6 +33,7 @@ type Config struct {
 	DatabaseURL string  // PostgreSQL URL; empty means a SQLite file in Dir.
 	BrokerURL   string  // NATS URL; empty means an embedded server.
 	Dir         string  // where the SQLite file and the embedded server's store go; empty means a temporary directory.
+	Command     string  // how the user runs the CLI, for the commands the summary suggests. Defaults to "outbox".
 	Out         io.Writer
 	Log         *slog.Logger // the relay's and consumer's log; nil discards it
 }
@@ -40,6 +41,7 @@ type Config struct {
 func (c Config) withDefaults() Config {
 	c.Orders = cmp.Or(c.Orders, 2000)
 	c.Writers = cmp.Or(c.Writers, 8)
+	c.Command = cmp.Or(c.Command, "outbox")
 	if c.Rollback == 0 {
 		c.Rollback = 0.1
 	}
@@ -75,7 +77,8 @@ type backend struct {
 	consume func(ctx context.Context, ds []*outbox.Delivery) (fresh []bool, err error)
 	// effects counts the shipment rows and their distinct event ids.
 	effects func(ctx context.Context) (rows, distinct int, err error)
-	// next is what to run after the demo, to look at what it left.
+	// next is what to run after the demo, to look at what it left; {cli} stands for
+	// Config.Command.
 	next  []string
 	close func()
 }
@@ -234,7 +237,9 @@ loop:
 		res.Duplicates = rows - distinct
 	}
 	res.Elapsed = time.Since(start)
-	res.Next = b.next
+	for _, n := range b.next {
+		res.Next = append(res.Next, strings.ReplaceAll(n, "{cli}", cfg.Command))
+	}
 	say("%s", t.progress(context.WithoutCancel(ctx), b, relay.Stats().Published))
 	return res, nil
 }

@@ -109,8 +109,8 @@ func TestDemoEmbedded(t *testing.T) {
 // Without --dir, the files go, and the summary says how to keep them.
 func TestDemoTemporary(t *testing.T) {
 	t.Parallel()
-	_, summary := run(t, Config{Orders: 100, Rollback: 0.2, Crash: 0.2})
-	if !strings.Contains(summary, "next: outbox demo --dir ") {
+	_, summary := run(t, Config{Orders: 100, Rollback: 0.2, Crash: 0.2, Command: "go run ./cmd/outbox"})
+	if !strings.Contains(summary, "next: go run ./cmd/outbox demo --dir ") {
 		t.Errorf("summary does not say how to keep the databases:\n%s", summary)
 	}
 }

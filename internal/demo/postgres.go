@@ -92,8 +92,8 @@ CREATE TABLE `+q("shipments")+` (event_id text NOT NULL, order_id text NOT NULL,
 			return rows, distinct, err
 		},
 		next: []string{
-			"outbox demo --help                 (bigger runs: --orders, --writers)",
-			"outbox migrate up --database-url URL, then outbox relay --database-url URL --broker nats://...   (an outbox of your own)",
+			"{cli} demo --help                 (bigger runs: --orders, --writers)",
+			"{cli} migrate up --database-url URL, then {cli} relay --database-url URL --broker nats://...   (an outbox of your own)",
 		},
 		close: drop,
 	}, nil

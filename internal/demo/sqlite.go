@@ -116,9 +116,9 @@ func sqliteBackend(ctx context.Context, dir string, kept bool) (*backend, error)
 func sqliteNext(dir string, kept bool) []string {
 	if !kept {
 		return []string{
-			"outbox demo --dir outbox-demo     (keeps the databases; then:)",
-			"outbox status --database-url sqlite:outbox-demo/orders.db",
-			"outbox console --database-url sqlite:outbox-demo/orders.db   (the web console, http://127.0.0.1:8080)",
+			"{cli} demo --dir outbox-demo     (keeps the databases; then:)",
+			"{cli} status --database-url sqlite:outbox-demo/orders.db",
+			"{cli} console --database-url sqlite:outbox-demo/orders.db   (the web console, http://127.0.0.1:8080)",
 		}
 	}
 	url := "sqlite:" + filepath.ToSlash(filepath.Join(dir, "orders.db"))
@@ -126,7 +126,7 @@ func sqliteNext(dir string, kept bool) []string {
 		url = "sqlite://" + filepath.ToSlash(abs)
 	}
 	return []string{
-		"outbox status --database-url " + url,
-		"outbox console --database-url " + url + "   (the web console, http://127.0.0.1:8080)",
+		"{cli} status --database-url " + url,
+		"{cli} console --database-url " + url + "   (the web console, http://127.0.0.1:8080)",
 	}
 }
