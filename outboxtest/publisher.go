@@ -1,5 +1,6 @@
 // Package outboxtest gives users of outbox fakes for their own tests: an in-memory
-// Publisher that records what the relay sends and can be told to fail.
+// Publisher that records what the relay sends and can be told to fail, and an in-memory
+// Store to write messages into and run relays on, without a database server.
 package outboxtest
 
 import (
