@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"time"
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/sqlstore"
@@ -23,9 +22,19 @@ type Config struct {
 // Driver writes messages in database/sql transactions on MySQL or MariaDB and is the
 // relay's outboxdriver.Store and the operator's outboxdriver.Admin over a *sql.DB. It is safe for
 // concurrent use, and any number of Drivers, on any hosts, may work on one outbox.
+//
+// Its methods besides Insert (the relay's Fetch, Complete, SyncLeases and DeletePublished;
+// Status and the dead-letter calls; the migrations; the inbox's Claim, AdvanceVersion and
+// DeleteInbox) are those of the engine it shares with outboxsqlite (internal/sqlstore), which
+// documents them.
 type Driver struct {
-	s *sqlstore.Store
+	// *store is embedded so that its methods are the Driver's; the alias keeps the field
+	// unexported, out of the API.
+	*store
 }
+
+// store is the engine the Driver shares with the other database/sql stores.
+type store = sqlstore.Store
 
 var (
 	_ outboxdriver.WriteDriver[*sql.Tx] = (*Driver)(nil)
@@ -46,7 +55,7 @@ func New(db *sql.DB, config Config) (*Driver, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Driver{s: s}, nil
+	return &Driver{store: s}, nil
 }
 
 // Insert implements outboxdriver.WriteDriver: it writes msgs in tx with multi-row INSERT
@@ -56,121 +65,17 @@ func (d *Driver) Insert(ctx context.Context, tx *sql.Tx, msgs []outbox.Message) 
 	if tx == nil {
 		return nil, errors.New("outboxmysql: nil transaction: Write must run inside the caller's transaction (db.BeginTx)")
 	}
-	return d.s.Insert(ctx, tx, msgs)
-}
-
-// Fetch implements outboxdriver.Store.
-func (d *Driver) Fetch(ctx context.Context, req outboxdriver.FetchRequest) ([]*outbox.Message, error) {
-	return d.s.Fetch(ctx, req)
-}
-
-// Complete implements outboxdriver.Store in one READ COMMITTED transaction, fenced by lease
-// tokens: the relay's lease rows are locked in share mode while its outcomes are applied.
-func (d *Driver) Complete(ctx context.Context, c outboxdriver.Completion) ([]int64, error) {
-	return d.s.Complete(ctx, c)
-}
-
-// SyncLeases implements outboxdriver.Store in one READ COMMITTED transaction; free shards are
-// taken with FOR UPDATE SKIP LOCKED, so concurrent relays pass each other by.
-func (d *Driver) SyncLeases(ctx context.Context, req outboxdriver.LeaseRequest) (outboxdriver.LeaseState, error) {
-	return d.s.SyncLeases(ctx, req)
-}
-
-// DeletePublished implements outboxdriver.Store: it deletes up to limit published messages
-// older than olderThan, and up to limit dedup keys of that age whose message is neither
-// pending nor dead, and returns how many rows it deleted.
-func (d *Driver) DeletePublished(ctx context.Context, olderThan time.Duration, limit int) (int, error) {
-	return d.s.DeletePublished(ctx, olderThan, limit)
+	return d.store.Insert(ctx, tx, msgs)
 }
 
 // PublishedExactBelow is the size of the published table, as InnoDB estimates it, under
 // which Status counts published rows exactly; above it Published is the estimate.
 const PublishedExactBelow = sqlstore.PublishedExactBelow
 
-// Status implements outboxdriver.Admin, in one REPEATABLE READ read-only transaction (one
-// snapshot). Pending and dead figures are exact. Published is exact while InnoDB
-// estimates the published table below PublishedExactBelow rows (information_schema.TABLES);
-// above, it is that estimate, because counting exactly means reading the whole table.
-func (d *Driver) Status(ctx context.Context) (outboxdriver.Status, error) {
-	return d.s.Status(ctx)
-}
-
-// DeadList implements outboxdriver.Admin: the dead letters that match f, most recently
-// dead-lettered first.
-func (d *Driver) DeadList(ctx context.Context, f outboxdriver.DeadFilter) ([]outboxdriver.DeadLetter, error) {
-	return d.s.DeadList(ctx, f)
-}
-
-// DeadCount implements outboxdriver.Admin.
-func (d *Driver) DeadCount(ctx context.Context, f outboxdriver.DeadFilter) (int, error) {
-	return d.s.DeadCount(ctx, f)
-}
-
-// DeadReplay implements outboxdriver.Admin: the matching dead letters go back to pending with
-// their ID, dedup key and seq, attempts reset, due at once. With f.Limit set it takes the
-// ones DeadList shows first.
-func (d *Driver) DeadReplay(ctx context.Context, f outboxdriver.DeadFilter) (int, error) {
-	return d.s.DeadReplay(ctx, f)
-}
-
-// DeadPurge implements outboxdriver.Admin. A filter that selects nothing in particular is
-// refused with outboxdriver.ErrEmptyDeadFilter. A purged message's dedup key is released later
-// by the retention cleanup.
-func (d *Driver) DeadPurge(ctx context.Context, f outboxdriver.DeadFilter) (int, error) {
-	return d.s.DeadPurge(ctx, f)
-}
-
-// DeadPurgeAll implements outboxdriver.Admin: it deletes every dead letter.
-func (d *Driver) DeadPurgeAll(ctx context.Context) (int, error) {
-	return d.s.DeadPurgeAll(ctx)
-}
-
 // MigrationStatus is one schema migration and whether it is applied.
 type MigrationStatus = sqlstore.MigrationStatus
-
-// MigrateUp applies the schema migrations up to version target (0 for all) and returns
-// the versions it applied. MySQL commits DDL statement by statement, so a migration is
-// not atomic; every statement of it is idempotent, and one interrupted halfway is
-// finished by running MigrateUp again. Concurrent migrators wait for each other on a
-// named lock (GET_LOCK).
-func (d *Driver) MigrateUp(ctx context.Context, target int) ([]int, error) {
-	return d.s.MigrateUp(ctx, target)
-}
-
-// MigrateDown reverts migrations above version target (0 reverts all, dropping the
-// outbox and everything in it) and returns the versions it reverted.
-func (d *Driver) MigrateDown(ctx context.Context, target int) ([]int, error) {
-	return d.s.MigrateDown(ctx, target)
-}
-
-// MigrationStatus lists the migrations and whether each is applied. It creates nothing.
-func (d *Driver) MigrationStatus(ctx context.Context) ([]MigrationStatus, error) {
-	return d.s.MigrationStatus(ctx)
-}
-
-// MigrationSQL returns the whole schema as one SQL script, for teams that run
-// migrations with their own tool. It needs no database.
-func (d *Driver) MigrationSQL() (string, error) { return d.s.MigrationSQL() }
 
 var (
 	_ outboxdriver.InboxDriver[*sql.Tx]   = (*Driver)(nil)
 	_ outboxdriver.VersionDriver[*sql.Tx] = (*Driver)(nil)
 )
-
-// Claim implements outboxdriver.InboxDriver in tx.
-func (d *Driver) Claim(ctx context.Context, tx *sql.Tx, consumer string, ids []string) ([]bool, error) {
-	return d.s.Claim(ctx, tx, consumer, ids)
-}
-
-// AdvanceVersion implements outboxdriver.VersionDriver in tx.
-func (d *Driver) AdvanceVersion(ctx context.Context, tx *sql.Tx, consumer, aggregateType, aggregateID string, version int64) (bool, error) {
-	return d.s.AdvanceVersion(ctx, tx, consumer, aggregateType, aggregateID, version)
-}
-
-// DeleteInbox deletes up to limit inbox rows processed more than olderThan ago, in
-// database time, and returns how many it deleted; fewer than limit means it is done for
-// now. Run it periodically with a retention longer than the longest time a message can
-// be redelivered: a message redelivered after its row is gone is processed again.
-func (d *Driver) DeleteInbox(ctx context.Context, olderThan time.Duration, limit int) (int, error) {
-	return d.s.DeleteInbox(ctx, olderThan, limit)
-}

@@ -43,20 +43,32 @@ type Config struct {
 	MigrateCopyLimit int
 }
 
-// Driver writes messages in pgx transactions and implements outboxdriver.Store (and
-// outboxdriver.Listener) over a pool. It is safe for concurrent use.
+// Driver writes messages in pgx transactions and implements outboxdriver.Store,
+// outboxdriver.Listener and outboxdriver.Admin over a pool. It is safe for concurrent
+// use.
+//
+// Status, the dead-letter calls (DeadList, DeadCount, DeadReplay, DeadPurge,
+// DeadPurgeAll), SyncLeases and DeletePublished are outboxsql's too: both drivers run the
+// same code for them (internal/pgsql), which documents them.
 type Driver struct {
-	pool   *pgxpool.Pool
-	names  *pgsql.Names
-	shared pgsql.DB // the logic shared with outboxsql, over pool
+	// *shared is embedded so that its methods are the Driver's; the alias keeps the field
+	// unexported, out of the API.
+	*shared
+
+	pool  *pgxpool.Pool
+	names *pgsql.Names
 
 	insertSQL, insertOneSQL, insertFreshSQL, fetchSQL, fetchAfterSQL, completeSQL string
 }
+
+// shared is the logic the Driver shares with outboxsql, over its pool.
+type shared = pgsql.DB
 
 var (
 	_ outboxdriver.WriteDriver[pgx.Tx] = (*Driver)(nil)
 	_ outboxdriver.Store               = (*Driver)(nil)
 	_ outboxdriver.Listener            = (*Driver)(nil)
+	_ outboxdriver.Admin               = (*Driver)(nil)
 )
 
 // Validate checks c as New does: a *outbox.ConfigError names the field at fault.
@@ -85,7 +97,7 @@ func New(pool *pgxpool.Pool, config Config) (*Driver, error) {
 		fetchAfterSQL:  names.FetchAfter(),
 		completeSQL:    names.Complete(),
 	}
-	d.shared = pgsql.DB{Names: names, Ready: d.needPool, Pool: pgxq.Querier{DB: pool}, InTx: d.inTx, Snapshot: d.inSnapshot}
+	d.shared = pgsql.NewDB(names, d.needPool, pgxq.Querier{DB: pool}, d.inTx, d.inSnapshot)
 	return d, nil
 }
 
@@ -264,18 +276,6 @@ func (d *Driver) DropPartitions(ctx context.Context, retention time.Duration, dr
 // ErrBusy: another process (a relay, most likely) is maintaining the outbox right now;
 // try again in a moment.
 var ErrBusy = errors.New("another process is maintaining the outbox; try again in a moment")
-
-// DeletePublished implements outboxdriver.Store: it deletes up to limit published messages
-// older than olderThan, and up to limit dedup keys of that age whose message is neither
-// pending nor dead, and returns how many rows it deleted.
-func (d *Driver) DeletePublished(ctx context.Context, olderThan time.Duration, limit int) (int, error) {
-	return d.shared.DeletePublished(ctx, olderThan, limit)
-}
-
-// SyncLeases implements outboxdriver.Store in one transaction.
-func (d *Driver) SyncLeases(ctx context.Context, req outboxdriver.LeaseRequest) (outboxdriver.LeaseState, error) {
-	return d.shared.SyncLeases(ctx, req)
-}
 
 func (d *Driver) insertOne(ctx context.Context, tx pgx.Tx, m *outbox.Message) ([]string, error) {
 	payload, headers, deliver, err := columns(m)

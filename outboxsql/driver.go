@@ -50,12 +50,19 @@ const cachedRows = 64
 // (outboxdriver.Store) and the operator's (outboxdriver.Admin) on that *sql.DB. It is safe for
 // concurrent use.
 //
+// Status, the dead-letter calls (DeadList, DeadCount, DeadReplay, DeadPurge,
+// DeadPurgeAll), SyncLeases and DeletePublished are outboxpgx's too: both drivers run the
+// same code for them (internal/pgsql), which documents them.
+//
 // It does not implement outboxdriver.Listener: database/sql has no portable LISTEN, so a relay
 // on this store polls (see the package documentation).
 type Driver struct {
-	db     *sql.DB
-	names  *pgsql.Names
-	shared pgsql.DB // the logic shared with outboxpgx, over db
+	// *shared is embedded so that its methods are the Driver's; the alias keeps the field
+	// unexported, out of the API.
+	*shared
+
+	db    *sql.DB
+	names *pgsql.Names
 
 	fetchSQL, fetchAfterSQL, completeSQL, insertFreshSQL string
 
@@ -63,6 +70,9 @@ type Driver struct {
 	// and maxRows rows.
 	insertCache sync.Map // int -> string
 }
+
+// shared is the logic the Driver shares with outboxpgx, over its *sql.DB.
+type shared = pgsql.DB
 
 var (
 	_ outboxdriver.WriteDriver[*sql.Tx] = (*Driver)(nil)
@@ -94,8 +104,8 @@ func New(db *sql.DB, config Config) (*Driver, error) {
 		completeSQL:    names.Complete(),
 		insertFreshSQL: names.InsertFresh(),
 	}
-	d.shared = pgsql.DB{Names: names, Ready: d.needDB, Pool: sqlQuerier{db}, InTx: d.txWith(nil),
-		Snapshot: d.txWith(&sql.TxOptions{Isolation: sql.LevelRepeatableRead, ReadOnly: true})}
+	d.shared = pgsql.NewDB(names, d.needDB, sqlQuerier{db}, d.txWith(nil),
+		d.txWith(&sql.TxOptions{Isolation: sql.LevelRepeatableRead, ReadOnly: true}))
 	return d, nil
 }
 

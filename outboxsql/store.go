@@ -4,14 +4,14 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
-	"time"
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/pgsql"
 	"github.com/outboxkit/outbox/outboxdriver"
 )
 
-// This file is the relay's side of the driver (outboxdriver.Store). The statements are
+// This file is the relay's side of the driver (outboxdriver.Store) that is its own:
+// SyncLeases and DeletePublished are the embedded pgsql.DB's. The statements are
 // pgsql's, the same text outboxpgx runs, so the two drivers claim, fence and record
 // outcomes identically and can even serve relays of one outbox side by side. Array
 // parameters travel as PostgreSQL array literals (pgsql.IntArray, pgsql.TextArray),
@@ -137,16 +137,4 @@ func (d *Driver) Maintain(ctx context.Context, req outboxdriver.MaintainRequest)
 		return m, fmt.Errorf("maintenance: %w", err)
 	}
 	return m, nil
-}
-
-// DeletePublished implements outboxdriver.Store: it deletes up to limit published messages
-// older than olderThan, and up to limit dedup keys of that age whose message is neither
-// pending nor dead, and returns how many rows it deleted.
-func (d *Driver) DeletePublished(ctx context.Context, olderThan time.Duration, limit int) (int, error) {
-	return d.shared.DeletePublished(ctx, olderThan, limit)
-}
-
-// SyncLeases implements outboxdriver.Store in one transaction.
-func (d *Driver) SyncLeases(ctx context.Context, req outboxdriver.LeaseRequest) (outboxdriver.LeaseState, error) {
-	return d.shared.SyncLeases(ctx, req)
 }

@@ -13,9 +13,9 @@ import (
 
 // This file holds the operator's side (outboxdriver.Admin): the statements behind
 // `outbox status` and the dead-letter selections behind `outbox dead`, and DB's methods
-// that run them for both drivers. Every statement is built from validated, quoted names;
-// every value travels as a parameter, of a type any driver binds (string, int,
-// time.Time), arrays included (see TextArray).
+// that run them for both drivers, whose documentation they carry. Every statement is
+// built from validated, quoted names; every value travels as a parameter, of a type any
+// driver binds (string, int, time.Time), arrays included (see TextArray).
 
 // PublishedExactBelow is the size of the published table, as estimated by PostgreSQL's
 // statistics, under which Status counts published rows exactly. Above it the count is an
@@ -302,30 +302,43 @@ func (n *Names) StorageStatus(ctx context.Context, q Querier, st *outboxdriver.S
 
 var _ outboxdriver.Admin = (*DB)(nil)
 
-// Status implements outboxdriver.Admin in one Snapshot transaction, with JIT off
-// (dashboards poll it).
+// Status implements outboxdriver.Admin: it returns a snapshot of the outbox, read in one
+// repeatable-read, read-only transaction so that its figures agree with each other and
+// share one database clock, with JIT compilation off because dashboards poll it.
+//
+// The pending and dead figures are exact and cheap: the pending table holds only the
+// backlog and the dead table only the dead letters (published messages live in a table of
+// their own), so their cost follows the backlog and the dead-letter store, not the
+// history kept. Published is exact while PostgreSQL estimates the published table below
+// PublishedExactBelow rows; above that it is PostgreSQL's row-count estimate for that
+// table (pg_class.reltuples), because only a full scan could count it exactly.
+// OldestPendingAge is measured from when the message was written, so a message delayed
+// with DeliverAt counts from its write too.
+//
+// Relays lists the relays in the relays table (expired ones are kept about an hour and
+// shown with Live false) with the number of shards each holds an unexpired lease on.
 func (db *DB) Status(ctx context.Context) (outboxdriver.Status, error) {
-	if err := db.Ready(); err != nil {
+	if err := db.ready(); err != nil {
 		return outboxdriver.Status{}, err
 	}
 	st := outboxdriver.Status{Topics: []outboxdriver.TopicStatus{}, Relays: []outboxdriver.RelayInfo{}}
-	err := db.Snapshot(ctx, func(q Querier) error {
+	err := db.snapshot(ctx, func(q Querier) error {
 		if err := q.Exec(ctx, NoJIT); err != nil {
 			return err
 		}
-		if err := db.Names.topicStatus(ctx, q, &st); err != nil {
+		if err := db.names.topicStatus(ctx, q, &st); err != nil {
 			return fmt.Errorf("count pending and dead: %w", err)
 		}
-		if err := db.Names.publishedCount(ctx, q, &st); err != nil {
+		if err := db.names.publishedCount(ctx, q, &st); err != nil {
 			return fmt.Errorf("count published: %w", err)
 		}
-		if err := db.Names.StorageStatus(ctx, q, &st); err != nil {
+		if err := db.names.StorageStatus(ctx, q, &st); err != nil {
 			return fmt.Errorf("read partitions and transactions: %w", err)
 		}
-		if err := db.Names.relayStatus(ctx, q, &st); err != nil {
+		if err := db.names.relayStatus(ctx, q, &st); err != nil {
 			return fmt.Errorf("read relays and leases: %w", err)
 		}
-		if err := db.Names.walSlotStatus(ctx, q, &st); err != nil {
+		if err := db.names.walSlotStatus(ctx, q, &st); err != nil {
 			return fmt.Errorf("read WAL slots: %w", err)
 		}
 		return nil
@@ -382,16 +395,17 @@ func (n *Names) relayStatus(ctx context.Context, q Querier, st *outboxdriver.Sta
 	return q.QueryRow(ctx, n.StatusShards(), nil, &st.Shards, &st.ShardsLeased)
 }
 
-// DeadList implements outboxdriver.Admin in one statement on the pool.
+// DeadList implements outboxdriver.Admin: it returns the dead letters that match f, most
+// recently dead-lettered first, in one statement on the pool.
 func (db *DB) DeadList(ctx context.Context, f outboxdriver.DeadFilter) ([]outboxdriver.DeadLetter, error) {
-	if err := db.Ready(); err != nil {
+	if err := db.ready(); err != nil {
 		return nil, err
 	}
-	sql, args, err := db.Names.DeadList(f)
+	sql, args, err := db.names.DeadList(f)
 	if err != nil {
 		return nil, err
 	}
-	out, err := Collect(ctx, db.Pool, sql, args, func(r Row) (outboxdriver.DeadLetter, error) {
+	out, err := Collect(ctx, db.pool, sql, args, func(r Row) (outboxdriver.DeadLetter, error) {
 		var dl outboxdriver.DeadLetter
 		err := ScanMessage(r, &dl.Message, &dl.DeadAt)
 		return dl, err
@@ -402,43 +416,57 @@ func (db *DB) DeadList(ctx context.Context, f outboxdriver.DeadFilter) ([]outbox
 	return out, nil
 }
 
-// DeadCount implements outboxdriver.Admin in one statement on the pool.
+// DeadCount implements outboxdriver.Admin: it returns how many dead letters match f (at
+// most f.Limit when it is set), what DeadReplay or DeadPurge would act on if called now,
+// in one statement on the pool.
 func (db *DB) DeadCount(ctx context.Context, f outboxdriver.DeadFilter) (int, error) {
-	if err := db.Ready(); err != nil {
+	if err := db.ready(); err != nil {
 		return 0, err
 	}
-	sql, args, err := db.Names.DeadCount(f)
+	sql, args, err := db.names.DeadCount(f)
 	if err != nil {
 		return 0, err
 	}
 	var n int
-	if err := db.Pool.QueryRow(ctx, sql, args, &n); err != nil {
+	if err := db.pool.QueryRow(ctx, sql, args, &n); err != nil {
 		return 0, fmt.Errorf("count dead letters: %w", err)
 	}
 	return n, nil
 }
 
-// DeadReplay implements outboxdriver.Admin in one InTx transaction: lock the matching
-// dead letters (DeadPick), move them (Replay), and wake the listening relays (Notify)
-// when any moved.
+// DeadReplay implements outboxdriver.Admin: it moves the dead letters that match f back
+// to pending, due at once, with their attempt count reset, and returns how many it moved.
+// With f.Limit set it takes the ones DeadList would show first.
+//
+// A replayed message keeps its ID, dedup key and position (seq), so it reaches the broker
+// with the identity it was written with and consumers that already saw it (a broker that
+// accepted it but whose confirmation was lost) deduplicate it as usual. Replayed messages
+// of one key are published in their original order; messages of that key written after
+// them and already published are not held back, so a consumer sees the replayed message
+// after its successors. The last error is kept until the next attempt overwrites it, for
+// whoever investigates a message that fails again.
+//
+// One transaction locks the matching dead letters (DeadPick), moves them from the dead
+// table to the pending one (Replay) and, when any moved, wakes the relays that listen for
+// notifications (Notify; relays on outboxsql poll).
 func (db *DB) DeadReplay(ctx context.Context, f outboxdriver.DeadFilter) (int, error) {
-	if err := db.Ready(); err != nil {
+	if err := db.ready(); err != nil {
 		return 0, err
 	}
-	pick, args, err := db.Names.DeadPick(f)
+	pick, args, err := db.names.DeadPick(f)
 	if err != nil {
 		return 0, err
 	}
 	var n int64
-	err = db.InTx(ctx, func(q Querier) error {
+	err = db.inTx(ctx, func(q Querier) error {
 		seqs, err := Collect(ctx, q, pick, args, ScanInt64)
 		if err != nil || len(seqs) == 0 {
 			return err
 		}
-		if n, err = q.ExecCount(ctx, db.Names.Replay(), IntArray(seqs)); err != nil || n == 0 {
+		if n, err = q.ExecCount(ctx, db.names.Replay(), IntArray(seqs)); err != nil || n == 0 {
 			return err
 		}
-		notify, args := db.Names.Notify()
+		notify, args := db.names.Notify()
 		return q.Exec(ctx, notify, args...)
 	})
 	if err != nil {
@@ -447,8 +475,17 @@ func (db *DB) DeadReplay(ctx context.Context, f outboxdriver.DeadFilter) (int, e
 	return int(n), nil
 }
 
-// DeadPurge implements outboxdriver.Admin in one statement on the pool, refusing an
-// empty filter with outboxdriver.ErrEmptyDeadFilter before anything else.
+// DeadPurge implements outboxdriver.Admin: it deletes the dead letters that match f, in
+// one statement on the pool, and returns how many it deleted. With f.Limit set it takes
+// the ones DeadList would show first.
+//
+// A purged message's dedup key is not released at once: the relay's retention cleanup
+// releases it later, once it is older than the retention time. Until then a message
+// written with the same dedup key is still skipped as a duplicate.
+//
+// A filter that selects nothing in particular is refused with
+// outboxdriver.ErrEmptyDeadFilter before anything else: deleting everything is
+// DeadPurgeAll.
 func (db *DB) DeadPurge(ctx context.Context, f outboxdriver.DeadFilter) (int, error) {
 	if f.IsEmpty() {
 		return 0, outboxdriver.ErrEmptyDeadFilter
@@ -456,20 +493,22 @@ func (db *DB) DeadPurge(ctx context.Context, f outboxdriver.DeadFilter) (int, er
 	return db.deadPurge(ctx, f)
 }
 
-// DeadPurgeAll implements outboxdriver.Admin in one statement on the pool.
+// DeadPurgeAll implements outboxdriver.Admin: it deletes every dead letter, in one
+// statement on the pool, and returns how many it deleted. Pending and published messages
+// are not touched. Dedup keys are released later, as for DeadPurge.
 func (db *DB) DeadPurgeAll(ctx context.Context) (int, error) {
 	return db.deadPurge(ctx, outboxdriver.DeadFilter{})
 }
 
 func (db *DB) deadPurge(ctx context.Context, f outboxdriver.DeadFilter) (int, error) {
-	if err := db.Ready(); err != nil {
+	if err := db.ready(); err != nil {
 		return 0, err
 	}
-	sql, args, err := db.Names.DeadPurge(f)
+	sql, args, err := db.names.DeadPurge(f)
 	if err != nil {
 		return 0, err
 	}
-	n, err := db.Pool.ExecCount(ctx, sql, args...)
+	n, err := db.pool.ExecCount(ctx, sql, args...)
 	if err != nil {
 		return 0, fmt.Errorf("purge dead letters: %w", err)
 	}

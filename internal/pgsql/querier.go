@@ -61,19 +61,27 @@ func queryInts(ctx context.Context, q Querier, sql string, args ...any) ([]int, 
 	})
 }
 
-// DB is a driver's pool as the logic both drivers share sees it: the operator's calls
-// (outboxdriver.Admin, admin.go) and the relay's lease and retention calls (store.go).
-// The drivers' methods forward to it and carry the user documentation. It is safe for
-// concurrent use when its pool is.
+// DB is the part of outboxdriver.Store and outboxdriver.Admin that both PostgreSQL
+// drivers run alike over their pool: the operator's calls (admin.go) and the relay's
+// lease and retention calls (store.go). The drivers embed it, so its methods are theirs
+// and their doc comments here are the user documentation. It is safe for concurrent use
+// when its pool is.
 type DB struct {
-	Names *Names
-	// Ready returns the driver's error for a call that needs the pool when the driver
+	names *Names
+	// ready returns the driver's error for a call that needs the pool when the driver
 	// was made without one, and nil otherwise. Every method asks it first.
-	Ready func() error
-	// Pool runs single statements, each in a transaction of its own.
-	Pool Querier
-	// InTx runs a read-write transaction of the pool at the default isolation level;
-	// Snapshot runs a read-only REPEATABLE READ one, whose statements all see one
+	ready func() error
+	// pool runs single statements, each in a transaction of its own.
+	pool Querier
+	// inTx runs a read-write transaction of the pool at the default isolation level;
+	// snapshot runs a read-only REPEATABLE READ one, whose statements all see one
 	// snapshot and one now().
-	InTx, Snapshot InTx
+	inTx, snapshot InTx
+}
+
+// NewDB returns the shared logic over a driver's pool (see DB's fields for what each
+// argument is). The fields stay unexported so that a driver embedding DB adds its
+// methods, and nothing else, to its API.
+func NewDB(names *Names, ready func() error, pool Querier, inTx, snapshot InTx) *DB {
+	return &DB{names: names, ready: ready, pool: pool, inTx: inTx, snapshot: snapshot}
 }

@@ -161,12 +161,12 @@ func CompleteError(err error) error {
 // renews every lease the relay holds: a lease is live while its owner's heartbeat is),
 // prune the relays gone for an hour, adopt, then take shards up to the fair share.
 func (db *DB) SyncLeases(ctx context.Context, req outboxdriver.LeaseRequest) (outboxdriver.LeaseState, error) {
-	if err := db.Ready(); err != nil {
+	if err := db.ready(); err != nil {
 		return outboxdriver.LeaseState{}, err
 	}
 	var st outboxdriver.LeaseState
-	err := db.InTx(ctx, func(q Querier) error {
-		n := db.Names
+	err := db.inTx(ctx, func(q Querier) error {
+		n := db.names
 		ttl := req.TTL.Milliseconds()
 		if broken.Has(broken.LocalClockLeases) { // canary: the lease statements use the relay's clock
 			if err := q.Exec(ctx, "SELECT set_config('"+ClockSetting+"', $1, true)", RelayClock(req.RelayID)); err != nil {
@@ -283,7 +283,7 @@ func (e *expiredOwners) lock(ctx context.Context, q Querier, n *Names) ([]string
 // without schema version 5 (no outbox_wal, no relays.mode) it changes nothing: the relay
 // polls.
 func (db *DB) syncSlot(ctx context.Context, q Querier, req outboxdriver.LeaseRequest, expired *expiredOwners, st *outboxdriver.LeaseState) error {
-	n := db.Names
+	n := db.names
 	slot := n.WALSlot(req.Slot.Slot)
 	// Locked before the savepoint: rolling back to it would release the locks.
 	ids, err := expired.lock(ctx, q, n)
@@ -351,7 +351,7 @@ func (db *DB) syncSlot(ctx context.Context, q Querier, req outboxdriver.LeaseReq
 // so, and while it does the slot's reader holds every shard and this relay none. An
 // outbox before schema version 5 has no mode column.
 func (db *DB) markPolling(ctx context.Context, q Querier, relayID string) error {
-	_, err := withoutVersion5(ctx, q, func() error { return q.Exec(ctx, db.Names.WALLeasePoll(), relayID) })
+	_, err := withoutVersion5(ctx, q, func() error { return q.Exec(ctx, db.names.WALLeasePoll(), relayID) })
 	return err
 }
 
@@ -380,7 +380,7 @@ func (db *DB) walBeat(ctx context.Context, q Querier, slot string, token int64, 
 		return err
 	}
 	var lsn string
-	if err := q.QueryRow(ctx, db.Names.WALHeartbeat(), []any{slot, token}, &lsn); err != nil {
+	if err := q.QueryRow(ctx, db.names.WALHeartbeat(), []any{slot, token}, &lsn); err != nil {
 		st.SlotBeatErr = err
 		return q.Exec(ctx, "ROLLBACK TO SAVEPOINT outbox_wal_beat")
 	}
@@ -390,23 +390,24 @@ func (db *DB) walBeat(ctx context.Context, q Querier, slot string, token int64, 
 
 // held returns the relay's leases under tokens.
 func (db *DB) held(ctx context.Context, q Querier, relayID string, tokens []int64) ([]outboxdriver.Lease, error) {
-	return Collect(ctx, q, db.Names.LeaseHeld(), []any{relayID, IntArray(tokens)}, func(r Row) (outboxdriver.Lease, error) {
+	return Collect(ctx, q, db.names.LeaseHeld(), []any{relayID, IntArray(tokens)}, func(r Row) (outboxdriver.Lease, error) {
 		var l outboxdriver.Lease
 		return l, r.Scan(&l.Shard, &l.Token)
 	})
 }
 
-// DeletePublished implements outboxdriver.Store: up to limit published messages older
-// than olderThan, then up to limit dedup keys of that age, each in one statement.
+// DeletePublished implements outboxdriver.Store: it deletes up to limit published
+// messages older than olderThan, then up to limit dedup keys of that age whose message is
+// neither pending nor dead, each in one statement, and returns how many rows it deleted.
 func (db *DB) DeletePublished(ctx context.Context, olderThan time.Duration, limit int) (int, error) {
-	if err := db.Ready(); err != nil {
+	if err := db.ready(); err != nil {
 		return 0, err
 	}
-	n, err := db.Pool.ExecCount(ctx, db.Names.DeletePublished(), olderThan.Seconds(), limit)
+	n, err := db.pool.ExecCount(ctx, db.names.DeletePublished(), olderThan.Seconds(), limit)
 	if err != nil {
 		return 0, fmt.Errorf("delete published: %w", err)
 	}
-	keys, err := db.Pool.ExecCount(ctx, db.Names.DeleteDedup(), olderThan.Seconds(), limit)
+	keys, err := db.pool.ExecCount(ctx, db.names.DeleteDedup(), olderThan.Seconds(), limit)
 	if err != nil {
 		return int(n), fmt.Errorf("delete expired dedup keys: %w", err)
 	}

@@ -13,17 +13,21 @@ import (
 	"github.com/outboxkit/outbox/outboxdriver"
 )
 
-// This file is the operator's side of the engine: outboxdriver.Admin. Every statement is built
+// This file is the operator's side of the engine and of the stores that embed it:
+// outboxdriver.Admin. Every statement is built
 // from validated, quoted names; every value travels as a parameter or, for ids, as a hex
 // literal of bytes the engine holds.
 
-// Status implements outboxdriver.Admin, read in one read-only transaction at the dialect's
-// snapshot isolation, so that its figures agree with each other.
+// Status implements outboxdriver.Admin: it returns a snapshot of the outbox, read in one
+// read-only transaction at the dialect's snapshot isolation (REPEATABLE READ in MySQL),
+// so that its figures agree with each other.
 //
 // Pending and dead figures are exact; their cost follows the backlog and the dead-letter
-// store, not the history kept. Published is exact, except where the dialect can estimate
-// the published table's size and the estimate is PublishedExactBelow or more: then it is
-// the estimate. OldestPendingAge is measured from when the message was written.
+// store, not the history kept. Published is exact in SQLite, which counts it on an index
+// of the published table. In MySQL it is exact while InnoDB estimates the published
+// table below PublishedExactBelow rows (information_schema.TABLES), and that estimate
+// above, because counting exactly means reading the whole table. OldestPendingAge is
+// measured from when the message was written.
 func (s *Store) Status(ctx context.Context) (outboxdriver.Status, error) {
 	if err := s.needDB(); err != nil {
 		return outboxdriver.Status{}, err
@@ -220,8 +224,9 @@ func escapeLike(s string) string {
 // letters that DeadReplay and DeadPurge act on: the same rows a list shows.
 const deadOrder = " ORDER BY dead_at DESC, seq DESC"
 
-// DeadList implements outboxdriver.Admin: the dead letters that match f, most recently
-// dead-lettered first (as outboxpgx lists them).
+// DeadList implements outboxdriver.Admin: it returns the dead letters that match f, most
+// recently dead-lettered first (as outboxpgx lists them). In SQLite, f.ErrorContains
+// ignores the case of ASCII letters only (SQLite's lower() knows no other alphabet).
 func (s *Store) DeadList(ctx context.Context, f outboxdriver.DeadFilter) ([]outboxdriver.DeadLetter, error) {
 	if err := s.needDB(); err != nil {
 		return nil, err
@@ -244,8 +249,8 @@ func (s *Store) DeadList(ctx context.Context, f outboxdriver.DeadFilter) ([]outb
 	return out, nil
 }
 
-// DeadCount implements outboxdriver.Admin: how many dead letters match f (at most f.Limit when
-// it is set), what DeadReplay or DeadPurge would act on if called now.
+// DeadCount implements outboxdriver.Admin: it returns how many dead letters match f (at
+// most f.Limit when it is set), what DeadReplay or DeadPurge would act on if called now.
 func (s *Store) DeadCount(ctx context.Context, f outboxdriver.DeadFilter) (int, error) {
 	if err := s.needDB(); err != nil {
 		return 0, err
@@ -272,7 +277,8 @@ func (s *Store) pickDead(ctx context.Context, tx Querier, f outboxdriver.DeadFil
 }
 
 // DeadReplay implements outboxdriver.Admin: it moves the dead letters that match f back to
-// pending, due at once, attempts reset, and returns how many it moved.
+// pending, due at once, attempts reset, in one write transaction, and returns how many it
+// moved. With f.Limit set it takes the ones DeadList shows first.
 //
 // A replayed message keeps its ID, dedup key and position (seq), so consumers that saw
 // it deduplicate it, and replayed messages of one key go out in their original order.
@@ -319,7 +325,8 @@ func (s *Store) DeadPurge(ctx context.Context, f outboxdriver.DeadFilter) (int, 
 	return s.deadPurge(ctx, f)
 }
 
-// DeadPurgeAll implements outboxdriver.Admin: it deletes every dead letter.
+// DeadPurgeAll implements outboxdriver.Admin: it deletes every dead letter and returns how
+// many. Dedup keys are released later, as for DeadPurge.
 func (s *Store) DeadPurgeAll(ctx context.Context) (int, error) {
 	return s.deadPurge(ctx, outboxdriver.DeadFilter{})
 }

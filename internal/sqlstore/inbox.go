@@ -62,8 +62,11 @@ VALUES (?, ?, ?, ?, {{now}})`), consumer, aggregateType, aggregateID, version)
 	}
 }
 
-// DeleteInbox deletes up to limit inbox rows processed more than olderThan ago and
-// returns how many it deleted.
+// DeleteInbox implements outboxdriver.InboxCleaner: it deletes up to limit inbox rows
+// processed more than olderThan ago, in database time, and returns how many it deleted;
+// fewer than limit means it is done for now. Run it periodically with a retention longer
+// than the longest time a message can be redelivered: a message redelivered after its
+// row is gone is processed again.
 func (s *Store) DeleteInbox(ctx context.Context, olderThan time.Duration, limit int) (int, error) {
 	if err := s.needDB(); err != nil {
 		return 0, err

@@ -151,8 +151,14 @@ func (s *Store) downDrops() map[int]string {
 	}
 }
 
-// MigrateUp applies every migration up to target (0 means all) under the dialect's
-// migration lock, and returns the versions it applied.
+// MigrateUp applies the schema migrations up to version target (0 for all) under the
+// dialect's migration lock, and returns the versions it applied. Running it again, or
+// from several processes at once, is safe.
+//
+// SQLite applies them in one IMMEDIATE transaction. MySQL commits DDL statement by
+// statement, so a migration is not atomic there; every statement of it is idempotent,
+// and one interrupted halfway is finished by running MigrateUp again. Concurrent
+// migrators wait for each other on a named lock (GET_LOCK).
 func (s *Store) MigrateUp(ctx context.Context, target int) ([]int, error) {
 	if err := s.needDB(); err != nil {
 		return nil, err
@@ -193,8 +199,8 @@ func (s *Store) MigrateUp(ctx context.Context, target int) ([]int, error) {
 	return done, nil
 }
 
-// MigrateDown reverts applied migrations above target (0 reverts all), newest first,
-// and returns the versions it reverted.
+// MigrateDown reverts applied migrations above version target (0 reverts all, dropping
+// the outbox and everything in it), newest first, and returns the versions it reverted.
 func (s *Store) MigrateDown(ctx context.Context, target int) ([]int, error) {
 	if err := s.needDB(); err != nil {
 		return nil, err
@@ -237,7 +243,7 @@ func (s *Store) MigrateDown(ctx context.Context, target int) ([]int, error) {
 }
 
 // MigrationSQL returns the DDL of every migration as one script, with the bookkeeping
-// rows, for teams that apply migrations with their own tool.
+// rows, for teams that apply migrations with their own tool. It needs no database.
 func (s *Store) MigrationSQL() (string, error) {
 	all, err := s.migrations()
 	if err != nil {

@@ -198,7 +198,10 @@ func (n *Names) ShardValues() string {
 	return strings.Join(rows, ", ")
 }
 
-// Store is the engine: one outbox in one database. It is safe for concurrent use.
+// Store is the engine: one outbox in one database. outboxsqlite's and outboxmysql's
+// Drivers embed it, so its exported methods are theirs and their doc comments here are
+// the user documentation; a method that holds for one database only says so. It is safe
+// for concurrent use.
 type Store struct {
 	db    *sql.DB
 	d     *Dialect
@@ -227,9 +230,6 @@ func New(db *sql.DB, d *Dialect, prefix string) (*Store, error) {
 	)
 	return &Store{db: db, d: d, names: n, r: r}, nil
 }
-
-// Names returns the store's table names.
-func (s *Store) Names() *Names { return s.names }
 
 // sql expands the {{...}} names of a statement.
 func (s *Store) sql(q string) string { return s.r.Replace(q) }

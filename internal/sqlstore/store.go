@@ -13,7 +13,8 @@ import (
 	"github.com/outboxkit/outbox/outboxdriver"
 )
 
-// This file is the relay's side of the engine: outboxdriver.Store.
+// This file is the relay's side of the engine and of the stores that embed it:
+// outboxdriver.Store.
 
 // readColumns are the columns read back for a message, in scanMessage's order.
 func (s *Store) readColumns(alias string) string {
@@ -128,9 +129,10 @@ func nonNil[T any](s []T) []T {
 	return s
 }
 
-// Complete implements outboxdriver.Store in one write transaction, fenced per message: an
-// outcome is applied only if the message is still pending and its shard's lease is the
-// relay's, unexpired, under the very token the outcome carries.
+// Complete implements outboxdriver.Store in one write transaction (IMMEDIATE in SQLite,
+// READ COMMITTED in MySQL), fenced per message by lease tokens: an outcome is applied
+// only if the message is still pending and its shard's lease is the relay's, unexpired,
+// under the very token the outcome carries.
 //
 //  1. Lock the messages' rows (FOR UPDATE in MySQL) and read their shards.
 //  2. Lock the lease rows of those shards that the relay holds, unexpired (FOR SHARE in
@@ -342,8 +344,10 @@ func cleanError(s string) string {
 	return strings.ToValidUTF8(strings.ReplaceAll(s, "\x00", ""), "?")
 }
 
-// SyncLeases implements outboxdriver.Store in one write transaction: release, heartbeat,
-// renew, count, and take free or expired shards up to the fair share.
+// SyncLeases implements outboxdriver.Store in one write transaction (IMMEDIATE in SQLite,
+// READ COMMITTED in MySQL): release, heartbeat, renew, count, and take free or expired
+// shards up to the fair share. MySQL takes free shards with FOR UPDATE SKIP LOCKED, so
+// concurrent relays pass each other by.
 //
 // A lease's token grows by one each time its shard changes owner, so a token is unique
 // per ownership of its shard; the store matches leases by (shard, token) everywhere, so
