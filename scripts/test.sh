@@ -251,3 +251,10 @@ phase "end-to-end and torture" gotest e2e -count=1 -timeout 30m $short ./e2e ./i
 # must catch.
 phase "torture canaries" gotest canaries -tags outbox_broken -count=1 -timeout 20m $short \
   -run '^TestCanar' ./internal/testinfra/torture/chaos
+# The container image (deploy/Containerfile), built and run against the local servers.
+if command -v podman >/dev/null; then
+  phase "container image" scripts/image.sh --check
+else
+  log "container image: skipped, podman is not installed (apt-get install podman)"
+  record "container image" "-" "skipped: podman is not installed"
+fi
