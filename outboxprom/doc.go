@@ -24,7 +24,7 @@
 //	Metric                                  Type       Labels                       Meaning
 //	outbox_relay_up                         gauge      relay                        1 while the relay runs, 0 once it stopped
 //	outbox_published_total                  counter    relay, topic, broker         messages the broker confirmed, counted at the confirmation
-//	outbox_publish_failed_total             counter    relay, topic, broker, reason failed attempts: reason "outage" (broker unreachable or outcome unknown; no attempt counted, sent again) or "rejected" (the broker refused the message; an attempt counted)
+//	outbox_publish_failed_total             counter    relay, topic, broker, reason failed attempts: reason "outage" (broker unreachable or outcome unknown; no attempt counted, sent again), "destination" (the message's destination does not exist or cannot take it yet; no attempt counted) or "rejected" (the broker refused the message; an attempt counted)
 //	outbox_retried_total                    counter    relay, topic, broker         rejections after which the message waits for another attempt
 //	outbox_dead_lettered_total              counter    relay, topic, broker         messages dead-lettered after their last rejected attempt
 //	outbox_publish_latency_seconds          histogram  relay, topic                 created_at -> broker confirmation (see Latencies)
