@@ -16,7 +16,9 @@ import (
 // otherwise, and keeps what it confirmed in order. It is safe for concurrent use.
 type Publisher struct {
 	// Fail, when set, is asked about each message before it is confirmed; a non-nil
-	// error fails that message (wrap it with outbox.Outage to simulate an outage).
+	// error fails that message (wrap it with outbox.Outage to simulate an outage). It is
+	// called with the Publisher's lock held, one message at a time: it must not block
+	// (to hold a publish, wrap the Publisher instead).
 	Fail func(*outbox.Message) error
 
 	mu       sync.Mutex
