@@ -251,6 +251,21 @@ phase "end-to-end and torture" gotest e2e -count=1 -timeout 30m $short ./e2e ./i
 # must catch.
 phase "torture canaries" gotest canaries -tags outbox_broken -count=1 -timeout 20m $short \
   -run '^TestCanar' ./internal/testinfra/torture/chaos
+# The relay-side canaries against the relay's in-memory tests (relay_mem_test.go): each bug
+# must make at least one of them fail, with no database involved.
+mem_canaries() {
+  local bug rc=0
+  for bug in mark-before-confirm no-key-gate cursor-polling; do
+    if OUTBOX_BROKEN=$bug go test -tags outbox_broken -count=1 -run '^TestMemRelay' . 2>&1 | grep -q -- '--- FAIL: TestMemRelay'; then
+      log "canary $bug: caught by the in-memory relay tests"
+    else
+      log "canary $bug: NOT caught by the in-memory relay tests"
+      rc=1
+    fi
+  done
+  return $rc
+}
+phase "in-memory canaries" mem_canaries
 # The container image (deploy/Containerfile), built and run against the local servers.
 if command -v podman >/dev/null; then
   phase "container image" scripts/image.sh --check
