@@ -135,7 +135,7 @@ func (c *consoleFlags) check(ctx context.Context, inv *invocation) error {
 
 // handler returns the console over admin. relayStats and relayID describe the relay
 // that serves it; nil and "" without one.
-func (c *consoleFlags) handler(ctx context.Context, inv *invocation, admin outboxdriver.Admin, relayStats func() outbox.RelayStats, relayID string, log *slog.Logger) (http.Handler, error) {
+func (c *consoleFlags) handler(ctx context.Context, inv *invocation, admin outboxdriver.Admin, relayStats func() outbox.RelayStats, relayID string, log *slog.Logger) (*console.Handler, error) {
 	if err := c.check(ctx, inv); err != nil {
 		return nil, err
 	}
@@ -164,12 +164,17 @@ func (c *consoleFlags) start(ctx context.Context, inv *invocation, admin outboxd
 		return nil, fmt.Errorf("--http-addr: %w", err)
 	}
 	srv := newServer(h, log)
-	done := make(chan struct{})
+	sampling, stopSampling := context.WithCancel(ctx)
+	done := make(chan struct{}, 2)
 	go func() {
-		defer close(done)
+		defer func() { done <- struct{}{} }()
 		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
 			log.Error("web console stopped serving", "err", err)
 		}
+	}()
+	go func() {
+		defer func() { done <- struct{}{} }()
+		h.Sample(sampling)
 	}()
 	log.Info("web console listening", "url", "http://"+ln.Addr().String()+"/", "token_required", c.token != "")
 	return func() {
@@ -178,6 +183,8 @@ func (c *consoleFlags) start(ctx context.Context, inv *invocation, admin outboxd
 		if err := srv.Shutdown(sctx); err != nil {
 			srv.Close()
 		}
+		stopSampling()
+		<-done
 		<-done
 	}, nil
 }

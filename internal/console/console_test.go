@@ -13,12 +13,14 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/testinfra/testdb"
 	"github.com/outboxkit/outbox/internal/testinfra/testenv"
 	"github.com/outboxkit/outbox/outboxdriver"
+	"github.com/outboxkit/outbox/outboxtest"
 )
 
 const testToken = "console-test-token-0123456789"
@@ -776,4 +778,36 @@ func TestLoginSessions(t *testing.T) {
 		t.Errorf("a logged-out session: status %d, want a redirect to log in", r.status)
 	}
 	b.mustGet(t, "/", two...)
+}
+
+// The throughput card spans the last minute from the console's own readings, with no page
+// loaded in that minute: the relay published 100 messages every 10 s, so 10/s.
+func TestThroughputFromBackgroundSamples(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		var published atomic.Int64
+		h, err := New(Config{Admin: outboxtest.NewStore(outboxtest.StoreConfig{}), Logger: slog.New(slog.DiscardHandler),
+			RelayID: "r", RelayStats: func() outbox.RelayStats { return outbox.RelayStats{Published: published.Load()} }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan struct{})
+		go func() { defer close(done); h.Sample(ctx) }()
+		for range 7 {
+			synctest.Wait()
+			published.Add(100)
+			time.Sleep(sampleEvery)
+		}
+		synctest.Wait()
+		rec := httptest.NewRecorder()
+		req := httptest.NewRequest("GET", "http://127.0.0.1/", nil)
+		req.RemoteAddr = "127.0.0.1:40000" // a console without a token answers only this machine
+		h.ServeHTTP(rec, req)
+		if body := rec.Body.String(); !strings.Contains(body, `data-stat="relay-rate">10/s<`) {
+			t.Errorf("overview after a minute of background readings lacks relay-rate 10/s:\n%s", body)
+		}
+		cancel()
+		<-done
+	})
 }

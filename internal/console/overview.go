@@ -1,6 +1,7 @@
 package console
 
 import (
+	"context"
 	"net/http"
 	"sync"
 	"time"
@@ -47,6 +48,36 @@ func (s *sampler) add(at time.Time, n int64) (rate float64, ok bool) {
 		return 0, false
 	}
 	return float64(n-first.n) / span.Seconds(), true
+}
+
+// sampleEvery is how often Sample reads the counters behind the throughput card, so that
+// the card spans the last minute whether or not a page was loaded in it.
+const sampleEvery = 10 * time.Second
+
+// Sample reads the published counters (the store's, and the relay's when there is one)
+// every sampleEvery until ctx ends, for the throughput the overview shows; page loads add
+// readings too. A failed read is skipped: the next one fills in.
+func (h *Handler) Sample(ctx context.Context) {
+	t := time.NewTicker(sampleEvery)
+	defer t.Stop()
+	for {
+		h.sample(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// sample takes one reading of the counters.
+func (h *Handler) sample(ctx context.Context) {
+	if st, err := h.cfg.Admin.Status(ctx); err == nil {
+		h.storeRate.add(h.now(), st.Published)
+	}
+	if h.cfg.RelayStats != nil {
+		h.relayRate.add(h.now(), h.cfg.RelayStats().Published)
+	}
 }
 
 type overviewData struct {
