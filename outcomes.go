@@ -10,9 +10,8 @@ import (
 // dbRetry is how long the relay waits before trying a store call again after n failures
 // of it in a row: 25 ms doubling up to 200 ms. A database that is down is then asked
 // about five times a second per relay (a refused connection each), and a relay resumes
-// within about 200 ms of its return (a restart: heal to first publish 528-955 ms with a
-// ceiling of 1 s). Connections the server closed are replaced within the call by the
-// pgx store (outboxpgx's onLiveConn), so they seldom get here.
+// within about 200 ms of its return. Connections the server closed are replaced within
+// the call by the pgx store (outboxpgx's onLiveConn), so they seldom get here.
 func dbRetry(n int) time.Duration {
 	return min(25*time.Millisecond<<min(max(n-1, 0), 3), 200*time.Millisecond)
 }

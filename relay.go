@@ -172,8 +172,8 @@ func (r *Relay) Run(ctx context.Context, grace time.Duration) error {
 // another source hands them in the same way, through hand.fetchStarted and hand.fetched,
 // under the same leases.
 
-// keyFloors bounds the keys whose floor a relay remembers: a continuation sends them all,
-// about 30 bytes each.
+// keyFloors bounds the keys whose floor a relay remembers: a continuation through a
+// backlog sends them all, about 30 bytes each.
 const keyFloors = 4096
 
 type pubResult struct {
@@ -843,9 +843,10 @@ func (l *loop) notified(froms []int64, unknown bool) {
 
 // startFetch reads more due messages when there is room for them and the fetch plan
 // (fetchplan.go) wants them. A continuation must not let a key's newer message overtake
-// an older one the relay does not hold, so it sends the keys it holds and their floors
-// (floors.go): the store takes a message only if its key has no older pending message
-// above the key's floor, or the relay holds the key's lane. Messages skipped (a key
+// an older one the relay does not hold, so it sends the keys it holds and, through a
+// backlog, every remembered key's floor (floors.go): the store takes a message only if
+// its key has no older pending message above the key's floor, or the relay holds the
+// key's lane. Messages skipped (a key
 // released after a rejection, a shard just gained) come with the next full fetch.
 func (l *loop) startFetch(ctx context.Context) {
 	room := l.cfg.BatchSize + l.cfg.MaxInFlight - l.hand.size()

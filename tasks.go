@@ -8,8 +8,10 @@ import (
 	"github.com/outboxkit/outbox/outboxdriver"
 )
 
-// The relay's background tasks, started by loop.run beside the loop: they share no state
-// with it but the wake channel. LISTEN wakes the loop for new messages; maintenance
+// The relay's background tasks, started by loop.run beside the loop. They share with it
+// only the wake channels (wake, wakeLeases), the gate's asks (gateAsks) and what the
+// listener heard (listenNews, behind its own lock). LISTEN wakes the loop for new
+// messages and answers its asks for the wake gate; maintenance
 // (retention of published history, partitions ahead) and recycling (the pending ring)
 // are the store's own upkeep, which the store coordinates between relays (PostgreSQL: an
 // advisory lock per task, so one relay does the work at a time).

@@ -439,10 +439,9 @@ func (l *loop) onWALBatch(b outboxdriver.StreamBatch) {
 		l.fetch.want = true
 	case walWantMore:
 		// Through a backlog, a continuation reads on from the cursor; in a trickle (the
-		// last fetch came back short), a full fetch: chosen when every continuation
-		// carried all the key floors, tens of kilobytes for a row or two. Polling now
-		// reads a notified trickle by a continuation that sends the held keys alone
-		// (floors.bounds); WAL mode has not been measured that way.
+		// last fetch came back short), a full fetch, which sends no key floors. (Polling
+		// reads a notified trickle by a continuation with the held keys alone,
+		// floors.bounds; WAL mode could do the same.)
 		if l.fetch.moreLikely {
 			l.fetch.more = true
 		} else {
