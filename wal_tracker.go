@@ -16,7 +16,8 @@ type walWant int
 const (
 	walWantNothing walWant = iota // every seq it brought is in hand, or it brought none
 	walWantMore                   // seqs above the cursor: a continuation reads them
-	walWantFull                   // a seq at or below the cursor not in hand, or a bulk transaction: only a full fetch reads it
+	walWantFull                   // a seq at or below the cursor not in hand, or a bulk transaction: a full fetch
+
 )
 
 // walFetch is a fetch as the tracker sees it, from sent to fetched.
@@ -43,9 +44,10 @@ type walFetch struct {
 //   - (b) a full fetch reached it (came back short, or returned a seq at or above it),
 //     did not return it, and did not exclude it as in hand; nor was it in hand when the
 //     fetch returned; and the fetch's snapshot saw its transaction finished (the
-//     walsender may send a commit before the committing session leaves the proc array). The row was then recorded, not due, behind a waiting row of its key,
-//     or in a shard not held: the polling path owns it (NextDue, the key's release, the
-//     shard's holder);
+//     walsender may send a commit before the committing session leaves the proc array).
+//     The row was then recorded, not due, behind a waiting row of its key, or in a shard
+//     not held: the polling path owns it (NextDue, the key's release, the shard's
+//     holder);
 //   - (d) a bulk transaction, of which only the range is known, is resolved as a whole by
 //     a full fetch that reached its highest seq: it is handed to polling, whose fetches
 //     go on reading that range in seq order.
