@@ -17,7 +17,6 @@ const (
 	walWantNothing walWant = iota // every seq it brought is in hand, or it brought none
 	walWantMore                   // seqs above the cursor: a continuation reads them
 	walWantFull                   // a seq at or below the cursor not in hand, or a bulk transaction: a full fetch
-
 )
 
 // walFetch is a fetch as the tracker sees it, from sent to fetched.
