@@ -256,7 +256,10 @@ phase "torture canaries" gotest canaries -tags outbox_broken -count=1 -timeout 2
 mem_canaries() {
   local bug rc=0
   for bug in mark-before-confirm no-key-gate cursor-polling; do
-    if OUTBOX_BROKEN=$bug go test -tags outbox_broken -count=1 -run '^TestMemRelay' . 2>&1 | grep -q -- '--- FAIL: TestMemRelay'; then
+    # The whole output first: under pipefail, grep -q ending the pipe early would fail it.
+    local out
+    out=$(OUTBOX_BROKEN=$bug go test -tags outbox_broken -count=1 -run '^TestMemRelay' . 2>&1 || true)
+    if grep -q -- '--- FAIL: TestMemRelay' <<<"$out"; then
       log "canary $bug: caught by the in-memory relay tests"
     else
       log "canary $bug: NOT caught by the in-memory relay tests"
