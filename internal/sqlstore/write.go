@@ -155,10 +155,14 @@ func (s *Store) insertRows(ctx context.Context, tx Querier, msgs []*outbox.Messa
 	return err
 }
 
-// rowBytes estimates the bytes a message adds to an INSERT.
+// idTextLen is the length of an ID's text, the dedup key of a message without one.
+const idTextLen = 36
+
+// rowBytes estimates the bytes a message adds to an INSERT (without building the text of
+// a generated id, which insertRows does once).
 func rowBytes(m *outbox.Message) int {
 	n := 64 + len(m.Topic) + len(m.Key) + len(m.AggregateType) + len(m.EventType) + len(m.ContentType) +
-		len(m.DedupID()) + len(m.Payload)
+		max(len(m.DedupKey), idTextLen) + len(m.Payload)
 	for k, v := range m.Headers {
 		n += len(k) + len(v) + 6
 	}
