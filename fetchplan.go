@@ -122,5 +122,11 @@ func (p *fetchPlan) wantFull() { p.want = true }
 // that do not notify are active: gate.go).
 func (p *fetchPlan) poke() { p.more, p.paced = true, true }
 
+// wantMore asks for a continuation now: messages above the cursor were announced.
+func (p *fetchPlan) wantMore() { p.more = true }
+
+// pace asks for a full fetch no sooner than fullFetchEvery after the last one.
+func (p *fetchPlan) pace() { p.paced = true }
+
 // gained records new shards: the next fetch is full and starts over.
 func (p *fetchPlan) gained() { p.want, p.cursor = true, 0 }

@@ -100,6 +100,19 @@ func (h *hand) shardOf(seq int64) (shard int, ok bool) {
 	return m.shard, ok
 }
 
+// has reports whether the message with seq is in hand.
+func (h *hand) has(seq int64) bool {
+	_, ok := h.known[seq]
+	return ok
+}
+
+// dropped is the number of messages dropped unrecorded so far: a fetch must find them
+// again.
+func (h *hand) dropped() int { return h.drops }
+
+// fetchRunning reports whether a fetch is out (fetchStarted, not yet fetched).
+func (h *hand) fetchRunning() bool { return h.fetching }
+
 // fetchStarted marks a fetch running: changes from now until fetched are remembered
 // against its rows.
 func (h *hand) fetchStarted() { h.fetching = true }

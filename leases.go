@@ -113,6 +113,9 @@ func (b *leaseBook) holds(shard int, token int64) bool {
 	return ok && t == token
 }
 
+// deadline is the local monotonic deadline for sending under the current leases.
+func (b *leaseBook) deadline() time.Time { return b.until }
+
 // active returns the held leases that are not draining, by shard: what a fetch may read.
 func (b *leaseBook) active() []outboxdriver.Lease {
 	var out []outboxdriver.Lease

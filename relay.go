@@ -188,8 +188,8 @@ type completeResult struct {
 	c       outboxdriver.Completion
 	lanes   []*lane // failed lanes whose failure this completion records
 	refused []int64
-	dropped int    // outcomes refused before asking the store (dropStaleOutcomes)
-	gen     uint64 // the WAL tracker's generation when the record was sent
+	dropped int             // outcomes refused before asking the store (dropStaleOutcomes)
+	settle  func(seq int64) // the fetch source's settler when the record was sent
 	err     error
 	took    time.Duration
 }
@@ -199,9 +199,7 @@ type fetchResult struct {
 	fetched []*Message
 	err     error
 	took    time.Duration
-	wal     walFetch               // the fetch as the WAL tracker saw it sent
-	snap    *outboxdriver.Snapshot // the snapshot it read in, when asked for
-	safety  bool                   // a WAL safety poll
+	done    func(fetchResult) // the fetch source's, after the hand took the rows (fetchRun)
 }
 
 type leaseResult struct {
@@ -246,8 +244,7 @@ type loop struct {
 	gate         *wakeGate     // when to ask for the gate (gate.go); nil when the store cannot listen
 	gateAsks     chan struct{} // the asks, to the listener
 
-	wal    *walSource // WAL mode (walmode.go); nil when polling
-	walDue chan walDueResult
+	src fetchSource // where news of messages to fetch comes from (source.go)
 
 	stopping bool // asked to stop: draining what is in hand
 
@@ -273,13 +270,13 @@ func newLoop(r *Relay) *loop {
 		leaseResults: make(chan leaseResult, 1),
 		wake:         make(chan struct{}, 1),
 		wakeLeases:   make(chan struct{}, 1),
-		walDue:       make(chan walDueResult, 1),
 	}
 	if _, ok := r.store.(outboxdriver.Listener); ok {
 		l.gate, l.gateAsks = &wakeGate{}, make(chan struct{}, 1)
 	}
+	l.src = pollSource{store: r.store}
 	if r.cfg.WAL != nil {
-		l.wal = newWALSource(*r.cfg.WAL, r.store.(outboxdriver.Streamer), r.store)
+		l.src = newWALSource(*r.cfg.WAL, r.store.(outboxdriver.Streamer), l)
 	}
 	return l
 }
@@ -309,10 +306,7 @@ func (l *loop) run(ctx context.Context) {
 		bg.Add(1)
 		go func() { defer bg.Done(); l.recycle(bgCtx, rc) }()
 	}
-	var walStates <-chan walState
-	if l.wal != nil {
-		walStates = l.wal.states // the stream starts with the slot's lease (onSlotLease)
-	}
+	l.src.start(bgCtx, &bg) // a WAL stream starts with the slot's lease (walSource.leased)
 
 	poll := time.NewTicker(l.cfg.PollInterval)
 	defer poll.Stop()
@@ -333,14 +327,14 @@ func (l *loop) run(ctx context.Context) {
 			break
 		}
 		if !l.stopping {
-			l.walTick()
+			l.src.tick(time.Now())
 			l.dispatch(ctx)
 			l.startFetch(ctx)
 		}
 		l.startComplete(ctx)
 		// Wake up for a paused outage, a pending recording, fetch or lease retry, or
-		// WAL mode's timers.
-		next := earliest(l.outage.wakeAt(), l.outcomes.retryAt, l.fetch.wakeAt(time.Now()), l.walWakeAt(), l.leaseRetryAt, l.gateWakeAt())
+		// the fetch source's timers.
+		next := earliest(l.outage.wakeAt(), l.outcomes.retryAt, l.fetch.wakeAt(time.Now()), l.src.wakeAt(), l.leaseRetryAt, l.gateWakeAt())
 		if !next.IsZero() {
 			timer.Reset(max(time.Until(next), time.Millisecond))
 		}
@@ -364,16 +358,14 @@ func (l *loop) run(ctx context.Context) {
 		case <-l.wake:
 			l.onListenNews()
 		case <-poll.C:
-			if l.polling() {
+			if l.src.polling() {
 				l.fetch.wantFull()
 				l.recheckGate()
 			}
-		case b := <-l.walReading():
-			l.onWALBatch(b)
-		case s := <-walStates:
-			l.onWALState(s)
-		case res := <-l.walDue:
-			l.onWALDue(ctx, res)
+		case f := <-l.src.arrivals():
+			f()
+		case f := <-l.src.news():
+			f()
 		case <-renew.C:
 			if !l.stopping {
 				l.syncLeases(ctx, false)
@@ -411,7 +403,7 @@ func (l *loop) run(ctx context.Context) {
 		}
 	}
 	// Drained: give the leases back so other relays take over without waiting for expiry.
-	l.stopStream("")
+	l.src.stop("")
 	l.leaseAgain = false
 	for l.leaseBusy {
 		l.onLeases(<-l.leaseResults)
@@ -436,9 +428,7 @@ func (l *loop) syncLeases(ctx context.Context, final bool) {
 	}
 	req := l.leases.request(outboxdriver.LeaseRequest{RelayID: l.cfg.ID, Hostname: l.hostname, PID: os.Getpid(), TTL: l.cfg.LeaseTTL}, final, l.hand.idle)
 	started := time.Now()
-	if l.wal != nil {
-		req.Slot = l.wal.slotLease(final, started)
-	}
+	l.src.leaseRequest(&req, final, started)
 	l.leaseBusy = true
 	go func() {
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.cfg.LeaseTTL/3)
@@ -469,9 +459,8 @@ func (l *loop) onLeases(res leaseResult) {
 	}
 	l.leaseFails, l.leaseRetryAt = 0, time.Time{}
 	c := l.leases.apply(res.state, res.started)
-	if !l.stopping && l.wal != nil {
-		l.onBeatWritten(res.state, res.started)
-		l.onSlotLease(res.state)
+	if !l.stopping {
+		l.src.leased(res.state, res.started)
 	}
 	if len(c.lost) > 0 || len(c.drain) > 0 {
 		gone := map[int]bool{}
@@ -489,7 +478,7 @@ func (l *loop) onLeases(res leaseResult) {
 	}
 	if len(c.gained) > 0 {
 		l.fetch.gained()
-		l.walDueStale() // the new shards' waiting rows
+		l.src.gained()
 	}
 	// Lanes skipped while the leases had lapsed locally become sendable again.
 	l.hand.requeue(l.sendable)
@@ -666,13 +655,14 @@ func truncate(s string, n int) string {
 // token the relay no longer holds for the message's shard: the shard moved on (perhaps
 // back to this relay under a new token), and its current owner publishes the message.
 func (l *loop) dropStaleOutcomes() (dropped int) {
+	settle := l.src.settler()
 	stale := func(o outboxdriver.Outcome) bool {
 		shard, ok := l.hand.shardOf(o.Seq)
 		if ok && l.leases.holds(shard, o.Token) {
 			return false
 		}
 		l.hand.forget(o.Seq)
-		l.walSettled(o.Seq, l.walGen()) // the shard's next owner fetches it
+		settle(o.Seq) // the shard's next owner fetches it
 		l.r.stats.refused.Add(1)
 		return true
 	}
@@ -692,9 +682,9 @@ func (l *loop) startComplete(ctx context.Context) {
 	c := outboxdriver.Completion{RelayID: l.cfg.ID}
 	var lanes []*lane
 	c.Published, c.Failed, lanes = l.outcomes.take()
-	gen := l.walGen()
+	settle := l.src.settler()
 	go func() {
-		res := completeResult{c: c, lanes: lanes, dropped: dropped, gen: gen}
+		res := completeResult{c: c, lanes: lanes, dropped: dropped, settle: settle}
 		if len(c.Published) > 0 || len(c.Failed) > 0 {
 			// A graceful stop still records outcomes; only a hard kill abandons them.
 			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
@@ -729,7 +719,7 @@ func (l *loop) onComplete(res completeResult) {
 	var published, retried, dead int
 	for _, o := range c.Published {
 		key := l.hand.settle(o.Seq)
-		l.walSettled(o.Seq, res.gen)
+		res.settle(o.Seq)
 		if !refused[o.Seq] {
 			published++
 			l.floors.raise(key, o.Seq)
@@ -738,7 +728,7 @@ func (l *loop) onComplete(res completeResult) {
 	l.r.stats.published.Add(int64(published))
 	for _, f := range c.Failed {
 		key := l.hand.settle(f.Seq)
-		l.walSettled(f.Seq, res.gen)
+		res.settle(f.Seq)
 		switch {
 		case refused[f.Seq]:
 		case f.Dead:
@@ -753,7 +743,7 @@ func (l *loop) onComplete(res completeResult) {
 		}
 	}
 	if retried > 0 {
-		l.walWaiting()
+		l.src.waiting()
 	}
 	if len(c.Published)+len(c.Failed)+res.dropped > 0 {
 		l.cfg.Observer.RecordDone(RecordEvent{Published: published, Retried: retried, Dead: dead, Refused: len(res.refused) + res.dropped, Took: res.took})
@@ -785,7 +775,7 @@ func (l *loop) onListenNews() {
 			g.listening(false)
 		}
 	}
-	if !l.polling() {
+	if !l.src.polling() {
 		return
 	}
 	if full {
@@ -809,7 +799,7 @@ func (l *loop) askGate() {
 
 // recheckGate asks for the gate again if another relay held it (wakeGate.recheck).
 func (l *loop) recheckGate() {
-	if l.gate != nil && l.polling() && l.gate.recheck() {
+	if l.gate != nil && l.src.polling() && l.gate.recheck() {
 		l.askGate()
 	}
 }
@@ -875,14 +865,13 @@ func (l *loop) startFetch(ctx context.Context) {
 		req.Keys, req.KeySeqs = l.floors.bounds(l.hand.held(), l.fetch.moreLikely)
 	}
 	l.hand.fetchStarted()
-	wf, safety := l.walFetchSent(req)
-	fetch := l.fetchWith(req)
+	fetch := l.src.fetch(req)
 	go func() {
 		fctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		start := time.Now()
-		msgs, snap, err := fetch(fctx)
+		msgs, done, err := fetch(fctx)
 		cancel()
-		l.fetches <- fetchResult{req: req, fetched: msgs, err: err, took: time.Since(start), wal: wf, snap: snap, safety: safety}
+		l.fetches <- fetchResult{req: req, fetched: msgs, err: err, took: time.Since(start), done: done}
 	}()
 }
 
@@ -900,7 +889,7 @@ func (l *loop) onFetch(ctx context.Context, res fetchResult) {
 	}
 	full := len(res.fetched) == res.req.Limit
 	l.fetch.done(top, full, res.req.After)
-	if g := l.gate; !full && g != nil && l.polling() {
+	if g := l.gate; !full && g != nil && l.src.polling() {
 		if len(res.fetched) > 0 {
 			g.found(time.Now())
 		} else if g.short() {
@@ -919,7 +908,9 @@ func (l *loop) onFetch(ctx context.Context, res fetchResult) {
 		// The lease may have changed while fetching.
 		return token, ok && l.leases.holds(m.Shard, token) && !l.leases.draining[m.Shard]
 	})
-	l.walFetched(ctx, res)
+	if res.done != nil {
+		res.done(res)
+	}
 }
 
 // leaseRoundSoon starts a lease round trip now, or as soon as the one out returns (it may

@@ -124,7 +124,7 @@ func newWALTracker() *walTracker {
 // a late commit, a move or a replay, which only a full fetch finds. A seq in hand waits
 // for its record. add never moves the acknowledged position: a transaction with a seq
 // is unresolved when it arrives.
-func (t *walTracker) add(b outboxdriver.StreamBatch, cursor int64, known map[int64]inHand) walWant {
+func (t *walTracker) add(b outboxdriver.StreamBatch, cursor int64, inHand func(seq int64) bool) walWant {
 	t.gen++
 	want := walWantNothing
 	for _, st := range b.Txns {
@@ -150,7 +150,7 @@ func (t *walTracker) add(b outboxdriver.StreamBatch, cursor int64, known map[int
 			t.peak = max(t.peak, len(t.open))
 			x.open++
 			t.seqs++
-			if _, ok := known[seq]; !ok {
+			if !inHand(seq) {
 				if seq <= cursor {
 					want = walWantFull
 				} else {
@@ -174,13 +174,13 @@ func (t *walTracker) sent(after int64, exclude []int64) walFetch {
 }
 
 // fetched takes in a fetch's answer: its rows, whether it came back short (fewer rows than
-// its limit), and known, the messages in hand after the hand took the rows in. It
+// its limit), and inHand, whether a message is in hand after the hand took the rows in. It
 // resolves what a full fetch showed to be the polling path's, and reports again when a
 // seq this fetch reached is still unresolved and not in hand: returned but ignored, left
 // hand while the fetch ran, or skipped by a continuation; or when a bulk transaction it
 // could have covered is not yet covered. Only a full fetch finds those. It reads every
 // unresolved seq once: its cost is bounded by walReadLimit.
-func (t *walTracker) fetched(f walFetch, rows []*Message, short bool, known map[int64]inHand) (again bool) {
+func (t *walTracker) fetched(f walFetch, rows []*Message, short bool, inHand func(seq int64) bool) (again bool) {
 	var top int64
 	returned := make(map[int64]bool, len(rows))
 	for _, m := range rows {
@@ -199,7 +199,7 @@ func (t *walTracker) fetched(f walFetch, rows []*Message, short bool, known map[
 		if !short && seq > top {
 			continue // not reached: the fetch stopped at its limit below it
 		}
-		if _, ok := known[seq]; ok {
+		if inHand(seq) {
 			continue // in hand: its record resolves it
 		}
 		n := 0 // the occurrences that had arrived when the fetch was sent

@@ -39,7 +39,7 @@ func walRows(seqs ...int64) []*Message {
 
 // walFull sends a full fetch with nothing in hand and takes in its answer.
 func walFull(w *walTracker, short bool, rows ...int64) (again bool) {
-	return w.fetched(w.sent(0, nil), walRows(rows...), short, nil)
+	return w.fetched(w.sent(0, nil), walRows(rows...), short, in(nil))
 }
 
 func TestWALTrackerAddWants(t *testing.T) {
@@ -60,7 +60,7 @@ func TestWALTrackerAddWants(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			w := newWALTracker()
-			if got := w.add(tc.batch, 10, tc.known); got != tc.want {
+			if got := w.add(tc.batch, 10, in(tc.known)); got != tc.want {
 				t.Fatalf("add = %d, want %d", got, tc.want)
 			}
 		})
@@ -76,7 +76,7 @@ type walStep struct {
 }
 
 func walAdd(b outboxdriver.StreamBatch) func(*walTracker) {
-	return func(w *walTracker) { w.add(b, 0, nil) }
+	return func(w *walTracker) { w.add(b, 0, in(nil)) }
 }
 
 // walSettle records seq's outcome with a record sent now.
@@ -201,7 +201,7 @@ func TestWALTrackerFullFetch(t *testing.T) {
 			w := newWALTracker()
 			known := walKnown()
 			if !tc.sentBefore {
-				w.add(walBatch(walTx(100, 5)), 10, known)
+				w.add(walBatch(walTx(100, 5)), 10, in(known))
 			}
 			if tc.atSend {
 				known[5] = inHand{}
@@ -216,13 +216,13 @@ func TestWALTrackerFullFetch(t *testing.T) {
 			}
 			f := w.sent(tc.after, exclude)
 			if tc.sentBefore {
-				w.add(walBatch(walTx(100, 5)), 10, known)
+				w.add(walBatch(walTx(100, 5)), 10, in(known))
 			}
 			delete(known, 5)
 			if tc.atReturn {
 				known[5] = inHand{}
 			}
-			again := w.fetched(f, walRows(tc.rows...), tc.short, known)
+			again := w.fetched(f, walRows(tc.rows...), tc.short, in(known))
 			if w.isOpen(5) != tc.open || again != tc.again {
 				t.Fatalf("open %v, again %v; want open %v, again %v", w.isOpen(5), again, tc.open, tc.again)
 			}
@@ -239,7 +239,7 @@ func TestWALTrackerSettled(t *testing.T) {
 		if w.settled(99, w.gen) {
 			t.Fatal("settled an unknown seq in an empty tracker: again")
 		}
-		w.add(walBatch(walTx(100, 1)), 0, nil)
+		w.add(walBatch(walTx(100, 1)), 0, in(nil))
 		if w.settled(99, w.gen) || !w.isOpen(1) || w.ackable() != 0 {
 			t.Fatal("settling an unknown seq changed the tracker")
 		}
@@ -257,7 +257,7 @@ func TestWALTrackerSettled(t *testing.T) {
 		// full fetch must look.
 		w := newWALTracker()
 		sentAt := w.gen
-		w.add(walBatch(walTx(100, 5)), 10, walKnown(5))
+		w.add(walBatch(walTx(100, 5)), 10, in(walKnown(5)))
 		if !w.settled(5, sentAt) || !w.isOpen(5) || w.ackable() != 0 {
 			t.Fatal("a record sent before the transaction arrived resolved it")
 		}
@@ -271,8 +271,8 @@ func TestWALTrackerSettled(t *testing.T) {
 func TestWALTrackerRepeats(t *testing.T) {
 	t.Run("a move while the row is in hand resolves with its record", func(t *testing.T) {
 		w := newWALTracker()
-		w.add(walBatch(walTx(100, 5)), 10, walKnown(5))
-		if got := w.add(walBatch(walTx(200, 5)), 10, walKnown(5)); got != walWantNothing {
+		w.add(walBatch(walTx(100, 5)), 10, in(walKnown(5)))
+		if got := w.add(walBatch(walTx(200, 5)), 10, in(walKnown(5))); got != walWantNothing {
 			t.Fatalf("a move of a row in hand wants %d", got)
 		}
 		if _, seqs := w.unresolved(); seqs != 2 {
@@ -284,9 +284,9 @@ func TestWALTrackerRepeats(t *testing.T) {
 	})
 	t.Run("a repeat that arrived after the record was sent", func(t *testing.T) {
 		w := newWALTracker()
-		w.add(walBatch(walTx(100, 5)), 10, walKnown(5))
+		w.add(walBatch(walTx(100, 5)), 10, in(walKnown(5)))
 		sentAt := w.gen
-		w.add(walBatch(walTx(200, 5)), 10, walKnown(5)) // perhaps the replay of a dead letter just recorded
+		w.add(walBatch(walTx(200, 5)), 10, in(walKnown(5))) // perhaps the replay of a dead letter just recorded
 		if !w.settled(5, sentAt) {
 			t.Fatal("settled does not ask for a full fetch")
 		}
@@ -299,12 +299,12 @@ func TestWALTrackerRepeats(t *testing.T) {
 	})
 	t.Run("a repeat that arrived while a full fetch ran", func(t *testing.T) {
 		w := newWALTracker()
-		w.add(walBatch(walTx(100, 5)), 10, nil)
+		w.add(walBatch(walTx(100, 5)), 10, in(nil))
 		f := w.sent(0, nil)
-		if got := w.add(walBatch(walTx(200, 5)), 10, nil); got != walWantFull {
+		if got := w.add(walBatch(walTx(200, 5)), 10, in(nil)); got != walWantFull {
 			t.Fatalf("a repeat below the cursor wants %d", got)
 		}
-		if w.fetched(f, nil, true, nil) || w.ackable() != 100 || !w.isOpen(5) {
+		if w.fetched(f, nil, true, in(nil)) || w.ackable() != 100 || !w.isOpen(5) {
 			t.Fatalf("after the older fetch: ackable %d, open %v", w.ackable(), w.isOpen(5))
 		}
 		if walFull(w, true) || w.ackable() != 200 {
@@ -313,7 +313,7 @@ func TestWALTrackerRepeats(t *testing.T) {
 	})
 	t.Run("a seq twice in one transaction is one row", func(t *testing.T) {
 		w := newWALTracker()
-		w.add(walBatch(walTx(100, 5, 5)), 10, nil)
+		w.add(walBatch(walTx(100, 5, 5)), 10, in(nil))
 		if _, seqs := w.unresolved(); seqs != 1 {
 			t.Fatalf("%d seqs unresolved, want 1", seqs)
 		}
@@ -330,13 +330,13 @@ func TestWALTrackerBulk(t *testing.T) {
 	const hi = 2_000_000
 	w := newWALTracker()
 	before := w.sent(0, nil)
-	if got := w.add(walBatch(walTx(100, 1), walBulk(200, 2, hi), walTx(300, hi+1)), 0, nil); got != walWantFull {
+	if got := w.add(walBatch(walTx(100, 1), walBulk(200, 2, hi), walTx(300, hi+1)), 0, in(nil)); got != walWantFull {
 		t.Fatalf("a bulk transaction wants %d", got)
 	}
 	if txns, seqs := w.unresolved(); txns != 3 || seqs != 2 {
 		t.Fatalf("unresolved = %d transactions, %d seqs; want 3, 2 (a bulk one holds no seqs)", txns, seqs)
 	}
-	if w.fetched(before, nil, true, nil) {
+	if w.fetched(before, nil, true, in(nil)) {
 		t.Fatal("a fetch sent before the bulk transaction arrived asks for more")
 	}
 	if w.ackable() != 0 {
@@ -346,13 +346,13 @@ func TestWALTrackerBulk(t *testing.T) {
 	if w.ackable() != 100 {
 		t.Fatal("T1 not resolved")
 	}
-	if !w.fetched(w.sent(500, nil), walRows(501, 502), false, walKnown(501, 502)) || w.ackable() != 100 {
+	if !w.fetched(w.sent(500, nil), walRows(501, 502), false, in(walKnown(501, 502))) || w.ackable() != 100 {
 		t.Fatal("a continuation resolved the bulk transaction, or did not ask for a full fetch")
 	}
-	if !w.fetched(w.sent(0, nil), walRows(2, 3), false, walKnown(2, 3)) || w.ackable() != 100 {
+	if !w.fetched(w.sent(0, nil), walRows(2, 3), false, in(walKnown(2, 3))) || w.ackable() != 100 {
 		t.Fatal("a full fetch that stopped below the bulk transaction's end resolved it, or did not ask for another")
 	}
-	if w.fetched(w.sent(0, nil), walRows(hi), false, nil) || w.ackable() != 200 {
+	if w.fetched(w.sent(0, nil), walRows(hi), false, in(nil)) || w.ackable() != 200 {
 		t.Fatalf("a full fetch past the bulk transaction: ackable %d", w.ackable())
 	}
 	if txns, seqs := w.unresolved(); txns != 1 || seqs != 1 {
@@ -416,7 +416,7 @@ func TestWALTrackerModel(t *testing.T) {
 				}
 				cursor := rng.Int64N(seqs + 1)
 				want := m.add(b, cursor, knownSet())
-				if got := w.add(b, cursor, known); got != want {
+				if got := w.add(b, cursor, in(known)); got != want {
 					fail("add = %d, model %d", got, want)
 				}
 			case op < 5 && !fetching: // send a fetch
@@ -451,7 +451,7 @@ func TestWALTrackerModel(t *testing.T) {
 				}
 				mf.known = knownSet()
 				want := m.fetched(mf)
-				if got := w.fetched(f, walRows(rows...), mf.short, known); got != want {
+				if got := w.fetched(f, walRows(rows...), mf.short, in(known)); got != want {
 					fail("fetched = %v, model %v", got, want)
 				}
 			case op < 7: // an outcome recorded, refused or dropped as stale
@@ -665,15 +665,15 @@ func TestWALTrackerSnapshot(t *testing.T) {
 		if bulk {
 			tx = outboxdriver.StreamTxn{End: 100, Xid: 50, Bulk: true, Lo: 5, Hi: 5}
 		}
-		w.add(walBatch(tx), 0, nil)
+		w.add(walBatch(tx), 0, in(nil))
 		f := w.sent(0, nil)
 		f.snap = running
-		if again := w.fetched(f, nil, true, nil); !again || w.ackable() != 0 {
+		if again := w.fetched(f, nil, true, in(nil)); !again || w.ackable() != 0 {
 			t.Fatalf("bulk %v: a fetch whose snapshot saw the transaction running: again %v, ack %d; want again, no ack", bulk, again, w.ackable())
 		}
 		f = w.sent(0, nil)
 		f.snap = done
-		if again := w.fetched(f, nil, true, nil); again || w.ackable() != 100 {
+		if again := w.fetched(f, nil, true, in(nil)); again || w.ackable() != 100 {
 			t.Fatalf("bulk %v: a fetch whose snapshot saw it finished: again %v, ack %d; want no again, ack 100", bulk, again, w.ackable())
 		}
 	}
@@ -688,7 +688,7 @@ func TestWALTrackerCompacts(t *testing.T) {
 	for i := int64(1); i <= n; i++ {
 		txns = append(txns, walTx(uint64(100*i), i))
 	}
-	w.add(walBatch(txns...), 0, nil)
+	w.add(walBatch(txns...), 0, in(nil))
 	if w.peak != n {
 		t.Fatalf("peak = %d after %d seqs; want %d", w.peak, n, n)
 	}
@@ -704,5 +704,13 @@ func TestWALTrackerCompacts(t *testing.T) {
 	w.settled(n, w.gen)
 	if w.ackable() != uint64(100*n) {
 		t.Fatalf("ackable %d after the last; want %d", w.ackable(), 100*n)
+	}
+}
+
+// in is the tracker's view of a hand holding known (nil: an empty hand).
+func in(known map[int64]inHand) func(seq int64) bool {
+	return func(seq int64) bool {
+		_, ok := known[seq]
+		return ok
 	}
 }

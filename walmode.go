@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/outboxkit/outbox/outboxdriver"
@@ -93,20 +95,33 @@ const (
 	walBrokenMax = 5 * time.Minute
 )
 
-// walSource is the loop's side of WAL mode: the tracker of what the stream announced,
-// and the stream's state. Only the loop's goroutine touches it, except the channels.
+// walSource is the fetch source of WAL mode: the tracker of what the stream announced,
+// and the stream's state. It drives the loop's fetch plan (plan), and reads the hand and
+// the leases through their methods. Only the loop's goroutine calls its methods; the
+// stream and NextDue goroutines reach it through arrived and notes.
 type walSource struct {
 	cfg     WALConfig
 	st      outboxdriver.Streamer
+	store   outboxdriver.Store
 	snap    outboxdriver.SnapshotFetcher // nil: the store gives no snapshot with a fetch
 	tracker *walTracker
 
-	batches chan outboxdriver.StreamBatch // from the stream goroutine
-	states  chan walState                 // from the stream goroutine
-	acks    chan outboxdriver.StreamAck   // to the stream: the latest only (capacity 1)
+	relayID      string
+	pollInterval time.Duration
+	log          *slog.Logger
+	observer     Observer
+	plan         *fetchPlan
+	hand         *hand
+	leases       *leaseBook
+	ctx          context.Context // the loop's background context (start)
+	bg           *sync.WaitGroup // counts the source's goroutines
+
+	arrived chan func()                 // stream batches, from the stream goroutine
+	notes   chan func()                 // the stream's state and NextDue's answers
+	acks    chan outboxdriver.StreamAck // to the stream: the latest only (capacity 1)
 
 	// The slot reader's lease, as of the last lease round: only its holder reads the
-	// slot. Each stream goroutine the loop starts has a generation; the news of an
+	// slot. Each stream goroutine the source starts has a generation; the news of an
 	// earlier one is stale.
 	token  int64              // the lease held, 0: none
 	holder string             // who holds it ("" none, or no slot recorded)
@@ -119,7 +134,7 @@ type walSource struct {
 	ackUntil  time.Time                 // its deadline
 	ackedAt   time.Time                 // when it was sent
 	ackAt     time.Time                 // when a newer one may go (walAckEvery); zero: none waits
-	drops     int                       // hand.drops when last looked at
+	drops     int                       // hand.dropped() when last looked at
 	due       time.Time                 // when a waiting row becomes due (NextDue); zero: none known
 	dueStale  bool                      // the next due row may have changed since the last NextDue
 	handed    uint64                    // tracker.handed at the last NextDue
@@ -151,30 +166,39 @@ type walState struct {
 	recreated bool
 }
 
-type walDueResult struct {
-	at  time.Time
-	err error
-}
-
-func newWALSource(cfg WALConfig, st outboxdriver.Streamer, store outboxdriver.Store) *walSource {
-	w := &walSource{cfg: cfg, st: st, tracker: newWALTracker(),
-		batches: make(chan outboxdriver.StreamBatch), states: make(chan walState, 1),
+// newWALSource returns the WAL mode source of the loop l, which runs on the store st
+// streams from.
+func newWALSource(cfg WALConfig, st outboxdriver.Streamer, l *loop) *walSource {
+	w := &walSource{cfg: cfg, st: st, store: l.r.store, tracker: newWALTracker(),
+		relayID: l.cfg.ID, pollInterval: l.cfg.PollInterval, log: l.log, observer: l.cfg.Observer,
+		plan: &l.fetch, hand: l.hand, leases: l.leases,
+		arrived: make(chan func()), notes: make(chan func(), 2),
 		acks: make(chan outboxdriver.StreamAck, 1)}
-	w.snap, _ = store.(outboxdriver.SnapshotFetcher)
+	w.snap, _ = l.r.store.(outboxdriver.SnapshotFetcher)
 	return w
 }
 
-// slotLease is the relay's part in the slot reader's lease for a lease round: with a
-// heartbeat when one is due.
-func (w *walSource) slotLease(final bool, now time.Time) *outboxdriver.SlotLease {
-	beat := !final && w.live && w.token != 0 && w.cfg.Heartbeat > 0 && !now.Before(w.beatNext)
-	return &outboxdriver.SlotLease{Slot: w.cfg.Slot, Token: w.token, Release: final, Beat: beat}
+func (w *walSource) start(ctx context.Context, bg *sync.WaitGroup) { w.ctx, w.bg = ctx, bg }
+
+// polling reports whether polls and write wake-ups should start fetches: while the
+// stream is not live.
+func (w *walSource) polling() bool { return !w.live }
+
+// leaseRequest asks for the slot reader's lease: with a heartbeat when one is due.
+func (w *walSource) leaseRequest(req *outboxdriver.LeaseRequest, final bool, started time.Time) {
+	beat := !final && w.live && w.token != 0 && w.cfg.Heartbeat > 0 && !started.Before(w.beatNext)
+	req.Slot = &outboxdriver.SlotLease{Slot: w.cfg.Slot, Token: w.token, Release: final, Beat: beat}
 }
 
-// onBeatWritten takes a lease round's word on the heartbeat it was asked to write; the
+// leased takes a lease round's answer: its word on the heartbeat, and on the slot.
+func (w *walSource) leased(st outboxdriver.LeaseState, started time.Time) {
+	w.beatWritten(st, started)
+	w.slotLeased(st)
+}
+
+// beatWritten takes a lease round's word on the heartbeat it was asked to write; the
 // round started at started.
-func (l *loop) onBeatWritten(st outboxdriver.LeaseState, started time.Time) {
-	w := l.wal
+func (w *walSource) beatWritten(st outboxdriver.LeaseState, started time.Time) {
 	switch {
 	case st.SlotBeat:
 		w.beatNext = started.Add(w.cfg.Heartbeat)
@@ -185,7 +209,7 @@ func (l *loop) onBeatWritten(st outboxdriver.LeaseState, started time.Time) {
 	case st.SlotBeatErr != nil:
 		w.beatNext = started.Add(w.cfg.Heartbeat)
 		if !w.beatErred {
-			l.log.Warn("writing the WAL heartbeat failed; the stream's liveness goes unchecked", "err", st.SlotBeatErr)
+			w.log.Warn("writing the WAL heartbeat failed; the stream's liveness goes unchecked", "err", st.SlotBeatErr)
 			w.beatErred = true
 		}
 	}
@@ -194,7 +218,7 @@ func (l *loop) onBeatWritten(st outboxdriver.LeaseState, started time.Time) {
 // silentAt is when the stream counts as silent, zero while no heartbeat is owed:
 // walSilentBeats intervals (doubled per reopening for silence) after both the oldest
 // heartbeat owed and the last thing the stream delivered. While the loop holds the
-// stream back, the silence is its own doing and does not count (walReading).
+// stream back, the silence is its own doing and does not count (arrivals).
 func (w *walSource) silentAt() time.Time {
 	if !w.live || w.beatOwed.IsZero() || w.cfg.Heartbeat <= 0 {
 		return time.Time{}
@@ -207,25 +231,21 @@ func (w *walSource) silentAt() time.Time {
 	return last.Add(allow)
 }
 
-// onSlotLease takes a lease round's answer about the slot (docs/design-wal.md, §4): the
+// slotLeased takes a lease round's answer about the slot (docs/design-wal.md, §4): the
 // holder of the slot reader's lease reads the slot, under its token; the other relays
 // stand by, polling their shards (none while the reader streams and every live relay is
 // in WAL mode). With no holder at all (the slot is not recorded: not set up, dropped,
 // or the outbox lacks schema version 5) the relay tries anyway, for the error that says
 // why, and polls.
-func (l *loop) onSlotLease(st outboxdriver.LeaseState) {
-	w := l.wal
-	if w == nil {
-		return
-	}
+func (w *walSource) slotLeased(st outboxdriver.LeaseState) {
 	if st.SlotHolder != w.holder || (st.SlotToken != 0) != (w.token != 0) {
 		switch {
 		case st.SlotToken != 0:
-			l.log.Info("this relay reads the WAL slot", "token", st.SlotToken)
-		case st.SlotHolder == l.cfg.ID: // two processes run under one ID
-			l.log.Warn("another process with this relay's ID reads the WAL slot; standing by")
+			w.log.Info("this relay reads the WAL slot", "token", st.SlotToken)
+		case st.SlotHolder == w.relayID: // two processes run under one ID
+			w.log.Warn("another process with this relay's ID reads the WAL slot; standing by")
 		case st.SlotHolder != "":
-			l.log.Info("another relay reads the WAL slot; standing by", "reader", st.SlotHolder)
+			w.log.Info("another relay reads the WAL slot; standing by", "reader", st.SlotHolder)
 		}
 		w.holder = st.SlotHolder
 	}
@@ -233,64 +253,61 @@ func (l *loop) onSlotLease(st outboxdriver.LeaseState) {
 	if st.SlotToken == w.token && read == (w.cancel != nil) {
 		return
 	}
-	l.stopStream("the slot's lease changed hands")
+	w.stop("the slot's lease changed hands")
 	w.token = st.SlotToken
 	if read {
-		ctx, cancel := context.WithCancel(l.bgCtx)
+		ctx, cancel := context.WithCancel(w.ctx)
 		w.gen++
 		w.cancel = cancel
-		l.bg.Add(1)
-		go func(gen uint64, token int64) { defer l.bg.Done(); l.streamWAL(ctx, gen, token) }(w.gen, w.token)
+		w.bg.Add(1)
+		go func(gen uint64, token int64) { defer w.bg.Done(); w.stream(ctx, gen, token) }(w.gen, w.token)
 	}
 }
 
-// stopStream stops the stream goroutine, if one runs: the relay polls until it reads
-// again. why, when not empty, is logged.
-func (l *loop) stopStream(why string) {
-	w := l.wal
-	if w == nil || w.cancel == nil {
+// stop stops the stream goroutine, if one runs: the relay polls until it reads again.
+// why, when not empty, is logged.
+func (w *walSource) stop(why string) {
+	if w.cancel == nil {
 		return
 	}
 	w.cancel()
 	w.cancel = nil
 	if w.live {
 		if why != "" {
-			l.log.Info("WAL stream stopped; polling", "why", why)
+			w.log.Info("WAL stream stopped; polling", "why", why)
 		}
-		l.setLive(false)
+		w.setLive(false)
 	}
 }
 
 // setLive records whether the stream is live, asks for a full fetch (what committed
 // while it was not, or what polling must find from now on), and tells the observer of a
 // change.
-func (l *loop) setLive(live bool) {
-	w := l.wal
-	l.fetch.want = true
+func (w *walSource) setLive(live bool) {
+	w.plan.wantFull()
 	w.dueStale = true
 	if w.live != live {
 		w.live = live
-		l.observeWAL(WALStreamEvent{Reading: live})
+		w.observe(WALStreamEvent{Reading: live})
 	}
 }
 
-// streamWAL runs the stream under the slot lease token until ctx is done, opening it
+// stream runs the stream under the slot lease token until ctx is done, opening it
 // again after each failure; gen tags its news.
-func (l *loop) streamWAL(ctx context.Context, gen uint64, token int64) {
-	w := l.wal
+func (w *walSource) stream(ctx context.Context, gen uint64, token int64) {
 	report := func(s walState) {
 		s.gen = gen
 		select {
-		case w.states <- s:
+		case w.notes <- func() { w.onState(s) }:
 		case <-ctx.Done():
 		}
 	}
-	req := outboxdriver.StreamRequest{RelayID: l.cfg.ID, Slot: w.cfg.Slot, Publication: w.cfg.Publication, Token: token, Acks: w.acks}
+	req := outboxdriver.StreamRequest{RelayID: w.relayID, Slot: w.cfg.Slot, Publication: w.cfg.Publication, Token: token, Acks: w.acks}
 	record := func(state outboxdriver.StreamState, reason outboxdriver.StreamReason) {
 		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
 		if err := w.st.RecordStreamState(rctx, req, state, reason); err != nil && ctx.Err() == nil {
-			l.log.Warn("recording the WAL stream's state failed", "state", string(state), "err", err)
+			w.log.Warn("recording the WAL stream's state failed", "state", string(state), "err", err)
 		}
 	}
 	var failingSince time.Time
@@ -304,7 +321,7 @@ func (l *loop) streamWAL(ctx context.Context, gen uint64, token int64) {
 		err := w.st.Stream(ctx, req,
 			func(b outboxdriver.StreamBatch) {
 				select {
-				case w.batches <- b:
+				case w.arrived <- func() { w.onBatch(b) }:
 				case <-ctx.Done():
 				}
 			})
@@ -312,7 +329,7 @@ func (l *loop) streamWAL(ctx context.Context, gen uint64, token int64) {
 			return
 		}
 		reason := outboxdriver.StreamReasonOf(err)
-		ok, tried := l.recreateSlot(ctx, req, reason, err, report)
+		ok, tried := w.recreateSlot(ctx, req, reason, err, report)
 		if ok {
 			continue
 		}
@@ -356,9 +373,9 @@ func (l *loop) streamWAL(ctx context.Context, gen uint64, token int64) {
 // tried and failed. The relay polls meanwhile: creating a logical slot waits for the
 // transactions open when it starts, and on a busy server for the next snapshot of
 // running transactions the server logs (up to 15 s).
-func (l *loop) recreateSlot(ctx context.Context, req outboxdriver.StreamRequest, reason outboxdriver.StreamReason, cause error, report func(walState)) (ok, tried bool) {
-	rec, can := l.wal.st.(outboxdriver.SlotRecreator)
-	if !can || l.wal.cfg.KeepLostSlot || req.Token == 0 ||
+func (w *walSource) recreateSlot(ctx context.Context, req outboxdriver.StreamRequest, reason outboxdriver.StreamReason, cause error, report func(walState)) (ok, tried bool) {
+	rec, can := w.st.(outboxdriver.SlotRecreator)
+	if !can || w.cfg.KeepLostSlot || req.Token == 0 ||
 		(reason != outboxdriver.StreamSlotMissing && reason != outboxdriver.StreamSlotLost) {
 		return false, false
 	}
@@ -369,7 +386,7 @@ func (l *loop) recreateSlot(ctx context.Context, req outboxdriver.StreamRequest,
 	}
 	if err != nil {
 		if ctx.Err() == nil {
-			l.log.Error("making the WAL slot anew failed; polling, and trying again soon", "reason", string(reason), "err", err)
+			w.log.Error("making the WAL slot anew failed; polling, and trying again soon", "reason", string(reason), "err", err)
 		}
 		return false, true
 	}
@@ -379,23 +396,22 @@ func (l *loop) recreateSlot(ctx context.Context, req outboxdriver.StreamRequest,
 	return true, false
 }
 
-// onWALState takes the stream goroutine's news.
-func (l *loop) onWALState(s walState) {
-	w := l.wal
+// onState takes the stream goroutine's news.
+func (w *walSource) onState(s walState) {
 	if s.gen != w.gen || w.cancel == nil {
 		return // from a stream goroutine stopped since
 	}
 	switch {
 	case s.recreated:
-		l.log.Error("the WAL slot was lost or missing; made it anew and reading it: the relay catches up from the outbox table, losing nothing",
+		w.log.Error("the WAL slot was lost or missing; made it anew and reading it: the relay catches up from the outbox table, losing nothing",
 			"reason", string(s.reason), "err", s.err)
-		l.observeWAL(WALStreamEvent{Reading: w.live, Recreated: true})
+		w.observe(WALStreamEvent{Reading: w.live, Recreated: true})
 	case s.live:
 		if !w.live {
-			l.log.Info("WAL stream live: fetching on commits, polling off")
+			w.log.Info("WAL stream live: fetching on commits, polling off")
 		}
 		w.reason = ""
-		l.setLive(true)
+		w.setLive(true)
 		if w.cfg.SafetyPoll > 0 {
 			w.safetyAt = time.Now().Add(w.cfg.SafetyPoll)
 		}
@@ -405,106 +421,102 @@ func (l *loop) onWALState(s walState) {
 		switch {
 		case s.reason == w.reason && !w.live: // said already
 		case s.reason == outboxdriver.StreamSlotActive:
-			l.log.Warn("another session still reads the WAL slot; polling until it can be read here", "err", s.err)
+			w.log.Warn("another session still reads the WAL slot; polling until it can be read here", "err", s.err)
 		default:
-			l.log.Error("WAL stream unavailable; polling until it is back", "reason", string(s.reason), "err", s.err)
+			w.log.Error("WAL stream unavailable; polling until it is back", "reason", string(s.reason), "err", s.err)
 		}
 		w.reason = s.reason
-		l.setLive(false)
+		w.setLive(false)
 	default:
 		if w.live {
-			l.log.Warn("WAL stream lost; polling while it is opened again", "reason", string(s.reason), "err", s.err)
+			w.log.Warn("WAL stream lost; polling while it is opened again", "reason", string(s.reason), "err", s.err)
 		}
-		l.setLive(false)
+		w.setLive(false)
 	}
 }
 
-// observeWAL passes e to the observer if it takes WAL mode's news.
-func (l *loop) observeWAL(e WALStreamEvent) {
-	if o, ok := l.cfg.Observer.(WALObserver); ok {
+// observe passes e to the observer if it takes WAL mode's news.
+func (w *walSource) observe(e WALStreamEvent) {
+	if o, ok := w.observer.(WALObserver); ok {
 		o.WALStream(e)
 	}
 }
 
-// onWALBatch takes in what committed.
-func (l *loop) onWALBatch(b outboxdriver.StreamBatch) {
-	w := l.wal
+// onBatch takes in what committed.
+func (w *walSource) onBatch(b outboxdriver.StreamBatch) {
 	w.heardAt = time.Now()
 	if b.Beat != 0 {
 		w.beatOwed, w.silences = time.Time{}, 0
-		l.observeWAL(WALStreamEvent{Reading: w.live, Beat: w.heardAt})
+		w.observe(WALStreamEvent{Reading: w.live, Beat: w.heardAt})
 	}
-	switch w.tracker.add(b, l.fetch.cursor, l.hand.known) {
+	switch w.tracker.add(b, w.plan.cursor, w.hand.has) {
 	case walWantFull:
-		l.fetch.want = true
+		w.plan.wantFull()
 	case walWantMore:
 		// Through a backlog, a continuation reads on from the cursor; in a trickle (the
 		// last fetch came back short), a full fetch, which sends no key floors. (Polling
 		// reads a notified trickle by a continuation with the held keys alone,
 		// floors.bounds; WAL mode could do the same.)
-		if l.fetch.moreLikely {
-			l.fetch.more = true
+		if w.plan.moreLikely {
+			w.plan.wantMore()
 		} else {
-			l.fetch.want = true
+			w.plan.wantFull()
 		}
 	}
 }
 
-// walReading is the channel of stream batches, or nil (the loop does not read it) while
-// too many seqs are unresolved: the stream then waits, and the walsender with it.
-func (l *loop) walReading() <-chan outboxdriver.StreamBatch {
-	if l.wal == nil {
+// arrivals is the stream's batches, or nil (the loop does not read them) while too many
+// seqs are unresolved: the stream then waits, and the walsender with it.
+func (w *walSource) arrivals() <-chan func() {
+	if _, seqs := w.tracker.unresolved(); seqs >= walReadLimit {
+		w.heardAt = time.Now() // the silence is the loop's own
 		return nil
 	}
-	if _, seqs := l.wal.tracker.unresolved(); seqs >= walReadLimit {
-		l.wal.heardAt = time.Now() // the silence is the loop's own
-		return nil
-	}
-	return l.wal.batches
+	return w.arrived
 }
 
-// walTick does WAL mode's work after each event of the loop: a full fetch when the hand
+func (w *walSource) news() <-chan func() { return w.notes }
+
+// tick does WAL mode's work after each event of the loop: a full fetch when the hand
 // dropped rows it had not recorded (nothing else would fetch them again), and the
 // acknowledgement when it moved or its deadline did.
-func (l *loop) walTick() {
-	w := l.wal
-	if w == nil || !w.live {
+func (w *walSource) tick(now time.Time) {
+	if !w.live {
 		return
 	}
-	if l.hand.drops != w.drops {
-		w.drops = l.hand.drops
-		l.fetch.paced = true
+	if d := w.hand.dropped(); d != w.drops {
+		w.drops = d
+		w.plan.pace()
 	}
-	if len(l.leases.active()) == 0 && !l.hand.fetching {
+	if len(w.leases.active()) == 0 && !w.hand.fetchRunning() {
 		// No shard to fetch from: every row announced that is not in hand is another
 		// relay's (a full fetch of no shards would return nothing).
-		w.tracker.fetched(w.tracker.sent(0, nil), nil, true, l.hand.known)
+		w.tracker.fetched(w.tracker.sent(0, nil), nil, true, w.hand.has)
 	}
-	now := time.Now()
 	if at := w.silentAt(); !at.IsZero() && !now.Before(at) {
-		l.log.Warn("WAL stream silent: no heartbeat and nothing else arrived; opening it again",
+		w.log.Warn("WAL stream silent: no heartbeat and nothing else arrived; opening it again",
 			"heartbeat_owed_since", w.beatOwed, "last_heard", w.heardAt, "acknowledged", fmt.Sprintf("%X/%X", w.acked>>32, uint32(w.acked)))
 		w.silences++
-		l.stopStream("") // the next lease round opens it again
-		l.observeWAL(WALStreamEvent{Silent: true})
+		w.stop("") // the next lease round opens it again
+		w.observe(WALStreamEvent{Silent: true})
 		return
 	}
-	if !w.safetyAt.IsZero() && !now.Before(w.safetyAt) && !l.hand.fetching {
+	if !w.safetyAt.IsZero() && !now.Before(w.safetyAt) && !w.hand.fetchRunning() {
 		w.safetyAt = now.Add(w.cfg.SafetyPoll)
 		w.safetyOut = true
-		l.fetch.want = true
+		w.plan.wantFull()
 		w.dueStale = true
 	}
 	if !w.due.IsZero() && !now.Before(w.due) {
 		w.due = time.Time{}
-		l.fetch.want = true
+		w.plan.wantFull()
 		w.dueStale = true
 	}
 	if !w.missAt.IsZero() && !now.Before(w.missAt) {
 		w.missAt = time.Time{}
-		l.fetch.want = true
+		w.plan.wantFull()
 	}
-	ack, until := w.tracker.ackable(), l.leases.until
+	ack, until := w.tracker.ackable(), w.leases.deadline()
 	w.ackAt = time.Time{}
 	if ack == w.acked && !until.After(w.ackUntil) {
 		return
@@ -524,66 +536,55 @@ func (l *loop) walTick() {
 	w.acked, w.ackUntil, w.ackedAt = ack, until, now
 }
 
-// walWakeAt is when the loop must wake for WAL mode: a waiting row coming due, a safety
+// wakeAt is when the loop must wake for WAL mode: a waiting row coming due, a safety
 // poll, a quick look for rows a fetch missed, an acknowledgement held back, the stream
 // turning silent.
-func (l *loop) walWakeAt() time.Time {
-	w := l.wal
-	if w == nil || !w.live {
+func (w *walSource) wakeAt() time.Time {
+	if !w.live {
 		return time.Time{}
 	}
 	return earliest(w.due, w.safetyAt, w.missAt, w.ackAt, w.silentAt())
 }
 
-// walFetchSent records a fetch being sent, for the tracker.
-func (l *loop) walFetchSent(req *outboxdriver.FetchRequest) (walFetch, bool) {
-	if l.wal == nil {
-		return walFetch{}, false
-	}
-	safety := l.wal.safetyOut && req.After == 0
-	l.wal.safetyOut = false
-	return l.wal.tracker.sent(req.After, req.Exclude), safety
-}
-
-// fetchWith returns the fetch to run: with its snapshot when WAL mode needs it (a full
-// fetch while live, on a store that can say).
-func (l *loop) fetchWith(req *outboxdriver.FetchRequest) func(ctx context.Context) ([]*Message, *outboxdriver.Snapshot, error) {
-	if w := l.wal; w != nil && w.live && w.snap != nil && req.After == 0 {
-		return func(ctx context.Context) ([]*Message, *outboxdriver.Snapshot, error) {
-			msgs, snap, err := w.snap.FetchSnapshot(ctx, *req)
-			return msgs, &snap, err
+// fetch records a fetch being sent, for the tracker, and returns it: with its snapshot
+// when the tracker needs it (a full fetch while live, on a store that can say).
+func (w *walSource) fetch(req *outboxdriver.FetchRequest) fetchRun {
+	safety := w.safetyOut && req.After == 0
+	w.safetyOut = false
+	f := w.tracker.sent(req.After, req.Exclude)
+	snap := w.live && w.snap != nil && req.After == 0
+	return func(ctx context.Context) ([]*Message, func(fetchResult), error) {
+		var msgs []*Message
+		var err error
+		if snap {
+			var s outboxdriver.Snapshot
+			msgs, s, err = w.snap.FetchSnapshot(ctx, *req)
+			f.snap = &s
+		} else {
+			msgs, err = w.store.Fetch(ctx, *req)
 		}
-	}
-	return func(ctx context.Context) ([]*Message, *outboxdriver.Snapshot, error) {
-		msgs, err := l.r.store.Fetch(ctx, *req)
-		return msgs, nil, err
+		return msgs, func(res fetchResult) { w.fetched(f, safety, res) }, err
 	}
 }
 
-// walFetched takes in a fetch's answer, after the hand took its rows.
-func (l *loop) walFetched(ctx context.Context, res fetchResult) {
-	w := l.wal
-	if w == nil {
-		return
-	}
-	f := res.wal
-	f.snap = res.snap
+// fetched takes in a fetch's answer, sent as f, after the hand took its rows.
+func (w *walSource) fetched(f walFetch, safety bool, res fetchResult) {
 	short := len(res.fetched) < res.req.Limit
 	full := res.req.After == 0
 	// A continuation resolves nothing: it only says that a full fetch is wanted, which
 	// is already asked for when paced is set. (Through a backlog the tracker holds tens
 	// of thousands of seqs, and looking through them after every continuation was most
 	// of the loop's time.)
-	if !full && l.fetch.paced {
+	if !full && w.plan.paced {
 		return
 	}
-	if w.tracker.fetched(f, res.fetched, short, l.hand.known) {
-		l.fetch.paced = true
+	if w.tracker.fetched(f, res.fetched, short, w.hand.has) {
+		w.plan.pace()
 		// Quick looks are for commits a full fetch's snapshot saw running; what a
 		// continuation skipped waits for the paced full fetch.
 		if full && w.live && w.misses < walMissLooks && w.missAt.IsZero() {
 			if w.misses == 0 {
-				l.fetch.want = true
+				w.plan.wantFull()
 			} else {
 				w.missAt = time.Now().Add(walMissDelay << (w.misses - 1))
 			}
@@ -592,93 +593,78 @@ func (l *loop) walFetched(ctx context.Context, res fetchResult) {
 	} else {
 		w.misses = 0
 	}
-	if res.safety && len(res.fetched) > 0 && w.live {
-		l.log.Warn("WAL safety poll found messages the stream had not announced", "messages", len(res.fetched))
+	if safety && len(res.fetched) > 0 && w.live {
+		w.log.Warn("WAL safety poll found messages the stream had not announced", "messages", len(res.fetched))
 	}
 	// The next due row changes only when a row starts waiting or one comes due: a row
 	// this fetch handed to polling (a delayed message, or one behind a waiting row), a
 	// failure recorded, shards gained, the stream going live, the known due time come.
 	if w.live && full && short && (w.dueStale || w.handed != w.tracker.handed) {
 		w.dueStale, w.handed = false, w.tracker.handed
-		l.walNextDue(ctx, res.req.Leases)
+		w.nextDue(res.req.Leases)
 	}
 }
 
-// walNextDue asks the store when the next waiting row of leases comes due: nothing in
-// the stream says so.
-func (l *loop) walNextDue(ctx context.Context, leases []outboxdriver.Lease) {
-	w := l.wal
+// nextDue asks the store when the next waiting row of leases comes due: nothing in the
+// stream says so.
+func (w *walSource) nextDue(leases []outboxdriver.Lease) {
 	if w.dueBusy {
 		w.dueAgain = true
 		return
 	}
 	w.dueBusy = true
+	ctx := w.ctx
+	w.bg.Add(1)
 	go func() {
+		defer w.bg.Done()
 		qctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		defer cancel()
 		at, err := w.st.NextDue(qctx, leases)
 		select {
-		case l.walDue <- walDueResult{at: at, err: err}:
+		case w.notes <- func() { w.onDue(at, err) }:
 		case <-ctx.Done():
 		}
 	}()
 }
 
-func (l *loop) onWALDue(ctx context.Context, res walDueResult) {
-	w := l.wal
+// onDue takes NextDue's answer: when the next waiting row comes due (zero: none).
+func (w *walSource) onDue(at time.Time, err error) {
 	w.dueBusy = false
 	switch {
-	case res.err != nil:
-		l.log.Error("finding the next due message failed; polling once", "err", res.err)
-		w.due = time.Now().Add(l.cfg.PollInterval)
-	case res.at.IsZero():
-		w.due = time.Time{}
+	case err != nil:
+		w.log.Error("finding the next due message failed; polling once", "err", err)
+		w.due = time.Now().Add(w.pollInterval)
 	default:
-		w.due = res.at
+		w.due = at
 	}
 	if w.dueAgain {
 		w.dueAgain = false
-		l.walNextDue(ctx, l.leases.active())
+		w.nextDue(w.leases.active())
 	}
 }
 
-// walWaiting records that recorded failures left rows waiting in the table: a full fetch
+// waiting records that recorded failures left rows waiting in the table: a full fetch
 // soon, after which the relay asks when the next one comes due. Without it a message
 // whose destination was unavailable would wait for the next commit, or the safety poll.
-func (l *loop) walWaiting() {
-	if l.wal != nil {
-		l.walDueStale()
-		l.fetch.paced = true
-	}
+func (w *walSource) waiting() {
+	w.dueStale = true
+	w.plan.pace()
 }
 
-// walDueStale records that the next due row may have changed: the next short full fetch
-// asks the store (NextDue).
-func (l *loop) walDueStale() {
-	if l.wal != nil {
-		l.wal.dueStale = true
+// gained records that the next due row may have changed (the new shards' waiting rows):
+// the next short full fetch asks the store (NextDue).
+func (w *walSource) gained() { w.dueStale = true }
+
+// settler returns what records outcomes recorded (or dropped) for the tracker, for a
+// record being sent now.
+func (w *walSource) settler() func(seq int64) {
+	gen := w.tracker.gen
+	return func(seq int64) {
+		if w.tracker.settled(seq, gen) {
+			w.plan.pace()
+		}
 	}
 }
-
-// walSettled records outcomes recorded (or dropped) for the tracker; gen is the
-// tracker's when the record was sent.
-func (l *loop) walSettled(seq int64, gen uint64) {
-	if l.wal != nil && l.wal.tracker.settled(seq, gen) {
-		l.fetch.paced = true
-	}
-}
-
-// walGen is the tracker's generation, for a record being sent.
-func (l *loop) walGen() uint64 {
-	if l.wal == nil {
-		return 0
-	}
-	return l.wal.tracker.gen
-}
-
-// polling reports whether polls and write wake-ups should start fetches: always, but
-// while the WAL stream is live.
-func (l *loop) polling() bool { return l.wal == nil || !l.wal.live }
 
 // earliest returns the earliest of ts that is not zero, or zero.
 func earliest(ts ...time.Time) time.Time {
