@@ -128,5 +128,16 @@ func (p *fetchPlan) wantMore() { p.more = true }
 // pace asks for a full fetch no sooner than fullFetchEvery after the last one.
 func (p *fetchPlan) pace() { p.paced = true }
 
+// cursorPolling is the canary broken.CursorPolling's plan: "id > cursor" polling, never
+// below the highest seq seen, once a fetch returned any. It returns the continuation's
+// lower bound.
+func (p *fetchPlan) cursorPolling() (after int64, ok bool) {
+	if p.maxSeq == 0 {
+		return 0, false
+	}
+	p.cursor, p.want = p.maxSeq, false
+	return p.maxSeq, true
+}
+
 // gained records new shards: the next fetch is full and starts over.
 func (p *fetchPlan) gained() { p.want, p.cursor = true, 0 }

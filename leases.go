@@ -116,6 +116,28 @@ func (b *leaseBook) holds(shard int, token int64) bool {
 // deadline is the local monotonic deadline for sending under the current leases.
 func (b *leaseBook) deadline() time.Time { return b.until }
 
+// count is the number of shards held.
+func (b *leaseBook) count() int { return len(b.tokens) }
+
+// tokenOf returns the token under which shard is held (0: not held).
+func (b *leaseBook) tokenOf(shard int) int64 { return b.tokens[shard] }
+
+// fetchable reports whether rows of shard fetched under token may be taken into hand:
+// the lease is still held under it and not being given back.
+func (b *leaseBook) fetchable(shard int, token int64) bool {
+	return b.holds(shard, token) && !b.draining[shard]
+}
+
+// drainedAny reports whether a shard being given back has nothing left in hand (idle).
+func (b *leaseBook) drainedAny(idle func(shard int) bool) bool {
+	for s := range b.draining {
+		if idle(s) {
+			return true
+		}
+	}
+	return false
+}
+
 // active returns the held leases that are not draining, by shard: what a fetch may read.
 func (b *leaseBook) active() []outboxdriver.Lease {
 	var out []outboxdriver.Lease

@@ -323,7 +323,7 @@ func (l *loop) run(ctx context.Context) {
 	l.syncLeases(ctx, false)
 	stop := l.r.stop
 	for {
-		if l.stopping && l.inFlight == 0 && !l.hand.fetching && l.outcomes.idle() {
+		if l.stopping && l.inFlight == 0 && !l.hand.fetchRunning() && l.outcomes.idle() {
 			break
 		}
 		if !l.stopping {
@@ -448,7 +448,7 @@ func (l *loop) onLeases(res leaseResult) {
 	}
 	if res.err != nil {
 		l.log.Error("lease renewal failed; sending stops when the leases run out", "err", res.err,
-			"seconds_left", time.Until(l.leases.until).Seconds())
+			"seconds_left", time.Until(l.leases.deadline()).Seconds())
 		l.leases.failed()
 		// Try again soon rather than at the next renewal: after a database outage
 		// longer than the sending margin, sending resumes with the first round that
@@ -469,7 +469,7 @@ func (l *loop) onLeases(res leaseResult) {
 		}
 		l.hand.dropUnsent(func(ln *lane) bool { return gone[ln.shard] })
 	}
-	held := len(l.leases.tokens)
+	held := l.leases.count()
 	l.r.stats.shards.Store(int64(held))
 	if len(c.lost) > 0 || len(c.gained) > 0 {
 		l.cfg.Observer.LeasesChanged(LeaseEvent{Held: held, Gained: c.gained, Lost: c.lost, Live: res.state.Live})
@@ -750,11 +750,8 @@ func (l *loop) onComplete(res completeResult) {
 	}
 	l.hand.failureRecorded(res.lanes)
 	// Draining shards may now be empty: release them soon.
-	for s := range l.leases.draining {
-		if l.hand.idle(s) {
-			l.leaseRoundSoon(context.Background())
-			break
-		}
+	if l.leases.drainedAny(l.hand.idle) {
+		l.leaseRoundSoon(context.Background())
 	}
 }
 
@@ -841,16 +838,17 @@ func (l *loop) notified(froms []int64, unknown bool) {
 func (l *loop) startFetch(ctx context.Context) {
 	room := l.cfg.BatchSize + l.cfg.MaxInFlight - l.hand.size()
 	now := time.Now()
-	if l.hand.fetching || !now.Before(l.leases.until) {
+	if l.hand.fetchRunning() || !now.Before(l.leases.deadline()) {
 		return
 	}
 	ok, full, after := l.fetch.next(now, room, l.cfg.BatchSize)
 	if !ok {
 		return
 	}
-	if broken.Has(broken.CursorPolling) && l.fetch.maxSeq > 0 {
-		// Canary: "id > cursor" polling, never below the highest seq seen.
-		full, after, l.fetch.cursor, l.fetch.want = false, l.fetch.maxSeq, l.fetch.maxSeq, false
+	if broken.Has(broken.CursorPolling) {
+		if a, ok := l.fetch.cursorPolling(); ok {
+			full, after = false, a // canary: "id > cursor" polling
+		}
 	}
 	req := &outboxdriver.FetchRequest{RelayID: l.cfg.ID, Limit: min(room, l.cfg.BatchSize)}
 	req.Leases = l.leases.active()
@@ -903,10 +901,10 @@ func (l *loop) onFetch(ctx context.Context, res fetchResult) {
 	l.hand.fetched(res.fetched, func(m *Message) (int64, bool) {
 		token, ok := tokens[m.Shard]
 		if broken.Has(broken.NoKeyGate) {
-			token, ok = l.leases.tokens[m.Shard], true // canary: rows of any shard taken
+			token, ok = l.leases.tokenOf(m.Shard), true // canary: rows of any shard taken
 		}
 		// The lease may have changed while fetching.
-		return token, ok && l.leases.holds(m.Shard, token) && !l.leases.draining[m.Shard]
+		return token, ok && l.leases.fetchable(m.Shard, token)
 	})
 	if res.done != nil {
 		res.done(res)
