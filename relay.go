@@ -274,10 +274,7 @@ func newLoop(r *Relay) *loop {
 	if _, ok := r.store.(outboxdriver.Listener); ok {
 		l.gate, l.gateAsks = &wakeGate{}, make(chan struct{}, 1)
 	}
-	l.src = pollSource{store: r.store}
-	if r.cfg.WAL != nil {
-		l.src = newWALSource(*r.cfg.WAL, r.store.(outboxdriver.Streamer), l)
-	}
+	l.src = newFetchSource(l)
 	return l
 }
 
@@ -306,7 +303,7 @@ func (l *loop) run(ctx context.Context) {
 		bg.Add(1)
 		go func() { defer bg.Done(); l.recycle(bgCtx, rc) }()
 	}
-	l.src.start(bgCtx, &bg) // a WAL stream starts with the slot's lease (walSource.leased)
+	l.src.start(bgCtx, &bg)
 
 	poll := time.NewTicker(l.cfg.PollInterval)
 	defer poll.Stop()

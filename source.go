@@ -49,6 +49,14 @@ type fetchSource interface {
 	stop(why string)
 }
 
+// newFetchSource returns the fetch source the relay of loop l is configured for.
+func newFetchSource(l *loop) fetchSource {
+	if l.cfg.WAL != nil {
+		return newWALSource(*l.cfg.WAL, l.r.store.(outboxdriver.Streamer), l)
+	}
+	return pollSource{store: l.r.store}
+}
+
 // A fetchRun runs a fetch on a goroutine of its own. done, when not nil, is called on the
 // loop's goroutine with the result, after the hand took the rows.
 type fetchRun func(ctx context.Context) (msgs []*Message, done func(fetchResult), err error)

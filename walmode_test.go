@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"sync"
 	"testing"
@@ -19,6 +20,7 @@ import (
 // fakeStreamer streams nothing: each Stream call goes live at once and lasts until its
 // context ends.
 type fakeStreamer struct {
+	end     chan error // a value sent ends the running Stream call with it
 	mu      sync.Mutex
 	streams int       // Stream calls so far
 	due     time.Time // NextDue's answer
@@ -30,8 +32,12 @@ func (s *fakeStreamer) Stream(ctx context.Context, req outboxdriver.StreamReques
 	s.streams++
 	s.mu.Unlock()
 	req.Started()
-	<-ctx.Done()
-	return nil
+	select {
+	case <-ctx.Done():
+		return nil
+	case err := <-s.end:
+		return err
+	}
 }
 
 func (s *fakeStreamer) NextDue(context.Context, []outboxdriver.Lease) (time.Time, error) {
@@ -73,7 +79,7 @@ type walHarness struct {
 // newWALHarness returns a source that reads the slot, live, holding shard 0 and a
 // sending deadline a lease TTL away. Call it inside a synctest bubble.
 func newWALHarness(t *testing.T, cfg WALConfig) *walHarness {
-	h := &walHarness{t: t, st: &fakeStreamer{}, obs: &walEvents{}}
+	h := &walHarness{t: t, st: &fakeStreamer{end: make(chan error)}, obs: &walEvents{}}
 	l := &loop{r: &Relay{}, cfg: RelayConfig{ID: "r1", PollInterval: time.Second, Observer: h.obs},
 		log: slog.New(slog.DiscardHandler), hand: newHand(), leases: newLeaseBook(30 * time.Second)}
 	h.w = newWALSource(cfg, h.st, l)
@@ -311,6 +317,34 @@ func TestWALSourceWaitingRowsComeDue(t *testing.T) {
 		h.fullFetch(false)
 		if _, dues := h.st.counts(); dues != 2 {
 			t.Fatalf("NextDue called %d times after a failure was recorded, want 2", dues)
+		}
+	})
+}
+
+func TestWALSourceFallsBackToPollingAndBack(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newWALHarness(t, WALConfig{Heartbeat: -1})
+		if h.w.polling() {
+			t.Fatal("polling while the stream is live")
+		}
+		for i, tc := range []struct {
+			err   error
+			retry time.Duration // the longest wait before the stream is opened again
+		}{
+			{&outboxdriver.StreamError{Reason: outboxdriver.StreamTransient, Err: errors.New("connection reset")}, walRetryMax},
+			{&outboxdriver.StreamError{Reason: outboxdriver.StreamPublication, Err: errors.New("publication missing")}, walBrokenMax},
+		} {
+			h.plan.want = false
+			h.st.end <- tc.err
+			h.settle()
+			if !h.w.polling() || !h.plan.want {
+				t.Fatalf("after %v: polling %v, full fetch asked %v; want both", tc.err, h.w.polling(), h.plan.want)
+			}
+			time.Sleep(tc.retry)
+			h.settle()
+			if streams, _ := h.st.counts(); streams != i+2 || h.w.polling() {
+				t.Fatalf("%v after %v: %d streams, polling %v; want %d and the stream live again", tc.retry, tc.err, streams, h.w.polling(), i+2)
+			}
 		}
 	})
 }
