@@ -5,17 +5,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"io"
 	"log/slog"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/lanes"
 )
 
 // ConsumerConfig configures Consume. Stream and Durable are required.
@@ -30,9 +29,10 @@ type ConsumerConfig struct {
 	FilterSubjects []string
 
 	// Concurrency is how many handlers run at once. Messages of one key (the Outbox-Key
-	// header) go to the same handler goroutine, one after another, so a key's messages are
-	// handled in stream order until one is retried (a redelivery comes after its
-	// successors); messages without a key spread over all of them. Defaults to 1.
+	// header) are handled one after another, so a key's messages are handled in stream
+	// order until one is retried (a redelivery comes after its successors); a message
+	// without a key is ordered with no other and waits only for a free handler. Defaults
+	// to 1.
 	Concurrency int
 	// MaxDeliver is how many times a message is delivered before it is dead-lettered.
 	// Defaults to 5.
@@ -135,22 +135,19 @@ func Consume(ctx context.Context, js jetstream.JetStream, cfg ConsumerConfig, ha
 	stop := context.AfterFunc(ctx, it.Stop)
 	defer stop()
 
-	r := &runner{js: js, cfg: cfg, handler: handler, hctx: context.WithoutCancel(ctx)}
-	lanes := make([]chan jetstream.Msg, cfg.Concurrency)
-	var wg sync.WaitGroup
-	for i := range lanes {
-		lanes[i] = make(chan jetstream.Msg, 1)
-		wg.Go(func() {
-			for msg := range lanes[i] {
-				r.handle(msg)
-			}
-		})
-	}
+	r := &runner{js: js, cfg: cfg, hctx: context.WithoutCancel(ctx)}
+	// A backlog of one job per handler keeps the messages held here, where no progress
+	// signal covers them, few: the rest wait in the iterator and on the server.
+	lr := lanes.New(lanes.Config{
+		Handler:     handler,
+		Context:     r.hctx,
+		Limit:       cfg.Concurrency,
+		Backlog:     cfg.Concurrency,
+		MaxAttempts: cfg.MaxDeliver,
+		RetryDelay:  cfg.RetryDelay,
+	})
 	defer func() {
-		for _, l := range lanes {
-			close(l)
-		}
-		wg.Wait()
+		lr.Close()
 		// Acks are sent without waiting for the server: make sure the last ones reached
 		// it before the caller closes the connection.
 		_ = js.Conn().FlushTimeout(5 * time.Second)
@@ -168,34 +165,19 @@ func Consume(ctx context.Context, js jetstream.JetStream, cfg ConsumerConfig, ha
 			}
 			return fmt.Errorf("outboxnats: consume %s: %w", cfg.Durable, err)
 		}
-		lanes[laneOf(msg, cfg.Concurrency)] <- msg
+		lr.Go(msg.Headers().Get(outbox.HeaderKey), func(t *lanes.Turn) { r.handle(t, msg) })
 	}
-}
-
-// laneOf picks msg's handler goroutine: by its key, so that a key's messages are handled
-// in order; a message without a key by its id, so that those spread over all lanes.
-func laneOf(msg jetstream.Msg, n int) int {
-	if n == 1 {
-		return 0
-	}
-	key := msg.Headers().Get(outbox.HeaderKey)
-	if key == "" {
-		key = "id:" + msg.Headers().Get(outbox.HeaderID) + msg.Headers().Get(jetstream.MsgIDHeader)
-	}
-	h := fnv.New32a()
-	h.Write([]byte(key))
-	return int(h.Sum32() % uint32(n))
 }
 
 type runner struct {
-	js      jetstream.JetStream
-	cfg     ConsumerConfig
-	handler outbox.Handler
-	hctx    context.Context
+	js   jetstream.JetStream
+	cfg  ConsumerConfig
+	hctx context.Context
 }
 
-// handle runs the handler on msg and settles it: ack, nak with delay, or dead letter.
-func (r *runner) handle(msg jetstream.Msg) {
+// handle runs the handler on msg in its turn and settles it: ack, nak with delay, or
+// dead letter.
+func (r *runner) handle(t *lanes.Turn, msg jetstream.Msg) {
 	attempt := 1
 	if md, err := msg.Metadata(); err == nil {
 		attempt = int(md.NumDelivered)
@@ -216,32 +198,21 @@ func (r *runner) handle(msg jetstream.Msg) {
 			}
 		}
 	}()
-	err := r.safeHandle(d)
+	out, _ := t.Handle(d) // the runner neither drops lanes nor quits: always handled
 	close(done)
 
 	log := r.cfg.Logger.With("event_id", d.ID, "aggregate_id", d.Key, "event_type", d.EventType, "subject", d.Destination, "attempt", attempt)
 	switch {
-	case err == nil:
+	case out.Err == nil:
 		if aerr := msg.Ack(); aerr != nil {
 			log.Warn("ack failed; the message will be delivered again", "err", aerr)
 		}
-	case outbox.IsPermanent(err) || attempt >= r.cfg.MaxDeliver:
-		r.deadLetter(msg, d, err, log)
+	case out.Dead:
+		r.deadLetter(msg, d, out.Err, log)
 	default:
-		delay := outbox.RetryDelay(err, r.cfg.RetryDelay)
-		log.Warn("handler failed; retrying", "retry_in", delay, "err", err)
-		_ = msg.NakWithDelay(delay)
+		log.Warn("handler failed; retrying", "retry_in", out.Delay, "err", out.Err)
+		_ = msg.NakWithDelay(out.Delay)
 	}
-}
-
-// safeHandle runs the handler, turning a panic into a permanent error.
-func (r *runner) safeHandle(d *outbox.Delivery) (err error) {
-	defer func() {
-		if p := recover(); p != nil {
-			err = outbox.Permanent(fmt.Errorf("handler panicked: %v", p))
-		}
-	}()
-	return r.handler(outbox.HandlerContext(r.hctx, d), d)
 }
 
 func (r *runner) deadLetter(msg jetstream.Msg, d *outbox.Delivery, cause error, log *slog.Logger) {
