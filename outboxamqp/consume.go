@@ -6,7 +6,6 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"io"
 	"log/slog"
 	"math"
@@ -18,6 +17,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/outboxkit/outbox/internal/lanes"
 	"github.com/outboxkit/outbox/internal/reconnect"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -74,8 +74,8 @@ type ConsumerConfig struct {
 	// At most 65535. Defaults to 32, or twice Concurrency when that is more.
 	Prefetch int
 	// Concurrency is how many handlers run at once. Messages with the same Outbox-Key
-	// header go to the same handler goroutine, one after another; messages without one
-	// are spread over all. Defaults to 1.
+	// header are handled one after another, in delivery order; a message without one is
+	// ordered with no other and waits only for a free handler. Defaults to 1.
 	Concurrency int
 	// ConsumerTag names the consumer in RabbitMQ's management views. Defaults to one the
 	// client makes up.
@@ -347,42 +347,31 @@ func consume(ctx context.Context, conn *amqp.Connection, cfg ConsumerConfig, han
 		return false, fmt.Errorf("outboxamqp: consume %s: %w", cfg.Queue.Name, err)
 	}
 
-	r := &consumer{conn: conn, cfg: cfg, handler: handler, hctx: context.WithoutCancel(ctx)}
+	r := &consumer{conn: conn, cfg: cfg}
 	defer r.closeDead()
-	// Each handler goroutine takes the messages of its lane in order. A lane holds only
-	// unacked messages, at most Prefetch in all, so the lanes grow as they need and the
-	// dispatcher never waits for a busy handler.
-	lanes := make([]*lane, cfg.Concurrency)
-	var wg sync.WaitGroup
-	for i := range lanes {
-		lanes[i] = newLane()
-		wg.Go(func() {
-			for {
-				d, ok := lanes[i].pop()
-				if !ok {
-					return
-				}
-				// After shutdown began or the channel broke, messages not started stay
-				// unacked and go back to the queue when the channel closes.
-				if ctx.Err() == nil && !r.broken.Load() {
-					r.handle(d)
-				}
-			}
-		})
-	}
-	finish := func() {
-		for _, l := range lanes {
-			l.close()
-		}
-		wg.Wait()
-	}
+	// Prefetch bounds what the lanes hold, so the dispatcher never waits for a busy
+	// handler. After shutdown began (Quit) or the channel broke, messages not started
+	// stay unacked and go back to the queue when the channel closes.
+	lr := lanes.New(lanes.Config{
+		Handler:     handler,
+		Context:     context.WithoutCancel(ctx),
+		Limit:       cfg.Concurrency,
+		MaxAttempts: cfg.MaxAttempts,
+		Quit:        ctx.Done(),
+	})
+	finish := lr.Stop
 
 	var cause error
 	for {
 		select {
 		case d, ok := <-deliveries:
 			if ok {
-				lanes[laneOf(d, cfg.Concurrency)].push(d)
+				key, _ := headerString(d.Headers[outbox.HeaderKey])
+				lr.Go(key, func(t *lanes.Turn) {
+					if !r.broken.Load() {
+						r.handle(t, d)
+					}
+				})
 				continue
 			}
 			// The channel closed, or the broker cancelled the subscription.
@@ -473,115 +462,41 @@ func prepare(ctx context.Context, conn *amqp.Connection, cfg ConsumerConfig) err
 	})
 }
 
-// lane is a FIFO of deliveries for one handler goroutine, unbounded (Prefetch bounds it).
-type lane struct {
-	mu     sync.Mutex
-	queue  []amqp.Delivery
-	closed bool
-	wake   chan struct{} // holds a token when the lane may have changed
-}
-
-func newLane() *lane { return &lane{wake: make(chan struct{}, 1)} }
-
-func (l *lane) push(d amqp.Delivery) {
-	l.mu.Lock()
-	l.queue = append(l.queue, d)
-	l.mu.Unlock()
-	l.signal()
-}
-
-func (l *lane) close() {
-	l.mu.Lock()
-	l.closed = true
-	l.mu.Unlock()
-	l.signal()
-}
-
-func (l *lane) signal() {
-	select {
-	case l.wake <- struct{}{}:
-	default:
-	}
-}
-
-// pop waits for the next delivery; false when the lane is closed and empty.
-func (l *lane) pop() (amqp.Delivery, bool) {
-	for {
-		l.mu.Lock()
-		if len(l.queue) > 0 {
-			d := l.queue[0]
-			l.queue[0] = amqp.Delivery{}
-			l.queue = l.queue[1:]
-			l.mu.Unlock()
-			return d, true
-		}
-		closed := l.closed
-		l.mu.Unlock()
-		if closed {
-			return amqp.Delivery{}, false
-		}
-		<-l.wake
-	}
-}
-
-// laneOf picks the lane of d: by its Outbox-Key header, or spread by delivery tag when
-// it has none.
-func laneOf(d amqp.Delivery, n int) int {
-	if n == 1 {
-		return 0
-	}
-	key, _ := headerString(d.Headers[outbox.HeaderKey])
-	if key == "" {
-		return int(d.DeliveryTag % uint64(n))
-	}
-	h := fnv.New32a()
-	h.Write([]byte(key))
-	return int(h.Sum32() % uint32(n))
-}
-
 // consumer is one run of Consume.
 type consumer struct {
-	conn    *amqp.Connection
-	cfg     ConsumerConfig
-	handler outbox.Handler
-	hctx    context.Context
-	broken  atomic.Bool // the subscription ended: start no handler
+	conn   *amqp.Connection
+	cfg    ConsumerConfig
+	broken atomic.Bool // the subscription ended: start no handler
 
 	deadMu sync.Mutex
 	dead   *confirmChannel // for dead-letter copies; opened on first use
 }
 
-// handle runs the handler on d and settles it: ack, reject to the retry queue, or dead
-// letter.
-func (r *consumer) handle(d amqp.Delivery) {
+// handle runs the handler on d in its turn and settles it: ack, reject to the retry
+// queue, or dead letter. A turn that ends before the handler starts leaves d unacked.
+func (r *consumer) handle(t *lanes.Turn, d amqp.Delivery) {
 	attempt := Attempt(d.Headers, r.cfg.Queue.Name)
 	del := NewDelivery(d, r.cfg.Queue.Name, attempt)
-	err := r.safeHandle(del)
+	out, ok := t.Handle(del)
+	if !ok {
+		return
+	}
 
 	log := r.cfg.Logger.With("event_id", del.ID, "aggregate_id", del.Key, "event_type", del.EventType, "queue", r.cfg.Queue.Name, "attempt", attempt)
 	switch {
-	case err == nil:
+	case out.Err == nil:
 		if aerr := d.Ack(false); aerr != nil {
 			log.Warn("ack failed; the message will be delivered again", "err", aerr)
 		}
-	case outbox.IsPermanent(err) || attempt >= r.cfg.MaxAttempts:
-		r.deadLetter(d, attempt, err, log)
+	case out.Dead:
+		r.deadLetter(d, attempt, out.Err, log)
 	default:
-		log.Warn("handler failed; retrying", "retry_in", r.cfg.RetryDelay, "err", err)
+		// The retry queue's TTL is the delay: out.Delay cannot be honoured.
+		log.Warn("handler failed; retrying", "retry_in", r.cfg.RetryDelay, "err", out.Err)
 		if rerr := d.Reject(false); rerr != nil {
 			log.Warn("reject failed; the message will be delivered again", "err", rerr)
 		}
 	}
-}
-
-// safeHandle runs the handler, turning a panic into a permanent error.
-func (r *consumer) safeHandle(d *outbox.Delivery) (err error) {
-	defer func() {
-		if p := recover(); p != nil {
-			err = outbox.Permanent(fmt.Errorf("handler panicked: %v", p))
-		}
-	}()
-	return r.handler(outbox.HandlerContext(r.hctx, d), d)
 }
 
 // deadLetter publishes a copy of d to the dead-letter queue and acks d once RabbitMQ

@@ -170,8 +170,8 @@
 // go to the same handler goroutine in delivery order, so one Consume handles a key's
 // messages in queue order, except that a retried message comes back after RetryDelay,
 // behind the key's later messages, and a message redelivered after a lost connection
-// may repeat one already handled (the inbox skips it). Messages without a key are spread
-// over all handlers. Several consumers of one queue each get part of every key: for
+// may repeat one already handled (the inbox skips it). A message without a key is
+// ordered with no other: it waits only for a free handler. Several consumers of one queue each get part of every key: for
 // per-key order across processes, give the queue x-single-active-consumer, or shard keys
 // over queues with the consistent-hash exchange.
 //
