@@ -167,13 +167,13 @@
 //
 // Prefetch and order. Prefetch (basic.qos, 32 by default) bounds the messages delivered
 // and not yet acked; Concurrency handlers run at once. Messages with the same Outbox-Key
-// go to the same handler goroutine in delivery order, so one Consume handles a key's
-// messages in queue order, except that a retried message comes back after RetryDelay,
-// behind the key's later messages, and a message redelivered after a lost connection
-// may repeat one already handled (the inbox skips it). A message without a key is
-// ordered with no other: it waits only for a free handler. Several consumers of one queue each get part of every key: for
-// per-key order across processes, give the queue x-single-active-consumer, or shard keys
-// over queues with the consistent-hash exchange.
+// are handled one at a time in delivery order, so one Consume handles a key's messages in
+// queue order, except that a retried message comes back after RetryDelay, behind the
+// key's later messages, and a message redelivered after a lost connection may repeat one
+// already handled (the inbox skips it). A message without a key is ordered with no other:
+// it waits only for a free handler. Several consumers of one queue each get part of every
+// key: for per-key order across processes, give the queue x-single-active-consumer, or
+// shard keys over queues with the consistent-hash exchange.
 //
 // Shutdown. When ctx is done, Consume cancels its subscription (basic.cancel), lets the
 // handlers in progress finish (their context is not cancelled) and ack, and closes its
