@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -20,6 +21,7 @@ import (
 	"github.com/twmb/franz-go/pkg/sasl"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/lanes"
 )
 
 // ConsumerConfig configures Consume. Group and Topics are required.
@@ -192,18 +194,24 @@ func Consume(ctx context.Context, seeds []string, cfg ConsumerConfig, handler ou
 	cfg = cfg.withDefaults()
 	r := &runner{
 		cfg:       cfg,
-		handler:   handler,
 		hctx:      context.WithoutCancel(ctx),
-		closing:   ctx.Done(),
 		log:       cfg.Logger.With("group", cfg.Group),
-		workers:   map[topicPartition]*worker{},
+		paused:    map[topicPartition]bool{},
 		marks:     map[topicPartition]kgo.EpochOffset{},
 		committed: map[topicPartition]kgo.EpochOffset{},
 		kick:      make(chan struct{}, 1),
 	}
-	if cfg.Concurrency > 0 {
-		r.sem = make(chan struct{}, cfg.Concurrency)
-	}
+	// A partition is a lane: its records are handled one at a time in offset order,
+	// which is what lets a handled record's offset be committed. Records fetched and
+	// not started are abandoned at shutdown (Quit) and stay uncommitted.
+	r.lanes = lanes.New(lanes.Config{
+		Handler:     handler,
+		Context:     r.hctx,
+		Limit:       cfg.Concurrency,
+		MaxAttempts: cfg.MaxAttempts,
+		RetryDelay:  cfg.RetryDelay,
+		Quit:        ctx.Done(),
+	})
 	defaults := []kgo.Opt{
 		kgo.ClientID(cfg.ClientID),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
@@ -278,19 +286,21 @@ type topicPartition struct {
 	partition int32
 }
 
-// runner is one Consume call: the poll loop, a worker per partition with records, and
+// runner is one Consume call: the poll loop, a lane per partition with records, and
 // the committer.
 type runner struct {
-	cfg     ConsumerConfig
-	handler outbox.Handler
-	hctx    context.Context // handlers' base context: never cancelled
-	closing <-chan struct{} // Consume's ctx is done: start no record or attempt
-	log     *slog.Logger
-	cl      *kgo.Client
-	sem     chan struct{} // Concurrency slots, or nil
+	cfg   ConsumerConfig
+	hctx  context.Context // handlers' base context: never cancelled
+	log   *slog.Logger
+	cl    *kgo.Client
+	lanes *lanes.Runner
+
+	// qmu makes a partition's fetch pause follow its lane's length: the length is read
+	// and the pause changed under it, on queueing and on starting a record.
+	qmu    sync.Mutex
+	paused map[topicPartition]bool // fetching of the partition is paused: its lane is full
 
 	mu        sync.Mutex
-	workers   map[topicPartition]*worker
 	marks     map[topicPartition]kgo.EpochOffset // next offset to consume, per handled partition
 	committed map[topicPartition]kgo.EpochOffset // what the group last accepted of marks
 
@@ -301,7 +311,7 @@ type runner struct {
 	kick     chan struct{} // a record was marked
 }
 
-// run polls and hands records to the partitions' workers until ctx is done, then shuts
+// run polls and hands records to the partitions' lanes until ctx is done, then shuts
 // down.
 func (r *runner) run(ctx context.Context) {
 	cctx, stopCommitter := context.WithCancel(r.hctx)
@@ -313,7 +323,7 @@ func (r *runner) run(ctx context.Context) {
 
 	for {
 		// With BlockRebalanceOnPoll, no rebalance runs between this poll and
-		// AllowRebalance: the records go to workers of partitions still assigned.
+		// AllowRebalance: the records go to lanes of partitions still assigned.
 		fs := r.cl.PollRecords(ctx, r.cfg.QueueSize)
 		if ctx.Err() != nil || fs.IsClientClosed() {
 			r.cl.AllowRebalance()
@@ -324,20 +334,15 @@ func (r *runner) run(ctx context.Context) {
 		})
 		fs.EachPartition(func(p kgo.FetchTopicPartition) {
 			if len(p.Records) > 0 {
-				r.worker(topicPartition{p.Topic, p.Partition}).push(p.Records)
+				r.push(topicPartition{p.Topic, p.Partition}, p.Records)
 			}
 		})
 		r.cl.AllowRebalance()
 	}
 
 	// Shutdown: records polled but not started stay uncommitted for the next owner.
-	r.mu.Lock()
-	all := make([]topicPartition, 0, len(r.workers))
-	for k := range r.workers {
-		all = append(all, k)
-	}
-	r.mu.Unlock()
-	r.stop(all)
+	r.lanes.Stop()
+	r.resume(nil)
 	stopCommitter()
 	<-committerDone
 	sctx, cancel := context.WithTimeout(r.hctx, r.cfg.ShutdownTimeout)
@@ -352,46 +357,64 @@ func (r *runner) run(ctx context.Context) {
 	r.cl.Close()
 }
 
-// worker returns the worker of k, starting it if needed.
-func (r *runner) worker(k topicPartition) *worker {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	w := r.workers[k]
-	if w == nil {
-		w = &worker{r: r, tp: k, wake: make(chan struct{}, 1), quit: make(chan struct{}), done: make(chan struct{})}
-		r.workers[k] = w
-		go w.run()
-	}
-	return w
+// lane names the lane of k: a partition is the unit of order and of commits.
+func (k topicPartition) lane() string {
+	return k.topic + "/" + strconv.FormatInt(int64(k.partition), 10)
 }
 
-// stop stops the workers of partitions: each abandons its queue and its retry waits,
-// finishes the handler call in progress, marks what it completed, and exits. stop
-// returns when all have exited.
+// push queues records on their partition's lane, pausing the partition's fetches when the
+// lane is full.
+func (r *runner) push(k topicPartition, records []*kgo.Record) {
+	r.qmu.Lock()
+	defer r.qmu.Unlock()
+	for _, rec := range records {
+		r.lanes.Go(k.lane(), func(t *lanes.Turn) {
+			r.started(k)
+			r.process(t, rec)
+		})
+	}
+	if !r.paused[k] && r.lanes.Len(k.lane()) >= r.cfg.QueueSize {
+		r.paused[k] = true
+		r.cl.PauseFetchPartitions(map[string][]int32{k.topic: {k.partition}})
+	}
+}
+
+// started notes that a record of k left its lane's queue: a paused partition is fetched
+// again once its lane is half empty.
+func (r *runner) started(k topicPartition) {
+	r.qmu.Lock()
+	defer r.qmu.Unlock()
+	if r.paused[k] && r.lanes.Len(k.lane()) <= r.cfg.QueueSize/2 {
+		delete(r.paused, k)
+		r.cl.ResumeFetchPartitions(map[string][]int32{k.topic: {k.partition}})
+	}
+}
+
+// stop stops the lanes of partitions: each abandons its queue and its retry waits,
+// finishes the handler call in progress and marks what it completed. stop returns when
+// all have.
 func (r *runner) stop(partitions []topicPartition) {
-	r.mu.Lock()
-	var ws []*worker
+	keys := make([]string, len(partitions))
+	for i, k := range partitions {
+		keys[i] = k.lane()
+	}
+	r.lanes.Drop(keys...)
+	r.resume(partitions)
+}
+
+// resume lifts the fetch pause of partitions (nil: all). A pause outlives the
+// assignment: a partition that came back to this member would never be fetched again.
+func (r *runner) resume(partitions []topicPartition) {
+	r.qmu.Lock()
+	defer r.qmu.Unlock()
+	if partitions == nil {
+		partitions = slices.Collect(maps.Keys(r.paused))
+	}
 	for _, k := range partitions {
-		if w := r.workers[k]; w != nil {
-			ws = append(ws, w)
-			delete(r.workers, k)
+		if r.paused[k] {
+			delete(r.paused, k)
+			r.cl.ResumeFetchPartitions(map[string][]int32{k.topic: {k.partition}})
 		}
-	}
-	r.mu.Unlock()
-	for _, w := range ws {
-		close(w.quit)
-	}
-	for _, w := range ws {
-		<-w.done
-		w.mu.Lock()
-		w.stopped = true
-		if w.paused {
-			// A pause outlives the assignment: lift it, or the partition would never
-			// be fetched again if it came back to this member.
-			w.paused = false
-			r.cl.ResumeFetchPartitions(map[string][]int32{w.tp.topic: {w.tp.partition}})
-		}
-		w.mu.Unlock()
 	}
 }
 
@@ -535,191 +558,67 @@ func (r *runner) forget(partitions []topicPartition) {
 	}
 }
 
-// worker handles the records of one partition, one at a time.
-type worker struct {
-	r  *runner
-	tp topicPartition
-
-	mu      sync.Mutex
-	queue   []*kgo.Record
-	paused  bool // fetching of the partition is paused: the queue is full
-	stopped bool // run has returned and the pause is lifted
-
-	wake chan struct{} // records were queued
-	quit chan struct{} // closed by stop
-	done chan struct{} // closed when run returns
-}
-
-// push queues records, pausing the partition's fetches when the queue is full.
-func (w *worker) push(records []*kgo.Record) {
-	w.mu.Lock()
-	if w.stopped { // not under BlockRebalanceOnPoll; but never pause for nobody
-		w.mu.Unlock()
-		return
-	}
-	w.queue = append(w.queue, records...)
-	if !w.paused && len(w.queue) >= w.r.cfg.QueueSize {
-		w.paused = true
-		w.r.cl.PauseFetchPartitions(map[string][]int32{w.tp.topic: {w.tp.partition}})
-	}
-	w.mu.Unlock()
-	select {
-	case w.wake <- struct{}{}:
-	default:
-	}
-}
-
-// next returns the next queued record, waiting for one; false once the worker is
-// stopped or Consume's ctx is done.
-func (w *worker) next() (*kgo.Record, bool) {
-	for {
-		select {
-		case <-w.quit:
-			return nil, false
-		case <-w.r.closing:
-			return nil, false
-		default:
+// process handles rec in its turn until it succeeds or is dead-lettered, and marks it.
+// It leaves rec unmarked when the lane is stopped first.
+func (r *runner) process(t *lanes.Turn, rec *kgo.Record) {
+	for attempt := 1; ; attempt++ {
+		d := NewDelivery(rec, attempt)
+		out, ok := t.Handle(d)
+		if !ok {
+			return
 		}
-		w.mu.Lock()
-		if len(w.queue) > 0 {
-			rec := w.queue[0]
-			w.queue[0] = nil
-			w.queue = w.queue[1:]
-			if w.paused && len(w.queue) <= w.r.cfg.QueueSize/2 {
-				w.paused = false
-				w.r.cl.ResumeFetchPartitions(map[string][]int32{w.tp.topic: {w.tp.partition}})
-			}
-			w.mu.Unlock()
-			return rec, true
+		if out.Err == nil {
+			r.mark(rec)
+			return
 		}
-		w.mu.Unlock()
-		select {
-		case <-w.wake:
-		case <-w.quit:
-			return nil, false
-		case <-w.r.closing:
-			return nil, false
+		log := r.log.With("event_id", d.ID, "aggregate_id", d.Key, "event_type", d.EventType,
+			"topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset, "attempt", attempt)
+		if out.Dead {
+			r.deadLetter(t, rec, d, out.Err, log)
+			return
 		}
-	}
-}
-
-func (w *worker) run() {
-	defer close(w.done)
-	for {
-		rec, ok := w.next()
-		if !ok || !w.process(rec) {
+		log.Warn("handler failed; retrying in place", "retry_in", out.Delay, "err", out.Err)
+		if !t.Sleep(out.Delay) {
 			return
 		}
 	}
 }
 
-// process handles rec until it succeeds or is dead-lettered, and marks it. It returns
-// false, leaving rec unmarked, when the worker is stopped first.
-func (w *worker) process(rec *kgo.Record) bool {
-	for attempt := 1; ; attempt++ {
-		d := NewDelivery(rec, attempt)
-		if !w.acquire() {
-			return false
-		}
-		err := w.handle(d)
-		w.release()
-		if err == nil {
-			w.r.mark(rec)
-			return true
-		}
-		log := w.r.log.With("event_id", d.ID, "aggregate_id", d.Key, "event_type", d.EventType,
-			"topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset, "attempt", attempt)
-		if outbox.IsPermanent(err) || (w.r.cfg.MaxAttempts > 0 && attempt >= w.r.cfg.MaxAttempts) {
-			return w.deadLetter(rec, d, err, log)
-		}
-		delay := outbox.RetryDelay(err, w.r.cfg.RetryDelay)
-		log.Warn("handler failed; retrying in place", "retry_in", delay, "err", err)
-		if !w.sleep(delay) {
-			return false
-		}
-	}
-}
-
-// acquire takes a Concurrency slot; false if the worker was stopped first.
-func (w *worker) acquire() bool {
-	if w.r.sem == nil {
-		return true
-	}
-	select {
-	case w.r.sem <- struct{}{}:
-		return true
-	case <-w.quit:
-		return false
-	case <-w.r.closing:
-		return false
-	}
-}
-
-func (w *worker) release() {
-	if w.r.sem != nil {
-		<-w.r.sem
-	}
-}
-
-// handle runs the handler, turning a panic into a permanent error.
-func (w *worker) handle(d *outbox.Delivery) (err error) {
-	defer func() {
-		if p := recover(); p != nil {
-			err = outbox.Permanent(fmt.Errorf("handler panicked: %v", p))
-		}
-	}()
-	return w.r.handler(outbox.HandlerContext(w.r.hctx, d), d)
-}
-
-// sleep waits for d; false if the worker was stopped or Consume's ctx is done first.
-func (w *worker) sleep(d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-w.quit:
-		return false
-	case <-w.r.closing:
-		return false
-	}
-}
-
 // deadLetter produces a copy of rec to the dead-letter topic, or skips rec when there is
 // none, and marks rec. A failed produce is tried again after RetryDelay, holding up the
-// partition, until it succeeds or the worker is stopped (false, rec unmarked); a copy
+// partition, until it succeeds or the lane is stopped (rec unmarked); a copy
 // Kafka refuses on its merits (larger than the topic allows, ...) is logged and rec
 // skipped, since no retry could help it.
-func (w *worker) deadLetter(rec *kgo.Record, d *outbox.Delivery, cause error, log *slog.Logger) bool {
-	topic := w.r.cfg.DeadLetterTopic
+func (r *runner) deadLetter(t *lanes.Turn, rec *kgo.Record, d *outbox.Delivery, cause error, log *slog.Logger) {
+	topic := r.cfg.DeadLetterTopic
 	if topic == "" {
 		log.Error("record skipped: the handler failed and no dead-letter topic is set; it stays in its topic at its offset", "err", cause)
-		w.r.mark(rec)
-		return true
+		r.mark(rec)
+		return
 	}
 	for {
-		ctx, cancel := context.WithTimeout(w.r.hctx, produceTimeout)
-		err := w.r.cl.ProduceSync(ctx, w.deadRecord(rec, d, cause)).FirstErr()
+		ctx, cancel := context.WithTimeout(r.hctx, produceTimeout)
+		err := r.cl.ProduceSync(ctx, r.deadRecord(rec, d, cause)).FirstErr()
 		cancel()
 		if err == nil {
 			log.Error("record dead-lettered", "err", cause, "dead_letter_topic", topic)
-			w.r.mark(rec)
-			return true
+			r.mark(rec)
+			return
 		}
 		if err = classify(err, topic); !outbox.IsOutage(err) {
 			log.Error("record skipped: the dead-letter topic refused its copy; it stays in its topic at its offset", "err", cause, "dead_letter_err", err)
-			w.r.mark(rec)
-			return true
+			r.mark(rec)
+			return
 		}
-		log.Error("dead-lettering failed; retrying", "err", cause, "dead_letter_err", err, "retry_in", w.r.cfg.RetryDelay)
-		if !w.sleep(w.r.cfg.RetryDelay) {
-			return false
+		log.Error("dead-lettering failed; retrying", "err", cause, "dead_letter_err", err, "retry_in", r.cfg.RetryDelay)
+		if !t.Sleep(r.cfg.RetryDelay) {
+			return
 		}
 	}
 }
 
 // deadRecord is the copy of rec that goes to the dead-letter topic.
-func (w *worker) deadRecord(rec *kgo.Record, d *outbox.Delivery, cause error) *kgo.Record {
+func (r *runner) deadRecord(rec *kgo.Record, d *outbox.Delivery, cause error) *kgo.Record {
 	hs := make([]kgo.RecordHeader, 0, len(rec.Headers)+6)
 	for _, h := range rec.Headers {
 		if !isDeadHeader(h.Key) {
@@ -730,13 +629,13 @@ func (w *worker) deadRecord(rec *kgo.Record, d *outbox.Delivery, cause error) *k
 		{HeaderDeadTopic, rec.Topic},
 		{HeaderDeadPartition, strconv.FormatInt(int64(rec.Partition), 10)},
 		{HeaderDeadOffset, strconv.FormatInt(rec.Offset, 10)},
-		{HeaderDeadGroup, w.r.cfg.Group},
+		{HeaderDeadGroup, r.cfg.Group},
 		{HeaderDeadReason, cause.Error()},
 		{HeaderDeadAttempts, strconv.Itoa(d.Attempt)},
 	} {
 		hs = append(hs, kgo.RecordHeader{Key: h[0], Value: []byte(h[1])})
 	}
-	return &kgo.Record{Topic: w.r.cfg.DeadLetterTopic, Key: rec.Key, Value: rec.Value, Headers: hs}
+	return &kgo.Record{Topic: r.cfg.DeadLetterTopic, Key: rec.Key, Value: rec.Value, Headers: hs}
 }
 
 func isDeadHeader(name string) bool {
