@@ -67,7 +67,11 @@ func printStatus(w io.Writer, st outboxdriver.Status, postgres bool, now time.Ti
 	fmt.Fprintf(tw, "  due\t%d\n", st.Due)
 	fmt.Fprintf(tw, "  delayed\t%d\t(retry backoff or DeliverAt)\n", st.Delayed)
 	fmt.Fprintf(tw, "  retrying\t%d\t(rejected at least once)\n", st.Retrying)
-	fmt.Fprintf(tw, "dead\t%d\n", st.Dead)
+	if st.DeadLastHour > 0 {
+		fmt.Fprintf(tw, "dead\t%d (%d in the last hour)\n", st.Dead, st.DeadLastHour)
+	} else {
+		fmt.Fprintf(tw, "dead\t%d\n", st.Dead)
+	}
 	fmt.Fprintf(tw, "published\t%d\t(kept for retention; estimated on large tables)\n", st.Published)
 	fmt.Fprintf(tw, "oldest pending\t%s\n", age(st.OldestPendingAge, st.Pending))
 	fmt.Fprintf(tw, "shards leased\t%d of %d\n", st.ShardsLeased, st.Shards)

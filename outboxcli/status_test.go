@@ -44,7 +44,7 @@ func TestStatus(t *testing.T) {
 		regexp.MustCompile(`(?m)^  due +1$`),
 		regexp.MustCompile(`(?m)^  delayed +2 `),
 		regexp.MustCompile(`(?m)^  retrying +1 `),
-		regexp.MustCompile(`(?m)^dead +1$`),
+		regexp.MustCompile(`(?m)^dead +1 \(1 in the last hour\)$`),
 		regexp.MustCompile(`(?m)^published +1 `),
 		regexp.MustCompile(`(?m)^oldest pending +2h0m\d+s$`),
 		regexp.MustCompile(`(?m)^shards leased +32 of 64$`),
@@ -52,7 +52,7 @@ func TestStatus(t *testing.T) {
 		regexp.MustCompile(`(?m)^billing +1 +0 +1 +1 +`),
 		regexp.MustCompile(`(?m)^orders +2 +1 +0 +0 +2h`),
 		regexp.MustCompile(`(?m)^relay-a +host-a +4242 +yes +32 `),
-		regexp.MustCompile(`(?m)^WARNING: 1 dead letters wait for an operator`),
+		regexp.MustCompile(`(?m)^WARNING: 1 messages were dead-lettered in the last hour \(1 dead letters in all\)`),
 	} {
 		if !want.MatchString(r.stdout) {
 			t.Errorf("status text does not match %s:\n%s", want, r.stdout)

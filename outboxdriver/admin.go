@@ -1,9 +1,11 @@
 package outboxdriver
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -75,6 +77,7 @@ type Status struct {
 	Retrying         int64         `json:"retrying"`           // pending after at least one rejected attempt
 	Delayed          int64         `json:"delayed"`            // pending and not due yet (backoff or DeliverAt)
 	Dead             int64         `json:"dead"`               // dead-lettered
+	DeadLastHour     int64         `json:"dead_last_hour"`     // of them, dead-lettered in the last hour (database time)
 	Published        int64         `json:"published"`          // published and still kept (retention)
 	OldestPendingAge time.Duration `json:"oldest_pending_age"` // age of the oldest pending message, in database time
 	Topics           []TopicStatus `json:"topics"`
@@ -98,7 +101,7 @@ type Status struct {
 
 // Warnings says, one sentence each, what in s needs an operator: due messages that no
 // relay holds a shard for, relays that stopped heartbeating without stopping cleanly, dead
-// letters, and WAL-mode slots the relays cannot read. `outbox status` and the console
+// letters (and how many came in the last hour, when any did), and WAL-mode slots the relays cannot read. `outbox status` and the console
 // show them first.
 func (s Status) Warnings() []string {
 	var w []string
@@ -111,7 +114,11 @@ func (s Status) Warnings() []string {
 				r.ID, r.Hostname, r.PID, r.HeartbeatAt.UTC().Format(time.RFC3339)))
 		}
 	}
-	if s.Dead > 0 {
+	switch {
+	case s.DeadLastHour > 0:
+		w = append(w, fmt.Sprintf("%d messages were dead-lettered in the last hour (%d dead letters in all): a destination or a consumer may be refusing them; list them with outbox dead list --since 1h, then replay or purge them",
+			s.DeadLastHour, s.Dead))
+	case s.Dead > 0:
 		w = append(w, fmt.Sprintf("%d dead letters wait for an operator: list them with outbox dead list, then replay or purge them", s.Dead))
 	}
 	for _, slot := range s.WAL {
@@ -123,6 +130,26 @@ func (s Status) Warnings() []string {
 		}
 	}
 	return w
+}
+
+// AddTopics appends topics to s.Topics, sorted by topic, and adds them up into s's
+// totals (Pending, Due, Delayed, Retrying, Dead, DeadLastHour, OldestPendingAge): the
+// stores count per topic and leave the sums to it.
+func (s *Status) AddTopics(topics []TopicStatus) {
+	for _, t := range topics {
+		s.Pending += t.Pending
+		s.Due += t.Due
+		s.Retrying += t.Retrying
+		s.Dead += t.Dead
+		s.DeadLastHour += t.DeadLastHour
+		s.OldestPendingAge = max(s.OldestPendingAge, t.OldestPendingAge)
+	}
+	s.Delayed = s.Pending - s.Due
+	if s.Topics == nil {
+		s.Topics = []TopicStatus{} // none: an empty list, in JSON too
+	}
+	s.Topics = append(s.Topics, topics...)
+	slices.SortFunc(s.Topics, func(a, b TopicStatus) int { return cmp.Compare(a.Topic, b.Topic) })
 }
 
 // WALSlotStatus is one WAL-mode slot as the outbox records it and PostgreSQL reports it.
@@ -173,6 +200,7 @@ type TopicStatus struct {
 	Due              int64         `json:"due"`
 	Retrying         int64         `json:"retrying"`
 	Dead             int64         `json:"dead"`
+	DeadLastHour     int64         `json:"dead_last_hour"`
 	OldestPendingAge time.Duration `json:"oldest_pending_age"`
 }
 

@@ -23,19 +23,11 @@ func (s *Store) Status(ctx context.Context) (outboxdriver.Status, error) {
 	defer s.mu.Unlock()
 	now := s.clock()
 	st := outboxdriver.Status{
-		Topics:    s.topicStatus(now),
 		Relays:    s.relayInfos(now),
 		Published: int64(len(s.history)),
 		Shards:    len(s.leases),
 	}
-	for _, t := range st.Topics {
-		st.Pending += t.Pending
-		st.Due += t.Due
-		st.Retrying += t.Retrying
-		st.Dead += t.Dead
-		st.OldestPendingAge = max(st.OldestPendingAge, t.OldestPendingAge)
-	}
-	st.Delayed = st.Pending - st.Due
+	st.AddTopics(s.topicStatus(now))
 	for _, l := range s.leases {
 		if l.owner != "" && l.expires.After(now) {
 			st.ShardsLeased++
@@ -68,7 +60,11 @@ func (s *Store) topicStatus(now time.Time) []outboxdriver.TopicStatus {
 		t.OldestPendingAge = max(t.OldestPendingAge, now.Sub(r.msg.CreatedAt))
 	}
 	for _, d := range s.dead {
-		get(d.msg.Topic).Dead++
+		t := get(d.msg.Topic)
+		t.Dead++
+		if now.Sub(d.at) < time.Hour {
+			t.DeadLastHour++
+		}
 	}
 	out := []outboxdriver.TopicStatus{}
 	for _, t := range topics {

@@ -33,7 +33,7 @@ const NoJIT = `SET LOCAL jit = off`
 // table once.
 func (n *Names) StatusTopics() string {
 	return n.r(`SELECT topic,
-       coalesce(p.pending, 0), coalesce(p.due, 0), coalesce(p.retrying, 0), coalesce(x.dead, 0),
+       coalesce(p.pending, 0), coalesce(p.due, 0), coalesce(p.retrying, 0), coalesce(x.dead, 0), coalesce(x.dead_hour, 0),
        coalesce((extract(epoch FROM greatest(now() - p.oldest, interval '0')) * 1000000)::bigint, 0)
 FROM (
     SELECT topic, count(*) AS pending,
@@ -44,23 +44,10 @@ FROM (
     GROUP BY topic
 ) p
 FULL JOIN (
-    SELECT topic, count(*) AS dead FROM {{dead}} GROUP BY topic
+    SELECT topic, count(*) AS dead, count(*) FILTER (WHERE dead_at > now() - interval '1 hour') AS dead_hour
+    FROM {{dead}} GROUP BY topic
 ) x USING (topic)
 ORDER BY topic`)
-}
-
-// AddTopics appends topics (rows of StatusTopics) to st and adds them up into its
-// totals.
-func AddTopics(st *outboxdriver.Status, topics []outboxdriver.TopicStatus) {
-	for _, t := range topics {
-		st.Pending += t.Pending
-		st.Due += t.Due
-		st.Retrying += t.Retrying
-		st.Dead += t.Dead
-		st.OldestPendingAge = max(st.OldestPendingAge, t.OldestPendingAge)
-	}
-	st.Delayed = st.Pending - st.Due
-	st.Topics = append(st.Topics, topics...)
 }
 
 // StatusPublishedStats returns PostgreSQL's two row counts of the published history: the
@@ -354,14 +341,14 @@ func (n *Names) topicStatus(ctx context.Context, q Querier, st *outboxdriver.Sta
 	topics, err := Collect(ctx, q, n.StatusTopics(), nil, func(r Row) (outboxdriver.TopicStatus, error) {
 		var t outboxdriver.TopicStatus
 		var ageMicros int64
-		err := r.Scan(&t.Topic, &t.Pending, &t.Due, &t.Retrying, &t.Dead, &ageMicros)
+		err := r.Scan(&t.Topic, &t.Pending, &t.Due, &t.Retrying, &t.Dead, &t.DeadLastHour, &ageMicros)
 		t.OldestPendingAge = time.Duration(ageMicros) * time.Microsecond
 		return t, err
 	})
 	if err != nil {
 		return err
 	}
-	AddTopics(st, topics)
+	st.AddTopics(topics)
 	return nil
 }
 

@@ -1,7 +1,6 @@
 package sqlstore
 
 import (
-	"cmp"
 	"context"
 	"database/sql"
 	"encoding/hex"
@@ -87,33 +86,30 @@ FROM {{outbox}} GROUP BY topic`))
 	if err := rows.Err(); err != nil {
 		return err
 	}
-	rows, err = tx.QueryContext(ctx, s.sql(`SELECT topic, COUNT(*) FROM {{dead}} GROUP BY topic`))
+	rows, err = tx.QueryContext(ctx, s.sql(`SELECT topic, COUNT(*),
+       COALESCE(SUM(CASE WHEN dead_at > `+s.d.FromMicros("?")+` THEN 1 ELSE 0 END), 0)
+FROM {{dead}} GROUP BY topic`), now-time.Hour.Microseconds())
 	if err != nil {
 		return err
 	}
 	for rows.Next() {
 		var name string
-		var dead int64
-		if err := rows.Scan(&name, &dead); err != nil {
+		var dead, lastHour int64
+		if err := rows.Scan(&name, &dead, &lastHour); err != nil {
 			rows.Close()
 			return err
 		}
-		get(name).Dead = dead
+		get(name).Dead, get(name).DeadLastHour = dead, lastHour
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
 		return err
 	}
+	all := make([]outboxdriver.TopicStatus, 0, len(topics))
 	for _, t := range topics {
-		st.Pending += t.Pending
-		st.Due += t.Due
-		st.Retrying += t.Retrying
-		st.Dead += t.Dead
-		st.OldestPendingAge = max(st.OldestPendingAge, t.OldestPendingAge)
-		st.Topics = append(st.Topics, *t)
+		all = append(all, *t)
 	}
-	slices.SortFunc(st.Topics, func(a, b outboxdriver.TopicStatus) int { return cmp.Compare(a.Topic, b.Topic) })
-	st.Delayed = st.Pending - st.Due
+	st.AddTopics(all)
 	return nil
 }
 

@@ -169,14 +169,15 @@ func adminStatusCountsEveryState(t *testing.T, o Outbox) {
 	st := status(t, o)
 	answered := time.Now()
 	// pending: due1, due2, delayed, retryDue, retryLater.
-	type counts struct{ Pending, Due, Retrying, Delayed, Dead, Published int64 }
-	if c, want := (counts{st.Pending, st.Due, st.Retrying, st.Delayed, st.Dead, st.Published}), (counts{5, 3, 2, 2, 2, 3}); c != want {
+	// Both dead letters came just now: in the last hour.
+	type counts struct{ Pending, Due, Retrying, Delayed, Dead, DeadLastHour, Published int64 }
+	if c, want := (counts{st.Pending, st.Due, st.Retrying, st.Delayed, st.Dead, st.DeadLastHour, st.Published}), (counts{5, 3, 2, 2, 2, 2, 3}); c != want {
 		t.Errorf("counts %+v, want %+v", c, want)
 	}
 	wantTopics := []outboxdriver.TopicStatus{
-		{Topic: "billing", Pending: 2, Due: 1, Retrying: 2, Dead: 1},
+		{Topic: "billing", Pending: 2, Due: 1, Retrying: 2, Dead: 1, DeadLastHour: 1},
 		{Topic: "orders", Pending: 3, Due: 2, Retrying: 0, Dead: 0},
-		{Topic: "shipping", Pending: 0, Due: 0, Retrying: 0, Dead: 1},
+		{Topic: "shipping", Pending: 0, Due: 0, Retrying: 0, Dead: 1, DeadLastHour: 1},
 	}
 	if len(st.Topics) != len(wantTopics) {
 		t.Fatalf("topics %+v, want billing, orders, shipping", st.Topics)
