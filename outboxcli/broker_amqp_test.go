@@ -12,6 +12,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/brokers"
 	"github.com/outboxkit/outbox/internal/testinfra/testenv"
 	"github.com/outboxkit/outbox/internal/testinfra/testrabbit"
 )
@@ -111,7 +112,7 @@ func TestRabbitMQDeclare(t *testing.T) {
 // TestRabbitMQDeclareExample checks that the example topology file reads and validates.
 func TestRabbitMQDeclareExample(t *testing.T) {
 	t.Parallel()
-	top, err := loadTopology("file", "../deploy/rabbitmq/topology.yaml")
+	top, err := brokers.LoadTopology("file", "../deploy/rabbitmq/topology.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/outboxkit/outbox/internal/brokers"
 	"github.com/outboxkit/outbox/outboxnats"
 )
 
@@ -50,7 +51,7 @@ func (o *natsFlags) connect(ctx context.Context) (jetstream.JetStream, func(), e
 	}
 	nc, err := nats.Connect(o.url, opts...)
 	if err != nil {
-		return nil, nil, fmt.Errorf("connect to NATS at %s: %w", redactBroker(o.url), err)
+		return nil, nil, fmt.Errorf("connect to NATS at %s: %w", brokers.Redact(o.url), err)
 	}
 	js, err := jetstream.New(nc)
 	if err != nil {

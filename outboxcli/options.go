@@ -172,9 +172,10 @@ func parseConfig(path string, raw []byte, known map[string]bool) (*configFile, e
 
 // listValue is implemented by flags that may be given several times (--id): from the
 // environment their value is split at commas, and in a config file it may be a list.
+// The method is exported so that internal/brokers' list settings are lists here too.
 type listValue interface {
 	flag.Value
-	isList()
+	IsList()
 }
 
 // applySources fills every flag not given on the command line from the environment,
@@ -441,7 +442,7 @@ func (l *stringList) Set(s string) error {
 	*l = append(*l, s)
 	return nil
 }
-func (l *stringList) isList() {}
+func (l *stringList) IsList() {}
 
 // sortedKeys returns m's keys in order.
 func sortedKeys[V any](m map[string]V) []string {

@@ -11,6 +11,7 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/brokers"
 	"github.com/outboxkit/outbox/outboxotel"
 )
 
@@ -20,7 +21,7 @@ import (
 // OTEL_TRACES_SAMPLER, ...), and returns the Observer that records them and the function
 // that flushes and stops the exporter. The endpoint is logged without its user
 // information; the headers (often an API key) never are.
-func startTracing(ctx context.Context, inv *invocation, kind *brokerKind, log *slog.Logger) (outbox.Observer, func(context.Context) error, error) {
+func startTracing(ctx context.Context, inv *invocation, broker *brokers.Broker, log *slog.Logger) (outbox.Observer, func(context.Context) error, error) {
 	exp, err := otlptracehttp.New(ctx)
 	if err != nil {
 		return nil, nil, err
@@ -35,7 +36,7 @@ func startTracing(ctx context.Context, inv *invocation, kind *brokerKind, log *s
 	}
 	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res))
 	endpoint := cmp.Or(inv.env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"), inv.env("OTEL_EXPORTER_OTLP_ENDPOINT"), "http://localhost:4318")
-	log.Info("exporting traces over OTLP/HTTP", "endpoint", redactBroker(endpoint))
-	obs := outboxotel.NewObserver(outboxotel.WithTracerProvider(tp), outboxotel.WithSystem(outboxotel.System(metricsBroker(kind))))
+	log.Info("exporting traces over OTLP/HTTP", "endpoint", brokers.Redact(endpoint))
+	obs := outboxotel.NewObserver(outboxotel.WithTracerProvider(tp), outboxotel.WithSystem(outboxotel.System(broker.Label)))
 	return obs, tp.Shutdown, nil
 }

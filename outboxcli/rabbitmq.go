@@ -1,17 +1,12 @@
 package outboxcli
 
 import (
-	"bytes"
 	"context"
-	"errors"
 	"flag"
 	"fmt"
-	"io"
-	"os"
 	"time"
 
-	"gopkg.in/yaml.v3"
-
+	"github.com/outboxkit/outbox/internal/brokers"
 	"github.com/outboxkit/outbox/outboxamqp"
 )
 
@@ -44,13 +39,10 @@ The file has three lists:
 		fs.StringVar(&file, "file", "", "topology `file` to declare (YAML or JSON)")
 		fs.StringVar(&file, "f", "", "the same as --file `file`")
 		fs.StringVar(&brokerURL, "broker", "amqp://127.0.0.1:5672/", "RabbitMQ `URL` (amqp:// or amqps://). Credentials in it never appear in output")
-		var auth amqpAuth
-		auth.add(fs)
-		var b brokerFlags
-		fs.StringVar(&b.tlsCA, "broker-tls-ca", "", "PEM `file` of the CA certificates that sign the broker's certificate (default: the system's)")
-		fs.StringVar(&b.tlsCert, "broker-tls-cert", "", "PEM `file` of a client certificate for the broker (with --broker-tls-key)")
-		fs.StringVar(&b.tlsKey, "broker-tls-key", "", "PEM `file` of the client certificate's private key")
-		fs.StringVar(&b.tlsServerName, "broker-tls-server-name", "", "`name` to verify the broker's certificate against, when it differs from the URL's host")
+		var auth brokers.AMQPAuth
+		auth.Flags(fs)
+		var tlsFiles brokers.TLSFiles
+		tlsFiles.Flags(fs)
 		return func(ctx context.Context, inv *invocation, args []string) error {
 			if err := noArgs(args); err != nil {
 				return err
@@ -58,21 +50,21 @@ The file has three lists:
 			if file == "" {
 				return usageErrorf("--file: give the topology file to declare")
 			}
-			top, err := loadTopology("file", file)
+			top, err := brokers.LoadTopology("file", file)
 			if err != nil {
-				return err
+				return brokerUsage(err)
 			}
-			s := &brokerSettings{url: brokerURL, secrets: inv.secrets}
-			if s.tls, err = b.tlsConfig(); err != nil {
-				return err
-			}
-			u, err := auth.url(s)
+			tls, err := tlsFiles.Config()
 			if err != nil {
-				return err
+				return brokerUsage(err)
+			}
+			u, err := auth.URL(brokerURL, tls, brokerSecretsOf{inv.secrets})
+			if err != nil {
+				return brokerUsage(err)
 			}
 			ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 			defer cancel()
-			pub, err := outboxamqp.Dial(ctx, u, outboxamqp.Config{TLS: s.tls})
+			pub, err := outboxamqp.Dial(ctx, u, outboxamqp.Config{TLS: tls})
 			if err != nil {
 				return err
 			}
@@ -81,31 +73,8 @@ The file has three lists:
 				return err
 			}
 			fmt.Fprintf(inv.stdout, "declared %d exchanges, %d queues and %d bindings of %s on %s\n",
-				len(top.Exchanges), len(top.Queues), len(top.Bindings), file, redactBroker(brokerURL))
+				len(top.Exchanges), len(top.Queues), len(top.Bindings), file, brokers.Redact(brokerURL))
 			return nil
 		}
 	},
-}
-
-// loadTopology reads and checks a topology file; its errors are usage errors naming
-// flagName.
-func loadTopology(flagName, path string) (*outboxamqp.Topology, error) {
-	raw, err := os.ReadFile(path)
-	if err != nil {
-		return nil, usageErrorf("--%s: %v", flagName, err)
-	}
-	// JSON is YAML, so one decoder reads both; unknown keys are typos, not silence.
-	var top outboxamqp.Topology
-	dec := yaml.NewDecoder(bytes.NewReader(raw))
-	dec.KnownFields(true)
-	if err := dec.Decode(&top); err != nil && !errors.Is(err, io.EOF) {
-		return nil, usageErrorf("--%s: %s: %v", flagName, path, err)
-	}
-	if len(top.Exchanges)+len(top.Queues)+len(top.Bindings) == 0 {
-		return nil, usageErrorf("--%s: %s declares nothing: want exchanges, queues or bindings", flagName, path)
-	}
-	if err := top.Validate(); err != nil {
-		return nil, usageErrorf("--%s: %s: %v", flagName, path, err)
-	}
-	return &top, nil
 }

@@ -13,6 +13,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/outboxkit/outbox/internal/brokers"
 	"github.com/outboxkit/outbox/outboxamqp"
 )
 
@@ -40,19 +41,16 @@ messages the broker refused.`,
 type rabbitmqConnFlags struct {
 	url   string
 	queue string
-	auth  amqpAuth
-	tls   brokerFlags
+	auth  brokers.AMQPAuth
+	tls   brokers.TLSFiles
 }
 
 func addRabbitMQConnFlags(fs *flag.FlagSet) *rabbitmqConnFlags {
 	o := &rabbitmqConnFlags{}
 	fs.StringVar(&o.queue, "queue", "", "the dead-letter `queue` (required)")
 	fs.StringVar(&o.url, "broker", "amqp://127.0.0.1:5672/", "RabbitMQ `URL` (amqp:// or amqps://). Credentials in it never appear in output")
-	o.auth.add(fs)
-	fs.StringVar(&o.tls.tlsCA, "broker-tls-ca", "", "PEM `file` of the CA certificates that sign the broker's certificate (default: the system's)")
-	fs.StringVar(&o.tls.tlsCert, "broker-tls-cert", "", "PEM `file` of a client certificate for the broker (with --broker-tls-key)")
-	fs.StringVar(&o.tls.tlsKey, "broker-tls-key", "", "PEM `file` of the client certificate's private key")
-	fs.StringVar(&o.tls.tlsServerName, "broker-tls-server-name", "", "`name` to verify the broker's certificate against, when it differs from the URL's host")
+	o.auth.Flags(fs)
+	o.tls.Flags(fs)
 	return o
 }
 
@@ -61,20 +59,19 @@ func (o *rabbitmqConnFlags) dial(inv *invocation) (*amqp.Connection, error) {
 	if o.queue == "" {
 		return nil, usageErrorf("--queue: give the dead-letter queue")
 	}
-	s := &brokerSettings{url: o.url, secrets: inv.secrets}
-	var err error
-	if s.tls, err = o.tls.tlsConfig(); err != nil {
-		return nil, err
-	}
-	u, err := o.auth.url(s)
+	tls, err := o.tls.Config()
 	if err != nil {
-		return nil, err
+		return nil, brokerUsage(err)
+	}
+	u, err := o.auth.URL(o.url, tls, brokerSecretsOf{inv.secrets})
+	if err != nil {
+		return nil, brokerUsage(err)
 	}
 	props := amqp.NewConnectionProperties()
 	props.SetClientConnectionName("outbox-cli")
 	cfg := amqp.Config{Heartbeat: 10 * time.Second, Properties: props, Dial: amqp.DefaultDial(30 * time.Second)}
-	if s.tls != nil {
-		cfg.TLSClientConfig = s.tls
+	if tls != nil {
+		cfg.TLSClientConfig = tls
 	}
 	conn, err := amqp.DialConfig(u, cfg)
 	if err != nil {
@@ -82,7 +79,7 @@ func (o *rabbitmqConnFlags) dial(inv *invocation) (*amqp.Connection, error) {
 		if !errors.As(err, &ae) {
 			err = errors.New(inv.secrets.scrub(err.Error()))
 		}
-		return nil, fmt.Errorf("connect to RabbitMQ at %s: %w", redactBroker(o.url), err)
+		return nil, fmt.Errorf("connect to RabbitMQ at %s: %w", brokers.Redact(o.url), err)
 	}
 	return conn, nil
 }

@@ -9,7 +9,7 @@ import (
 // Connection strings carry passwords, so the CLI never prints one as given. Two layers:
 //
 //  1. What the CLI itself prints about a connection string is built by redactDSN and
-//     redactBroker, which render only an allow-list of parts (scheme, user, hosts,
+//     brokers.Redact, which render only an allow-list of parts (scheme, user, hosts,
 //     ports, database and harmless parameters); every other value shows as REDACTED.
 //     Errors from pgx that could quote the string (parse errors) are replaced, not
 //     wrapped.
@@ -206,41 +206,4 @@ func redactDSN(s string) string {
 		parts = append(parts, k+"="+v)
 	}
 	return strings.Join(parts, " ")
-}
-
-// redactBroker renders a broker URL, or a comma-separated list of them, for logs: scheme
-// and host; user information shows as REDACTED, because with NATS token authentication
-// the "user" is the token.
-func redactBroker(s string) string {
-	parts := strings.Split(s, ",")
-	for i, p := range parts {
-		p = strings.TrimSpace(p)
-		if !strings.Contains(p, "://") { // host:port after the first URL (kafka://a:9092,b:9092)
-			p, _, _ = strings.Cut(p, "/")
-			p, _, _ = strings.Cut(p, "?")
-			if at := strings.LastIndex(p, "@"); at >= 0 {
-				p = redacted + p[at:]
-			}
-			parts[i] = p
-			continue
-		}
-		u, err := url.Parse(p)
-		if err != nil || (u.Host == "" && u.Scheme != "sqs") { // sqs://?region=... has no host
-			parts[i] = "(unparseable URL, not shown)"
-			continue
-		}
-		out := url.URL{Scheme: u.Scheme, Host: u.Host}
-		if u.User != nil {
-			if _, has := u.User.Password(); has {
-				out.User = url.UserPassword(u.User.Username(), redacted)
-			} else {
-				out.User = url.User(redacted)
-			}
-		}
-		parts[i] = out.String()
-		if u.Host == "" {
-			parts[i] = u.Scheme + "://" // sqs:// takes its region from the query or the environment
-		}
-	}
-	return strings.Join(parts, ",")
 }

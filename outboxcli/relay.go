@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/brokers"
 	"github.com/outboxkit/outbox/internal/pgsql"
 	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/outboxpgx"
@@ -166,7 +167,7 @@ func (o *relayFlags) run(ctx context.Context, inv *invocation) error {
 	if err != nil {
 		return err
 	}
-	kind, bs, err := o.broker.settings(log, inv.secrets)
+	dest, err := o.broker.check(log, inv.secrets)
 	if err != nil {
 		return err
 	}
@@ -193,7 +194,7 @@ func (o *relayFlags) run(ctx context.Context, inv *invocation) error {
 	}
 
 	if o.otel {
-		obs, stopTracing, err := startTracing(ctx, inv, kind, log)
+		obs, stopTracing, err := startTracing(ctx, inv, dest.Broker(), log)
 		if err != nil {
 			return fmt.Errorf("--otel: %w", err)
 		}
@@ -210,7 +211,7 @@ func (o *relayFlags) run(ctx context.Context, inv *invocation) error {
 	var ready *readiness
 	if o.metricsAddr != "" {
 		reg = newMetricsRegistry()
-		o.cfg.Observer = outbox.MultiObserver(o.cfg.Observer, outboxprom.New(outboxprom.Config{Registerer: reg, Broker: metricsBroker(kind)}))
+		o.cfg.Observer = outbox.MultiObserver(o.cfg.Observer, outboxprom.New(outboxprom.Config{Registerer: reg, Broker: dest.Broker().Label}))
 		ready = newReadiness(log)
 		stop, err := serveHTTP(ctx, "metrics and health checks", o.metricsAddr, opsMux(reg, ready, log), log)
 		if err != nil {
@@ -242,16 +243,13 @@ func (o *relayFlags) run(ctx context.Context, inv *invocation) error {
 			"missing_versions", fmt.Sprint(deferred))
 	}
 
-	log.Info("connecting to the broker", "broker", kind.name, "url", redactBroker(bs.url), "route", bs.route)
-	broker, err := o.broker.open(ctx, kind, bs)
+	log.Info("connecting to the broker", "broker", dest.Broker().Name, "url", brokers.Redact(o.broker.url), "route", o.broker.route)
+	broker, err := o.broker.open(ctx, dest)
 	if err != nil {
-		if _, ok := err.(*usageError); ok {
-			return err
-		}
-		return connectError(kind, bs, err)
+		return err
 	}
-	defer broker.close()
-	if broker.check != nil {
+	defer broker.Close()
+	if broker.CheckTopics != nil {
 		checkPendingTopics(ctx, log, drv, broker)
 	}
 
@@ -261,14 +259,14 @@ func (o *relayFlags) run(ctx context.Context, inv *invocation) error {
 		leases := newLeaseWatch(drv.storeDriver, o.cfg.LeaseTTL)
 		store = leases.store()
 		checks := []readyCheck{{name: "database", check: drv.ping}}
-		if p, ok := broker.publisher.(outbox.Pinger); ok {
+		if p, ok := broker.Publisher.(outbox.Pinger); ok {
 			checks = append(checks, readyCheck{name: "broker", check: p.Ping})
 		}
 		ready.running(leases, checks...)
 		defer ready.stopping()
 	}
 
-	relay, err := outbox.NewRelay(store, broker.publisher, o.cfg)
+	relay, err := outbox.NewRelay(store, broker.Publisher, o.cfg)
 	if err != nil {
 		return relayConfigError(err)
 	}
@@ -344,7 +342,7 @@ func relayConfigError(err error) error {
 // checkPendingTopics has the broker check the topics with pending messages (50 at most),
 // so that a destination it cannot take is named in the log at start, not only in outage
 // messages later.
-func checkPendingTopics(ctx context.Context, log *slog.Logger, drv outboxdriver.Admin, broker *openedBroker) {
+func checkPendingTopics(ctx context.Context, log *slog.Logger, drv outboxdriver.Admin, broker *brokers.Opened) {
 	status, err := drv.Status(ctx)
 	if err != nil {
 		log.Warn("could not read the outbox status to check the broker's destinations", "err", err)
@@ -356,7 +354,7 @@ func checkPendingTopics(ctx context.Context, log *slog.Logger, drv outboxdriver.
 			topics = append(topics, t.Topic)
 		}
 	}
-	broker.check(ctx, log, topics)
+	broker.CheckTopics(ctx, log, topics)
 }
 
 // newLogger returns the relay's logger on w.
@@ -373,13 +371,4 @@ func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
 		return slog.New(slog.NewJSONHandler(w, opts)), nil
 	}
 	return nil, usageErrorf("--log-format: %q is not a format: want text or json", format)
-}
-
-// metricsBroker is the broker label of the relay's metrics: the broker kind's scheme
-// (nats, amqp, kafka, redis, sqs), and webhook for http and https.
-func metricsBroker(k *brokerKind) string {
-	if k.schemes[0] == "http" {
-		return "webhook"
-	}
-	return k.schemes[0]
 }
