@@ -1,7 +1,9 @@
 // Package bench measures the relay end to end, PostgreSQL to a broker, against a
 // reference measured in the same run: the raw publish rate of the same broker client
-// library with the same messages and no database. `outbox bench` runs it. Each broker is
-// a Target (target_*.go), chosen by the scheme of Config.BrokerURL.
+// library with the same messages and no database. `outbox bench` runs it. Each broker of
+// internal/brokers has a Target (target_*.go), chosen by the scheme of Config.BrokerURL;
+// the relays' publishers are opened through internal/brokers, as `outbox relay` opens
+// its own.
 package bench
 
 import (
@@ -795,7 +797,7 @@ type relaySet struct {
 func startRelays(ctx context.Context, cfg Config, target Target, db database, dest, tag string, confirmed *confirmLog) (*relaySet, error) {
 	rs := &relaySet{}
 	for i := 0; i < cfg.Relays; i++ {
-		pub, closePub, err := target.Publisher(ctx, dest)
+		pub, closePub, err := openPublisher(ctx, target, dest)
 		if err != nil {
 			rs.stop(ctx)
 			return nil, err

@@ -3,11 +3,11 @@ package bench
 import (
 	"context"
 	"fmt"
-	"net/url"
 	"sort"
 	"strings"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/brokers"
 )
 
 // Target is the broker side of a run. Every broker has one, in target_<broker>.go.
@@ -18,9 +18,10 @@ type Target interface {
 	// that deletes it.
 	Prepare(ctx context.Context, name string) (route string, drop func(), err error)
 
-	// Publisher returns a publisher sending by route, set up as `outbox relay` sets it
-	// up, and the function that closes it. Each relay of a run gets its own.
-	Publisher(ctx context.Context, route string) (pub outbox.Publisher, close func(), err error)
+	// Broker returns the broker URL and settings that each relay of a run opens its
+	// publisher with, through internal/brokers as `outbox relay` opens its own; the run
+	// sets the route.
+	Broker() (url string, s brokers.Settings)
 
 	// Raw publishes msgs to route with the broker's client library directly, as fast as
 	// that client can with the same durability (confirms, acks) as the publisher, and
@@ -47,35 +48,41 @@ type emptier interface {
 // TargetOpener opens the Target of a broker URL.
 type TargetOpener func(ctx context.Context, brokerURL string) (Target, error)
 
-var targets = map[string]TargetOpener{}
+var targets = map[*brokers.Broker]TargetOpener{}
 
-// RegisterTarget makes open serve broker URLs of the given schemes. Target files call it
-// from init.
-func RegisterTarget(schemes []string, open TargetOpener) {
-	for _, s := range schemes {
-		targets[s] = open
-	}
-}
+// RegisterTarget makes open serve the URLs of broker b. Target files call it from init.
+func RegisterTarget(b *brokers.Broker, open TargetOpener) { targets[b] = open }
 
 // Schemes returns the broker URL schemes a run can use.
 func Schemes() []string {
-	s := make([]string, 0, len(targets))
-	for k := range targets {
-		s = append(s, k)
+	var s []string
+	for b := range targets {
+		s = append(s, b.Schemes...)
 	}
 	sort.Strings(s)
 	return s
 }
 
 func openTarget(ctx context.Context, brokerURL string) (Target, error) {
-	first, _, _ := strings.Cut(brokerURL, ",")
-	u, err := url.Parse(first)
-	if err != nil || u.Scheme == "" {
-		return nil, fmt.Errorf("bench: %q is not a broker URL", first)
+	b, err := brokers.ForURL(brokerURL)
+	if err != nil {
+		return nil, fmt.Errorf("bench: %w", err)
 	}
-	open, ok := targets[u.Scheme]
+	open, ok := targets[b]
 	if !ok {
-		return nil, fmt.Errorf("bench: no target for broker scheme %q: want one of %s", u.Scheme, strings.Join(Schemes(), ", "))
+		return nil, fmt.Errorf("bench: no target for %s: want one of %s", b.Name, strings.Join(Schemes(), ", "))
 	}
 	return open(ctx, brokerURL)
+}
+
+// openPublisher opens a publisher to route on the target's broker, as a relay of the run
+// uses it.
+func openPublisher(ctx context.Context, t Target, route string) (outbox.Publisher, func(), error) {
+	url, s := t.Broker()
+	s.Route = route
+	opened, err := brokers.Open(ctx, url, s)
+	if err != nil {
+		return nil, nil, err
+	}
+	return opened.Publisher, opened.Close, nil
 }

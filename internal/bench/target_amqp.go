@@ -8,10 +8,11 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/brokers"
 	"github.com/outboxkit/outbox/outboxamqp"
 )
 
-func init() { RegisterTarget([]string{"amqp", "amqps"}, openAMQP) }
+func init() { RegisterTarget(brokers.RabbitMQ, openAMQP) }
 
 // amqpTarget publishes to durable classic queues of its own (queue version 2, RabbitMQ's
 // recommended format for persistent messages since 3.10) through the default exchange,
@@ -61,13 +62,7 @@ func (t *amqpTarget) Empty(ctx context.Context, route string) error {
 	return nil
 }
 
-func (t *amqpTarget) Publisher(ctx context.Context, route string) (outbox.Publisher, func(), error) {
-	pub, err := outboxamqp.Dial(ctx, t.url, outboxamqp.Config{Route: route})
-	if err != nil {
-		return nil, nil, err
-	}
-	return pub, pub.Close, nil
-}
+func (t *amqpTarget) Broker() (string, brokers.Settings) { return t.url, brokers.Settings{} }
 
 // amqpRawWindow is how many messages Raw keeps published and unconfirmed on its channel.
 const amqpRawWindow = 4096

@@ -13,10 +13,11 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/brokers"
 	"github.com/outboxkit/outbox/outboxkafka"
 )
 
-func init() { RegisterTarget([]string{"kafka"}, openKafka) }
+func init() { RegisterTarget(brokers.Kafka, openKafka) }
 
 // kafkaFakeURL names an in-process Kafka cluster (franz-go's kfake: one broker, records
 // in memory, no replication) that the run starts and stops itself, for machines without
@@ -86,12 +87,8 @@ func (t *kafkaTarget) Prepare(ctx context.Context, name string) (string, func(),
 	return name, drop, nil
 }
 
-func (t *kafkaTarget) Publisher(ctx context.Context, route string) (outbox.Publisher, func(), error) {
-	pub, err := outboxkafka.Dial(ctx, t.seeds, outboxkafka.Config{Route: route})
-	if err != nil {
-		return nil, nil, err
-	}
-	return pub, pub.Close, nil
+func (t *kafkaTarget) Broker() (string, brokers.Settings) {
+	return "kafka://" + strings.Join(t.seeds, ","), brokers.Settings{}
 }
 
 // Raw produces every message at once with promises, through a client Dial builds with

@@ -10,10 +10,11 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/brokers"
 	"github.com/outboxkit/outbox/outboxnats"
 )
 
-func init() { RegisterTarget([]string{"nats"}, openNATS) }
+func init() { RegisterTarget(brokers.NATS, openNATS) }
 
 // natsTarget publishes to JetStream streams of its own, file-backed like a production
 // stream.
@@ -49,13 +50,7 @@ func (t *natsTarget) Prepare(ctx context.Context, name string) (string, func(), 
 	return name + ".events", drop, nil
 }
 
-func (t *natsTarget) Publisher(ctx context.Context, route string) (outbox.Publisher, func(), error) {
-	pub, err := outboxnats.Dial(ctx, t.url, outboxnats.Config{Route: route})
-	if err != nil {
-		return nil, nil, err
-	}
-	return pub, pub.Close, nil
-}
+func (t *natsTarget) Broker() (string, brokers.Settings) { return t.url, brokers.Settings{} }
 
 // Raw publishes asynchronously with message ids, keeping up to 4,000 unacknowledged (the
 // publisher's default window). The wire messages are built by the publisher's own code

@@ -9,10 +9,11 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/brokers"
 	"github.com/outboxkit/outbox/outboxredis"
 )
 
-func init() { RegisterTarget([]string{"redis", "rediss"}, openRedis) }
+func init() { RegisterTarget(brokers.Redis, openRedis) }
 
 // redisTarget adds to streams of its own on one Redis server.
 type redisTarget struct {
@@ -53,13 +54,7 @@ func (t *redisTarget) Prepare(ctx context.Context, name string) (string, func(),
 	return stream, drop, nil
 }
 
-func (t *redisTarget) Publisher(ctx context.Context, route string) (outbox.Publisher, func(), error) {
-	pub, err := outboxredis.Dial(ctx, t.url, outboxredis.Config{Route: route})
-	if err != nil {
-		return nil, nil, err
-	}
-	return pub, pub.Close, nil
-}
+func (t *redisTarget) Broker() (string, brokers.Settings) { return t.url, brokers.Settings{} }
 
 // Raw adds the messages with go-redis's own XADD, pipelined: redisRawWorkers goroutines
 // each send pipelines of redisRawPipeline commands on their own connection. The entries

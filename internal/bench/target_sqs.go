@@ -13,10 +13,11 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/brokers"
 	"github.com/outboxkit/outbox/outboxsqs"
 )
 
-func init() { RegisterTarget([]string{"sqs"}, openSQS) }
+func init() { RegisterTarget(brokers.SQS, openSQS) }
 
 // sqsTarget sends to FIFO queues of its own (per-key order on SQS needs FIFO). The URL
 // is outboxsqs.Dial's ("sqs://?region=...&endpoint=..."); credentials come from the
@@ -52,13 +53,7 @@ func (t *sqsTarget) Prepare(ctx context.Context, name string) (string, func(), e
 	return queue, drop, nil
 }
 
-func (t *sqsTarget) Publisher(ctx context.Context, route string) (outbox.Publisher, func(), error) {
-	pub, err := outboxsqs.Dial(ctx, t.url, outboxsqs.Config{Route: route})
-	if err != nil {
-		return nil, nil, err
-	}
-	return pub, pub.Close, nil
-}
+func (t *sqsTarget) Broker() (string, brokers.Settings) { return t.url, brokers.Settings{} }
 
 // Raw sends SendMessageBatch calls of 10 messages with the same client the publisher
 // uses, outboxsqs.MaxInflightDefault of them at once (the publisher's default). The

@@ -20,13 +20,14 @@ import (
 	"time"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/brokers"
 	"github.com/outboxkit/outbox/outboxwebhook"
 )
 
-func init() { RegisterTarget([]string{"http", "https"}, openWebhook) }
+func init() { RegisterTarget(brokers.Webhook, openWebhook) }
 
 // webhookSecret signs the bench's webhooks.
-var webhookSecret = [][]byte{[]byte("outbox-bench-webhook-secret-0123456789")}
+const webhookSecret = "outbox-bench-webhook-secret-0123456789"
 
 // webhookTarget is a webhook receiver in this process, listening where --broker says
 // (http://127.0.0.1:0 picks a free port; https:// serves a self-signed certificate that
@@ -48,7 +49,7 @@ func openWebhook(ctx context.Context, brokerURL string) (Target, error) {
 		return nil, fmt.Errorf("bench: start the webhook receiver: %w", err)
 	}
 	t := &webhookTarget{srv: &http.Server{
-		Handler: outboxwebhook.VerifyHandler(webhookSecret, 0, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		Handler: outboxwebhook.VerifyHandler([][]byte{[]byte(webhookSecret)}, 0, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			w.WriteHeader(http.StatusNoContent)
 		})),
 		ReadHeaderTimeout: 10 * time.Second,
@@ -106,15 +107,12 @@ func (t *webhookTarget) Prepare(ctx context.Context, name string) (string, func(
 }
 
 func (t *webhookTarget) config(route string) outboxwebhook.Config {
-	return outboxwebhook.Config{Route: route, Secrets: webhookSecret, TLS: t.tls}
+	return outboxwebhook.Config{Route: route, Secrets: [][]byte{[]byte(webhookSecret)}, TLS: t.tls}
 }
 
-func (t *webhookTarget) Publisher(ctx context.Context, route string) (outbox.Publisher, func(), error) {
-	pub, err := outboxwebhook.Dial(ctx, t.base, t.config(route))
-	if err != nil {
-		return nil, nil, err
-	}
-	return pub, pub.Close, nil
+// Broker signs with webhookSecret and trusts the receiver's certificate, for https.
+func (t *webhookTarget) Broker() (string, brokers.Settings) {
+	return t.base, brokers.Settings{TLS: t.tls, Options: map[string][]string{"webhook-secret": {webhookSecret}}}
 }
 
 // Raw posts with as many goroutines as the publisher's default concurrency, over one
