@@ -47,7 +47,8 @@ type amqpOptions struct {
 }
 
 // AMQPAuth are the settings that give the RabbitMQ password outside the URL, shared by
-// the RabbitMQ publisher and the CLI's RabbitMQ tools.
+// the RabbitMQ publisher and the CLI's RabbitMQ tools. Like flags, it is set while the
+// command line is parsed, then only read.
 type AMQPAuth struct {
 	password, passwordFile string
 }

@@ -20,6 +20,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/url"
 	"os"
 	"slices"
@@ -64,7 +65,8 @@ func (d *dest) log() *slog.Logger {
 	return d.Log
 }
 
-// Settings are what every broker takes besides its URL.
+// Settings are what every broker takes besides its URL. Open and Check copy them; the
+// Options map and TLS configuration are read, never changed.
 type Settings struct {
 	// Route is the destination template over the message's fields. Defaults to
 	// outbox.RouteTopic.
@@ -96,7 +98,9 @@ type Secrets interface {
 	URL(url string)
 }
 
-// Opened is a connected broker's publisher and what comes with it.
+// Opened is a connected broker's publisher and what comes with it. The publisher is
+// safe for concurrent use, as outbox.Publisher requires; Close is called once, after
+// the last Publish.
 type Opened struct {
 	Publisher outbox.Publisher
 	// Close closes the publisher and its connection.
@@ -109,7 +113,7 @@ type Opened struct {
 
 // SettingError is a setting whose value is wrong, found before anything connects (or
 // refused by the publisher's config validation). Its message names the setting as a
-// flag; the CLI reports it as a usage error.
+// flag; the CLI reports it as a usage error. It is a value, safe to share.
 type SettingError struct{ msg string }
 
 func (e *SettingError) Error() string { return e.msg }
@@ -221,7 +225,7 @@ func (o *Options) Check(brokerURL string, s Settings) (*Dest, error) {
 		return nil, configError(err, map[string]string{"route": "route"})
 	}
 	d := &dest{url: brokerURL, Settings: s}
-	for _, name := range sortedKeys(s.Options) {
+	for _, name := range slices.Sorted(maps.Keys(s.Options)) {
 		if err := o.set(d, name, s.Options[name]); err != nil {
 			return nil, err
 		}
@@ -257,7 +261,8 @@ func isSecret(name string) bool {
 	return strings.HasSuffix(name, "-password") || strings.HasSuffix(name, "-secret") || strings.HasSuffix(name, "-token")
 }
 
-// A Dest is a checked destination, ready to open.
+// A Dest is a checked destination, ready to open; it holds the Options it was checked
+// with, so it is opened once and not used concurrently.
 type Dest struct {
 	broker *Broker
 	opts   options
@@ -272,7 +277,8 @@ func (d *Dest) Broker() *Broker { return d.broker }
 // its URL, which the caller knows.
 func (d *Dest) Open(ctx context.Context) (*Opened, error) { return d.opts.open(ctx, d.d) }
 
-// TLSFiles are the TLS settings of a broker connection, as files: --broker-tls-*.
+// TLSFiles are the TLS settings of a broker connection, as files: --broker-tls-*. Its
+// flags are written while the command line is parsed, then only read.
 type TLSFiles struct{ CA, Cert, Key, ServerName string }
 
 // Flags registers the --broker-tls-* flags on fs.
@@ -370,12 +376,3 @@ func (l *list) Set(s string) error {
 
 // IsList marks the setting as one that takes several values.
 func (l *list) IsList() {}
-
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	return keys
-}

@@ -47,7 +47,7 @@ func TestOpenChecksBeforeConnecting(t *testing.T) {
 type recordedSecrets struct{ opaque, urls []string }
 
 func (r *recordedSecrets) Opaque(_, value string) { r.opaque = append(r.opaque, value) }
-func (r *recordedSecrets) URL(u string)            { r.urls = append(r.urls, u) }
+func (r *recordedSecrets) URL(u string)           { r.urls = append(r.urls, u) }
 
 // TestOpenRegistersSecrets: a secret given as a setting, and a URL a password was put
 // into, reach Settings.Secrets before Open connects, so that the connection's errors
