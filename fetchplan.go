@@ -139,5 +139,14 @@ func (p *fetchPlan) cursorPolling() (after int64, ok bool) {
 	return p.maxSeq, true
 }
 
+// at is the cursor: a continuation reads above it; 0 before the first fetch that set it.
+func (p *fetchPlan) at() int64 { return p.cursor }
+
+// backlog reports whether the last fetch came back full: more is likely waiting.
+func (p *fetchPlan) backlog() bool { return p.moreLikely }
+
+// pacing reports whether a paced full fetch is wanted.
+func (p *fetchPlan) pacing() bool { return p.paced }
+
 // gained records new shards: the next fetch is full and starts over.
 func (p *fetchPlan) gained() { p.want, p.cursor = true, 0 }

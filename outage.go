@@ -24,6 +24,9 @@ type outageGate struct {
 	backoff func(n int, min, max time.Duration) time.Duration
 }
 
+// current returns the outages in a row and when the first of them began.
+func (g *outageGate) current() (streak int, began time.Time) { return g.streak, g.began }
+
 func newOutageGate(min, max time.Duration) *outageGate {
 	return &outageGate{min: min, max: max, backoff: backoff}
 }

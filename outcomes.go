@@ -37,6 +37,12 @@ type outcomeBuffer struct {
 	failures   int       // recordings failed in a row
 }
 
+// inHand is the number of outcomes not yet recorded (buffered or being recorded).
+func (b *outcomeBuffer) inHand() int { return b.unrecorded }
+
+// retryTime is when a failed recording may be tried again; zero when none waits.
+func (b *outcomeBuffer) retryTime() time.Time { return b.retryAt }
+
 // confirmed buffers the outcome of a message the broker confirmed.
 func (b *outcomeBuffer) confirmed(o outboxdriver.Outcome) {
 	b.published = append(b.published, o)

@@ -331,7 +331,7 @@ func (l *loop) run(ctx context.Context) {
 		l.startComplete(ctx)
 		// Wake up for a paused outage, a pending recording, fetch or lease retry, or
 		// the fetch source's timers.
-		next := earliest(l.outage.wakeAt(), l.outcomes.retryAt, l.fetch.wakeAt(time.Now()), l.src.wakeAt(), l.leaseRetryAt, l.gateWakeAt())
+		next := earliest(l.outage.wakeAt(), l.outcomes.retryTime(), l.fetch.wakeAt(time.Now()), l.src.wakeAt(), l.leaseRetryAt, l.gateWakeAt())
 		if !next.IsZero() {
 			timer.Reset(max(time.Until(next), time.Millisecond))
 		}
@@ -376,8 +376,9 @@ func (l *loop) run(ctx context.Context) {
 			if d := l.outage.pinged(err, time.Now()); d > 0 {
 				l.paused(d, fmt.Errorf("broker ping: %w", err))
 			} else {
-				l.log.Info("broker reachable again; resuming", "outage", time.Since(l.outage.began).Round(time.Millisecond),
-					"consecutive", l.outage.streak)
+				streak, began := l.outage.current()
+				l.log.Info("broker reachable again; resuming", "outage", time.Since(began).Round(time.Millisecond),
+					"consecutive", streak)
 			}
 		case <-reconnected:
 			// The publisher's connection is back: check now rather than at the end of the
@@ -494,10 +495,10 @@ func (l *loop) dispatch(ctx context.Context) {
 	if !l.outage.open() {
 		return
 	}
-	for l.freeWorkers > 0 && l.hand.readyLen() > 0 && l.inFlight+l.outcomes.unrecorded < l.cfg.MaxInFlight {
+	for l.freeWorkers > 0 && l.hand.readyLen() > 0 && l.inFlight+l.outcomes.inHand() < l.cfg.MaxInFlight {
 		// Lanes whose shard is not sendable are passed over: lost or draining shards are
 		// dropped by the lease round (dropUnsent), lapsed leases re-queued by the next one.
-		batch := l.hand.takeReady(min(l.cfg.PublishBatchSize, l.cfg.MaxInFlight-l.inFlight-l.outcomes.unrecorded), l.sendable)
+		batch := l.hand.takeReady(min(l.cfg.PublishBatchSize, l.cfg.MaxInFlight-l.inFlight-l.outcomes.inHand()), l.sendable)
 		if len(batch) == 0 {
 			return
 		}
@@ -582,10 +583,11 @@ func (l *loop) onPublished(res pubResult) {
 func (l *loop) paused(d time.Duration, cause error) {
 	l.r.stats.outages.Add(1)
 	l.cfg.Observer.Paused(PauseEvent{Pause: d})
+	streak, _ := l.outage.current()
 	if cause != nil {
-		l.log.Warn("broker still unreachable; pausing", "pause", d.Round(time.Millisecond), "consecutive", l.outage.streak, "err", cause)
+		l.log.Warn("broker still unreachable; pausing", "pause", d.Round(time.Millisecond), "consecutive", streak, "err", cause)
 	} else {
-		l.log.Warn("pausing after broker outage", "pause", d.Round(time.Millisecond), "consecutive", l.outage.streak)
+		l.log.Warn("pausing after broker outage", "pause", d.Round(time.Millisecond), "consecutive", streak)
 	}
 }
 
@@ -818,7 +820,7 @@ func (l *loop) notified(froms []int64, unknown bool) {
 		return
 	}
 	for _, from := range froms {
-		if _, inHand := l.hand.shardOf(from); inHand && from <= l.fetch.cursor {
+		if _, inHand := l.hand.shardOf(from); inHand && from <= l.fetch.at() {
 			continue
 		}
 		l.fetch.notified(from)
@@ -857,7 +859,7 @@ func (l *loop) startFetch(ctx context.Context) {
 		req.Exclude = l.hand.seqs()
 	} else {
 		req.After = after
-		req.Keys, req.KeySeqs = l.floors.bounds(l.hand.held(), l.fetch.moreLikely)
+		req.Keys, req.KeySeqs = l.floors.bounds(l.hand.held(), l.fetch.backlog())
 	}
 	l.hand.fetchStarted()
 	fetch := l.src.fetch(req)

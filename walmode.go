@@ -449,7 +449,7 @@ func (w *walSource) onBatch(b outboxdriver.StreamBatch) {
 		w.beatOwed, w.silences = time.Time{}, 0
 		w.observe(WALStreamEvent{Reading: w.live, Beat: w.heardAt})
 	}
-	switch w.tracker.add(b, w.plan.cursor, w.hand.has) {
+	switch w.tracker.add(b, w.plan.at(), w.hand.has) {
 	case walWantFull:
 		w.plan.wantFull()
 	case walWantMore:
@@ -457,7 +457,7 @@ func (w *walSource) onBatch(b outboxdriver.StreamBatch) {
 		// last fetch came back short), a full fetch, which sends no key floors. (Polling
 		// reads a notified trickle by a continuation with the held keys alone,
 		// floors.bounds; WAL mode could do the same.)
-		if w.plan.moreLikely {
+		if w.plan.backlog() {
 			w.plan.wantMore()
 		} else {
 			w.plan.wantFull()
@@ -575,7 +575,7 @@ func (w *walSource) fetched(f walFetch, safety bool, res fetchResult) {
 	// is already asked for when paced is set. (Through a backlog the tracker holds tens
 	// of thousands of seqs, and looking through them after every continuation was most
 	// of the loop's time.)
-	if !full && w.plan.paced {
+	if !full && w.plan.pacing() {
 		return
 	}
 	if w.tracker.fetched(f, res.fetched, short, w.hand.has) {
