@@ -115,16 +115,23 @@ func Consume(ctx context.Context, js jetstream.JetStream, cfg ConsumerConfig, ha
 		return err
 	}
 	cfg = cfg.withDefaults()
-	cons, err := js.CreateOrUpdateConsumer(ctx, cfg.Stream, jetstream.ConsumerConfig{
-		Durable:        cfg.Durable,
-		AckPolicy:      jetstream.AckExplicitPolicy,
-		AckWait:        cfg.AckWait,
-		FilterSubjects: cfg.FilterSubjects,
+	cc := jetstream.ConsumerConfig{
+		Durable:   cfg.Durable,
+		AckPolicy: jetstream.AckExplicitPolicy,
+		AckWait:   cfg.AckWait,
 		// Consume dead-letters by itself after MaxDeliver deliveries; the server must not
 		// stop delivering first and strand the message without a dead letter.
 		MaxDeliver:    -1,
 		MaxAckPending: max(1000, 4*cfg.Concurrency),
-	})
+	}
+	// One subject goes as FilterSubject, which every server takes; several need
+	// FilterSubjects, which servers before 2.10 refuse.
+	if len(cfg.FilterSubjects) == 1 {
+		cc.FilterSubject = cfg.FilterSubjects[0]
+	} else {
+		cc.FilterSubjects = cfg.FilterSubjects
+	}
+	cons, err := js.CreateOrUpdateConsumer(ctx, cfg.Stream, cc)
 	if err != nil {
 		return fmt.Errorf("outboxnats: consumer %s on stream %s: %w", cfg.Durable, cfg.Stream, err)
 	}

@@ -302,3 +302,42 @@ func TestDeadLetterReplay(t *testing.T) {
 		t.Fatalf("dead letters left after replay: %v, %v", left, err)
 	}
 }
+
+// A consumer limited to one subject gets that subject's messages only, on every server
+// version (servers before 2.10 refuse a list of filter subjects).
+func TestConsumeFilterSubject(t *testing.T) {
+	t.Parallel()
+	js := testnats.JetStream(t, "")
+	const n = 10
+	stream, prefix := consumeSetup(t, js, n, 5)
+	pub, err := outboxnats.New(js, outboxnats.Config{Route: prefix + "{topic}"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := testenv.CallContext()
+	errs := pub.Publish(ctx, []*outbox.Message{{ID: outbox.NewID(), Topic: "billing", Key: "b", Payload: []byte("bill")}})
+	cancel()
+	testenv.RequirePublishedAll(t, errs)
+	var mu sync.Mutex
+	got := 0
+	done := make(chan struct{})
+	h := func(ctx context.Context, d *outbox.Delivery) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if d.Topic != "orders" {
+			t.Errorf("a %s message reached a consumer of %sorders", d.Topic, prefix)
+		}
+		if got++; got == n {
+			close(done)
+		}
+		return nil
+	}
+	cfg := outboxnats.ConsumerConfig{Stream: stream, Durable: "orders-only", FilterSubjects: []string{prefix + "orders"}}
+	if err := consumeUntil(t, js, cfg, h, done, func() any {
+		mu.Lock()
+		defer mu.Unlock()
+		return fmt.Sprintf("%d of %d handled", got, n)
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
