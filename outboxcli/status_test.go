@@ -52,7 +52,7 @@ func TestStatus(t *testing.T) {
 		regexp.MustCompile(`(?m)^billing +1 +0 +1 +1 +`),
 		regexp.MustCompile(`(?m)^orders +2 +1 +0 +0 +2h`),
 		regexp.MustCompile(`(?m)^relay-a +host-a +4242 +yes +32 `),
-		regexp.MustCompile(`(?m)^WARNING: 1 messages were dead-lettered in the last hour \(1 dead letters in all\)`),
+		regexp.MustCompile(`(?m)^WARNING: 1 message was dead-lettered in the last hour \(1 dead letter in all\)`),
 	} {
 		if !want.MatchString(r.stdout) {
 			t.Errorf("status text does not match %s:\n%s", want, r.stdout)
@@ -66,7 +66,7 @@ func TestStatus(t *testing.T) {
 	b.Exec(t, `UPDATE %[1]s.outbox_leases SET expires_at = now() - interval '1 second'`)
 	stopped := must(t, 0, b.env, "status")
 	for _, want := range []string{
-		"WARNING: 1 messages are due and no relay holds a shard",
+		"WARNING: 1 message is due and no relay holds a shard",
 		"WARNING: relay relay-a (host host-a, pid 4242) stopped heartbeating",
 	} {
 		if !strings.Contains(stopped.stdout, want) {

@@ -106,7 +106,7 @@ type Status struct {
 func (s Status) Warnings() []string {
 	var w []string
 	if s.Due > 0 && s.ShardsLeased == 0 {
-		w = append(w, fmt.Sprintf("%d messages are due and no relay holds a shard: nothing publishes them until a relay runs (outbox relay)", s.Due))
+		w = append(w, fmt.Sprintf("%s due and no relay holds a shard: nothing publishes them until a relay runs (outbox relay)", count(s.Due, "message is", "messages are")))
 	}
 	for _, r := range s.Relays {
 		if !r.Live {
@@ -116,10 +116,10 @@ func (s Status) Warnings() []string {
 	}
 	switch {
 	case s.DeadLastHour > 0:
-		w = append(w, fmt.Sprintf("%d messages were dead-lettered in the last hour (%d dead letters in all): a destination or a consumer may be refusing them; list them with outbox dead list --since 1h, then replay or purge them",
-			s.DeadLastHour, s.Dead))
+		w = append(w, fmt.Sprintf("%s dead-lettered in the last hour (%s in all): a destination or a consumer may be refusing them; list them with outbox dead list --since 1h, then replay or purge them",
+			count(s.DeadLastHour, "message was", "messages were"), count(s.Dead, "dead letter", "dead letters")))
 	case s.Dead > 0:
-		w = append(w, fmt.Sprintf("%d dead letters wait for an operator: list them with outbox dead list, then replay or purge them", s.Dead))
+		w = append(w, fmt.Sprintf("%s for an operator: list them with outbox dead list, then replay or purge them", count(s.Dead, "dead letter waits", "dead letters wait")))
 	}
 	for _, slot := range s.WAL {
 		switch {
@@ -150,6 +150,14 @@ func (s *Status) AddTopics(topics []TopicStatus) {
 	}
 	s.Topics = append(s.Topics, topics...)
 	slices.SortFunc(s.Topics, func(a, b TopicStatus) int { return cmp.Compare(a.Topic, b.Topic) })
+}
+
+// count renders n with the words for one or for several.
+func count(n int64, one, several string) string {
+	if n == 1 {
+		return "1 " + one
+	}
+	return strconv.FormatInt(n, 10) + " " + several
 }
 
 // WALSlotStatus is one WAL-mode slot as the outbox records it and PostgreSQL reports it.

@@ -48,6 +48,8 @@ func TestStatusWarnings(t *testing.T) {
 		{"dead relay and letters", Status{Dead: 2, ShardsLeased: 10, Relays: []RelayInfo{
 			{ID: "a", Hostname: "h", PID: 7, HeartbeatAt: beat, Live: false}, {ID: "b", Live: true}}},
 			[]string{"relay a (host h, pid 7) stopped heartbeating at 2026-01-02T03:04:05Z", "2 dead letters"}},
+		{"one due, one dead", Status{Pending: 1, Due: 1, Dead: 1, Shards: 64},
+			[]string{"1 message is due and no relay holds a shard", "1 dead letter waits for an operator"}},
 		{"dead letters coming in", Status{Dead: 5, DeadLastHour: 3, ShardsLeased: 64},
 			[]string{"3 messages were dead-lettered in the last hour (5 dead letters in all)"}},
 		{"WAL", Status{ShardsLeased: 64, WAL: []WALSlotStatus{

@@ -163,7 +163,7 @@ func TestOverview(t *testing.T) {
 		`<tr data-topic="orders">`, `<tr data-topic="billing">`, `<tr data-topic="shipping">`,
 		`href="/dead?topic=orders"`, `data-stat="relay-published">7<`, `This relay`, `relay-under-test`,
 		`<meta http-equiv="refresh" content="5">`,
-		`data-stat="warnings"`, `messages are due and no relay holds a shard`, `1 messages were dead-lettered in the last hour (3 dead letters in all)`, // the others 1 and 3 hours ago
+		`data-stat="warnings"`, `are due and no relay holds a shard`, `1 message was dead-lettered in the last hour (3 dead letters in all)`, // the others 1 and 3 hours ago
 	} {
 		if !strings.Contains(body, want) {
 			t.Errorf("overview lacks %s:\n%s", want, body)
