@@ -281,16 +281,9 @@ func printGroupHelp(w io.Writer, path string, cmd *command) {
 }
 
 func printLeafHelp(w io.Writer, path string, cmd *command, fs *flag.FlagSet) {
-	usage := path
 	hasFlags := false
 	fs.VisitAll(func(*flag.Flag) { hasFlags = true })
-	if hasFlags {
-		usage += " [flags]"
-	}
-	if cmd.args != "" {
-		usage += " " + cmd.args
-	}
-	fmt.Fprintf(w, "Usage:\n  %s\n\n", usage)
+	fmt.Fprintf(w, "Usage:\n  %s\n\n", leafUsage(path, cmd, hasFlags))
 	if cmd.help != "" {
 		fmt.Fprintf(w, "%s\n\n", strings.TrimSpace(cmd.help))
 	}
@@ -315,6 +308,19 @@ func printLeafHelp(w io.Writer, path string, cmd *command, fs *flag.FlagSet) {
 		fmt.Fprintf(w, "        (%s)\n", extra)
 	})
 	fmt.Fprintf(w, "\n%s", sourcesHelp)
+}
+
+// leafUsage is the usage line of a leaf command, as --help and docs/reference/cli.md
+// show it: "outbox dead show [flags] ID".
+func leafUsage(path string, cmd *command, hasFlags bool) string {
+	usage := path
+	if hasFlags {
+		usage += " [flags]"
+	}
+	if cmd.args != "" {
+		usage += " " + cmd.args
+	}
+	return usage
 }
 
 func showDefault(f *flag.Flag) bool {
