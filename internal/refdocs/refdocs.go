@@ -1,14 +1,18 @@
 // Package refdocs renders the reference pages in docs/reference from models the code
-// itself provides: the outbox command's flag sets give cli.md and config.md. The models
-// are built by tests beside the code they describe, which can reach its unexported
-// parts (outboxcli's command tree) and compare the rendered pages with the checked-in
-// ones, so that a flag added without regenerating fails a test instead of leaving the
-// reference wrong.
+// itself provides: the outbox command's flag sets give cli.md and config.md, and the
+// collectors outboxprom registers give metrics.md. The models are built by tests beside
+// the code they describe, which can reach its unexported parts (outboxcli's command
+// tree) and compare the rendered pages with the checked-in ones, so that a flag or
+// metric added without regenerating fails a test instead of leaving the reference wrong.
 //
 // Regenerate every page with:
 //
-//	go test ./outboxcli -run TestReferenceDocs -update
+//	go test ./outboxcli ./outboxprom -run TestReferenceDocs -update
+//
+// or go generate ./internal/refdocs, which runs the same.
 package refdocs
+
+//go:generate go test ../../outboxcli ../../outboxprom -run TestReferenceDocs -update
 
 import (
 	"bytes"
@@ -20,7 +24,7 @@ import (
 )
 
 // Regenerate is the command that rewrites every page; Check's errors name it.
-const Regenerate = "go test ./outboxcli -run TestReferenceDocs -update"
+const Regenerate = "go test ./outboxcli ./outboxprom -run TestReferenceDocs -update"
 
 // Check compares got with the page name (docs/reference/cli.md) under the repository's
 // root and, when update is set, writes got there instead. A difference is an error that
