@@ -77,7 +77,7 @@ func referenceTree() (*refdocs.Command, error) {
 // error, so that a new one is described here rather than shown as nothing.
 func flagType(f *flag.Flag) (string, error) {
 	switch v := f.Value.(type) {
-	case *stringList:
+	case listValue: // by the interface, as applySources tells lists, whoever defines them
 		return "string, repeatable", nil
 	case *intList:
 		return "integers, comma-separated", nil
