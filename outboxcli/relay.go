@@ -80,7 +80,7 @@ With --metrics-addr the relay serves, on that address, /metrics (Prometheus: the
 relay's work and the outbox's backlog), /healthz (200 while the process runs) and
 /readyz (200 once the database and the broker answer and a lease round has given the
 relay its share of the shards; 503 with the reason otherwise, and from the signal on).
-docs/observability.md lists the metrics.
+docs/reference/metrics.md lists the metrics.
 
 With --http-addr the relay also serves the web console (see outbox console --help):
 the outbox's state and its dead letters, with replay and purge. Beyond loopback it
