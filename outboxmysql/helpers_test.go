@@ -1,7 +1,6 @@
 package outboxmysql_test
 
 import (
-	"context"
 	"database/sql"
 	"testing"
 
@@ -46,24 +45,11 @@ func open(t testing.TB, dsn string) *testBundle {
 	return &testBundle{dsn: dsn, db: db, drv: drv, w: w}
 }
 
-// inTx runs fn in a transaction of db, committing when it returns nil.
-func inTx(ctx context.Context, db *sql.DB, fn func(*sql.Tx) error) error {
-	tx, err := db.BeginTx(ctx, nil)
-	if err != nil {
-		return err
-	}
-	defer tx.Rollback()
-	if err := fn(tx); err != nil {
-		return err
-	}
-	return tx.Commit()
-}
-
 // write commits msgs in one transaction.
 func (b *testBundle) write(t testing.TB, msgs ...outbox.Message) {
 	t.Helper()
 	c := testenv.Context(t)
-	if err := inTx(c, b.db, func(tx *sql.Tx) error { return b.w.Write(c, tx, msgs...) }); err != nil {
+	if err := outbox.SQLTx(b.db, nil)(c, func(tx *sql.Tx) error { return b.w.Write(c, tx, msgs...) }); err != nil {
 		t.Fatalf("write: %v", err)
 	}
 }

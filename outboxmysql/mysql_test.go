@@ -2,7 +2,6 @@ package outboxmysql_test
 
 import (
 	"context"
-	"database/sql"
 	"io"
 	"log/slog"
 	"os"
@@ -14,6 +13,7 @@ import (
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/testinfra/testenv"
 	"github.com/outboxkit/outbox/internal/testinfra/testmysql"
+	"github.com/outboxkit/outbox/internal/testinfra/testsql"
 	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/outboxmysql"
 	"github.com/outboxkit/outbox/outboxtest"
@@ -79,7 +79,7 @@ func TestStoreConformanceAnyDSN(t *testing.T) {
 		if err := b.db.QueryRowContext(testenv.Context(t), "SELECT @@session.time_zone").Scan(&tz); err != nil || tz != "-07:00" {
 			t.Fatalf("session time zone %q, %v", tz, err)
 		}
-		return conformanceOutbox(b)
+		return testsql.Outbox(b.drv, b.db, b.w)
 	})
 }
 
@@ -118,43 +118,6 @@ func TestTimesAreUTC(t *testing.T) {
 	}
 	if utc := got[0].CreatedAt.UTC().Format("2006-01-02 15"); raw != utc {
 		t.Fatalf("stored created_at %s, want the UTC time %s", raw, utc)
-	}
-}
-
-// conformanceOutbox is the storetest view of a bundle.
-func conformanceOutbox(b *testBundle) storetest.Outbox {
-	return storetest.Outbox{
-		Store: b.drv,
-		Write: func(ctx context.Context, msgs []outbox.Message, rollback bool) error {
-			tx, err := b.db.BeginTx(ctx, nil)
-			if err != nil {
-				return err
-			}
-			defer tx.Rollback()
-			werr := b.w.Write(ctx, tx, msgs...)
-			if rollback {
-				return tx.Rollback()
-			}
-			if err := tx.Commit(); err != nil {
-				return err
-			}
-			return werr
-		},
-		WriteSavepoint: func(ctx context.Context, kept, rolledBack []outbox.Message) error {
-			return inTx(ctx, b.db, func(tx *sql.Tx) error {
-				if err := b.w.Write(ctx, tx, kept...); err != nil {
-					return err
-				}
-				if _, err := tx.ExecContext(ctx, "SAVEPOINT sp"); err != nil {
-					return err
-				}
-				if err := b.w.Write(ctx, tx, rolledBack...); err != nil {
-					return err
-				}
-				_, err := tx.ExecContext(ctx, "ROLLBACK TO SAVEPOINT sp")
-				return err
-			})
-		},
 	}
 }
 

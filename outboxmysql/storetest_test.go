@@ -3,6 +3,7 @@ package outboxmysql_test
 import (
 	"testing"
 
+	"github.com/outboxkit/outbox/internal/testinfra/testsql"
 	"github.com/outboxkit/outbox/outboxtest/storetest"
 )
 
@@ -10,6 +11,6 @@ func TestStoreConformance(t *testing.T) {
 	storetest.Run(t, func(t *testing.T) storetest.Outbox {
 		b := setup(t)
 		t.Parallel()
-		return conformanceOutbox(b)
+		return testsql.Outbox(b.drv, b.db, b.w)
 	})
 }

@@ -1,7 +1,6 @@
 package outboxsqlite_test
 
 import (
-	"context"
 	"database/sql"
 	"io"
 	"log/slog"
@@ -53,19 +52,6 @@ func open(t testing.TB, path string) *testBundle {
 	return &testBundle{path: path, db: db, drv: drv, w: w}
 }
 
-// inTx runs fn in a transaction of db, committing when it returns nil.
-func inTx(ctx context.Context, db *sql.DB, fn func(*sql.Tx) error) error {
-	tx, err := db.BeginTx(ctx, nil)
-	if err != nil {
-		return err
-	}
-	defer tx.Rollback()
-	if err := fn(tx); err != nil {
-		return err
-	}
-	return tx.Commit()
-}
-
 // write commits msgs in one transaction.
 func (b *testBundle) write(t testing.TB, msgs ...outbox.Message) {
 	t.Helper()
@@ -79,7 +65,7 @@ func (b *testBundle) write(t testing.TB, msgs ...outbox.Message) {
 func (b *testBundle) tryWrite(msgs ...outbox.Message) error {
 	c, cancel := testenv.CallContext()
 	defer cancel()
-	return inTx(c, b.db, func(tx *sql.Tx) error { return b.w.Write(c, tx, msgs...) })
+	return outbox.SQLTx(b.db, nil)(c, func(tx *sql.Tx) error { return b.w.Write(c, tx, msgs...) })
 }
 
 func logger() *slog.Logger {

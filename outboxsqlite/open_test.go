@@ -119,7 +119,7 @@ func TestReadThenWriteTransactions(t *testing.T) {
 	var wg sync.WaitGroup
 	for i := range n {
 		wg.Go(func() {
-			errs <- inTx(c, b.db, func(tx *sql.Tx) error {
+			errs <- outbox.SQLTx(b.db, nil)(c, func(tx *sql.Tx) error {
 				var pending int
 				if err := tx.QueryRowContext(c, `SELECT COUNT(*) FROM outbox`).Scan(&pending); err != nil {
 					return err
