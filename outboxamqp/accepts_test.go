@@ -25,13 +25,8 @@ import (
 // sends reads back, through HeaderStrings as a consumer reads it, as the message's wire
 // headers.
 func FuzzWriteAcceptsAMQP(f *testing.F) {
-	conformance.AddMessageSeeds(f)
 	routes := []*outbox.Route{outbox.MustParseRoute(outbox.RouteTopic), outbox.MustParseRoute("events.{topic}")}
-	f.Fuzz(func(t *testing.T, topic, key, aggregateType, eventType, contentType, dedupKey, header, value string, payload []byte) {
-		m, ok := conformance.PreparedMessage(topic, key, aggregateType, eventType, contentType, dedupKey, header, value, payload)
-		if !ok {
-			return
-		}
+	conformance.FuzzMessages(f, func(t *testing.T, m *outbox.Message) {
 		for _, route := range routes {
 			p := &Publisher{cfg: Config{}.withDefaults(), route: route}
 			p.frameMax.Store(131072) // RabbitMQ's default frame_max

@@ -21,13 +21,8 @@ import (
 // Sizes are not checked here: TestPublishWriteLimits publishes the largest message
 // Write's default limits accept with this package's default MaxMessageBytes.
 func FuzzWriteAcceptsKafka(f *testing.F) {
-	conformance.AddMessageSeeds(f)
 	routes := []*outbox.Route{outbox.MustParseRoute(outbox.RouteTopic), outbox.MustParseRoute("events.{topic}")}
-	f.Fuzz(func(t *testing.T, topic, key, aggregateType, eventType, contentType, dedupKey, header, value string, payload []byte) {
-		m, ok := conformance.PreparedMessage(topic, key, aggregateType, eventType, contentType, dedupKey, header, value, payload)
-		if !ok {
-			return
-		}
+	conformance.FuzzMessages(f, func(t *testing.T, m *outbox.Message) {
 		for _, route := range routes {
 			p := &Publisher{route: route}
 			r, err := p.Record(m)

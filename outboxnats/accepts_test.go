@@ -25,13 +25,8 @@ import (
 // Headers go as they are (nats.Header keeps the case of names); the message fits the
 // server's default max_payload (1 MiB) whenever Write's default limits hold.
 func FuzzWriteAcceptsNATS(f *testing.F) {
-	conformance.AddMessageSeeds(f)
 	routes := []*outbox.Route{outbox.MustParseRoute(outbox.RouteTopic), outbox.MustParseRoute("events.{topic}")}
-	f.Fuzz(func(t *testing.T, topic, key, aggregateType, eventType, contentType, dedupKey, header, value string, payload []byte) {
-		m, ok := conformance.PreparedMessage(topic, key, aggregateType, eventType, contentType, dedupKey, header, value, payload)
-		if !ok {
-			return
-		}
+	conformance.FuzzMessages(f, func(t *testing.T, m *outbox.Message) {
 		for _, route := range routes {
 			p := &Publisher{route: route, nc: &nats.Conn{}} // a Conn without a server: no max_payload known
 			msg, err := p.Msg(m)

@@ -16,13 +16,8 @@ import (
 // the route, and its entry reads back (ParseEntry, as a consumer reads it) as the payload
 // byte for byte and the message's wire headers, each once.
 func FuzzWriteAcceptsRedis(f *testing.F) {
-	conformance.AddMessageSeeds(f)
 	routes := []*outbox.Route{outbox.MustParseRoute(outbox.RouteTopic), outbox.MustParseRoute("events:{topic}")}
-	f.Fuzz(func(t *testing.T, topic, key, aggregateType, eventType, contentType, dedupKey, header, value string, payload []byte) {
-		m, ok := conformance.PreparedMessage(topic, key, aggregateType, eventType, contentType, dedupKey, header, value, payload)
-		if !ok {
-			return
-		}
+	conformance.FuzzMessages(f, func(t *testing.T, m *outbox.Message) {
 		for _, route := range routes {
 			p := &Publisher{route: route, cfg: Config{MaxLen: 1000}}
 			stream, err := route.Destination(m)

@@ -22,7 +22,6 @@ import (
 // the characters SQS allows only; and it reads back (Decode, as a consumer reads it) as
 // the payload and the message's wire headers.
 func FuzzWriteAcceptsSQS(f *testing.F) {
-	conformance.AddMessageSeeds(f)
 	client := sqs.New(sqs.Options{Region: "eu-west-1"})
 	var pubs []*Publisher
 	for _, route := range []string{outbox.RouteTopic, "q-{topic}.fifo"} {
@@ -33,11 +32,7 @@ func FuzzWriteAcceptsSQS(f *testing.F) {
 		f.Cleanup(p.Close)
 		pubs = append(pubs, p)
 	}
-	f.Fuzz(func(t *testing.T, topic, key, aggregateType, eventType, contentType, dedupKey, header, value string, payload []byte) {
-		m, ok := conformance.PreparedMessage(topic, key, aggregateType, eventType, contentType, dedupKey, header, value, payload)
-		if !ok {
-			return
-		}
+	conformance.FuzzMessages(f, func(t *testing.T, m *outbox.Message) {
 		for _, p := range pubs {
 			e, dest, err := p.Entry(m)
 			if err != nil {

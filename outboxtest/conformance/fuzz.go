@@ -10,8 +10,8 @@ import (
 
 // The helpers below serve each publisher's fuzz target "Write accepts what the publisher
 // accepts" (FuzzWriteAccepts<Broker>, in the publisher's own package, where it can call
-// the publisher's unexported checks): the seeds, the message as Write prepares it, and its
-// wire headers.
+// the publisher's unexported checks): the target over the message as Write prepares it,
+// its seeds, and the message's wire headers.
 
 // AddMessageSeeds seeds a fuzz target over a message's fields with what the brokers'
 // own rules are about: reserved names, separators, wildcards, white space and invisible
@@ -40,6 +40,17 @@ func AddMessageSeeds(f *testing.F) {
 	} {
 		f.Add(s.topic, s.key, s.aggregateType, s.eventType, s.contentType, s.dedupKey, s.header, s.value, s.payload)
 	}
+}
+
+// FuzzMessages runs check, as a fuzz target of f seeded with AddMessageSeeds, on every
+// message of fuzzed fields that Write accepts, prepared as Write prepares it.
+func FuzzMessages(f *testing.F, check func(t *testing.T, m *outbox.Message)) {
+	AddMessageSeeds(f)
+	f.Fuzz(func(t *testing.T, topic, key, aggregateType, eventType, contentType, dedupKey, header, value string, payload []byte) {
+		if m, ok := PreparedMessage(topic, key, aggregateType, eventType, contentType, dedupKey, header, value, payload); ok {
+			check(t, m)
+		}
+	})
 }
 
 // PreparedMessage is the message of the fuzzed fields, prepared as Write prepares it,
