@@ -63,7 +63,7 @@ func TestConformance(t *testing.T) {
 			return out
 		},
 		Reject: func(t *testing.T, dest string) *outbox.Message {
-			m := newMsg("unbound-topic", "reject", []byte(`{}`))
+			m := testenv.Message("unbound-topic", "reject", []byte(`{}`))
 			m.ContentType = outbox.ContentTypeJSON
 			return m
 		},

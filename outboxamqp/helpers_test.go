@@ -12,7 +12,6 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/testinfra/testenv"
 	"github.com/outboxkit/outbox/internal/testinfra/testrabbit"
 	"github.com/outboxkit/outbox/outboxamqp"
@@ -192,18 +191,6 @@ func queueLen(t *testing.T, conn *amqp.Connection, queue string) int {
 	return q.Messages
 }
 
-func newMsg(topic, key string, payload []byte) *outbox.Message {
-	id := outbox.NewID()
-	return &outbox.Message{
-		ID:          id,
-		Topic:       topic,
-		Key:         key,
-		Payload:     payload,
-		ContentType: outbox.ContentTypeBinary,
-		DedupKey:    "dedup-" + id.String(),
-	}
-}
-
 func newPublisher(t *testing.T, conn *amqp.Connection, cfg outboxamqp.Config) *outboxamqp.Publisher {
 	t.Helper()
 	pub, err := outboxamqp.New(conn, cfg)
@@ -212,16 +199,4 @@ func newPublisher(t *testing.T, conn *amqp.Connection, cfg outboxamqp.Config) *o
 	}
 	t.Cleanup(pub.Close)
 	return pub
-}
-
-func requireAllOutages(t *testing.T, errs []error, n int) {
-	t.Helper()
-	if len(errs) != n {
-		t.Fatalf("errs = %v, want %d outages", errs, n)
-	}
-	for i, err := range errs {
-		if !outbox.IsOutage(err) {
-			t.Errorf("message %d: %v, want an outage", i, err)
-		}
-	}
 }

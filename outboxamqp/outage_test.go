@@ -29,7 +29,7 @@ func dialProxied(t *testing.T) (*testproxy.Proxy, *outboxamqp.Publisher) {
 func batchFor(queue string, n, size int) []*outbox.Message {
 	batch := make([]*outbox.Message, n)
 	for i := range batch {
-		batch[i] = newMsg(queue, fmt.Sprintf("key-%d", i), make([]byte, size))
+		batch[i] = testenv.Message(queue, fmt.Sprintf("key-%d", i), make([]byte, size))
 	}
 	return batch
 }
@@ -102,7 +102,7 @@ func TestOutageWhileCut(t *testing.T) {
 
 	proxy.Cut()
 	errs := pub.Publish(testenv.Context(t), batchFor(q, 5, 10))
-	requireAllOutages(t, errs, 5)
+	testenv.RequireAllOutages(t, errs, 5)
 	for i, err := range errs {
 		if errors.Is(err, context.DeadlineExceeded) {
 			t.Errorf("message %d: %v, want an outage without waiting for the deadline", i, err)

@@ -30,12 +30,12 @@ func TestPublishRoundTrip(t *testing.T) {
 		binary[i] = byte(i)
 	}
 	created := time.Date(2026, 3, 4, 5, 6, 7, 0, time.FixedZone("X", 3600))
-	m := newMsg(q, "order-42", binary)
+	m := testenv.Message(q, "order-42", binary)
 	m.AggregateType = "order"
 	m.EventType = "order.placed"
 	m.CreatedAt = created
 	m.Headers = map[string]string{"X-Trace": "abc-123", "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", outboxamqp.HeaderPriority: "7"}
-	plain := newMsg(q, "", nil)
+	plain := testenv.Message(q, "", nil)
 	plain.DedupKey = ""
 	plain.ContentType = ""
 
@@ -89,8 +89,8 @@ func TestPublishPriorityFunc(t *testing.T) {
 		}
 		return 1
 	}})
-	low := newMsg(q, "a", []byte("low"))
-	high := newMsg(q, "b", []byte("high"))
+	low := testenv.Message(q, "a", []byte("low"))
+	high := testenv.Message(q, "b", []byte("high"))
 	high.EventType = "payment.failed"
 	high.Headers = map[string]string{outboxamqp.HeaderPriority: "not used when Config.Priority is set"}
 	testenv.RequirePublishedAll(t, pub.Publish(testenv.Context(t), []*outbox.Message{low, high}))
@@ -115,11 +115,11 @@ func TestPublishRoute(t *testing.T) {
 
 	var batch []*outbox.Message
 	for i, agg := range []string{"billing", "notify", "billing"} {
-		m := newMsg("t", strconv.Itoa(i), []byte(agg))
+		m := testenv.Message("t", strconv.Itoa(i), []byte(agg))
 		m.AggregateType, m.EventType = agg, "changed"
 		batch = append(batch, m)
 	}
-	noEvent := newMsg("t", "x", []byte("x"))
+	noEvent := testenv.Message("t", "x", []byte("x"))
 	noEvent.AggregateType = "billing"
 	batch = append(batch, noEvent)
 
@@ -160,7 +160,7 @@ func TestPublishUnroutableIsRejected(t *testing.T) {
 	q := declareQueue(t, conn, unique("routable"), nil)
 	pub := newPublisher(t, conn, outboxamqp.Config{})
 	missing := unique("no-such-queue")
-	batch := []*outbox.Message{newMsg(q, "1", []byte("a")), newMsg(missing, "2", []byte("b")), newMsg(q, "3", []byte("c"))}
+	batch := []*outbox.Message{testenv.Message(q, "1", []byte("a")), testenv.Message(missing, "2", []byte("b")), testenv.Message(q, "3", []byte("c"))}
 	errs := pub.Publish(testenv.Context(t), batch)
 	if len(errs) != 3 || errs[0] != nil || errs[2] != nil {
 		t.Fatalf("errs = %v, want only the unroutable one to fail", errs)
@@ -200,7 +200,7 @@ func TestUnroutableNeverConfirmed(t *testing.T) {
 					if (w+r+i)%3 == 0 {
 						topic = fmt.Sprintf("nowhere-%d-%d-%d", w, r, i)
 					}
-					batch[i] = newMsg(topic, fmt.Sprintf("w%d-%d", w, i), []byte("x"))
+					batch[i] = testenv.Message(topic, fmt.Sprintf("w%d-%d", w, i), []byte("x"))
 				}
 				ctx, cancel := testenv.CallContext() // per call: a hang bound, not a budget on the rounds
 				errs := pub.Publish(ctx, batch)
@@ -248,7 +248,7 @@ func TestAlternateExchange(t *testing.T) {
 	parking := declareQueue(t, conn, unique("unroutable"), nil)
 	bind(t, conn, parking, "", ae)
 	pub := newPublisher(t, conn, outboxamqp.Config{Exchange: ex})
-	testenv.RequirePublishedAll(t, pub.Publish(testenv.Context(t), []*outbox.Message{newMsg("nobody.binds.this", "k", []byte("x"))}))
+	testenv.RequirePublishedAll(t, pub.Publish(testenv.Context(t), []*outbox.Message{testenv.Message("nobody.binds.this", "k", []byte("x"))}))
 	got := readQueue(t, conn, parking, 1)
 	if len(got) != 1 || got[0].RoutingKey != "nobody.binds.this" {
 		t.Fatalf("parking queue holds %v, want the message", got)
@@ -262,7 +262,7 @@ func TestNackIsOutage(t *testing.T) {
 	conn := dialTest(t)
 	q := declareQueue(t, conn, unique("full"), amqp.Table{"x-max-length": 1, "x-overflow": "reject-publish"})
 	pub := newPublisher(t, conn, outboxamqp.Config{})
-	errs := pub.Publish(testenv.Context(t), []*outbox.Message{newMsg(q, "1", []byte("fits")), newMsg(q, "2", []byte("over"))})
+	errs := pub.Publish(testenv.Context(t), []*outbox.Message{testenv.Message(q, "1", []byte("fits")), testenv.Message(q, "2", []byte("over"))})
 	if len(errs) != 2 || errs[0] != nil {
 		t.Fatalf("errs = %v, want the second to fail", errs)
 	}
@@ -272,7 +272,7 @@ func TestNackIsOutage(t *testing.T) {
 	}
 	// The channel survives a nack.
 	_, _ = channel(t, conn).QueuePurge(q, false)
-	testenv.RequirePublishedAll(t, pub.Publish(testenv.Context(t), []*outbox.Message{newMsg(q, "3", []byte("room again"))}))
+	testenv.RequirePublishedAll(t, pub.Publish(testenv.Context(t), []*outbox.Message{testenv.Message(q, "3", []byte("room again"))}))
 }
 
 // TestMissingExchangeIsOutage: a missing exchange closes the channel (404): every
@@ -283,9 +283,9 @@ func TestMissingExchangeIsOutage(t *testing.T) {
 	conn := dialTest(t)
 	ex := unique("later")
 	pub := newPublisher(t, conn, outboxamqp.Config{Exchange: ex, MaxChannels: 1})
-	batch := []*outbox.Message{newMsg("a", "1", []byte("a")), newMsg("b", "2", []byte("b")), newMsg("c", "3", []byte("c"))}
+	batch := []*outbox.Message{testenv.Message("a", "1", []byte("a")), testenv.Message("b", "2", []byte("b")), testenv.Message("c", "3", []byte("c"))}
 	errs := pub.Publish(testenv.Context(t), batch)
-	requireAllOutages(t, errs, 3)
+	testenv.RequireAllOutages(t, errs, 3)
 	var ae *amqp.Error
 	if !errors.As(errs[0], &ae) || ae.Code != amqp.NotFound || !strings.Contains(errs[0].Error(), ex) {
 		t.Errorf("missing exchange: %v, want the 404 naming the exchange", errs[0])
@@ -311,21 +311,21 @@ func TestRejectedBeforeSending(t *testing.T) {
 	q := declareQueue(t, conn, unique("limits"), nil)
 	pub := newPublisher(t, conn, outboxamqp.Config{MaxMessageSize: 1000})
 
-	longKey := newMsg(strings.Repeat("k", 256), "1", []byte("x"))
-	big := newMsg(q, "2", make([]byte, 1001))
-	badPriority := newMsg(q, "3", []byte("x"))
+	longKey := testenv.Message(strings.Repeat("k", 256), "1", []byte("x"))
+	big := testenv.Message(q, "2", make([]byte, 1001))
+	badPriority := testenv.Message(q, "3", []byte("x"))
 	badPriority.Headers = map[string]string{outboxamqp.HeaderPriority: "high"}
-	longDedup := newMsg(q, "4", []byte("x"))
+	longDedup := testenv.Message(q, "4", []byte("x"))
 	longDedup.DedupKey = strings.Repeat("d", 256)
 	// Headers that do not fit one frame (128 KiB by default): RabbitMQ would close the
 	// connection.
-	hugeHeaders := newMsg(q, "5", []byte("x"))
+	hugeHeaders := testenv.Message(q, "5", []byte("x"))
 	hugeHeaders.Headers = map[string]string{}
 	for i := range 40 {
 		hugeHeaders.Headers[fmt.Sprintf("H%d", i)] = strings.Repeat("v", 4000)
 	}
-	noTopic := newMsg("", "6", []byte("x"))
-	ok := newMsg(q, "7", make([]byte, 1000))
+	noTopic := testenv.Message("", "6", []byte("x"))
+	ok := testenv.Message(q, "7", make([]byte, 1000))
 
 	batch := []*outbox.Message{longKey, big, badPriority, longDedup, hugeHeaders, noTopic, ok}
 	errs := pub.Publish(testenv.Context(t), batch)
@@ -358,7 +358,7 @@ func TestHeaderFrameLimit(t *testing.T) {
 		t.Fatalf("no frame size negotiated")
 	}
 	build := func(extra int) *outbox.Message {
-		m := newMsg(q, "k", []byte("x"))
+		m := testenv.Message(q, "k", []byte("x"))
 		m.Headers = map[string]string{"Filler": ""}
 		_, p, err := pub.Publishing(m)
 		if err != nil {
@@ -405,8 +405,8 @@ func TestPublishCancelledContext(t *testing.T) {
 	pub := newPublisher(t, conn, outboxamqp.Config{})
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	errs := pub.Publish(ctx, []*outbox.Message{newMsg(q, "1", []byte("a")), newMsg(q, "2", []byte("b"))})
-	requireAllOutages(t, errs, 2)
+	errs := pub.Publish(ctx, []*outbox.Message{testenv.Message(q, "1", []byte("a")), testenv.Message(q, "2", []byte("b"))})
+	testenv.RequireAllOutages(t, errs, 2)
 	if !errors.Is(errs[0], context.Canceled) {
 		t.Errorf("%v, want context.Canceled", errs[0])
 	}
@@ -427,7 +427,7 @@ func TestPublishWaitsForFreeChannel(t *testing.T) {
 		wg.Go(func() {
 			batch := make([]*outbox.Message, 100)
 			for i := range batch {
-				batch[i] = newMsg(q, fmt.Sprintf("%d-%d", w, i), []byte("x"))
+				batch[i] = testenv.Message(q, fmt.Sprintf("%d-%d", w, i), []byte("x"))
 			}
 			testenv.PublishedAll(t, pub.Publish(testenv.Context(t), batch)) // not require: t.Fatal is for the test's goroutine
 		})
@@ -505,13 +505,13 @@ func TestClose(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	testenv.RequirePublishedAll(t, pub.Publish(testenv.Context(t), []*outbox.Message{newMsg(q, "1", []byte("a"))}))
+	testenv.RequirePublishedAll(t, pub.Publish(testenv.Context(t), []*outbox.Message{testenv.Message(q, "1", []byte("a"))}))
 	pub.Close()
 	pub.Close()
 	if conn.IsClosed() {
 		t.Error("Close closed the caller's connection")
 	}
-	requireAllOutages(t, pub.Publish(testenv.Context(t), []*outbox.Message{newMsg(q, "2", []byte("b"))}), 1)
+	testenv.RequireAllOutages(t, pub.Publish(testenv.Context(t), []*outbox.Message{testenv.Message(q, "2", []byte("b"))}), 1)
 	if err := pub.Ping(testenv.Context(t)); !outbox.IsOutage(err) {
 		t.Errorf("Ping after Close = %v, want an outage", err)
 	}
@@ -534,7 +534,7 @@ func TestCloseDuringPublish(t *testing.T) {
 			for r := 0; ; r++ {
 				batch := make([]*outbox.Message, 50)
 				for i := range batch {
-					batch[i] = newMsg(q, fmt.Sprintf("%d-%d", w, i), make([]byte, 1024))
+					batch[i] = testenv.Message(q, fmt.Sprintf("%d-%d", w, i), make([]byte, 1024))
 				}
 				errs := pub.Publish(ctx, batch)
 				for i, err := range errs {
@@ -569,8 +569,8 @@ func TestCallerConnectionLost(t *testing.T) {
 	testenv.Await(t, "Publish to say the caller must replace the publisher", func() (any, bool) {
 		ctx, cancel := testenv.CallContext() // per poll
 		defer cancel()
-		errs := pub.Publish(ctx, []*outbox.Message{newMsg("q", "1", []byte("a"))})
-		requireAllOutages(t, errs, 1)
+		errs := pub.Publish(ctx, []*outbox.Message{testenv.Message("q", "1", []byte("a"))})
+		testenv.RequireAllOutages(t, errs, 1)
 		return errs[0], strings.Contains(errs[0].Error(), "caller owns the connection")
 	})
 }
@@ -668,7 +668,7 @@ func BenchmarkPublish(b *testing.B) {
 			for n := range next {
 				batch := make([]*outbox.Message, n)
 				for i := range batch {
-					batch[i] = newMsg(q, fmt.Sprintf("w%d-%d", w, i), payload)
+					batch[i] = testenv.Message(q, fmt.Sprintf("w%d-%d", w, i), payload)
 				}
 				if errs := pub.Publish(context.Background(), batch); errs != nil {
 					b.Errorf("publish: %v", errs)

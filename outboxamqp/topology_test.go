@@ -79,7 +79,7 @@ func TestTopologyExample(t *testing.T) {
 	}
 	var batch []*outbox.Message
 	for topic := range topics {
-		batch = append(batch, newMsg(topic, topic, []byte(topic)))
+		batch = append(batch, testenv.Message(topic, topic, []byte(topic)))
 	}
 	testenv.RequirePublishedAll(t, pub.Publish(testenv.Context(t), batch))
 	for topic, queue := range topics {

@@ -203,15 +203,3 @@ func ctxT(t *testing.T, d time.Duration) context.Context {
 	t.Cleanup(cancel)
 	return ctx
 }
-
-func newMsg(topic, key string, payload []byte) *outbox.Message {
-	id := outbox.NewID()
-	return &outbox.Message{
-		ID:          id,
-		Topic:       topic,
-		Key:         key,
-		Payload:     payload,
-		ContentType: outbox.ContentTypeBinary,
-		DedupKey:    "dedup-" + id.String(),
-	}
-}

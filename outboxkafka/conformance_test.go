@@ -43,7 +43,7 @@ func TestConformance(t *testing.T) {
 		},
 		Reject: func(t *testing.T, dest string) *outbox.Message {
 			// Random, so that compression cannot bring it under the limit.
-			return newMsg("big", "big", randomBytes(topicMaxBytes+1))
+			return testenv.Message("big", "big", randomBytes(topicMaxBytes+1))
 		},
 		Cut: func(t *testing.T) {
 			outages.Store(0)

@@ -80,7 +80,7 @@ func TestKcatReadsBack(t *testing.T) {
 			pub := tc.dial(t, outboxkafka.Config{Route: topic, Compression: codec})
 			var batch []*outbox.Message
 			for _, key := range []string{"order-1", "order-2", "order-3"} {
-				m := newMsg("orders", key, []byte(`{"order":"`+key+`","text":"`+strings.Repeat("compressible ", 20)+`"}`))
+				m := testenv.Message("orders", key, []byte(`{"order":"`+key+`","text":"`+strings.Repeat("compressible ", 20)+`"}`))
 				m.ContentType = outbox.ContentTypeJSON
 				m.EventType = "order.placed"
 				m.Headers = map[string]string{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}

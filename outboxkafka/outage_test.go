@@ -26,21 +26,9 @@ import (
 func batchOf(n int) []*outbox.Message {
 	batch := make([]*outbox.Message, n)
 	for i := range batch {
-		batch[i] = newMsg("x", "key-"+strconv.Itoa(i), []byte(strconv.Itoa(i)))
+		batch[i] = testenv.Message("x", "key-"+strconv.Itoa(i), []byte(strconv.Itoa(i)))
 	}
 	return batch
-}
-
-func requireAllOutages(t *testing.T, errs []error, n int) {
-	t.Helper()
-	if len(errs) != n {
-		t.Fatalf("errs = %v, want %d outages", errs, n)
-	}
-	for i, err := range errs {
-		if !outbox.IsOutage(err) {
-			t.Errorf("message %d: %v, want an outage", i, err)
-		}
-	}
 }
 
 // publishEventually publishes batch as the relay would after an outage: again and again
@@ -122,7 +110,7 @@ func TestFaultOutages(t *testing.T) {
 				ctx = ctxT(t, time.Second)
 			}
 			errs := pub.Publish(ctx, batchOf(3))
-			requireAllOutages(t, errs, 3)
+			testenv.RequireAllOutages(t, errs, 3)
 			for i, err := range errs {
 				want := error(tt.err)
 				if tt.retriable {
@@ -147,7 +135,7 @@ func TestFaultIdempotentWriteDenied(t *testing.T) {
 	pub := tc.dial(t, outboxkafka.Config{Route: topic})
 	tc.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.InitProducerID}, Err: kerr.ClusterAuthorizationFailed, Count: -1})
 	errs := pub.Publish(testenv.Context(t), batchOf(2))
-	requireAllOutages(t, errs, 2)
+	testenv.RequireAllOutages(t, errs, 2)
 	if len(errs) > 0 && !errors.Is(errs[0], kerr.ClusterAuthorizationFailed) {
 		t.Errorf("%v, want it to match CLUSTER_AUTHORIZATION_FAILED", errs[0])
 	}
@@ -220,7 +208,7 @@ func TestNoTopic(t *testing.T) {
 	tc := startCluster(t)
 	pub := tc.dial(t, outboxkafka.Config{Route: "missing-{topic}"})
 	errs := pub.Publish(testenv.Context(t), batchOf(2))
-	requireAllOutages(t, errs, 2)
+	testenv.RequireAllOutages(t, errs, 2)
 	for i, err := range errs {
 		if !errors.Is(err, outboxkafka.ErrNoTopic) || !errors.Is(err, kerr.UnknownTopicOrPartition) ||
 			!strings.Contains(err.Error(), `"missing-x"`) {
@@ -241,7 +229,7 @@ func TestOutageCutAndReconnect(t *testing.T) {
 
 	tc.Cut()
 	errs := pub.Publish(ctxT(t, 500*time.Millisecond), batchOf(5))
-	requireAllOutages(t, errs, 5)
+	testenv.RequireAllOutages(t, errs, 5)
 	for i, err := range errs {
 		if !errors.Is(err, context.DeadlineExceeded) {
 			t.Errorf("message %d: %v, want the Publish's own deadline as the cause", i, err)
@@ -300,7 +288,7 @@ func TestOutageInFlight(t *testing.T) {
 	pub := tc.dial(t, outboxkafka.Config{Route: topic})
 	batch := make([]*outbox.Message, 2000)
 	for i := range batch {
-		batch[i] = newMsg("x", "key-"+strconv.Itoa(i), randomBytes(4096))
+		batch[i] = testenv.Message("x", "key-"+strconv.Itoa(i), randomBytes(4096))
 	}
 	done := make(chan []error)
 	go func() {
@@ -327,7 +315,7 @@ func TestOutageClusterGone(t *testing.T) {
 	pub := tc.dial(t, outboxkafka.Config{Route: topic})
 	testenv.RequirePublishedAll(t, pub.Publish(testenv.Context(t), batchOf(1)))
 	tc.Close()
-	requireAllOutages(t, pub.Publish(ctxT(t, time.Second), batchOf(2)), 2) // waits for a broker until its ctx ends
+	testenv.RequireAllOutages(t, pub.Publish(ctxT(t, time.Second), batchOf(2)), 2) // waits for a broker until its ctx ends
 	if err := pub.Ping(ctxT(t, time.Second)); !outbox.IsOutage(err) {
 		t.Errorf("Ping = %v, want an outage", err)
 	}
@@ -349,10 +337,10 @@ func TestCloseDuringPublish(t *testing.T) {
 	time.Sleep(100 * time.Millisecond)
 	pub.Close()
 	errs := testenv.AwaitRecv(t, "Publish to return after Close", done)
-	requireAllOutages(t, errs, 3)
+	testenv.RequireAllOutages(t, errs, 3)
 	pub.Close()
 	errs = pub.Publish(testenv.Context(t), batchOf(2))
-	requireAllOutages(t, errs, 2)
+	testenv.RequireAllOutages(t, errs, 2)
 	if !errors.Is(errs[0], kgo.ErrClientClosed) {
 		t.Errorf("after Close: %v, want kgo.ErrClientClosed", errs[0])
 	}

@@ -28,7 +28,7 @@ func TestPublishRoundTrip(t *testing.T) {
 	pub := tc.dial(t, outboxkafka.Config{Route: topic})
 
 	created := time.Date(2026, 3, 4, 5, 6, 7, 891011121, time.FixedZone("X", 3600))
-	m1 := newMsg("orders", "order-42", []byte{0, 1, 2, 0xff})
+	m1 := testenv.Message("orders", "order-42", []byte{0, 1, 2, 0xff})
 	m1.AggregateType = "order"
 	m1.EventType = "order.placed"
 	m1.CreatedAt = created
@@ -38,7 +38,7 @@ func TestPublishRoundTrip(t *testing.T) {
 		"Empty":         "",
 		outbox.HeaderID: "forged", // a metadata header wins, and is not sent twice
 	}
-	m2 := newMsg("orders", "", nil) // no key, no payload
+	m2 := testenv.Message("orders", "", nil) // no key, no payload
 	m2.ContentType = ""
 	testenv.RequirePublishedAll(t, pub.Publish(testenv.Context(t), []*outbox.Message{m1, m2}))
 
@@ -106,7 +106,7 @@ func TestPublishKeyPartition(t *testing.T) {
 	for seq := range rounds {
 		var batch []*outbox.Message
 		for k := range keys {
-			batch = append(batch, newMsg("x", "key-"+strconv.Itoa(k), []byte(strconv.Itoa(seq))))
+			batch = append(batch, testenv.Message("x", "key-"+strconv.Itoa(k), []byte(strconv.Itoa(seq))))
 		}
 		testenv.RequirePublishedAll(t, pub.Publish(testenv.Context(t), batch))
 	}
@@ -135,11 +135,11 @@ func TestPublishRouteTemplate(t *testing.T) {
 	a := tc.createTopic(t, 1, nil)
 	b := tc.createTopic(t, 1, nil)
 	pub := tc.dial(t, outboxkafka.Config{Route: "{aggregate_type}"})
-	ma := newMsg("ignored", "1", []byte("a"))
+	ma := testenv.Message("ignored", "1", []byte("a"))
 	ma.AggregateType = a
-	mb := newMsg("ignored", "2", []byte("b"))
+	mb := testenv.Message("ignored", "2", []byte("b"))
 	mb.AggregateType = b
-	noType := newMsg("ignored", "3", []byte("c"))
+	noType := testenv.Message("ignored", "3", []byte("c"))
 	errs := pub.Publish(testenv.Context(t), []*outbox.Message{ma, noType, mb})
 	if len(errs) != 3 || errs[0] != nil || errs[2] != nil {
 		t.Fatalf("errs = %v, want only the message without an aggregate type to fail", errs)
@@ -163,7 +163,7 @@ func TestPublishRejectsInvalidTopic(t *testing.T) {
 	topics := []string{good, "has space", "slash/no", "ü", strings.Repeat("x", 250), "..", good}
 	batch := make([]*outbox.Message, len(topics))
 	for i, topic := range topics {
-		batch[i] = newMsg(topic, strconv.Itoa(i), []byte("x"))
+		batch[i] = testenv.Message(topic, strconv.Itoa(i), []byte("x"))
 	}
 	errs := pub.Publish(testenv.Context(t), batch)
 	if len(errs) != len(batch) {
@@ -194,9 +194,9 @@ func TestPublishTooLargeForClient(t *testing.T) {
 	topic := tc.createTopic(t, 1, nil)
 	pub := tc.dial(t, outboxkafka.Config{Route: topic, MaxMessageBytes: 64 << 10})
 	batch := []*outbox.Message{
-		newMsg("x", "1", []byte("small")),
-		newMsg("x", "2", make([]byte, 64<<10)), // over with the headers and framing
-		newMsg("x", "3", []byte("small")),
+		testenv.Message("x", "1", []byte("small")),
+		testenv.Message("x", "2", make([]byte, 64<<10)), // over with the headers and framing
+		testenv.Message("x", "3", []byte("small")),
 	}
 	errs := pub.Publish(testenv.Context(t), batch)
 	if len(errs) != 3 || errs[0] != nil || errs[2] != nil {
@@ -286,7 +286,7 @@ func TestPublishTooLargeForTopic(t *testing.T) {
 	pub := tc.dial(t, outboxkafka.Config{Route: topic, Compression: "none"}, kgo.ProducerLinger(50*time.Millisecond))
 	var batch []*outbox.Message
 	for i := range 10 {
-		batch = append(batch, newMsg("x", strconv.Itoa(i), make([]byte, 1000)))
+		batch = append(batch, testenv.Message("x", strconv.Itoa(i), make([]byte, 1000)))
 	}
 	batch[4].Payload = make([]byte, 80<<10)
 	errs := pub.Publish(testenv.Context(t), batch)
@@ -320,7 +320,7 @@ func TestPublishConcurrent(t *testing.T) {
 		wg.Go(func() {
 			batch := make([]*outbox.Message, per)
 			for i := range batch {
-				batch[i] = newMsg("x", fmt.Sprint(w, "-", i), []byte(strconv.Itoa(i)))
+				batch[i] = testenv.Message("x", fmt.Sprint(w, "-", i), []byte(strconv.Itoa(i)))
 			}
 			for i, err := range pub.Publish(ctx, batch) {
 				if err != nil {
@@ -351,7 +351,7 @@ func TestPublishCancelledContext(t *testing.T) {
 	pub := tc.dial(t, outboxkafka.Config{Route: topic})
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	errs := pub.Publish(ctx, []*outbox.Message{newMsg("a", "1", []byte("a")), newMsg("a", "2", []byte("b"))})
+	errs := pub.Publish(ctx, []*outbox.Message{testenv.Message("a", "1", []byte("a")), testenv.Message("a", "2", []byte("b"))})
 	if len(errs) != 2 {
 		t.Fatalf("errs = %v, want 2 entries", errs)
 	}
@@ -457,9 +457,9 @@ func TestNewDoesNotOwnClient(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	testenv.RequirePublishedAll(t, pub.Publish(testenv.Context(t), []*outbox.Message{newMsg("x", "1", []byte("a"))}))
+	testenv.RequirePublishedAll(t, pub.Publish(testenv.Context(t), []*outbox.Message{testenv.Message("x", "1", []byte("a"))}))
 	pub.Close()
-	errs := pub.Publish(testenv.Context(t), []*outbox.Message{newMsg("x", "2", []byte("b"))})
+	errs := pub.Publish(testenv.Context(t), []*outbox.Message{testenv.Message("x", "2", []byte("b"))})
 	if len(errs) != 1 || !outbox.IsOutage(errs[0]) || !errors.Is(errs[0], kgo.ErrClientClosed) {
 		t.Errorf("Publish after Close: %v, want an outage matching kgo.ErrClientClosed", errs)
 	}

@@ -38,21 +38,9 @@ func dialPrivate(t *testing.T) (*testnats.Server, *outboxnats.Publisher) {
 func batchOf(n int) []*outbox.Message {
 	batch := make([]*outbox.Message, n)
 	for i := range batch {
-		batch[i] = newMsg("orders", "k"+string(rune('a'+i)), []byte("x"))
+		batch[i] = testenv.Message("orders", "k"+string(rune('a'+i)), []byte("x"))
 	}
 	return batch
-}
-
-func requireAllOutages(t *testing.T, errs []error, n int) {
-	t.Helper()
-	if len(errs) != n {
-		t.Fatalf("errs = %v, want %d outages", errs, n)
-	}
-	for i, err := range errs {
-		if !outbox.IsOutage(err) {
-			t.Errorf("message %d: %v, want an outage", i, err)
-		}
-	}
 }
 
 func TestOutageKilledServerAndReconnect(t *testing.T) {
@@ -73,7 +61,7 @@ func TestOutageKilledServerAndReconnect(t *testing.T) {
 	done := make(chan []error, 1)
 	go func() { done <- pub.Publish(ctx, batchOf(5)) }()
 	errs := testenv.AwaitRecv(t, "Publish with a killed server and a 500 ms deadline to return", done)
-	requireAllOutages(t, errs, 5)
+	testenv.RequireAllOutages(t, errs, 5)
 	for i, err := range errs {
 		if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, nats.ErrDisconnected) &&
 			!errors.Is(err, nats.ErrConnectionReconnecting) && !errors.Is(err, nats.ErrConnectionClosed) {
@@ -115,7 +103,7 @@ func TestOutageInFlight(t *testing.T) {
 	srv, pub := dialPrivate(t)
 	batch := make([]*outbox.Message, 2000)
 	for i := range batch {
-		batch[i] = newMsg("orders", "key-"+string(rune(i)), make([]byte, 4096))
+		batch[i] = testenv.Message("orders", "key-"+string(rune(i)), make([]byte, 4096))
 	}
 	done := make(chan []error)
 	go func() {
@@ -143,7 +131,7 @@ func TestOutageStoppedServer(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	errs := pub.Publish(ctx, batchOf(2))
-	requireAllOutages(t, errs, 2)
+	testenv.RequireAllOutages(t, errs, 2)
 	for _, err := range errs {
 		if errors.Is(err, outboxnats.ErrNoStream) {
 			t.Errorf("a stopped server reported as a missing stream: %v", err)
@@ -157,7 +145,7 @@ func TestPublishAfterClose(t *testing.T) {
 	pub.Close()
 	pub.Close() // twice is safe
 	errs := pub.Publish(testenv.Context(t), batchOf(2))
-	requireAllOutages(t, errs, 2)
+	testenv.RequireAllOutages(t, errs, 2)
 	if !errors.Is(errs[0], nats.ErrConnectionClosed) {
 		t.Errorf("after Close: %v, want nats.ErrConnectionClosed", errs[0])
 	}

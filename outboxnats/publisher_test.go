@@ -41,18 +41,6 @@ func setup(t *testing.T, cfg outboxnats.Config) *testBundle {
 	return &testBundle{pub: pub, js: js, stream: stream, prefix: prefix}
 }
 
-func newMsg(topic, key string, payload []byte) *outbox.Message {
-	id := outbox.NewID()
-	return &outbox.Message{
-		ID:          id,
-		Topic:       topic,
-		Key:         key,
-		Payload:     payload,
-		ContentType: outbox.ContentTypeBinary,
-		DedupKey:    id.String(),
-	}
-}
-
 // readAll reads n messages of stream with an ordered consumer, in stream order, and
 // fails if the stream holds more once n have arrived, or if fewer arrive and their number
 // stops growing for testenv.Stall().
@@ -106,7 +94,7 @@ func TestPublishRoundTrip(t *testing.T) {
 		binary[i] = byte(i)
 	}
 	created := time.Date(2026, 3, 4, 5, 6, 7, 891011121, time.FixedZone("X", 3600))
-	m1 := newMsg("orders", "order-42", binary)
+	m1 := testenv.Message("orders", "order-42", binary)
 	m1.DedupKey = "dedup-" + m1.ID.String()
 	m1.AggregateType = "order"
 	m1.EventType = "order.placed"
@@ -116,7 +104,7 @@ func TestPublishRoundTrip(t *testing.T) {
 	// The largest payload that fits the server's max_payload next to its headers, less
 	// a margin: near 1 MiB on a default server.
 	big := bytes.Repeat([]byte("0123456789abcdef"), (int(b.js.Conn().MaxPayload())-8<<10)/16)
-	m2 := newMsg("orders.big", "", big)
+	m2 := testenv.Message("orders.big", "", big)
 	m2.ContentType = "application/x-big"
 
 	testenv.RequirePublishedAll(t, b.pub.Publish(testenv.Context(t), []*outbox.Message{m1, m2}))
@@ -177,9 +165,9 @@ func TestPublishRoute(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := newMsg("orders", "42", []byte("x"))
+	m := testenv.Message("orders", "42", []byte("x"))
 	m.AggregateType = "order"
-	noType := newMsg("orders", "43", []byte("x"))
+	noType := testenv.Message("orders", "43", []byte("x"))
 	errs := pub.Publish(testenv.Context(t), []*outbox.Message{m, noType})
 	if errs == nil || errs[0] != nil || !errors.Is(errs[1], outbox.ErrUnroutable) || outbox.IsOutage(errs[1]) {
 		t.Fatalf("Publish = %v, want the first confirmed and the second rejected as unroutable", errs)
@@ -192,7 +180,7 @@ func TestPublishRoute(t *testing.T) {
 func TestPublishDedupByMsgID(t *testing.T) {
 	t.Parallel()
 	b := setup(t, outboxnats.Config{})
-	m := newMsg("orders", "k", []byte(`{"n":1}`))
+	m := testenv.Message("orders", "k", []byte(`{"n":1}`))
 	ctx := testenv.Context(t)
 	testenv.RequirePublishedAll(t, b.pub.Publish(ctx, []*outbox.Message{m}))
 	// A relay retrying after an ambiguous outcome sends the same message again.
@@ -200,7 +188,7 @@ func TestPublishDedupByMsgID(t *testing.T) {
 	testenv.RequirePublishedAll(t, b.pub.Publish(ctx, []*outbox.Message{&again}))
 	// A different event with the same dedup key is dropped as well: the broker
 	// deduplicates on the dedup key, not on the id.
-	other := newMsg("orders", "k", []byte(`{"n":2}`))
+	other := testenv.Message("orders", "k", []byte(`{"n":2}`))
 	other.DedupKey = m.DedupKey
 	testenv.RequirePublishedAll(t, b.pub.Publish(ctx, []*outbox.Message{other}))
 
@@ -217,7 +205,7 @@ func TestPublishBatchOrder(t *testing.T) {
 	topics := []string{"a", "b.c", "d"}
 	batch := make([]*outbox.Message, n)
 	for i := range batch {
-		batch[i] = newMsg(topics[i%len(topics)], "key-"+strconv.Itoa(i), []byte(strconv.Itoa(i)))
+		batch[i] = testenv.Message(topics[i%len(topics)], "key-"+strconv.Itoa(i), []byte(strconv.Itoa(i)))
 	}
 	testenv.RequirePublishedAll(t, b.pub.Publish(testenv.Context(t), batch))
 
@@ -251,7 +239,7 @@ func TestPublishMaxPendingConcurrent(t *testing.T) {
 		wg.Go(func() {
 			batch := make([]*outbox.Message, per)
 			for i := range batch {
-				batch[i] = newMsg("w"+strconv.Itoa(w), fmt.Sprint(w, "-", i), []byte(strconv.Itoa(i)))
+				batch[i] = testenv.Message("w"+strconv.Itoa(w), fmt.Sprint(w, "-", i), []byte(strconv.Itoa(i)))
 			}
 			for i, err := range b.pub.Publish(ctx, batch) {
 				if err != nil {
@@ -269,11 +257,11 @@ func TestPublishRejectsOversized(t *testing.T) {
 	b := setup(t, outboxnats.Config{})
 	limit := int(b.js.Conn().MaxPayload())
 	batch := []*outbox.Message{
-		newMsg("ok1", "1", []byte("a")),
-		newMsg("big", "2", make([]byte, limit+1)),
+		testenv.Message("ok1", "1", []byte("a")),
+		testenv.Message("big", "2", make([]byte, limit+1)),
 		// Fits max_payload alone, not with the headers, which count against it too.
-		newMsg("big", "3", make([]byte, limit-10)),
-		newMsg("ok2", "4", []byte("b")),
+		testenv.Message("big", "3", make([]byte, limit-10)),
+		testenv.Message("ok2", "4", []byte("b")),
 	}
 	errs := b.pub.Publish(testenv.Context(t), batch)
 	if len(errs) != len(batch) {
@@ -303,7 +291,7 @@ func TestPublishRejectsInvalidSubject(t *testing.T) {
 	topics := []string{"good", "a..b", "trailing.", "*", "a.>", "has space", "a.*.b", "also.good"}
 	batch := make([]*outbox.Message, len(topics))
 	for i, topic := range topics {
-		batch[i] = newMsg(topic, strconv.Itoa(i), []byte(topic))
+		batch[i] = testenv.Message(topic, strconv.Itoa(i), []byte(topic))
 	}
 	errs := b.pub.Publish(testenv.Context(t), batch)
 	if len(errs) != len(batch) {
@@ -356,8 +344,8 @@ func TestPublishAPIErrors(t *testing.T) {
 	}
 
 	errs := pub.Publish(ctx, []*outbox.Message{
-		newMsg("x", "1", []byte("small")),
-		newMsg("x", "2", make([]byte, 1025)),
+		testenv.Message("x", "1", []byte("small")),
+		testenv.Message("x", "2", make([]byte, 1025)),
 	})
 	if len(errs) != 2 || errs[0] != nil {
 		t.Fatalf("errs = %v, want only the second to fail", errs)
@@ -366,9 +354,9 @@ func TestPublishAPIErrors(t *testing.T) {
 		t.Errorf("over max_msg_size: %v, want a rejection matching ErrStreamMessageExceedsMaximum", errs[1])
 	}
 
-	errs = pub.Publish(ctx, []*outbox.Message{newMsg("x", "3", []byte("fills"))})
+	errs = pub.Publish(ctx, []*outbox.Message{testenv.Message("x", "3", []byte("fills"))})
 	testenv.RequirePublishedAll(t, errs)
-	errs = pub.Publish(ctx, []*outbox.Message{newMsg("x", "4", []byte("too many"))})
+	errs = pub.Publish(ctx, []*outbox.Message{testenv.Message("x", "4", []byte("too many"))})
 	if len(errs) != 1 || !outbox.IsOutage(errs[0]) {
 		t.Errorf("full stream with discard new: %v, want an outage", errs)
 	}
@@ -386,7 +374,7 @@ func TestPublishNoStreamIsDestinationOutage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	batch := []*outbox.Message{newMsg("orders", "1", []byte("a")), newMsg("orders", "2", []byte("b"))}
+	batch := []*outbox.Message{testenv.Message("orders", "1", []byte("a")), testenv.Message("orders", "2", []byte("b"))}
 	errs := pub.Publish(testenv.Context(t), batch)
 	if len(errs) != len(batch) {
 		t.Fatalf("errs = %v, want %d entries", errs, len(batch))
@@ -405,7 +393,7 @@ func TestPublishCancelledContext(t *testing.T) {
 	b := setup(t, outboxnats.Config{})
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	batch := []*outbox.Message{newMsg("a", "1", []byte("a")), newMsg("a", "2", []byte("b"))}
+	batch := []*outbox.Message{testenv.Message("a", "1", []byte("a")), testenv.Message("a", "2", []byte("b"))}
 	errs := b.pub.Publish(ctx, batch)
 	if len(errs) != len(batch) {
 		t.Fatalf("errs = %v, want %d entries", errs, len(batch))
@@ -539,7 +527,7 @@ func TestPublishReservedSubjects(t *testing.T) {
 		"$SYS.REQ.SERVER.PING", "$KV.bucket.key", "$O.store.x", "_INBOX.reply"}
 	batch := make([]*outbox.Message, len(topics))
 	for i, topic := range topics {
-		batch[i] = newMsg(topic, strconv.Itoa(i), []byte(`{}`))
+		batch[i] = testenv.Message(topic, strconv.Itoa(i), []byte(`{}`))
 	}
 	errs := pub.Publish(testenv.Context(t), batch)
 	for i, topic := range topics {

@@ -72,17 +72,11 @@ func uniqueStream(t testing.TB, c redis.UniversalClient) string {
 	return name
 }
 
+// newMsg is testenv.Message with the creation time a relay gives it.
 func newMsg(topic, key string, payload []byte) *outbox.Message {
-	id := outbox.NewID()
-	return &outbox.Message{
-		ID:          id,
-		Topic:       topic,
-		Key:         key,
-		Payload:     payload,
-		ContentType: outbox.ContentTypeBinary,
-		DedupKey:    "dedup-" + id.String(),
-		CreatedAt:   time.Now(),
-	}
+	m := testenv.Message(topic, key, payload)
+	m.CreatedAt = time.Now()
+	return m
 }
 
 func batchOf(topic string, n int) []*outbox.Message {

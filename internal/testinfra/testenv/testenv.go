@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"os"
 	"sync"
+
+	"github.com/outboxkit/outbox"
 )
 
 // TB is the part of testing.TB that fixtures use.
@@ -151,5 +153,34 @@ func RequirePublishedAll(t TB, errs []error) {
 	t.Helper()
 	if !PublishedAll(t, errs) {
 		t.Fatal("not every message was confirmed")
+	}
+}
+
+// RequireAllOutages fails t unless errs, an outbox.Publisher's answer to a batch of n,
+// holds an outage for every message (outbox.IsOutage): what a publisher must answer when
+// it cannot tell whether the broker stored them.
+func RequireAllOutages(t TB, errs []error, n int) {
+	t.Helper()
+	if len(errs) != n {
+		t.Fatalf("errs = %v, want %d outages", errs, n)
+	}
+	for i, err := range errs {
+		if !outbox.IsOutage(err) {
+			t.Errorf("message %d: %v, want an outage", i, err)
+		}
+	}
+}
+
+// Message returns a binary message with a fresh id and a dedup key of its own, as the
+// broker publishers' tests send them.
+func Message(topic, key string, payload []byte) *outbox.Message {
+	id := outbox.NewID()
+	return &outbox.Message{
+		ID:          id,
+		Topic:       topic,
+		Key:         key,
+		Payload:     payload,
+		ContentType: outbox.ContentTypeBinary,
+		DedupKey:    "dedup-" + id.String(),
 	}
 }
