@@ -485,8 +485,8 @@ func with(v url.Values, key, value string) url.Values {
 
 func TestTokenAuth(t *testing.T) {
 	t.Parallel()
-	var logs strings.Builder
-	b := setup(t, Config{Token: testToken, Logger: slog.New(slog.NewTextHandler(&syncWriter{w: &logs}, nil))})
+	var logs testenv.Buffer
+	b := setup(t, Config{Token: testToken, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	addDeadLetters(t, b.db)
 	bearer := func(tok string) []string { return []string{"Authorization", "Bearer " + tok} }
 

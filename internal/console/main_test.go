@@ -2,8 +2,6 @@ package console
 
 import (
 	"context"
-	"io"
-	"sync"
 	"testing"
 	"time"
 
@@ -37,17 +35,4 @@ func startRelay(t *testing.T, db *testdb.DB, id string) (*outbox.Relay, *outboxt
 		}
 	})
 	return relay, pub
-}
-
-// syncWriter serializes writes to w, for a logger the handler writes to while the test
-// reads.
-type syncWriter struct {
-	mu sync.Mutex
-	w  io.Writer
-}
-
-func (s *syncWriter) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.w.Write(p)
 }

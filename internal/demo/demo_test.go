@@ -1,12 +1,10 @@
 package demo
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -16,24 +14,6 @@ import (
 	"github.com/outboxkit/outbox/internal/testinfra/testenv"
 )
 
-// lockedBuffer is a bytes.Buffer that the demo writes while the test reads it.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // lastLine returns the last non-empty line of s.
 func lastLine(s string) string {
 	s = strings.TrimRight(s, "\n")
@@ -42,7 +22,7 @@ func lastLine(s string) string {
 
 func run(t *testing.T, cfg Config) (Result, string) {
 	t.Helper()
-	out := &lockedBuffer{}
+	out := &testenv.Buffer{}
 	cfg.Out = out
 	ctx, cancel := context.WithCancel(context.Background())
 	var res Result

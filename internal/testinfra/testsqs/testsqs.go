@@ -9,7 +9,6 @@ package testsqs
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -74,8 +73,8 @@ type Server struct {
 	mu    sync.Mutex
 	cmd   *exec.Cmd
 	stdin io.Closer
-	done  chan struct{} // closed when cmd has exited
-	log   *syncWriter   // stderr, for failure messages
+	done  chan struct{}   // closed when cmd has exited
+	log   *testenv.Buffer // stderr, for failure messages
 }
 
 // Start starts a private fauxqs for the test and stops it when the test ends. It fails
@@ -133,7 +132,7 @@ func start() (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	log := &syncWriter{}
+	log := &testenv.Buffer{}
 	cmd.Stderr = log
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start %s: %w", node, err)
@@ -226,21 +225,7 @@ func (s *Server) Stop() {
 }
 
 func (s *Server) stderr() string {
-	s.log.mu.Lock()
-	defer s.log.mu.Unlock()
-	return s.log.buf.String()
-}
-
-// syncWriter collects the child's stderr, written by exec's copying goroutine.
-type syncWriter struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (w *syncWriter) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.buf.Write(p)
+	return s.log.String()
 }
 
 // Credentials are the fixed credentials of the clients this package makes; fauxqs

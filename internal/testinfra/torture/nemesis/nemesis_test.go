@@ -1,7 +1,6 @@
 package nemesis
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"math/rand/v2"
@@ -18,17 +17,6 @@ import (
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
 
 // TestRoundsHealAndLog: every kind is injected within the first round, every held fault
 // is healed (also the one a Stop interrupts), failed injections are not counted, and
@@ -49,7 +37,7 @@ func TestRoundsHealAndLog(t *testing.T) {
 		{Kind: "instant", Inject: func(*rand.Rand) (string, func() error, error) { instant.Add(1); return "x", nil, nil }},
 		{Kind: "broken", Inject: func(*rand.Rand) (string, func() error, error) { return "y", nil, errors.New("no target") }},
 	}
-	var log lockedBuffer
+	var log testenv.Buffer
 	var lines atomic.Int32
 	n := Start(Config{Seed: 7, Faults: faults, MinGap: time.Millisecond, MaxGap: 3 * time.Millisecond, Log: &log,
 		Logf: func(string, ...any) { lines.Add(1) }})
@@ -70,13 +58,13 @@ func TestRoundsHealAndLog(t *testing.T) {
 		t.Errorf("a failed injection was counted: %v", kinds)
 	}
 	recs := n.Records()
-	if n.Count() != len(recs)-strings.Count(log.b.String(), `"err"`) {
+	if n.Count() != len(recs)-strings.Count(log.String(), `"err"`) {
 		t.Errorf("Count %d does not match the records without error", n.Count())
 	}
 	if got := int(lines.Load()); got != len(recs) {
 		t.Errorf("%d log lines for %d records", got, len(recs))
 	}
-	dec := json.NewDecoder(&log.b)
+	dec := json.NewDecoder(strings.NewReader(log.String()))
 	for i := range recs {
 		var r Record
 		if err := dec.Decode(&r); err != nil {
