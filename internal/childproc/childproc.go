@@ -5,6 +5,8 @@ package childproc
 import (
 	"io"
 	"os/exec"
+	"syscall"
+	"time"
 )
 
 // Start starts cmd, whose output goes to log, and returns a channel closed once the
@@ -33,4 +35,20 @@ func Ready(cmd *exec.Cmd, done <-chan struct{}, ready func(exited <-chan struct{
 		return err
 	}
 	return nil
+}
+
+// Stop sends sig to the process and waits until it has exited. With a grace period, it
+// kills the process if it has not exited by then, and reports that it did.
+func Stop(cmd *exec.Cmd, done <-chan struct{}, sig syscall.Signal, grace time.Duration) (killed bool) {
+	_ = cmd.Process.Signal(sig)
+	if grace > 0 {
+		select {
+		case <-done:
+		case <-time.After(grace):
+			_ = cmd.Process.Kill()
+			killed = true
+		}
+	}
+	<-done
+	return killed
 }

@@ -235,15 +235,8 @@ func (s *Server) stop(sig syscall.Signal, grace time.Duration) {
 	if s.cmd == nil {
 		return
 	}
-	_ = s.cmd.Process.Signal(sig)
-	if grace > 0 {
-		select {
-		case <-s.done:
-		case <-time.After(grace):
-			s.t.Logf("testrabbit: node %s ignored %v for %v; killing it", s.node, sig, grace)
-			_ = s.cmd.Process.Kill()
-		}
+	if childproc.Stop(s.cmd, s.done, sig, grace) {
+		s.t.Logf("testrabbit: node %s ignored %v for %v; killed it", s.node, sig, grace)
 	}
-	<-s.done
 	s.cmd, s.done = nil, nil
 }
