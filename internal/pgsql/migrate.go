@@ -121,22 +121,7 @@ func (n *Names) Status(ctx context.Context, inTx InTx) ([]MigrationStatus, error
 // Up applies every migration up to target (0 means all) in one transaction, under an
 // advisory lock so concurrent migrators do not race. It returns the versions applied.
 func (n *Names) Up(ctx context.Context, inTx InTx, target int) ([]int, error) {
-	all, err := n.migrations()
-	if err != nil {
-		return nil, err
-	}
-	var done []int
-	err = inTx(ctx, func(q Querier) error {
-		if err := q.Exec(ctx, n.lockSQL()); err != nil {
-			return err
-		}
-		if err := q.Exec(ctx, n.ensureTableSQL()); err != nil {
-			return err
-		}
-		applied, err := n.applied(ctx, q)
-		if err != nil {
-			return err
-		}
+	return n.migrate(ctx, inTx, func(q Querier, all []Migration, applied map[int]bool, done *[]int) error {
 		if err := n.lockFirst(ctx, q, applied, target); err != nil {
 			return err
 		}
@@ -155,9 +140,34 @@ func (n *Names) Up(ctx context.Context, inTx InTx, target int) ([]int, error) {
 			if err := q.Exec(ctx, n.r(`INSERT INTO {{migrations}} (version, name) VALUES ($1, $2)`), m.Version, m.Name); err != nil {
 				return err
 			}
-			done = append(done, m.Version)
+			*done = append(*done, m.Version)
 		}
 		return nil
+	})
+}
+
+// migrate runs fn in one transaction, under the advisory lock that keeps concurrent
+// migrators apart, with every migration and the applied ones; fn appends to done the
+// versions it applies or reverts, which migrate returns.
+func (n *Names) migrate(ctx context.Context, inTx InTx, fn func(q Querier, all []Migration, applied map[int]bool, done *[]int) error) ([]int, error) {
+	all, err := n.migrations()
+	if err != nil {
+		return nil, err
+	}
+	var done []int
+	err = inTx(ctx, func(q Querier) error {
+		done = nil
+		if err := q.Exec(ctx, n.lockSQL()); err != nil {
+			return err
+		}
+		if err := q.Exec(ctx, n.ensureTableSQL()); err != nil {
+			return err
+		}
+		applied, err := n.applied(ctx, q)
+		if err != nil {
+			return err
+		}
+		return fn(q, all, applied, &done)
 	})
 	if err != nil {
 		return nil, err
@@ -185,22 +195,7 @@ func (n *Names) lockFirst(ctx context.Context, q Querier, applied map[int]bool, 
 // Down reverts applied migrations above target (0 reverts all), newest first, in one
 // transaction. It returns the versions reverted.
 func (n *Names) Down(ctx context.Context, inTx InTx, target int) ([]int, error) {
-	all, err := n.migrations()
-	if err != nil {
-		return nil, err
-	}
-	var done []int
-	err = inTx(ctx, func(q Querier) error {
-		if err := q.Exec(ctx, n.lockSQL()); err != nil {
-			return err
-		}
-		if err := q.Exec(ctx, n.ensureTableSQL()); err != nil {
-			return err
-		}
-		applied, err := n.applied(ctx, q)
-		if err != nil {
-			return err
-		}
+	return n.migrate(ctx, inTx, func(q Querier, all []Migration, applied map[int]bool, done *[]int) error {
 		for i := len(all) - 1; i >= 0; i-- {
 			m := all[i]
 			if !applied[m.Version] || m.Version <= target {
@@ -212,14 +207,10 @@ func (n *Names) Down(ctx context.Context, inTx InTx, target int) ([]int, error) 
 			if err := q.Exec(ctx, n.r(`DELETE FROM {{migrations}} WHERE version = $1`), m.Version); err != nil {
 				return err
 			}
-			done = append(done, m.Version)
+			*done = append(*done, m.Version)
 		}
 		return nil
 	})
-	if err != nil {
-		return nil, err
-	}
-	return done, nil
 }
 
 // SQL returns the DDL of every migration as one script, with the bookkeeping rows, for

@@ -160,48 +160,45 @@ func (s *Store) downDrops() map[int]string {
 // and one interrupted halfway is finished by running MigrateUp again. Concurrent
 // migrators wait for each other on a named lock (GET_LOCK).
 func (s *Store) MigrateUp(ctx context.Context, target int) ([]int, error) {
-	if err := s.needDB(); err != nil {
-		return nil, err
-	}
-	all, err := s.migrations()
-	if err != nil {
-		return nil, err
-	}
-	var done []int
-	err = s.d.Migrations.Locked(ctx, s.db, s.lockName(), func(q Querier) error {
-		done = nil
-		if _, err := q.ExecContext(ctx, s.ensureTableSQL()); err != nil {
-			return err
-		}
-		applied, err := s.applied(ctx, q)
-		if err != nil {
-			return err
-		}
+	return s.migrate(ctx, "up", func(all []migration, applied map[int]bool) []step {
+		var steps []step
 		for _, m := range all {
-			if applied[m.version] || (target > 0 && m.version > target) {
-				continue
+			if !applied[m.version] && (target <= 0 || m.version <= target) {
+				steps = append(steps, step{m, m.up,
+					s.sql(`INSERT INTO {{migrations}} (version, name, applied_at) VALUES (?, ?, {{now}})`), []any{m.version, m.name}})
 			}
-			for _, stmt := range m.up {
-				if _, err := q.ExecContext(ctx, stmt); err != nil {
-					return fmt.Errorf("migration %03d_%s up: %w", m.version, m.name, err)
-				}
-			}
-			if _, err := q.ExecContext(ctx, s.sql(`INSERT INTO {{migrations}} (version, name, applied_at) VALUES (?, ?, {{now}})`), m.version, m.name); err != nil {
-				return err
-			}
-			done = append(done, m.version)
 		}
-		return nil
+		return steps
 	})
-	if err != nil {
-		return nil, fmt.Errorf("migrate up: %w", err)
-	}
-	return done, nil
 }
 
 // MigrateDown reverts applied migrations above version target (0 reverts all, dropping
 // the outbox and everything in it), newest first, and returns the versions it reverted.
 func (s *Store) MigrateDown(ctx context.Context, target int) ([]int, error) {
+	return s.migrate(ctx, "down", func(all []migration, applied map[int]bool) []step {
+		var steps []step
+		for i := len(all) - 1; i >= 0; i-- {
+			if m := all[i]; applied[m.version] && m.version > target {
+				steps = append(steps, step{m, m.down, s.sql(`DELETE FROM {{migrations}} WHERE version = ?`), []any{m.version}})
+			}
+		}
+		return steps
+	})
+}
+
+// A step is one migration applied or reverted: its statements, then the bookkeeping
+// row's statement and arguments.
+type step struct {
+	m          migration
+	stmts      []string
+	record     string
+	recordArgs []any
+}
+
+// migrate runs, under the dialect's migration lock, the steps plan picks from every
+// migration and the applied ones, and returns their versions; dir ("up", "down") names
+// them in errors.
+func (s *Store) migrate(ctx context.Context, dir string, plan func(all []migration, applied map[int]bool) []step) ([]int, error) {
 	if err := s.needDB(); err != nil {
 		return nil, err
 	}
@@ -219,25 +216,21 @@ func (s *Store) MigrateDown(ctx context.Context, target int) ([]int, error) {
 		if err != nil {
 			return err
 		}
-		for i := len(all) - 1; i >= 0; i-- {
-			m := all[i]
-			if !applied[m.version] || m.version <= target {
-				continue
-			}
-			for _, stmt := range m.down {
+		for _, st := range plan(all, applied) {
+			for _, stmt := range st.stmts {
 				if _, err := q.ExecContext(ctx, stmt); err != nil {
-					return fmt.Errorf("migration %03d_%s down: %w", m.version, m.name, err)
+					return fmt.Errorf("migration %03d_%s %s: %w", st.m.version, st.m.name, dir, err)
 				}
 			}
-			if _, err := q.ExecContext(ctx, s.sql(`DELETE FROM {{migrations}} WHERE version = ?`), m.version); err != nil {
+			if _, err := q.ExecContext(ctx, st.record, st.recordArgs...); err != nil {
 				return err
 			}
-			done = append(done, m.version)
+			done = append(done, st.m.version)
 		}
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("migrate down: %w", err)
+		return nil, fmt.Errorf("migrate %s: %w", dir, err)
 	}
 	return done, nil
 }
