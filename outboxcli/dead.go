@@ -50,6 +50,21 @@ func addDeadFilterFlags(fs *flag.FlagSet, defaultLimit int, limitHelp string) *d
 	return o
 }
 
+// open checks the arguments and filter of a dead-letter command that takes no arguments,
+// then opens the migrated store it works on: usage errors come before any connection.
+// The caller closes the store.
+func (o *deadFilterFlags) open(ctx context.Context, db *dbFlags, args []string) (outboxdriver.DeadFilter, *openedStore, error) {
+	if err := noArgs(args); err != nil {
+		return outboxdriver.DeadFilter{}, nil, err
+	}
+	f, err := o.filter()
+	if err != nil {
+		return f, nil, err
+	}
+	drv, err := db.openMigrated(ctx, "outbox dead")
+	return f, drv, err
+}
+
 func (o *deadFilterFlags) filter() (outboxdriver.DeadFilter, error) {
 	f := outboxdriver.DeadFilter{Topic: o.topic, Key: o.key, ErrorContains: o.errContains, Since: o.since.t, Until: o.until.t, Limit: o.limit}
 	for _, s := range o.ids {
@@ -89,14 +104,7 @@ var deadListCommand = &command{
 		ff := addDeadFilterFlags(fs, listLimitDefault, "show at most `n`, newest first; 0 shows all")
 		asJSON := fs.Bool("json", false, "print a JSON array of dead letters, payloads in base64")
 		return func(ctx context.Context, inv *invocation, args []string) error {
-			if err := noArgs(args); err != nil {
-				return err
-			}
-			f, err := ff.filter()
-			if err != nil {
-				return err
-			}
-			drv, err := db.openMigrated(ctx, "outbox dead")
+			f, drv, err := ff.open(ctx, db, args)
 			if err != nil {
 				return err
 			}
@@ -330,14 +338,7 @@ Without --yes it only says how many it would replay; --dry-run lists them.`,
 		ff := addDeadFilterFlags(fs, 0, "replay at most `n`, newest first; 0 means all that match")
 		c := addConfirmFlags(fs, "replay", "replayed")
 		return func(ctx context.Context, inv *invocation, args []string) error {
-			if err := noArgs(args); err != nil {
-				return err
-			}
-			f, err := ff.filter()
-			if err != nil {
-				return err
-			}
-			drv, err := db.openMigrated(ctx, "outbox dead")
+			f, drv, err := ff.open(ctx, db, args)
 			if err != nil {
 				return err
 			}
