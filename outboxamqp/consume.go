@@ -543,6 +543,12 @@ func deadCopy(d amqp.Delivery, queue string, attempt int, cause error) amqp.Publ
 	h[HeaderDeadAt] = time.Now().UTC().Format(time.RFC3339Nano)
 	h[HeaderDeadExchange] = exchange
 	h[HeaderDeadRoutingKey] = key
+	return resend(d, h)
+}
+
+// resend is the message of d, persistent, with headers h, for publishing again: a dead
+// letter's copy, or a replay.
+func resend(d amqp.Delivery, h amqp.Table) amqp.Publishing {
 	return amqp.Publishing{
 		Headers:         h,
 		ContentType:     d.ContentType,
