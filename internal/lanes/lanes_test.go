@@ -225,20 +225,9 @@ func TestBacklog(t *testing.T) {
 // retry in place.
 func TestSlotNotHeldWhileSleeping(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		var mu sync.Mutex
-		var handled []string
-		h := func(_ context.Context, d *outbox.Delivery) error {
-			mu.Lock()
-			defer mu.Unlock()
-			handled = append(handled, d.Key)
-			return nil
-		}
-		got := func() string {
-			mu.Lock()
-			defer mu.Unlock()
-			return fmt.Sprint(handled)
-		}
-		r := lanes.New(lanes.Config{Handler: h, Limit: 1})
+		var handled keyLog
+		got := handled.String
+		r := lanes.New(lanes.Config{Handler: handled.handle, Limit: 1})
 		r.Go("slow", func(t *lanes.Turn) {
 			t.Handle(&outbox.Delivery{Key: "slow"})
 			t.Sleep(time.Hour)
@@ -261,15 +250,8 @@ func TestSlotNotHeldWhileSleeping(t *testing.T) {
 // later job of the key runs in a new lane.
 func TestDrop(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		var mu sync.Mutex
-		var handled []string
-		h := func(_ context.Context, d *outbox.Delivery) error {
-			mu.Lock()
-			defer mu.Unlock()
-			handled = append(handled, d.Key)
-			return nil
-		}
-		r := lanes.New(lanes.Config{Handler: h, Backlog: 10})
+		var handled keyLog
+		r := lanes.New(lanes.Config{Handler: handled.handle, Backlog: 10})
 		slept := make(chan bool, 1)
 		r.Go("p0", func(t *lanes.Turn) { slept <- t.Sleep(time.Hour) })
 		r.Go("p0", handleJob(&outbox.Delivery{Key: "p0"}, nil))
@@ -287,9 +269,7 @@ func TestDrop(t *testing.T) {
 		}
 		r.Go("p0", handleJob(&outbox.Delivery{Key: "p0"}, nil))
 		r.Close()
-		mu.Lock()
-		defer mu.Unlock()
-		if got := fmt.Sprint(handled); got != "[p0 p1]" {
+		if got := handled.String(); got != "[p0 p1]" {
 			t.Errorf("handled %s, want [p0 p1]: the dropped job never, the new one and the other key's", got)
 		}
 	})
@@ -324,4 +304,23 @@ func TestStopAndQuit(t *testing.T) {
 			t.Errorf("%d deliveries handled, want 1: the one in progress at Quit", handled)
 		}
 	})
+}
+
+// keyLog is a handler that records the keys it handled, in order.
+type keyLog struct {
+	mu   sync.Mutex
+	keys []string
+}
+
+func (k *keyLog) handle(_ context.Context, d *outbox.Delivery) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.keys = append(k.keys, d.Key)
+	return nil
+}
+
+func (k *keyLog) String() string {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return fmt.Sprint(k.keys)
 }
