@@ -25,7 +25,7 @@ type ConsumerConfig struct {
 	// configuration. Consumers sharing the name share the work.
 	Durable string
 	// FilterSubjects limits the consumer to these subjects. Defaults to all of the
-	// stream's.
+	// stream's. More than one needs nats-server 2.10 or later.
 	FilterSubjects []string
 
 	// Concurrency is how many handlers run at once. Messages of one key (the Outbox-Key
