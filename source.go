@@ -45,7 +45,8 @@ type fetchSource interface {
 	// is recorded or dropped.
 	settler() func(seq int64)
 
-	// stop ends the source's goroutines; why, when not empty, is logged.
+	// stop stops what the source reads (WAL mode's stream) until a lease round makes it
+	// read again; why, when not empty, is logged. The loop calls it when it has drained.
 	stop(why string)
 }
 
