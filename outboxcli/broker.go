@@ -6,7 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
-	"strings"
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/brokers"
@@ -63,11 +62,6 @@ type brokerSecretsOf struct{ s *secrets }
 
 func (b brokerSecretsOf) Opaque(setting, value string) { b.s.addOpaque(setting, value) }
 func (b brokerSecretsOf) URL(url string)               { b.s.addBroker(url) }
-
-// isSecretFlag reports whether a flag holds a secret by its name.
-func isSecretFlag(name string) bool {
-	return strings.HasSuffix(name, "-password") || strings.HasSuffix(name, "-secret") || strings.HasSuffix(name, "-token")
-}
 
 // open connects to the destination check returned.
 func (b *brokerFlags) open(ctx context.Context, d *brokers.Dest) (*brokers.Opened, error) {

@@ -26,6 +26,8 @@ import (
 	"io"
 	"strings"
 	"text/tabwriter"
+
+	"github.com/outboxkit/outbox/internal/brokers"
 )
 
 // commands are the top-level commands, in the order `outbox help` lists them. A new
@@ -165,7 +167,7 @@ func dispatch(ctx context.Context, inv *invocation, cmd *command, args []string)
 	}
 	fs.VisitAll(func(f *flag.Flag) {
 		switch {
-		case isSecretFlag(f.Name):
+		case brokers.IsSecret(f.Name):
 			inv.secrets.addOpaque(f.Name, f.Value.String())
 		case strings.HasSuffix(f.Name, "-endpoint"): // --sqs-endpoint
 			inv.secrets.addURL(f.Value.String())

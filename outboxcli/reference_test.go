@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outboxkit/outbox/internal/brokers"
 	"github.com/outboxkit/outbox/internal/refdocs"
 )
 
@@ -56,7 +57,7 @@ func referenceTree() (*refdocs.Command, error) {
 			}
 			placeholder, usage := flag.UnquoteUsage(f)
 			rf := refdocs.Flag{Name: f.Name, Placeholder: placeholder, Type: typ, Usage: usage,
-				Env: envName(f.Name), Secret: isSecretFlag(f.Name)}
+				Env: envName(f.Name), Secret: brokers.IsSecret(f.Name)}
 			if showDefault(f) {
 				rf.Default = f.DefValue
 			}

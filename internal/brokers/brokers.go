@@ -246,7 +246,7 @@ func (o *Options) set(d *dest, name string, vals []string) error {
 		return settingErrorf("--%s takes one value, not %d", name, len(vals))
 	}
 	for _, v := range vals {
-		if isSecret(name) && d.Secrets != nil {
+		if IsSecret(name) && d.Secrets != nil {
 			d.Secrets.Opaque(name, v)
 		}
 		if err := f.Value.Set(v); err != nil {
@@ -256,8 +256,9 @@ func (o *Options) set(d *dest, name string, vals []string) error {
 	return nil
 }
 
-// isSecret reports whether a setting holds a secret, by its name.
-func isSecret(name string) bool {
+// IsSecret reports whether a setting holds a secret, by its name: one ending in
+// -password, -secret or -token. The CLI applies the same rule to every flag it has.
+func IsSecret(name string) bool {
 	return strings.HasSuffix(name, "-password") || strings.HasSuffix(name, "-secret") || strings.HasSuffix(name, "-token")
 }
 
