@@ -653,8 +653,8 @@ func truncate(s string, n int) string {
 // dropStaleOutcomes refuses, without asking the store, outcomes fetched under a lease
 // token the relay no longer holds for the message's shard: the shard moved on (perhaps
 // back to this relay under a new token), and its current owner publishes the message.
-func (l *loop) dropStaleOutcomes() (dropped int) {
-	settle := l.src.settler()
+// settle is the fetch source's settler for the record being sent.
+func (l *loop) dropStaleOutcomes(settle func(seq int64)) (dropped int) {
 	stale := func(o outboxdriver.Outcome) bool {
 		shard, ok := l.hand.shardOf(o.Seq)
 		if ok && l.leases.holds(shard, o.Token) {
@@ -677,11 +677,11 @@ func (l *loop) startComplete(ctx context.Context) {
 	if !l.outcomes.ready(time.Now()) {
 		return
 	}
-	dropped := l.dropStaleOutcomes()
+	settle := l.src.settler()
+	dropped := l.dropStaleOutcomes(settle)
 	c := outboxdriver.Completion{RelayID: l.cfg.ID}
 	var lanes []*lane
 	c.Published, c.Failed, lanes = l.outcomes.take()
-	settle := l.src.settler()
 	go func() {
 		res := completeResult{c: c, lanes: lanes, dropped: dropped, settle: settle}
 		if len(c.Published) > 0 || len(c.Failed) > 0 {
