@@ -31,10 +31,13 @@ func onLiveConn[T any](ctx context.Context, pool *pgxpool.Pool, op func() (T, er
 }
 
 // connLost reports whether err says that the connection a statement used was gone: the
-// server ended the session (admin_shutdown, crash_shutdown) or the socket was closed or
-// reset. A refused connection attempt is not among them: the server is down, and trying
+// server ended the session (admin_shutdown, crash_shutdown), the socket was closed or
+// reset, or the stall watch closed it (errSilent). A refused connection attempt is not among them: the server is down, and trying
 // again at once would not help.
 func connLost(err error) bool {
+	if errors.Is(err, errSilent) {
+		return true
+	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
 		return pgErr.Code == "57P01" || pgErr.Code == "57P02"

@@ -55,8 +55,9 @@ type Driver struct {
 	// unexported, out of the API.
 	*shared
 
-	pool  *pgxpool.Pool
-	names *pgsql.Names
+	pool   *pgxpool.Pool
+	names  *pgsql.Names
+	stalls *stallWatch // follows the relay's statements; nil without a pool
 
 	insertSQL, insertOneSQL, insertFreshSQL, fetchSQL, fetchAfterSQL, completeSQL string
 }
@@ -96,6 +97,9 @@ func New(pool *pgxpool.Pool, config Config) (*Driver, error) {
 		fetchSQL:       names.Fetch(),
 		fetchAfterSQL:  names.FetchAfter(),
 		completeSQL:    names.Complete(),
+	}
+	if pool != nil {
+		d.stalls = newStallWatch(pool)
 	}
 	d.shared = pgsql.NewDB(names, d.needPool, pgxq.Querier{DB: pool}, d.inTx, d.inSnapshot)
 	return d, nil
@@ -151,7 +155,7 @@ func (d *Driver) Fetch(ctx context.Context, req outboxdriver.FetchRequest) ([]*o
 	if err != nil {
 		return nil, err
 	}
-	msgs, err := queryNoJIT(ctx, d.pool, scanMessage, sql, args...)
+	msgs, err := queryNoJIT(ctx, d, scanMessage, sql, args...)
 	if err != nil {
 		return nil, fmt.Errorf("fetch: %w", err)
 	}
@@ -164,10 +168,10 @@ func (d *Driver) Fetch(ctx context.Context, req outboxdriver.FetchRequest) ([]*o
 // so on a large backlog, or before the table has statistics, its cost estimate crosses
 // jit_above_cost and compiling takes hundreds of milliseconds for a query that runs in a
 // few. The setting is local to the batch's implicit transaction: the pool's connections
-// are left as they were. A connection the server had closed is replaced at once
-// (onLiveConn).
-func queryNoJIT[T any](ctx context.Context, pool *pgxpool.Pool, scan pgx.RowToFunc[T], sql string, args ...any) ([]T, error) {
-	return onLiveConn(ctx, pool, func() ([]T, error) {
+// are left as they were. A connection that is gone or silent is replaced at once
+// (onConn).
+func queryNoJIT[T any](ctx context.Context, d *Driver, scan pgx.RowToFunc[T], sql string, args ...any) ([]T, error) {
+	return onConn(ctx, d, func(c *pgxpool.Conn) ([]T, error) {
 		var out []T
 		b := &pgx.Batch{}
 		b.Queue("SELECT set_config('jit', 'off', true)")
@@ -176,7 +180,7 @@ func queryNoJIT[T any](ctx context.Context, pool *pgxpool.Pool, scan pgx.RowToFu
 			out, err = pgx.CollectRows(rows, scan)
 			return err
 		})
-		if err := pool.SendBatch(ctx, b).Close(); err != nil {
+		if err := c.SendBatch(ctx, b).Close(); err != nil {
 			return nil, err
 		}
 		return out, nil
@@ -194,7 +198,7 @@ func (d *Driver) Complete(ctx context.Context, c outboxdriver.Completion) ([]int
 		return nil, err
 	}
 	a := pgsql.NewCompleteArgs(c)
-	applied, err := queryNoJIT(ctx, d.pool, pgx.RowTo[int64], d.completeSQL, c.RelayID, a.Tokens, a.Published,
+	applied, err := queryNoJIT(ctx, d, pgx.RowTo[int64], d.completeSQL, c.RelayID, a.Tokens, a.Published,
 		a.RetrySeqs, a.RetryErrors, a.RetryDelayMillis, a.DeadSeqs, a.DeadErrors, a.RetryCounts)
 	if err != nil {
 		return nil, pgsql.CompleteError(err)
@@ -327,11 +331,28 @@ func (d *Driver) Listen(ctx context.Context, wake func(outboxdriver.Wake, int64)
 	}
 	conn := pc.Hijack() // a listening session must not go back to the pool
 	defer conn.Close(context.WithoutCancel(ctx))
-	if _, err := conn.Exec(ctx, "LISTEN "+d.names.ChannelIdent); err != nil {
+	// Each statement on the session is followed by the stall watch, and the session is
+	// checked after every verdict: a silent listening session would otherwise only miss
+	// notifications.
+	watched := func(f func() error) error {
+		done := d.stalls.track(conn.PgConn())
+		err := f()
+		if done() && err != nil {
+			err = errors.Join(errSilent, err)
+		}
+		return err
+	}
+	exec := func(sql string, args ...any) error {
+		return watched(func() error { _, err := conn.Exec(ctx, sql, args...); return err })
+	}
+	queryRow := func(sql string, args []any, dest ...any) error {
+		return watched(func() error { return conn.QueryRow(ctx, sql, args...).Scan(dest...) })
+	}
+	if err := exec("LISTEN " + d.names.ChannelIdent); err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
 	var version int
-	if err := conn.QueryRow(ctx, d.names.SchemaVersion()).Scan(&version); err != nil {
+	if err := queryRow(d.names.SchemaVersion(), nil, &version); err != nil {
 		return fmt.Errorf("listen: read the schema version: %w", err)
 	}
 	pid := conn.PgConn().PID()
@@ -345,33 +366,36 @@ func (d *Driver) Listen(ctx context.Context, wake func(outboxdriver.Wake, int64)
 	// server process ran the statement, would stay with that process. Asks wait for it.
 	probe, verified := pgsql.NotifyProbe(), answer != outboxdriver.GateArmed
 	if !verified {
-		if _, err := conn.Exec(ctx, "SELECT pg_notify($1, $2)", d.names.Channel, probe); err != nil {
+		if err := exec("SELECT pg_notify($1, $2)", d.names.Channel, probe); err != nil {
 			return fmt.Errorf("listen: %w", err)
 		}
 	}
 	held, deferred := false, false
 	w := &waiter{conn: conn}
-	if gate.Asks != nil {
-		fctx, stop := context.WithCancel(ctx)
-		defer stop() // the next Listen takes the asks
-		go w.forward(fctx, gate.Asks)
-	}
+	fctx, stop := context.WithCancel(ctx)
+	defer stop() // the next Listen takes the asks
+	go w.forward(fctx, gate.Asks, d.stalls)
 	wake(outboxdriver.WakeWritten, 0) // anything written before LISTEN took effect
 	for {
-		n, asked, err := w.next(ctx)
-		if err == nil && !asked && n.Payload == probe {
+		n, ev, err := w.next(ctx)
+		asked := ev == waitAsked
+		if err == nil && ev == waitNotified && n.Payload == probe {
 			verified, asked = true, deferred
 		}
 		switch {
 		case err != nil:
 			return err
+		case ev == waitCheck:
+			if err := exec("SELECT 1"); err != nil {
+				return fmt.Errorf("listen: %w", err)
+			}
 		case asked && !verified:
 			deferred = true
 		case asked && (held || answer != outboxdriver.GateArmed):
 			gate.Answer(answer)
 		case asked:
 			var state string
-			if err := conn.QueryRow(ctx, d.names.GateArm(), pid).Scan(&state); err != nil {
+			if err := queryRow(d.names.GateArm(), []any{pid}, &state); err != nil {
 				return fmt.Errorf("listen: take the gate: %w", err)
 			}
 			switch state {
@@ -396,7 +420,7 @@ func (d *Driver) Listen(ctx context.Context, wake func(outboxdriver.Wake, int64)
 			}
 			// The relay is busy again: writers stop notifying.
 			var ok bool
-			if err := conn.QueryRow(ctx, d.names.GateRelease(), pid).Scan(&ok); err != nil {
+			if err := queryRow(d.names.GateRelease(), []any{pid}, &ok); err != nil {
 				return fmt.Errorf("listen: let go of the gate: %w", err)
 			}
 			if !ok {
@@ -409,52 +433,85 @@ func (d *Driver) Listen(ctx context.Context, wake func(outboxdriver.Wake, int64)
 	}
 }
 
-// waiter waits on a listening connection for a notification or the relay's ask,
-// whichever comes first: an ask interrupts the wait, and the connection stays usable.
+// waiter waits on a listening connection for a notification, the relay's ask or a
+// check after a stall verdict, whichever comes first: an ask or a check interrupts the
+// wait, and the connection stays usable.
 type waiter struct {
-	conn    *pgx.Conn
-	mu      sync.Mutex
-	pending bool               // an ask not yet answered
-	cancel  context.CancelFunc // interrupts the wait in progress
+	conn   *pgx.Conn
+	mu     sync.Mutex
+	asked  bool               // an ask not yet answered
+	check  bool               // a check not yet made
+	cancel context.CancelFunc // interrupts the wait in progress
 }
 
-// forward takes the relay's asks until ctx ends.
-func (w *waiter) forward(ctx context.Context, asks <-chan struct{}) {
+// waitEvent is what ended a wait.
+type waitEvent int
+
+const (
+	waitNotified waitEvent = iota
+	waitAsked
+	waitCheck
+)
+
+// forward takes the relay's asks (none when asks is nil) and the stall watch's verdicts
+// until ctx ends.
+func (w *waiter) forward(ctx context.Context, asks <-chan struct{}, stalls *stallWatch) {
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-asks:
-			w.mu.Lock()
-			w.pending = true
-			if w.cancel != nil {
-				w.cancel()
-			}
-			w.mu.Unlock()
+			w.interrupt(&w.asked)
+		case <-stalls.stalls():
+			w.interrupt(&w.check)
 		}
 	}
 }
 
-// next returns the next notification, or asked when an ask came first. A notification
-// received along with an ask comes first; the ask stays for the next call.
-func (w *waiter) next(ctx context.Context) (n *pgconn.Notification, asked bool, err error) {
+func (w *waiter) interrupt(flag *bool) {
 	w.mu.Lock()
-	if w.pending {
-		w.pending = false
+	defer w.mu.Unlock()
+	*flag = true
+	if w.cancel != nil {
+		w.cancel()
+	}
+}
+
+// next returns the next notification, or what interrupted the wait first. A
+// notification received along with an interruption comes first; the interruption
+// stays for the next call.
+func (w *waiter) next(ctx context.Context) (*pgconn.Notification, waitEvent, error) {
+	w.mu.Lock()
+	if ev := w.takeLocked(); ev != waitNotified {
 		w.mu.Unlock()
-		return nil, true, nil
+		return nil, ev, nil
 	}
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	w.cancel = cancel
 	w.mu.Unlock()
-	n, err = w.conn.WaitForNotification(wctx)
+	n, err := w.conn.WaitForNotification(wctx)
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.cancel = nil
-	if err == nil || ctx.Err() != nil || !w.pending {
-		return n, false, err
+	if err == nil || ctx.Err() != nil {
+		return n, waitNotified, err
 	}
-	w.pending = false
-	return nil, true, nil
+	if ev := w.takeLocked(); ev != waitNotified {
+		return nil, ev, nil
+	}
+	return n, waitNotified, err
+}
+
+// takeLocked takes a pending interruption, checks first.
+func (w *waiter) takeLocked() waitEvent {
+	switch {
+	case w.check:
+		w.check = false
+		return waitCheck
+	case w.asked:
+		w.asked = false
+		return waitAsked
+	}
+	return waitNotified
 }

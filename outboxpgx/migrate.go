@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxkit/outbox/internal/pgsql"
 	"github.com/outboxkit/outbox/internal/pgsql/pgxq"
@@ -22,11 +23,17 @@ func (d *Driver) inSnapshot(ctx context.Context, fn func(pgsql.Querier) error) e
 	return d.begin(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, fn)
 }
 
+// begin runs fn in a transaction of the pool, again at once on another connection when
+// the connection turned out to be gone or silent (onConn): every caller's fn is safe to
+// repeat (the migrations read the applied versions in the transaction).
 func (d *Driver) begin(ctx context.Context, opts pgx.TxOptions, fn func(pgsql.Querier) error) error {
 	if err := d.needPool(); err != nil {
 		return err
 	}
-	return pgx.BeginTxFunc(ctx, d.pool, opts, func(tx pgx.Tx) error { return fn(pgxq.Querier{DB: tx}) })
+	_, err := onConn(ctx, d, func(c *pgxpool.Conn) (struct{}, error) {
+		return struct{}{}, pgx.BeginTxFunc(ctx, c, opts, func(tx pgx.Tx) error { return fn(pgxq.Querier{DB: tx}) })
+	})
+	return err
 }
 
 // MigrateUp applies the schema migrations up to version target (0 for all) and returns

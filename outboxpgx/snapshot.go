@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/pgsql"
@@ -24,7 +25,7 @@ var _ outboxdriver.SnapshotFetcher = (*Driver)(nil)
 //
 // Like Fetch, it costs one round trip and two statements: JIT off with the snapshot, then
 // the fetch, as one pgx batch in one implicit transaction. A connection the server had
-// closed is replaced at once (onLiveConn).
+// closed or silent is replaced at once (onConn).
 func (d *Driver) FetchSnapshot(ctx context.Context, req outboxdriver.FetchRequest) ([]*outbox.Message, outboxdriver.Snapshot, error) {
 	if err := d.needPool(); err != nil {
 		return nil, outboxdriver.Snapshot{}, err
@@ -37,7 +38,7 @@ func (d *Driver) FetchSnapshot(ctx context.Context, req outboxdriver.FetchReques
 		msgs []*outbox.Message
 		snap string
 	}
-	r, err := onLiveConn(ctx, d.pool, func() (result, error) {
+	r, err := onConn(ctx, d, func(c *pgxpool.Conn) (result, error) {
 		var r result
 		b := &pgx.Batch{}
 		b.Queue("SELECT set_config('jit', 'off', true), pg_current_snapshot()::text").QueryRow(func(row pgx.Row) error {
@@ -49,7 +50,7 @@ func (d *Driver) FetchSnapshot(ctx context.Context, req outboxdriver.FetchReques
 			r.msgs, err = pgx.CollectRows(rows, scanMessage)
 			return err
 		})
-		return r, d.pool.SendBatch(ctx, b).Close()
+		return r, c.SendBatch(ctx, b).Close()
 	})
 	if err != nil {
 		return nil, outboxdriver.Snapshot{}, fmt.Errorf("fetch: %w", err)

@@ -670,7 +670,7 @@ func (d *Driver) NextDue(ctx context.Context, leases []outboxdriver.Lease) (time
 	for i, l := range leases {
 		shards[i] = int16(l.Shard)
 	}
-	micros, err := queryNoJIT(ctx, d.pool, pgx.RowTo[*int64], d.names.NextDue(), shards)
+	micros, err := queryNoJIT(ctx, d, pgx.RowTo[*int64], d.names.NextDue(), shards)
 	if err != nil {
 		return time.Time{}, fmt.Errorf("next due: %w", err)
 	}

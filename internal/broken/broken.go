@@ -34,6 +34,12 @@ const (
 	// WALStartAtCurrent starts reading the slot at the server's current position
 	// instead of the slot's confirmed one, skipping what committed meanwhile.
 	WALStartAtCurrent Bug = "wal-start-at-current"
+	// NoStallWatch leaves outboxpgx's statements unwatched: one on a connection that
+	// went silent waits for its own deadline.
+	NoStallWatch Bug = "no-stall-watch"
+	// StallKillsSlow makes outboxpgx's stall watch close the connection of every
+	// statement out for long, a running one too.
+	StallKillsSlow Bug = "stall-kills-slow"
 )
 
 // EnvVar names the environment variable that lists the bugs to switch on, separated by

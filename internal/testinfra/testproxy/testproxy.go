@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"sync"
 	"time"
 
 	toxiproxy "github.com/Shopify/toxiproxy/v2"
@@ -20,6 +21,9 @@ import (
 // Proxy forwards a local port to an upstream address. It is closed when the test ends.
 type Proxy struct {
 	p *toxiproxy.Proxy
+
+	mu      sync.Mutex
+	silence *silenceSwitch // Silence's, installed on first use
 }
 
 // New starts a proxy on a free port of 127.0.0.1 forwarding to upstream ("host:port").
@@ -60,12 +64,44 @@ func (p *Proxy) Latency(t testenv.TB, d, jitter time.Duration) (remove func()) {
 	return p.toxics(t, fmt.Sprintf(`{"type":"latency","stream":%%q,"attributes":{"latency":%d,"jitter":%d}}`, d.Milliseconds(), jitter.Milliseconds()))
 }
 
-// Blackhole stops data in both directions, without closing any connection (TCP stays up,
-// nothing arrives: a hung peer or a silent network drop), until the returned function is
-// called; then the delayed data flows again.
+// Blackhole stops data in both directions until the returned function is called: the
+// connections stay up and what is sent meanwhile is dropped. Removing it closes the
+// connections that were open, so their peers see them end at the heal.
 func (p *Proxy) Blackhole(t testenv.TB) (remove func()) {
 	t.Helper()
 	return p.toxics(t, `{"type":"timeout","stream":%q,"attributes":{"timeout":0}}`)
+}
+
+// Silence stops data in both directions until the returned function is called, like a
+// network that drops packets: connections stay up, nothing sent meanwhile arrives. A
+// connection that carried data while silenced never delivers anything again and is
+// never closed (its peers wait for an answer that does not come, as after a partition
+// that a middlebox's lost state outlives); the ones that stayed idle, and every new one
+// after the heal, work.
+func (p *Proxy) Silence(t testenv.TB) (restore func()) {
+	t.Helper()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.silence == nil {
+		p.silence = &silenceSwitch{}
+		silencesMu.Lock()
+		id := len(silences)
+		silences = append(silences, p.silence)
+		silencesMu.Unlock()
+		_ = p.toxics(t, fmt.Sprintf(`{"type":%q,"stream":%%q,"attributes":{"switch":%d}}`, silenceToxicName, id))
+	}
+	p.silence.on.Store(true)
+	return func() { p.silence.on.Store(false) }
+}
+
+// Silenced returns how many chunks of data Silence has dropped so far.
+func (p *Proxy) Silenced() int64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.silence == nil {
+		return 0
+	}
+	return p.silence.dropped.Load()
 }
 
 // toxics adds the toxic spec (with %q for the stream) in both directions.

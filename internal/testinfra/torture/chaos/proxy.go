@@ -22,8 +22,9 @@ const (
 
 // proxyFaults are the faults of the toxiproxy p: cut (every connection reset, new ones
 // refused), latency (200 ms ± 100 ms each way) and blackhole (connections stay up,
-// nothing gets through), named cut, latency and blackhole.
-func proxyFaults(tb testenv.TB, p *testproxy.Proxy, cut, latency, blackhole string) []nemesis.Fault {
+// nothing gets through: hole is p.Blackhole or p.Silence, which says what the heal does
+// to them), named cut, latency and blackhole.
+func proxyFaults(tb testenv.TB, p *testproxy.Proxy, hole func(testenv.TB) func(), cut, latency, blackhole string) []nemesis.Fault {
 	target := "proxy " + p.Addr()
 	return []nemesis.Fault{
 		{Kind: cut, MinHold: time.Second, MaxHold: 4 * time.Second,
@@ -40,15 +41,23 @@ func proxyFaults(tb testenv.TB, p *testproxy.Proxy, cut, latency, blackhole stri
 		// late writes must be refused.
 		{Kind: blackhole, MinHold: time.Second, MaxHold: 2 * leaseTTL,
 			Inject: func(*rand.Rand) (string, func() error, error) {
-				remove := p.Blackhole(tb)
+				remove := hole(tb)
 				return target, func() error { remove(); return nil }, nil
 			}},
 	}
 }
 
-// brokerProxyFaults are the broker-side proxy faults every broker offers.
+// brokerProxyFaults are the broker-side proxy faults every broker offers. A broker
+// blackhole's heal closes the connections that were open.
 func brokerProxyFaults(tb testenv.TB, p *testproxy.Proxy) []nemesis.Fault {
-	return proxyFaults(tb, p, KindBrokerCut, KindBrokerLatency, KindBrokerBlackhole)
+	return proxyFaults(tb, p, p.Blackhole, KindBrokerCut, KindBrokerLatency, KindBrokerBlackhole)
+}
+
+// databaseProxyFaults are the faults of the proxy in front of the relays' database. The
+// blackhole silences it: the connections that carried anything meanwhile never answer
+// again and are never closed, so the relay has to notice them itself.
+func databaseProxyFaults(tb testenv.TB, p *testproxy.Proxy) []nemesis.Fault {
+	return proxyFaults(tb, p, p.Silence, KindDBCut, KindDBLatency, KindDBBlackhole)
 }
 
 // proxyDatabase puts a proxy in front of the PostgreSQL server of databaseURL and returns

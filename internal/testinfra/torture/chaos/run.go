@@ -218,7 +218,7 @@ func Run(tb testenv.TB, cfg Config) torture.Report {
 	tb.Cleanup(func() { _ = nlog.Close() }) // after the nemesis's own cleanup, which may still log
 	faults := relayFaults(rs)
 	faults = append(faults, pgTerminate(db, rcfg.appName), pgSnapshot(db))
-	faults = append(faults, proxyFaults(tb, dbProxy, KindDBCut, KindDBLatency, KindDBBlackhole)...)
+	faults = append(faults, databaseProxyFaults(tb, dbProxy)...)
 	if pg != nil {
 		faults = append(faults, pgRestart(pg, db.Pool))
 	}

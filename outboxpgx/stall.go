@@ -1,0 +1,340 @@
+package outboxpgx
+
+import (
+	"context"
+	"errors"
+	"net"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxkit/outbox/internal/broken"
+)
+
+// A statement waits for its answer as long as its context allows (30 seconds for a
+// fetch). When the connection stops delivering without being closed (a partition that
+// a firewall's or NAT's state did not survive, a peer gone without a reset), nothing on
+// the client side ends the wait before that, or before the operating system's TCP
+// timeouts, which are minutes. The stall watch asks the server instead: while one of the
+// relay's statements has been out for longer than a probe's round trip plus
+// stallMargin, it looks the statement's session up in pg_stat_activity, over a
+// connection of its own, and
+//   - leaves a session that is running (active) alone, however long it takes: slow is
+//     not silent;
+//   - closes the connection of a session that has been waiting for its client (idle, or
+//     idle in transaction) for that long while its client waits for it: the statement
+//     never arrived, or its answer never came back. The session is terminated too, so
+//     that a statement arriving late cannot run after the one retried in its place;
+//   - does the same for a session blocked sending to its client (ClientWrite) on two
+//     probes in a row, and for a session that is gone, once the sessions it looks up are
+//     known to be the server's own (through PgBouncer they are not, and a missing one
+//     says nothing).
+//
+// The statement then fails at once with errSilent, and onConn runs it again on another
+// connection. After a verdict, the pool's idle connections are pinged with a short
+// deadline and the ones that do not answer are closed (they crossed the same network),
+// and Listen checks its session.
+const (
+	stallMargin  = 100 * time.Millisecond
+	probeEvery   = 100 * time.Millisecond // a new probe, while statements are out
+	probeTimeout = 500 * time.Millisecond // a probe's connect and query
+	maxProbes    = 5                      // probes in flight: one starts every probeEvery even while others hang
+	// acquireAttempt bounds one attempt to take a connection from the pool: the pool
+	// pings one that was idle for a second, and a silent one would hold the attempt
+	// until the statement's own deadline. A later attempt takes another.
+	acquireAttempt = 250 * time.Millisecond
+)
+
+// errSilent is wrapped by the error of a statement whose connection the stall watch
+// closed.
+var errSilent = errors.New("the database connection stopped answering")
+
+// stallWatch follows the statements onConn runs. Its goroutine runs while statements
+// are out and stops when none is.
+type stallWatch struct {
+	pool *pgxpool.Pool
+
+	mu      sync.Mutex
+	out     map[*tracked]struct{}
+	running bool
+	direct  bool          // a followed session was seen in pg_stat_activity
+	spare   []*pgx.Conn   // probe connections not in use
+	stalled chan struct{} // closed at each verdict, then replaced
+	purging bool          // a purge of the pool's idle connections runs
+}
+
+// tracked is one statement (or transaction) out on a connection.
+type tracked struct {
+	pid    uint32
+	conn   net.Conn
+	since  time.Time
+	writes int  // probes in a row that saw the session blocked sending to us
+	closed bool // by the watch: the statement's error wraps errSilent
+}
+
+// probeResult is what one probe saw of the sessions it looked up.
+type probeResult struct {
+	sent     time.Time
+	rtt      time.Duration
+	sessions map[uint32]session
+	err      error
+}
+
+type session struct {
+	state, wait string
+	idleFor     time.Duration // since the session last changed state
+}
+
+func newStallWatch(pool *pgxpool.Pool) *stallWatch {
+	return &stallWatch{pool: pool, out: map[*tracked]struct{}{}, stalled: make(chan struct{})}
+}
+
+// track follows a statement about to be sent on pc until done is called; done reports
+// whether the watch closed the connection meanwhile.
+func (w *stallWatch) track(pc *pgconn.PgConn) (done func() (closed bool)) {
+	if broken.Has(broken.NoStallWatch) { // canary: nothing is watched
+		return func() bool { return false }
+	}
+	t := &tracked{pid: pc.PID(), conn: pc.Conn(), since: time.Now()}
+	w.mu.Lock()
+	w.out[t] = struct{}{}
+	if !w.running {
+		w.running = true
+		go w.run()
+	}
+	w.mu.Unlock()
+	return func() bool {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		delete(w.out, t)
+		return t.closed
+	}
+}
+
+// stalls returns a channel closed at the next verdict.
+func (w *stallWatch) stalls() <-chan struct{} {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.stalled
+}
+
+func (w *stallWatch) run() {
+	tick := time.NewTicker(probeEvery)
+	defer tick.Stop()
+	results := make(chan probeResult, maxProbes)
+	inFlight := 0
+	for {
+		select {
+		case r := <-results:
+			inFlight--
+			w.judge(r)
+		case now := <-tick.C:
+			w.mu.Lock()
+			if len(w.out) == 0 && inFlight == 0 {
+				w.running = false
+				spare := w.spare
+				w.spare = nil
+				w.mu.Unlock()
+				for _, c := range spare {
+					closeConn(c)
+				}
+				return
+			}
+			var pids []int32
+			for t := range w.out {
+				if now.Sub(t.since) >= stallMargin {
+					pids = append(pids, int32(t.pid))
+				}
+			}
+			w.mu.Unlock()
+			if len(pids) > 0 && inFlight < maxProbes {
+				inFlight++
+				go func() { results <- w.probe(pids) }()
+			}
+		}
+	}
+}
+
+// probe looks the sessions of pids up, on a spare probe connection or a new one.
+func (w *stallWatch) probe(pids []int32) probeResult {
+	ctx, cancel := context.WithTimeout(context.Background(), probeTimeout)
+	defer cancel()
+	w.mu.Lock()
+	var c *pgx.Conn
+	if n := len(w.spare); n > 0 {
+		c, w.spare = w.spare[n-1], w.spare[:n-1]
+	}
+	w.mu.Unlock()
+	if c == nil {
+		var err error
+		if c, err = pgx.ConnectConfig(ctx, w.pool.Config().ConnConfig); err != nil {
+			return probeResult{err: err}
+		}
+	}
+	r := probeResult{sent: time.Now(), sessions: map[uint32]session{}}
+	rows, err := c.Query(ctx, `SELECT pid, coalesce(state, ''), coalesce(wait_event, ''),
+		coalesce(extract(epoch FROM clock_timestamp() - state_change), 0)::float8
+		FROM pg_stat_activity WHERE pid = ANY($1)`, pids)
+	if err == nil {
+		for rows.Next() {
+			var pid int32
+			var s session
+			var idle float64
+			if err = rows.Scan(&pid, &s.state, &s.wait, &idle); err != nil {
+				break
+			}
+			s.idleFor = time.Duration(idle * float64(time.Second))
+			r.sessions[uint32(pid)] = s
+		}
+		rows.Close()
+		if err == nil {
+			err = rows.Err()
+		}
+	}
+	r.rtt = time.Since(r.sent)
+	if err != nil {
+		closeConn(c)
+		r.err = err
+		return r
+	}
+	w.mu.Lock()
+	w.spare = append(w.spare, c)
+	w.mu.Unlock()
+	return r
+}
+
+// judge closes the connections r shows to be silent.
+func (w *stallWatch) judge(r probeResult) {
+	if r.err != nil {
+		return // the server is out of reach too: nothing to tell a silent connection from an outage by
+	}
+	limit := r.rtt + stallMargin
+	var silent []*tracked
+	var terminate []int32
+	w.mu.Lock()
+	w.direct = w.direct || len(r.sessions) > 0
+	for t := range w.out {
+		if t.closed || r.sent.Sub(t.since) < limit {
+			continue
+		}
+		s, found := r.sessions[t.pid]
+		dead := false
+		switch {
+		case !found:
+			dead = w.direct
+		case s.state == "active" && s.wait == "ClientWrite":
+			t.writes++
+			dead = t.writes >= 2
+		case s.state == "active" && broken.Has(broken.StallKillsSlow): // canary: slow taken for silent
+			dead = true
+		case s.state == "active":
+			t.writes = 0
+		case strings.HasPrefix(s.state, "idle"):
+			dead = s.idleFor >= limit
+		}
+		if dead {
+			t.closed = true
+			silent = append(silent, t)
+			if found {
+				terminate = append(terminate, int32(t.pid))
+			}
+		}
+	}
+	if len(silent) == 0 {
+		w.mu.Unlock()
+		return
+	}
+	close(w.stalled)
+	w.stalled = make(chan struct{})
+	purge := !w.purging
+	w.purging = true
+	w.mu.Unlock()
+	for _, t := range silent {
+		_ = t.conn.Close()
+	}
+	go w.terminate(terminate)
+	if purge {
+		go w.purge(r.rtt)
+	}
+}
+
+// terminate ends the sessions of pids, so that a statement still on its way to one of
+// them cannot run.
+func (w *stallWatch) terminate(pids []int32) {
+	if len(pids) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), probeTimeout)
+	defer cancel()
+	c, err := pgx.ConnectConfig(ctx, w.pool.Config().ConnConfig)
+	if err != nil {
+		return
+	}
+	defer closeConn(c)
+	_, _ = c.Exec(ctx, "SELECT pg_terminate_backend(pid) FROM unnest($1::int[]) AS pid", pids)
+}
+
+// purge pings every idle connection of the pool at once and closes the ones that do
+// not answer within a few probe round trips.
+func (w *stallWatch) purge(rtt time.Duration) {
+	defer func() {
+		w.mu.Lock()
+		w.purging = false
+		w.mu.Unlock()
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 4*rtt+stallMargin)
+	defer cancel()
+	var wg sync.WaitGroup
+	for _, c := range w.pool.AcquireAllIdle(ctx) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := c.Ping(ctx); err != nil {
+				closeConn(c.Hijack())
+				return
+			}
+			c.Release()
+		}()
+	}
+	wg.Wait()
+}
+
+// closeConn closes c's socket without a goodbye, which a silent connection would not
+// deliver.
+func closeConn(c *pgx.Conn) { _ = c.PgConn().Conn().Close() }
+
+// acquire takes a connection of the pool in attempts of at most acquireAttempt each.
+func acquire(ctx context.Context, pool *pgxpool.Pool) (*pgxpool.Conn, error) {
+	for {
+		actx, cancel := context.WithTimeout(ctx, acquireAttempt)
+		c, err := pool.Acquire(actx)
+		cancel()
+		if err == nil || ctx.Err() != nil || !errors.Is(err, context.DeadlineExceeded) {
+			return c, err
+		}
+	}
+}
+
+// onConn runs op on a connection of the pool while the stall watch follows it, again
+// on another connection at once each time the connection turned out to be gone or
+// silent (onLiveConn). op must be safe to repeat.
+func onConn[T any](ctx context.Context, d *Driver, op func(*pgxpool.Conn) (T, error)) (T, error) {
+	return onLiveConn(ctx, d.pool, func() (T, error) {
+		c, err := acquire(ctx, d.pool)
+		if err != nil {
+			var zero T
+			return zero, err
+		}
+		defer c.Release()
+		done := d.stalls.track(c.Conn().PgConn())
+		v, err := op(c)
+		if done() && err != nil {
+			err = errors.Join(errSilent, err)
+		}
+		return v, err
+	})
+}

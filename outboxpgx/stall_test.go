@@ -1,0 +1,123 @@
+package outboxpgx_test
+
+import (
+	"context"
+	"net"
+	"net/url"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/testinfra/testdb"
+	"github.com/outboxkit/outbox/internal/testinfra/testenv"
+	"github.com/outboxkit/outbox/internal/testinfra/testproxy"
+	"github.com/outboxkit/outbox/outboxdriver"
+)
+
+// TestStallSilentConnectionReplaced: a Fetch sent while the network to the database
+// drops everything, on a connection that afterwards never answers again and is never
+// closed, returns its message soon after the network is back, on another connection,
+// instead of at its own deadline (or the operating system's TCP timeouts).
+func TestStallSilentConnectionReplaced(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	u, err := url.Parse(testdb.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := u.Port()
+	if port == "" {
+		port = "5432"
+	}
+	proxy := testproxy.New(t, net.JoinHostPort(u.Hostname(), port))
+	_, drv, _ := taggedDriver(t, b, 4, func(cfg *pgxpool.Config) {
+		host, port, _ := net.SplitHostPort(proxy.Addr())
+		p, _ := strconv.Atoi(port)
+		cfg.ConnConfig.Host, cfg.ConnConfig.Port = host, uint16(p)
+	})
+	b.Write(t, outbox.Message{Topic: "t", Key: "k", Payload: []byte(`1`)})
+	st, err := drv.SyncLeases(ctx, outboxdriver.LeaseRequest{RelayID: "r", TTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	restore := proxy.Silence(t)
+	type result struct {
+		msgs []*outbox.Message
+		err  error
+	}
+	done := make(chan result, 1)
+	fetchCtx, cancel := context.WithTimeout(ctx, 10*testenv.Stall())
+	defer cancel()
+	go func() {
+		msgs, err := drv.Fetch(fetchCtx, outboxdriver.FetchRequest{RelayID: "r", Leases: st.Held, Limit: 10})
+		done <- result{msgs, err}
+	}()
+	// Heal once the fetch is lost on its way.
+	if err := testenv.Progress(ctx, "the fetch dropped by the silenced proxy", testenv.Stall(), func() (any, bool) {
+		n := proxy.Silenced()
+		return n, n > 0
+	}); err != nil {
+		t.Fatal(err)
+	}
+	restore()
+	healed := time.Now()
+	r := <-done
+	if r.err != nil {
+		t.Fatalf("Fetch on a connection that went silent: %v (%s after the heal)", r.err, time.Since(healed).Round(time.Millisecond))
+	}
+	if len(r.msgs) != 1 {
+		t.Fatalf("Fetch returned %d messages, want 1", len(r.msgs))
+	}
+	t.Logf("fetch returned %s after the heal", time.Since(healed).Round(time.Millisecond))
+}
+
+// TestStallSlowStatementLeftAlone: a statement that waits on a lock for many probe
+// periods is running, not silent: it ends when the lock is let go, on the connection it
+// started on.
+func TestStallSlowStatementLeftAlone(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	pool, drv, _ := taggedDriver(t, b, 1, nil)
+	if _, err := drv.MigrateUp(ctx, 0); err != nil { // the pool's one connection, made
+		t.Fatal(err)
+	}
+	made := pool.Stat().NewConnsCount()
+
+	tx, err := b.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err := tx.Exec(ctx, "LOCK TABLE "+b.Schema+".outbox_migrations IN ACCESS EXCLUSIVE MODE"); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := drv.MigrateUp(ctx, 0)
+		done <- err
+	}()
+	// Hold the lock while MigrateUp waits for it, for ten probe periods.
+	var waiting bool
+	if err := testenv.Progress(ctx, "MigrateUp waiting for the lock", testenv.Stall(), func() (any, bool) {
+		err := b.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock'
+			AND query LIKE '%outbox_migrations%' AND query_start < now() - interval '1 second')`).Scan(&waiting)
+		return waiting, err != nil || waiting
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("MigrateUp after waiting on a lock: %v", err)
+	}
+	if n := pool.Stat().NewConnsCount(); n != made {
+		t.Fatalf("the pool made %d connections while MigrateUp waited on a lock: the watch closed a running statement's", n-made)
+	}
+}
