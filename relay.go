@@ -450,9 +450,10 @@ func (l *loop) onLeases(res leaseResult) {
 		l.leases.failed()
 		// Try again soon rather than at the next renewal: after a database outage
 		// longer than the sending margin, sending resumes with the first round that
-		// succeeds.
+		// succeeds. A round that failed only after waiting as long as the backoff
+		// (its deadline, in an outage) tries again at once.
 		l.leaseFails++
-		l.leaseRetryAt = time.Now().Add(dbRetry(l.leaseFails))
+		l.leaseRetryAt = res.started.Add(dbRetry(l.leaseFails))
 		return
 	}
 	l.leaseFails, l.leaseRetryAt = 0, time.Time{}
