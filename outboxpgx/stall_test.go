@@ -51,7 +51,7 @@ func TestStallSilentConnectionReplaced(t *testing.T) {
 		err  error
 	}
 	done := make(chan result, 1)
-	fetchCtx, cancel := context.WithTimeout(ctx, 10*testenv.Stall())
+	fetchCtx, cancel := context.WithTimeout(ctx, testenv.Stall())
 	defer cancel()
 	go func() {
 		msgs, err := drv.Fetch(fetchCtx, outboxdriver.FetchRequest{RelayID: "r", Leases: st.Held, Limit: 10})

@@ -269,6 +269,24 @@ mem_canaries() {
   return $rc
 }
 phase "in-memory canaries" mem_canaries
+# outboxpgx's stall watch, broken both ways: one that watches nothing must let a fetch on
+# a silenced connection run into its deadline (OUTBOX_TEST_STALL), one that takes a
+# running statement for a silent one must close it.
+stall_canaries() {
+  local bug rc=0
+  for bug in no-stall-watch stall-kills-slow; do
+    local out
+    out=$(OUTBOX_TEST_STALL=10s OUTBOX_BROKEN=$bug go test -tags outbox_broken -count=1 -run '^TestStall' ./outboxpgx 2>&1 || true)
+    if grep -q -- '--- FAIL: TestStall' <<<"$out"; then
+      log "canary $bug: caught by the stall tests"
+    else
+      log "canary $bug: NOT caught by the stall tests"
+      rc=1
+    fi
+  done
+  return $rc
+}
+phase "stall canaries" stall_canaries
 # The container image (deploy/Containerfile), built and run against the local servers.
 if command -v podman >/dev/null; then
   phase "container image" scripts/image.sh --check

@@ -89,7 +89,7 @@
 //     is followed at once by the others' copies. KindTiming.Flowing counts the faults
 //     during whose hold copies still arrived, which says when that is so, and
 //     KindTiming.NextFault those whose first arrival came after the next fault began
-//     (the value then includes some of that fault). heal_p99_ms is over the kinds that
+//     (the value then ends where that fault began). heal_p99_ms is over the kinds that
 //     can block publishing (FaultSpan.CannotBlock).
 //
 // Percentiles are nearest-rank (Percentile): always a value of the sample, so with fewer

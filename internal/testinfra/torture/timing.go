@@ -66,8 +66,10 @@ type KindTiming struct {
 	// the run): they have no value in Dist.
 	NoArrival int
 	// NextFault counts the faults whose first arrival after the heal came only after the
-	// next fault had started: their value includes some of that fault (a relay killed,
-	// then its successor stopped before it published anything). They stay in Dist.
+	// next fault had started (a relay killed, then its successor stopped before it
+	// published anything): their value in Dist ends where the next fault began, which is
+	// all that is known of their own recovery; the wait from there on is the next
+	// fault's, measured from its own heal.
 	NextFault int
 	Dist      Dist
 }
@@ -103,7 +105,7 @@ type FaultTiming struct {
 	// heal, or the first commit after it when nothing committed was waiting.
 	Ready   time.Time `json:"ready,omitzero"`
 	First   time.Time `json:"first_arrival,omitzero"`    // zero: nothing arrived after the heal
-	HealMS  float64   `json:"heal_to_first_ms,omitzero"` // First - Ready
+	HealMS  float64   `json:"heal_to_first_ms,omitzero"` // First (or the next fault's start, if earlier) - Ready
 	Flowing bool      `json:"flowing,omitempty"`         // copies still arrived in the hold's second half
 }
 
@@ -171,11 +173,13 @@ func Measure(h *History, log *DeliveryLog, faults []FaultSpan) Timing {
 			tm.Faults = append(tm.Faults, ft)
 			continue
 		}
-		if n+1 < len(faults) && arrivals[i].After(faults[n+1].Start) {
-			k.NextFault++
-		}
 		ft.Ready = readyAfter(waits, f.Heal)
-		d := max(arrivals[i].Sub(ft.Ready), 0) // a late copy of an older event can come first
+		end := arrivals[i]
+		if n+1 < len(faults) && end.After(faults[n+1].Start) {
+			k.NextFault++
+			end = faults[n+1].Start // what came after is the next fault's
+		}
+		d := max(end.Sub(ft.Ready), 0) // a late copy of an older event can come first
 		ft.First, ft.HealMS = arrivals[i], float64(d.Microseconds())/1000
 		tm.Faults = append(tm.Faults, ft)
 		samples[f.Kind] = append(samples[f.Kind], d)

@@ -216,15 +216,15 @@ func TestMeasureHeal(t *testing.T) {
 			{"db-latency", 1, 0, 0, 0, d(1, 40, 40, 40)},
 			{"relay-kill", 2, 0, 0, 0, d(2, 300, 2000, 2000)},
 		}, d(4, 4, 2000, 2000)},
-		{"the next fault started before the first arrival: counted, value kept", func(tl *timeline) []FaultSpan {
+		{"the next fault started before the first arrival: counted up to its start", func(tl *timeline) []FaultSpan {
 			return []FaultSpan{
 				tl.fault("relay-stop", 1600, 2200, false), // 100
-				tl.fault("relay-kill", 1000, 1500, false), // 800, of which the stop's hold
+				tl.fault("relay-kill", 1000, 1500, false), // 100: the stop began then
 			}
 		}, []kind{
-			{"relay-kill", 1, 0, 0, 1, d(1, 800, 800, 800)},
+			{"relay-kill", 1, 0, 0, 1, d(1, 100, 100, 100)},
 			{"relay-stop", 1, 0, 0, 0, d(1, 100, 100, 100)},
-		}, d(2, 100, 800, 800)},
+		}, d(2, 100, 100, 100)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tl := newTimeline()
