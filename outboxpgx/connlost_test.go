@@ -41,10 +41,7 @@ func TestFetchAndCompleteSurviveTerminatedSessions(t *testing.T) {
 		c.Release()
 	}
 	b.Write(t, outbox.Message{Topic: "t", Key: "k", Payload: []byte(`1`)})
-	st, err := drv.SyncLeases(ctx, outboxdriver.LeaseRequest{RelayID: "r", TTL: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
+	held := leaseAll(t, drv)
 
 	terminate := func() {
 		t.Helper()
@@ -58,7 +55,7 @@ func TestFetchAndCompleteSurviveTerminatedSessions(t *testing.T) {
 	}
 
 	terminate()
-	msgs, err := drv.Fetch(ctx, outboxdriver.FetchRequest{RelayID: "r", Leases: st.Held, Limit: 10})
+	msgs, err := drv.Fetch(ctx, outboxdriver.FetchRequest{RelayID: "r", Leases: held, Limit: 10})
 	if err != nil {
 		t.Fatalf("Fetch after its sessions were terminated: %v", err)
 	}
@@ -68,7 +65,7 @@ func TestFetchAndCompleteSurviveTerminatedSessions(t *testing.T) {
 
 	// FetchSnapshot, as Fetch.
 	terminate()
-	msgs, snap, err := drv.FetchSnapshot(ctx, outboxdriver.FetchRequest{RelayID: "r", Leases: st.Held, Limit: 10})
+	msgs, snap, err := drv.FetchSnapshot(ctx, outboxdriver.FetchRequest{RelayID: "r", Leases: held, Limit: 10})
 	if err != nil {
 		t.Fatalf("FetchSnapshot after its sessions were terminated: %v", err)
 	}
@@ -79,7 +76,7 @@ func TestFetchAndCompleteSurviveTerminatedSessions(t *testing.T) {
 	// Complete: the fetches' new connections and the dead ones left.
 	terminate()
 	token := map[int]int64{}
-	for _, l := range st.Held {
+	for _, l := range held {
 		token[l.Shard] = l.Token
 	}
 	m := msgs[0]
@@ -125,4 +122,14 @@ func taggedDriver(t *testing.T, b *testBundle, maxConns int32, configure func(*p
 		t.Fatal(err)
 	}
 	return pool, drv, app
+}
+
+// leaseAll makes drv take every shard for relay "r", for an hour, and returns its leases.
+func leaseAll(t *testing.T, drv *outboxpgx.Driver) []outboxdriver.Lease {
+	t.Helper()
+	st, err := drv.SyncLeases(context.Background(), outboxdriver.LeaseRequest{RelayID: "r", TTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st.Held
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"testing"
-	"time"
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/outboxdriver"
@@ -19,11 +18,8 @@ func TestFetchContinuationKeepsKeyOrder(t *testing.T) {
 	ctx := context.Background()
 	b.Write(t, outbox.Message{Topic: "t", Key: "k", Payload: []byte(`1`)}, outbox.Message{Topic: "t", Key: "other", Payload: []byte(`2`)})
 	b.Write(t, outbox.Message{Topic: "t", Key: "k", Payload: []byte(`3`)}, outbox.Message{Topic: "t", Key: "fresh", Payload: []byte(`4`)})
-	st, err := b.Driver.SyncLeases(ctx, outboxdriver.LeaseRequest{RelayID: "r", TTL: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
-	got, err := b.Driver.Fetch(ctx, outboxdriver.FetchRequest{RelayID: "r", Leases: st.Held, After: 2, Limit: 10})
+	held := leaseAll(t, b.Driver)
+	got, err := b.Driver.Fetch(ctx, outboxdriver.FetchRequest{RelayID: "r", Leases: held, After: 2, Limit: 10})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -34,7 +30,7 @@ func TestFetchContinuationKeepsKeyOrder(t *testing.T) {
 	if len(got) != 1 || got[0].Key != "fresh" {
 		t.Fatalf("continuation returned %v, want only fresh@4 (k@3 must wait behind k@1)", keys)
 	}
-	got, err = b.Driver.Fetch(ctx, outboxdriver.FetchRequest{RelayID: "r", Leases: st.Held, After: 2, Keys: []string{"k"}, KeySeqs: []int64{1}, Limit: 10})
+	got, err = b.Driver.Fetch(ctx, outboxdriver.FetchRequest{RelayID: "r", Leases: held, After: 2, Keys: []string{"k"}, KeySeqs: []int64{1}, Limit: 10})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,11 +54,8 @@ func TestFetchFreshRowDueWhateverTheClock(t *testing.T) {
 WHERE seq = (SELECT min(seq) FROM %[1]q.outbox)`, b.Schema)); err != nil {
 		t.Fatal(err)
 	}
-	st, err := b.Driver.SyncLeases(ctx, outboxdriver.LeaseRequest{RelayID: "r", TTL: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
-	got, err := b.Driver.Fetch(ctx, outboxdriver.FetchRequest{RelayID: "r", Leases: st.Held, Limit: 10})
+	held := leaseAll(t, b.Driver)
+	got, err := b.Driver.Fetch(ctx, outboxdriver.FetchRequest{RelayID: "r", Leases: held, Limit: 10})
 	if err != nil {
 		t.Fatal(err)
 	}

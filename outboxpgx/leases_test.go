@@ -82,11 +82,8 @@ func TestLeaseReleaseWakesListeners(t *testing.T) {
 		t.Fatalf("first wake-up %v, want WakeWritten", w)
 	}
 
-	st, err := b.Driver.SyncLeases(ctx, outboxdriver.LeaseRequest{RelayID: "r", TTL: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := b.Driver.SyncLeases(ctx, outboxdriver.LeaseRequest{RelayID: "r", TTL: time.Minute, Held: st.Held[1:], Release: st.Held[:1]}); err != nil {
+	held := leaseAll(t, b.Driver)
+	if _, err := b.Driver.SyncLeases(ctx, outboxdriver.LeaseRequest{RelayID: "r", TTL: time.Minute, Held: held[1:], Release: held[:1]}); err != nil {
 		t.Fatal(err)
 	}
 	if w := testenv.AwaitRecv(t, "a wake-up after the release", wakes); w != outboxdriver.WakeLeases {

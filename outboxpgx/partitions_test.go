@@ -159,16 +159,13 @@ func TestMissingPartitionKeepsPending(t *testing.T) {
 	ctx := context.Background()
 	b.Write(t, outbox.Message{Topic: "t", Key: "k", Payload: []byte(`1`)})
 	b.Exec(t, `DROP TABLE %[1]s.`+dayName(b.Today(t)))
-	st, err := b.Driver.SyncLeases(ctx, outboxdriver.LeaseRequest{RelayID: "r", TTL: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
-	got, err := b.Driver.Fetch(ctx, outboxdriver.FetchRequest{RelayID: "r", Leases: st.Held, Limit: 10})
+	held := leaseAll(t, b.Driver)
+	got, err := b.Driver.Fetch(ctx, outboxdriver.FetchRequest{RelayID: "r", Leases: held, Limit: 10})
 	if err != nil || len(got) != 1 {
 		t.Fatalf("fetch: %d messages, %v", len(got), err)
 	}
 	token := map[int]int64{}
-	for _, l := range st.Held {
+	for _, l := range held {
 		token[l.Shard] = l.Token
 	}
 	c := outboxdriver.Completion{RelayID: "r", Published: []outboxdriver.Outcome{{Seq: got[0].Seq, Token: token[got[0].Shard]}}}

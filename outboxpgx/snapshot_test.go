@@ -8,7 +8,6 @@ import (
 	"reflect"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -27,10 +26,7 @@ func TestFetchSnapshotSameAsFetch(t *testing.T) {
 	b.Write(t, outbox.Message{Topic: "t", Key: "k", Payload: []byte(`1`)}, outbox.Message{Topic: "t", Key: "other", Payload: []byte(`2`)})
 	b.Write(t, outbox.Message{Topic: "t", Key: "k", Payload: []byte(`3`)}, outbox.Message{Topic: "t", Key: "fresh", Payload: []byte(`4`)},
 		outbox.Message{Topic: "t", Payload: []byte(`5`), Headers: map[string]string{"h": "v"}})
-	st, err := b.Driver.SyncLeases(ctx, outboxdriver.LeaseRequest{RelayID: "r", TTL: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
+	held := leaseAll(t, b.Driver)
 	for _, tc := range []struct {
 		name string
 		req  outboxdriver.FetchRequest
@@ -42,7 +38,7 @@ func TestFetchSnapshotSameAsFetch(t *testing.T) {
 		{"continuation", outboxdriver.FetchRequest{After: 2, Limit: 10}, 2},
 		{"continuation, k held", outboxdriver.FetchRequest{After: 2, Keys: []string{"k"}, KeySeqs: []int64{1}, Limit: 10}, 3},
 	} {
-		tc.req.RelayID, tc.req.Leases = "r", st.Held
+		tc.req.RelayID, tc.req.Leases = "r", held
 		want, err := b.Driver.Fetch(ctx, tc.req)
 		if err != nil {
 			t.Fatal(err)
@@ -71,11 +67,8 @@ func TestFetchSnapshotSeesRunningTransaction(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
 	b.Write(t, outbox.Message{Topic: "t", Key: "before", Payload: []byte(`1`)})
-	st, err := b.Driver.SyncLeases(ctx, outboxdriver.LeaseRequest{RelayID: "r", TTL: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
-	req := outboxdriver.FetchRequest{RelayID: "r", Leases: st.Held, Limit: 10}
+	held := leaseAll(t, b.Driver)
+	req := outboxdriver.FetchRequest{RelayID: "r", Leases: held, Limit: 10}
 
 	tx, err := b.Pool.Begin(ctx)
 	if err != nil {
@@ -128,11 +121,8 @@ func TestFetchSnapshotIsTheFetchsSnapshot(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
 	_, drv, app := taggedDriver(t, b, 1, nil)
-	st, err := drv.SyncLeases(ctx, outboxdriver.LeaseRequest{RelayID: "r", TTL: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
-	req := outboxdriver.FetchRequest{RelayID: "r", Leases: st.Held, Limit: 10}
+	held := leaseAll(t, drv)
+	req := outboxdriver.FetchRequest{RelayID: "r", Leases: held, Limit: 10}
 	// Once, so that the connection has the statements prepared: the fetch then waits for
 	// the lock when it runs, not while pgx prepares it before the batch.
 	if _, _, err := drv.FetchSnapshot(ctx, req); err != nil {
@@ -186,10 +176,7 @@ func TestFetchSnapshotSeesCommittedTransaction(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := context.Background()
-	st, err := b.Driver.SyncLeases(ctx, outboxdriver.LeaseRequest{RelayID: "r", TTL: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
+	held := leaseAll(t, b.Driver)
 	xidOf := func(commit bool) int64 {
 		t.Helper()
 		tx, err := b.Pool.Begin(ctx)
@@ -212,7 +199,7 @@ func TestFetchSnapshotSeesCommittedTransaction(t *testing.T) {
 		return xid
 	}
 	committed, rolledBack := xidOf(true), xidOf(false)
-	msgs, snap, err := b.Driver.FetchSnapshot(ctx, outboxdriver.FetchRequest{RelayID: "r", Leases: st.Held, Limit: 10})
+	msgs, snap, err := b.Driver.FetchSnapshot(ctx, outboxdriver.FetchRequest{RelayID: "r", Leases: held, Limit: 10})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -236,11 +223,8 @@ func TestFetchSnapshotErrorLeavesNoTransaction(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
 	pool, drv, _ := taggedDriver(t, b, 1, func(cfg *pgxpool.Config) { cfg.ConnConfig.RuntimeParams["lock_timeout"] = "200ms" })
-	st, err := drv.SyncLeases(ctx, outboxdriver.LeaseRequest{RelayID: "r", TTL: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
-	req := outboxdriver.FetchRequest{RelayID: "r", Leases: st.Held, Limit: 10}
+	held := leaseAll(t, drv)
+	req := outboxdriver.FetchRequest{RelayID: "r", Leases: held, Limit: 10}
 	// Once, so that the connection has the statements prepared: the fetch then fails
 	// when it runs, after the snapshot, not while pgx prepares it.
 	if _, _, err := drv.FetchSnapshot(ctx, req); err != nil {
@@ -294,11 +278,8 @@ func TestFetchSnapshotRoundTrips(t *testing.T) {
 		}
 	})
 	b.Write(t, outbox.Message{Topic: "t", Key: "k", Payload: []byte(`1`)})
-	st, err := drv.SyncLeases(ctx, outboxdriver.LeaseRequest{RelayID: "r", TTL: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
-	req := outboxdriver.FetchRequest{RelayID: "r", Leases: st.Held, Limit: 10}
+	held := leaseAll(t, drv)
+	req := outboxdriver.FetchRequest{RelayID: "r", Leases: held, Limit: 10}
 	measure := func(name string, call func() error) int {
 		t.Helper()
 		trips.reset()

@@ -40,10 +40,7 @@ func TestStallSilentConnectionReplaced(t *testing.T) {
 		cfg.ConnConfig.Host, cfg.ConnConfig.Port = host, uint16(p)
 	})
 	b.Write(t, outbox.Message{Topic: "t", Key: "k", Payload: []byte(`1`)})
-	st, err := drv.SyncLeases(ctx, outboxdriver.LeaseRequest{RelayID: "r", TTL: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
+	held := leaseAll(t, drv)
 
 	restore := proxy.Silence(t)
 	type result struct {
@@ -54,7 +51,7 @@ func TestStallSilentConnectionReplaced(t *testing.T) {
 	fetchCtx, cancel := context.WithTimeout(ctx, testenv.Stall())
 	defer cancel()
 	go func() {
-		msgs, err := drv.Fetch(fetchCtx, outboxdriver.FetchRequest{RelayID: "r", Leases: st.Held, Limit: 10})
+		msgs, err := drv.Fetch(fetchCtx, outboxdriver.FetchRequest{RelayID: "r", Leases: held, Limit: 10})
 		done <- result{msgs, err}
 	}()
 	// Heal once the fetch is lost on its way.
