@@ -87,18 +87,7 @@ it.`,
 				}
 				res, err := w.names.WALSetup(ctx, w.inTx, pgsql.WALSetupOptions{Slot: w.slot, Publication: w.publication,
 					KeepNotify: *keepNotify, Failover: *failover, SlotTimeout: *timeout, DryRun: *dryRun})
-				var check *pgsql.WALCheckError
-				if err != nil && !(*dryRun && errors.As(err, &check)) {
-					return err
-				}
-				if *asJSON {
-					if jerr := writeJSON(inv.stdout, res); jerr != nil {
-						return jerr
-					}
-				} else {
-					printSetup(inv.stdout, res)
-				}
-				return err
+				return reportWAL(inv, *asJSON, *dryRun, res, err, printSetup)
 			})
 		}
 	},
@@ -180,18 +169,7 @@ and ownership of the outbox table when it enables the trigger.`,
 				if errors.As(err, &active) {
 					return &usageError{msg: err.Error()}
 				}
-				var check *pgsql.WALCheckError
-				if err != nil && !(*dryRun && errors.As(err, &check)) {
-					return err
-				}
-				if *asJSON {
-					if jerr := writeJSON(inv.stdout, res); jerr != nil {
-						return jerr
-					}
-				} else {
-					printDrop(inv.stdout, res)
-				}
-				return err
+				return reportWAL(inv, *asJSON, *dryRun, res, err, printDrop)
 			})
 		}
 	},
@@ -310,6 +288,24 @@ func printPlan(w io.Writer, what, slot, publication string, steps []pgsql.WALSte
 	}
 	printSteps(w, steps, false)
 	return true
+}
+
+// reportWAL prints what wal setup or wal drop did (or, with dryRun, would do), as JSON
+// with asJSON, and returns err; an error other than a dry run's failed check is returned
+// with nothing printed.
+func reportWAL[T any](inv *invocation, asJSON, dryRun bool, res T, err error, print func(io.Writer, T)) error {
+	var check *pgsql.WALCheckError
+	if err != nil && !(dryRun && errors.As(err, &check)) {
+		return err
+	}
+	if asJSON {
+		if jerr := writeJSON(inv.stdout, res); jerr != nil {
+			return jerr
+		}
+	} else {
+		print(inv.stdout, res)
+	}
+	return err
 }
 
 func printSetup(w io.Writer, res pgsql.WALSetupResult) {

@@ -52,15 +52,7 @@ func roundTrippers(tb testing.TB) map[string]func(cast, literal string) ([]strin
 			return nil, err
 		}
 		defer rows.Close()
-		var got []string
-		for rows.Next() {
-			var s string
-			if err := rows.Scan(&s); err != nil {
-				return nil, err
-			}
-			got = append(got, s)
-		}
-		return got, rows.Err()
+		return textColumn(rows)
 	}
 	for _, name := range []string{"pgx", "postgres"} {
 		db, err := sql.Open(name, testdb.URL())
@@ -74,18 +66,28 @@ func roundTrippers(tb testing.TB) map[string]func(cast, literal string) ([]strin
 				return nil, err
 			}
 			defer rows.Close()
-			var got []string
-			for rows.Next() {
-				var s string
-				if err := rows.Scan(&s); err != nil {
-					return nil, err
-				}
-				got = append(got, s)
-			}
-			return got, rows.Err()
+			return textColumn(rows)
 		}
 	}
 	return out
+}
+
+// textColumn reads every row of a one-column result as text: pgx's rows and
+// database/sql's both have these methods.
+func textColumn(rows interface {
+	Next() bool
+	Scan(...any) error
+	Err() error
+}) ([]string, error) {
+	var got []string
+	for rows.Next() {
+		var s string
+		if err := rows.Scan(&s); err != nil {
+			return nil, err
+		}
+		got = append(got, s)
+	}
+	return got, rows.Err()
 }
 
 func TestArrayLiteralsRoundTrip(t *testing.T) {
