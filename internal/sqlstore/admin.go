@@ -281,33 +281,16 @@ func (s *Store) pickDead(ctx context.Context, tx Querier, f outboxdriver.DeadFil
 // next_attempt_at = created_at makes it due at once and keeps it out of the "waiting"
 // condition. The last error is kept until the next attempt overwrites it.
 func (s *Store) DeadReplay(ctx context.Context, f outboxdriver.DeadFilter) (int, error) {
-	if _, err := s.deadWhere(f); err != nil {
-		return 0, err
-	}
-	var n int
-	err := s.inWriteTx(ctx, func(tx Querier) error {
-		seqs, err := s.pickDead(ctx, tx, f)
-		if err != nil {
-			return err
-		}
-		n = 0
-		return chunks(seqs, listChunk, func(part []int64) error {
-			in := ints(part)
-			k, err := affected(tx.ExecContext(ctx, s.sql(`INSERT INTO {{outbox}} (seq, id, topic, {{key}}, aggregate_type, event_type, content_type, payload, headers, dedup_key, shard, created_at, next_attempt_at, attempts, last_error)
+	return s.eachDeadChunk(ctx, f, "replay dead letters", func(tx Querier, in string) (int, error) {
+		n, err := affected(tx.ExecContext(ctx, s.sql(`INSERT INTO {{outbox}} (seq, id, topic, {{key}}, aggregate_type, event_type, content_type, payload, headers, dedup_key, shard, created_at, next_attempt_at, attempts, last_error)
 SELECT seq, id, topic, {{key}}, aggregate_type, event_type, content_type, payload, headers, dedup_key, shard, created_at, created_at, 0, last_error
 FROM {{dead}} WHERE seq IN (`+in+`)`)))
-			if err != nil {
-				return err
-			}
-			n += k
-			_, err = tx.ExecContext(ctx, s.sql(`DELETE FROM {{dead}} WHERE seq IN (`+in+`)`))
-			return err
-		})
+		if err != nil {
+			return 0, err
+		}
+		_, err = tx.ExecContext(ctx, s.sql(`DELETE FROM {{dead}} WHERE seq IN (`+in+`)`))
+		return n, err
 	})
-	if err != nil {
-		return 0, fmt.Errorf("replay dead letters: %w", err)
-	}
-	return n, nil
 }
 
 // DeadPurge implements outboxdriver.Admin: it deletes the dead letters that match f and returns
@@ -328,6 +311,15 @@ func (s *Store) DeadPurgeAll(ctx context.Context) (int, error) {
 }
 
 func (s *Store) deadPurge(ctx context.Context, f outboxdriver.DeadFilter) (int, error) {
+	return s.eachDeadChunk(ctx, f, "purge dead letters", func(tx Querier, in string) (int, error) {
+		return affected(tx.ExecContext(ctx, s.sql(`DELETE FROM {{dead}} WHERE seq IN (`+in+`)`)))
+	})
+}
+
+// eachDeadChunk runs fn in one write transaction over the dead letters that match f, a
+// chunk of their seqs at a time (as a SQL list), and returns the sum of what fn counted.
+// An error is prefixed with what.
+func (s *Store) eachDeadChunk(ctx context.Context, f outboxdriver.DeadFilter, what string, fn func(tx Querier, in string) (int, error)) (int, error) {
 	if _, err := s.deadWhere(f); err != nil {
 		return 0, err
 	}
@@ -339,13 +331,13 @@ func (s *Store) deadPurge(ctx context.Context, f outboxdriver.DeadFilter) (int, 
 		}
 		n = 0
 		return chunks(seqs, listChunk, func(part []int64) error {
-			k, err := affected(tx.ExecContext(ctx, s.sql(`DELETE FROM {{dead}} WHERE seq IN (`+ints(part)+`)`)))
+			k, err := fn(tx, ints(part))
 			n += k
 			return err
 		})
 	})
 	if err != nil {
-		return 0, fmt.Errorf("purge dead letters: %w", err)
+		return 0, fmt.Errorf("%s: %w", what, err)
 	}
 	return n, nil
 }
