@@ -39,14 +39,11 @@ import (
 // deadline and the ones that do not answer are closed (they crossed the same network),
 // and Listen checks its session.
 const (
-	stallMargin  = 100 * time.Millisecond
-	probeEvery   = 100 * time.Millisecond // a new probe, while statements are out
-	probeTimeout = 500 * time.Millisecond // a probe's connect and query
-	maxProbes    = 5                      // probes in flight: one starts every probeEvery even while others hang
-	// acquireAttempt bounds one attempt to take a connection from the pool: the pool
-	// pings one that was idle for a second, and a silent one would hold the attempt
-	// until the statement's own deadline. A later attempt takes another.
-	acquireAttempt = 250 * time.Millisecond
+	stallMargin    = 100 * time.Millisecond
+	probeEvery     = 100 * time.Millisecond // a new probe, while statements are out
+	probeTimeout   = 500 * time.Millisecond // a probe's connect and query
+	maxProbes      = 5                      // probes in flight: one starts every probeEvery even while others hang
+	acquireAttempt = 250 * time.Millisecond // see acquire
 )
 
 // errSilent is wrapped by the error of a statement whose connection the stall watch
@@ -307,9 +304,17 @@ func (w *stallWatch) purge(rtt time.Duration) {
 // deliver.
 func closeConn(c *pgx.Conn) { _ = c.PgConn().Conn().Close() }
 
-// acquire takes a connection of the pool in attempts of at most acquireAttempt each.
+// acquire takes a connection of the pool. An attempt that lasts acquireAttempt while
+// the pool is making no new connection is given up and another made: the pool pings a
+// connection idle for over a second before lending it, and a silent one would hold the
+// attempt until the statement's deadline. While the pool is making connections, it waits
+// for the pool instead: each further attempt would dial one more, and a dial sent into a
+// silent network holds a place in the pool until its connect timeout.
 func acquire(ctx context.Context, pool *pgxpool.Pool) (*pgxpool.Conn, error) {
 	for {
+		if pool.Stat().ConstructingConns() > 0 {
+			return pool.Acquire(ctx)
+		}
 		actx, cancel := context.WithTimeout(ctx, acquireAttempt)
 		c, err := pool.Acquire(actx)
 		cancel()

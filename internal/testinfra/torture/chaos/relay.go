@@ -116,6 +116,10 @@ func RelayMain() int {
 		return 1
 	}
 	cfg.ConnConfig.RuntimeParams["application_name"] = os.Getenv(envAppName)
+	// As the outbox command's relay: a connect timeout, and room for a fetch, an outcome
+	// write, a lease round and the cleaner at once.
+	cfg.ConnConfig.ConnectTimeout = 10 * time.Second
+	cfg.MaxConns = max(cfg.MaxConns, 8)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		log.Error("pool", "err", err)
