@@ -223,7 +223,11 @@ func knownFlags() map[string]bool {
 		if c.setup != nil {
 			fs := newFlagSet(c.name)
 			c.setup(fs)
-			fs.VisitAll(func(f *flag.Flag) { known[f.Name] = true })
+			fs.VisitAll(func(f *flag.Flag) {
+				if aliasOf(f) == "" {
+					known[f.Name] = true
+				}
+			})
 		}
 		for _, s := range c.subs {
 			walk(s)
@@ -293,11 +297,21 @@ func printLeafHelp(w io.Writer, path string, cmd *command, fs *flag.FlagSet) {
 		return
 	}
 	fmt.Fprintf(w, "Flags:\n")
+	short := aliases(fs)
 	fs.VisitAll(func(f *flag.Flag) {
+		if aliasOf(f) != "" {
+			return // shown with its long flag
+		}
 		name, usage := flag.UnquoteUsage(f)
 		line := "  --" + f.Name
 		if name != "" {
 			line += " " + name
+		}
+		if s := short[f.Name]; s != "" {
+			line += ", -" + s
+			if name != "" {
+				line += " " + name
+			}
 		}
 		fmt.Fprintf(w, "%s\n", line)
 		for _, l := range strings.Split(usage, "\n") {

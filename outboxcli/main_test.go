@@ -146,6 +146,12 @@ func TestHelpListsEveryFlagWithItsEnvVar(t *testing.T) {
 			args := append(strings.Fields(path), helpArg)
 			r := must(t, 0, nil, args...)
 			fs.VisitAll(func(f *flag.Flag) {
+				if long := aliasOf(f); long != "" {
+					if !strings.Contains(r.stdout, "--"+long) || !strings.Contains(r.stdout, ", -"+f.Name) {
+						t.Errorf("outbox %s %s: alias -%s of --%s missing from:\n%s", path, helpArg, f.Name, long, r.stdout)
+					}
+					return
+				}
 				if !strings.Contains(r.stdout, "--"+f.Name) || !strings.Contains(r.stdout, envName(f.Name)) {
 					t.Errorf("outbox %s %s: flag --%s or %s missing from:\n%s", path, helpArg, f.Name, envName(f.Name), r.stdout)
 				}

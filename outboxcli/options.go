@@ -25,6 +25,29 @@ func envName(flagName string) string {
 	return "OUTBOX_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
 }
 
+// aliasOf returns the name of the flag f is a one-letter alias of ("file" for -f, whose
+// usage begins "the same as --file"), or "" when f is no alias. An alias has no
+// environment variable and no config key: its long flag's are the ones.
+func aliasOf(f *flag.Flag) string {
+	long, ok := strings.CutPrefix(f.Usage, "the same as --")
+	if len(f.Name) != 1 || !ok {
+		return ""
+	}
+	name, _, _ := strings.Cut(long, " ")
+	return name
+}
+
+// aliases maps each flag of fs that has a one-letter alias to the alias: "file" to "f".
+func aliases(fs *flag.FlagSet) map[string]string {
+	short := map[string]string{}
+	fs.VisitAll(func(f *flag.Flag) {
+		if long := aliasOf(f); long != "" {
+			short[long] = f.Name
+		}
+	})
+	return short
+}
+
 // usageError is a mistake in how the command was called or configured: exit status 2.
 type usageError struct{ msg string }
 
@@ -185,7 +208,7 @@ func applySources(fs *flag.FlagSet, env func(string) string, cf *configFile) err
 	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
 	var err error
 	fs.VisitAll(func(f *flag.Flag) {
-		if err != nil || given[f.Name] || f.Name == "config" {
+		if err != nil || given[f.Name] || f.Name == "config" || aliasOf(f) != "" {
 			return
 		}
 		_, isList := f.Value.(listValue)

@@ -50,14 +50,18 @@ func referenceTree() (*refdocs.Command, error) {
 		}
 		fs, _, _ := leafFlags(path, c)
 		var err error
+		short := aliases(fs)
 		fs.VisitAll(func(f *flag.Flag) {
+			if aliasOf(f) != "" {
+				return // a row of its long flag
+			}
 			typ, e := flagType(f)
 			if e != nil && err == nil {
 				err = fmt.Errorf("%s --%s: %w", path, f.Name, e)
 			}
 			placeholder, usage := flag.UnquoteUsage(f)
 			rf := refdocs.Flag{Name: f.Name, Placeholder: placeholder, Type: typ, Usage: usage,
-				Env: envName(f.Name), Secret: brokers.IsSecret(f.Name)}
+				Env: envName(f.Name), Short: short[f.Name], Secret: brokers.IsSecret(f.Name)}
 			if showDefault(f) {
 				rf.Default = f.DefValue
 			}

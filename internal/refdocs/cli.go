@@ -25,6 +25,7 @@ type Flag struct {
 	Usage       string // the description --help prints, placeholder unquoted
 	Default     string // the default --help shows; empty when it shows none
 	Env         string // the environment variable: OUTBOX_BATCH_SIZE
+	Short       string // a one-letter alias: "f" for -f; empty for none
 	// Secret hides the default: a password, secret or token never appears in the docs,
 	// even as the empty string, so that nobody learns to expect one there.
 	Secret bool
@@ -76,12 +77,17 @@ func writeCommand(b *strings.Builder, c *Command) {
 	}
 }
 
-// flagSynopsis is the flag as --help lists it: "--batch-size n".
+// flagSynopsis is the flag as --help lists it: "--batch-size n", "--file file, -f file".
 func flagSynopsis(f Flag) string {
-	if f.Placeholder == "" {
-		return "--" + f.Name
+	value := ""
+	if f.Placeholder != "" {
+		value = " " + f.Placeholder
 	}
-	return "--" + f.Name + " " + f.Placeholder
+	s := "--" + f.Name + value
+	if f.Short != "" {
+		s += ", -" + f.Short + value
+	}
+	return s
 }
 
 func shownDefault(f Flag) string {
