@@ -39,10 +39,14 @@ import (
 // deadline and the ones that do not answer are closed (they crossed the same network),
 // and Listen checks its session.
 const (
-	stallMargin    = 100 * time.Millisecond
-	probeEvery     = 100 * time.Millisecond // a new probe, while statements are out
+	stallMargin = 100 * time.Millisecond
+	// A probe starts every probeEvery while statements are out, and every probeOverlap
+	// while an earlier one has not answered: one sent into a silent network never
+	// answers, and the first sent after the network is back gives the verdict.
+	probeEvery     = 100 * time.Millisecond
+	probeOverlap   = 50 * time.Millisecond
 	probeTimeout   = 500 * time.Millisecond // a probe's connect and query
-	maxProbes      = 5                      // probes in flight: one starts every probeEvery even while others hang
+	maxProbes      = int(probeTimeout/probeOverlap) + 1
 	acquireAttempt = 250 * time.Millisecond // see acquire
 )
 
@@ -120,10 +124,11 @@ func (w *stallWatch) stalls() <-chan struct{} {
 }
 
 func (w *stallWatch) run() {
-	tick := time.NewTicker(probeEvery)
+	tick := time.NewTicker(probeOverlap / 2)
 	defer tick.Stop()
 	results := make(chan probeResult, maxProbes)
 	inFlight := 0
+	var last time.Time // when the last probe started
 	for {
 		select {
 		case r := <-results:
@@ -148,8 +153,13 @@ func (w *stallWatch) run() {
 				}
 			}
 			w.mu.Unlock()
-			if len(pids) > 0 && inFlight < maxProbes {
+			every := probeEvery
+			if inFlight > 0 {
+				every = probeOverlap
+			}
+			if len(pids) > 0 && inFlight < maxProbes && now.Sub(last) >= every {
 				inFlight++
+				last = now
 				go func() { results <- w.probe(pids) }()
 			}
 		}
@@ -304,17 +314,12 @@ func (w *stallWatch) purge(rtt time.Duration) {
 // deliver.
 func closeConn(c *pgx.Conn) { _ = c.PgConn().Conn().Close() }
 
-// acquire takes a connection of the pool. An attempt that lasts acquireAttempt while
-// the pool is making no new connection is given up and another made: the pool pings a
-// connection idle for over a second before lending it, and a silent one would hold the
-// attempt until the statement's deadline. While the pool is making connections, it waits
-// for the pool instead: each further attempt would dial one more, and a dial sent into a
-// silent network holds a place in the pool until its connect timeout.
+// acquire takes a connection of the pool in attempts of at most acquireAttempt each:
+// the pool pings a connection idle for over a second before lending it, and a silent
+// one would hold the attempt until the statement's own deadline. A later attempt takes
+// another.
 func acquire(ctx context.Context, pool *pgxpool.Pool) (*pgxpool.Conn, error) {
 	for {
-		if pool.Stat().ConstructingConns() > 0 {
-			return pool.Acquire(ctx)
-		}
 		actx, cancel := context.WithTimeout(ctx, acquireAttempt)
 		c, err := pool.Acquire(actx)
 		cancel()
