@@ -30,9 +30,13 @@ import (
 //     never arrived, or its answer never came back. The session is terminated too, so
 //     that a statement arriving late cannot run after the one retried in its place;
 //   - does the same for a session blocked sending to its client (ClientWrite) on two
-//     probes in a row, and for a session that is gone, once the sessions it looks up are
-//     known to be the server's own (through PgBouncer they are not, and a missing one
-//     says nothing).
+//     probes in a row, and for a session that is gone, once some session it looked up
+//     was found (so the process IDs the connections name are the server's).
+//
+// It looks only at sessions of its own role. Through a pooler (PgBouncer) a connection
+// names a process ID the pooler made up, which may be another client's session: the
+// watch judges nothing once a connection names one no server process can have (above
+// maxServerPID, as PgBouncer's random ones nearly always are).
 //
 // The statement then fails at once with errSilent, and onConn runs it again on another
 // connection. After a verdict, the pool's idle connections are pinged with a short
@@ -48,6 +52,7 @@ const (
 	probeTimeout   = 500 * time.Millisecond // a probe's connect and query
 	maxProbes      = int(probeTimeout/probeOverlap) + 1
 	acquireAttempt = 250 * time.Millisecond // see acquire
+	maxServerPID   = 1 << 22                // Linux's PID_MAX_LIMIT: every process ID is below it
 )
 
 // errSilent is wrapped by the error of a statement whose connection the stall watch
@@ -63,6 +68,7 @@ type stallWatch struct {
 	out     map[*tracked]struct{}
 	running bool
 	direct  bool          // a followed session was seen in pg_stat_activity
+	pooled  bool          // a connection named a process ID above maxServerPID
 	spare   []*pgx.Conn   // probe connections not in use
 	stalled chan struct{} // closed at each verdict, then replaced
 	purging bool          // a purge of the pool's idle connections runs
@@ -102,6 +108,10 @@ func (w *stallWatch) track(pc *pgconn.PgConn) (done func() (closed bool)) {
 	}
 	t := &tracked{pid: pc.PID(), conn: pc.Conn(), since: time.Now()}
 	w.mu.Lock()
+	if w.pooled = w.pooled || t.pid >= maxServerPID; w.pooled {
+		w.mu.Unlock()
+		return func() bool { return false }
+	}
 	w.out[t] = struct{}{}
 	if !w.running {
 		w.running = true
@@ -185,7 +195,7 @@ func (w *stallWatch) probe(pids []int32) probeResult {
 	r := probeResult{sent: time.Now(), sessions: map[uint32]session{}}
 	rows, err := c.Query(ctx, `SELECT pid, coalesce(state, ''), coalesce(wait_event, ''),
 		coalesce(extract(epoch FROM clock_timestamp() - state_change), 0)::float8
-		FROM pg_stat_activity WHERE pid = ANY($1)`, pids)
+		FROM pg_stat_activity WHERE pid = ANY($1) AND usename = current_user`, pids)
 	if err == nil {
 		for rows.Next() {
 			var pid int32
@@ -223,6 +233,10 @@ func (w *stallWatch) judge(r probeResult) {
 	var silent []*tracked
 	var terminate []int32
 	w.mu.Lock()
+	if w.pooled {
+		w.mu.Unlock()
+		return
+	}
 	w.direct = w.direct || len(r.sessions) > 0
 	for t := range w.out {
 		if t.closed || r.sent.Sub(t.since) < limit {
@@ -282,7 +296,7 @@ func (w *stallWatch) terminate(pids []int32) {
 		return
 	}
 	defer closeConn(c)
-	_, _ = c.Exec(ctx, "SELECT pg_terminate_backend(pid) FROM unnest($1::int[]) AS pid", pids)
+	_, _ = c.Exec(ctx, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE pid = ANY($1) AND usename = current_user", pids)
 }
 
 // purge pings every idle connection of the pool at once and closes the ones that do
