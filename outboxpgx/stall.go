@@ -43,7 +43,12 @@ import (
 // deadline and the ones that do not answer are closed (they crossed the same network),
 // and Listen checks its session.
 const (
-	stallMargin = 100 * time.Millisecond
+	// stallMargin is how long past a probe's round trip a statement must be out, and its
+	// session waiting for it, before the connection counts as silent. A client starved of
+	// CPU (a GC pause, a loaded host) leaves its session idle with the answer unread:
+	// that must last this long to be taken for silence. After an outage longer than it,
+	// the first probe's verdict is immediate.
+	stallMargin = time.Second
 	// A probe starts every probeEvery while statements are out, and every probeOverlap
 	// while an earlier one has not answered: one sent into a silent network never
 	// answers, and the first sent after the network is back gives the verdict.

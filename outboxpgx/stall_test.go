@@ -99,11 +99,11 @@ func TestStallSlowStatementLeftAlone(t *testing.T) {
 		_, err := drv.MigrateUp(ctx, 0)
 		done <- err
 	}()
-	// Hold the lock while MigrateUp waits for it, for ten probe periods.
+	// Hold the lock while MigrateUp waits for it, for several probe periods past the margin.
 	var waiting bool
 	if err := testenv.Progress(ctx, "MigrateUp waiting for the lock", testenv.Stall(), func() (any, bool) {
 		err := b.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock'
-			AND query LIKE '%outbox_migrations%' AND query_start < now() - interval '1 second')`).Scan(&waiting)
+			AND query LIKE '%outbox_migrations%' AND query_start < now() - interval '3 seconds')`).Scan(&waiting)
 		return waiting, err != nil || waiting
 	}); err != nil {
 		t.Fatal(err)
