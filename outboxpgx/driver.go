@@ -334,14 +334,7 @@ func (d *Driver) Listen(ctx context.Context, wake func(outboxdriver.Wake, int64)
 	// Each statement on the session is followed by the stall watch, and the session is
 	// checked after every verdict: a silent listening session would otherwise only miss
 	// notifications.
-	watched := func(f func() error) error {
-		done := d.stalls.track(conn.PgConn())
-		err := f()
-		if done() && err != nil {
-			err = errors.Join(errSilent, err)
-		}
-		return err
-	}
+	watched := func(f func() error) error { return d.stalls.follow(conn.PgConn(), f) }
 	exec := func(sql string, args ...any) error {
 		return watched(func() error { _, err := conn.Exec(ctx, sql, args...); return err })
 	}

@@ -359,11 +359,22 @@ func onConn[T any](ctx context.Context, d *Driver, op func(*pgxpool.Conn) (T, er
 			return zero, err
 		}
 		defer c.Release()
-		done := d.stalls.track(c.Conn().PgConn())
-		v, err := op(c)
-		if done() && err != nil {
-			err = errors.Join(errSilent, err)
-		}
+		var v T
+		err = d.stalls.follow(c.Conn().PgConn(), func() (err error) {
+			v, err = op(c)
+			return err
+		})
 		return v, err
 	})
+}
+
+// follow runs f, statements on pc, while the watch follows them; an error of f after the
+// watch closed pc wraps errSilent.
+func (w *stallWatch) follow(pc *pgconn.PgConn, f func() error) error {
+	done := w.track(pc)
+	err := f()
+	if done() && err != nil {
+		err = errors.Join(errSilent, err)
+	}
+	return err
 }
