@@ -111,8 +111,8 @@ func TestMaintainBusy(t *testing.T) {
 	if err := holder.Rollback(ctx); err != nil {
 		t.Fatal(err)
 	}
-	m, err = b.Driver.Maintain(ctx, outboxdriver.MaintainRequest{Retention: time.Hour, Limit: 100})
-	if err != nil || m.Skipped || len(m.Created) != 3 {
+	m, err = maintainUntilRan(t, b.Driver, outboxdriver.MaintainRequest{Retention: time.Hour, Limit: 100})
+	if err != nil || len(m.Created) != 3 {
 		t.Fatalf("Maintain once the lock is free: %+v, %v; want the 3 missing days created", m, err)
 	}
 }
@@ -262,8 +262,8 @@ func TestMigrateToPartitionsWhileRelaying(t *testing.T) {
 		t.Fatal(err)
 	}
 	db.Exec(t, `UPDATE %[1]s.outbox_migrations SET applied_at = now() - interval '8 days' WHERE version = 3`)
-	m, err := drv.Maintain(testenv.Context(t), outboxdriver.MaintainRequest{Retention: 7 * 24 * time.Hour, Limit: 100})
-	if err != nil || m.Skipped {
+	m, err := maintainUntilRan(t, drv, outboxdriver.MaintainRequest{Retention: 7 * 24 * time.Hour, Limit: 100})
+	if err != nil {
 		t.Fatalf("maintain: %+v, %v", m, err)
 	}
 	var exists bool
@@ -348,4 +348,23 @@ WHERE NOT l.granted AND c.relnamespace = $1::regnamespace`, db.Schema).Scan(&wai
 	if err := testenv.AwaitRecv(t, "the migration", migrated); err != nil {
 		t.Fatalf("migrate up: %v", err)
 	}
+}
+
+// maintainUntilRan calls Maintain until a call is not skipped, as the relay's next
+// maintenance would. A skip is the documented answer to a busy table as well as to a held
+// maintenance lock: autovacuum on a table just written takes a lock that DROP TABLE waits
+// for past the 200 ms lock timeout, on a loaded machine more often than not.
+func maintainUntilRan(t *testing.T, m outboxdriver.Maintainer, req outboxdriver.MaintainRequest) (outboxdriver.Maintenance, error) {
+	t.Helper()
+	var (
+		got   outboxdriver.Maintenance
+		err   error
+		calls int
+	)
+	testenv.Await(t, "a maintenance call that is not skipped", func() (any, bool) {
+		calls++
+		got, err = m.Maintain(testenv.Context(t), req)
+		return fmt.Sprintf("%d calls, last %+v, %v", calls, got, err), err != nil || !got.Skipped
+	})
+	return got, err
 }
