@@ -20,18 +20,26 @@ import (
 // a firewall's or NAT's state did not survive, a peer gone without a reset), nothing on
 // the client side ends the wait before that, or before the operating system's TCP
 // timeouts, which are minutes. The stall watch asks the server instead: while one of the
-// relay's statements has been out for longer than a probe's round trip plus
-// stallMargin, it looks the statement's session up in pg_stat_activity, over a
-// connection of its own, and
+// relay's statements has been out for longer than probeAfter, it looks the statement's
+// session up in pg_stat_activity, over a connection of its own, and
 //   - leaves a session that is running (active) alone, however long it takes: slow is
 //     not silent;
 //   - closes the connection of a session that has been waiting for its client (idle, or
-//     idle in transaction) for that long while its client waits for it: the statement
-//     never arrived, or its answer never came back. The session is terminated too, so
-//     that a statement arriving late cannot run after the one retried in its place;
+//     idle in transaction) since before the statement was sent, once the statement has
+//     been out for a probe's round trip plus probeAfter: it never arrived. Causality
+//     makes this exact: a session that received the statement changed state after it
+//     was sent, so its idle time is below the statement's age plus the probe's round
+//     trip; one that did not has been idle for longer than that;
+//   - does the same for a session that has been waiting for its client for a probe's
+//     round trip plus stallMargin, its statement out as long: its answer never came
+//     back, or sits unread in a client starved of CPU (which is why the margin);
 //   - does the same for a session blocked sending to its client (ClientWrite) on two
 //     probes in a row, and for a session that is gone, once some session it looked up
-//     was found (so the process IDs the connections name are the server's).
+//     was found (so the process IDs the connections name are the server's), the
+//     statement out for the longer margin.
+//
+// A closed session is terminated too, so that a statement arriving late cannot run
+// after the one retried in its place.
 //
 // It looks only at sessions of its own role. Through a pooler (PgBouncer) a connection
 // names a process ID the pooler made up, which may be another client's session: the
@@ -43,11 +51,15 @@ import (
 // deadline and the ones that do not answer are closed (they crossed the same network),
 // and Listen checks its session.
 const (
+	// probeAfter is how long a statement is out before the watch looks at its session,
+	// and, past a probe's round trip, the most a statement that has not arrived may
+	// still be on its way (or waiting for the client's CPU to be written).
+	probeAfter = 100 * time.Millisecond
 	// stallMargin is how long past a probe's round trip a statement must be out, and its
-	// session waiting for it, before the connection counts as silent. A client starved of
-	// CPU (a GC pause, a loaded host) leaves its session idle with the answer unread:
-	// that must last this long to be taken for silence. After an outage longer than it,
-	// the first probe's verdict is immediate.
+	// session waiting for it, before a session that did receive it counts as silent. A
+	// client starved of CPU (a GC pause, a loaded host) leaves its session idle with the
+	// answer unread: that must last this long to be taken for silence. After an outage
+	// longer than it, the first probe's verdict is immediate.
 	stallMargin = time.Second
 	// A probe starts every probeEvery while statements are out, and every probeOverlap
 	// while an earlier one has not answered: one sent into a silent network never
@@ -77,6 +89,8 @@ type stallWatch struct {
 	spare   []*pgx.Conn   // probe connections not in use
 	stalled chan struct{} // closed at each verdict, then replaced
 	purging bool          // a purge of the pool's idle connections runs
+	judged  int           // probe results judged (for tests)
+	unsent  int           // verdicts on statements that never reached their session (for tests)
 }
 
 // tracked is one statement (or transaction) out on a connection.
@@ -163,7 +177,7 @@ func (w *stallWatch) run() {
 			}
 			var pids []int32
 			for t := range w.out {
-				if now.Sub(t.since) >= stallMargin {
+				if now.Sub(t.since) >= probeAfter {
 					pids = append(pids, int32(t.pid))
 				}
 			}
@@ -243,24 +257,30 @@ func (w *stallWatch) judge(r probeResult) {
 		return
 	}
 	w.direct = w.direct || len(r.sessions) > 0
+	w.judged++
 	for t := range w.out {
-		if t.closed || r.sent.Sub(t.since) < limit {
+		age := r.sent.Sub(t.since)
+		if t.closed || age < r.rtt+probeAfter {
 			continue
 		}
 		s, found := r.sessions[t.pid]
 		dead := false
 		switch {
 		case !found:
-			dead = w.direct
+			dead = w.direct && age >= limit
 		case s.state == "active" && s.wait == "ClientWrite":
 			t.writes++
-			dead = t.writes >= 2
+			dead = t.writes >= 2 && age >= limit
 		case s.state == "active" && broken.Has(broken.StallKillsSlow): // canary: slow taken for silent
 			dead = true
 		case s.state == "active":
 			t.writes = 0
-		case strings.HasPrefix(s.state, "idle"):
-			dead = s.idleFor >= limit
+		case !strings.HasPrefix(s.state, "idle"):
+		case s.idleFor >= age+r.rtt || broken.Has(broken.StallIdleUnsent): // idle since before it was sent
+			dead = true
+			w.unsent++
+		default: // it arrived; its answer did not, or is unread
+			dead = age >= limit && s.idleFor >= limit
 		}
 		if dead {
 			t.closed = true

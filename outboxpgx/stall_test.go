@@ -11,10 +11,12 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/pgsql"
 	"github.com/outboxkit/outbox/internal/testinfra/testdb"
 	"github.com/outboxkit/outbox/internal/testinfra/testenv"
 	"github.com/outboxkit/outbox/internal/testinfra/testproxy"
 	"github.com/outboxkit/outbox/outboxdriver"
+	"github.com/outboxkit/outbox/outboxpgx"
 )
 
 // TestStallSilentConnectionReplaced: a Fetch sent while the network to the database
@@ -71,6 +73,46 @@ func TestStallSilentConnectionReplaced(t *testing.T) {
 		t.Fatalf("Fetch returned %d messages, want 1", len(r.msgs))
 	}
 	t.Logf("fetch returned %s after the heal", time.Since(healed).Round(time.Millisecond))
+	// Sent into the silence, the fetch never reached its session, which the first probe
+	// that answers can tell without waiting for the margin.
+	if _, unsent := outboxpgx.StallCounts(drv); unsent == 0 {
+		t.Fatal("the fetch's connection was not judged as one whose statement never arrived")
+	}
+}
+
+// TestStallWaitingForClientLeftAlone: a session that answered and waits for its client
+// (between a transaction's statements here; in production also an answer a client
+// starved of CPU has not read yet) has not gone silent, however often the watch looks at
+// it before the margin: the transaction ends on the connection it began on.
+func TestStallWaitingForClientLeftAlone(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	pool, drv, _ := taggedDriver(t, b, 1, nil)
+	if _, err := drv.MigrateUp(ctx, 0); err != nil { // the pool's one connection, made
+		t.Fatal(err)
+	}
+	made := pool.Stat().NewConnsCount()
+	err := outboxpgx.InRelayTx(ctx, drv, func(q pgsql.Querier) error {
+		if err := q.Exec(ctx, "SELECT 1"); err != nil {
+			return err
+		}
+		// Idle in transaction until the watch has judged two probes of the session.
+		before, _ := outboxpgx.StallCounts(drv)
+		if err := testenv.Progress(ctx, "probes of the idle transaction", testenv.Stall(), func() (any, bool) {
+			judged, _ := outboxpgx.StallCounts(drv)
+			return judged, judged >= before+2
+		}); err != nil {
+			return err
+		}
+		return q.Exec(ctx, "SELECT 1")
+	})
+	if err != nil {
+		t.Fatalf("a transaction waiting for its client: %v", err)
+	}
+	if n := pool.Stat().NewConnsCount(); n != made {
+		t.Fatalf("the pool made %d connections: the watch closed a session that was waiting for its client", n-made)
+	}
 }
 
 // TestStallSlowStatementLeftAlone: a statement that waits on a lock for many probe

@@ -40,6 +40,11 @@ const (
 	// StallKillsSlow makes outboxpgx's stall watch close the connection of every
 	// statement out for long, a running one too.
 	StallKillsSlow Bug = "stall-kills-slow"
+	// StallIdleUnsent makes outboxpgx's stall watch take every idle session for one its
+	// statement never reached, so a session that answered and waits for the client to
+	// read (or to send the transaction's next statement) is closed after a tenth of a
+	// second.
+	StallIdleUnsent Bug = "stall-idle-unsent"
 )
 
 // EnvVar names the environment variable that lists the bugs to switch on, separated by
