@@ -41,6 +41,13 @@ import (
 // A closed session is terminated too, so that a statement arriving late cannot run
 // after the one retried in its place.
 //
+// A statement that gave up at its own deadline (or was cancelled) leaves its session
+// behind when the network is silent: pgx closes the socket, but the server never hears of
+// it, and a session idle in a transaction keeps its locks until the server's TCP
+// keepalive ends it, hours later. The watch terminates such a session at the next probe
+// that answers, if it still exists and started before the statement gave up (so a new
+// session that took over the process ID is left alone).
+//
 // It looks only at sessions of its own role. Through a pooler (PgBouncer) a connection
 // names a process ID the pooler made up, which may be another client's session: the
 // watch judges nothing once a connection names one no server process can have (above
@@ -84,13 +91,14 @@ type stallWatch struct {
 	mu      sync.Mutex
 	out     map[*tracked]struct{}
 	running bool
-	direct  bool          // a followed session was seen in pg_stat_activity
-	pooled  bool          // a connection named a process ID above maxServerPID
-	spare   []*pgx.Conn   // probe connections not in use
-	stalled chan struct{} // closed at each verdict, then replaced
-	purging bool          // a purge of the pool's idle connections runs
-	judged  int           // probe results judged (for tests)
-	unsent  int           // verdicts on statements that never reached their session (for tests)
+	direct  bool                 // a followed session was seen in pg_stat_activity
+	pooled  bool                 // a connection named a process ID above maxServerPID
+	spare   []*pgx.Conn          // probe connections not in use
+	stalled chan struct{}        // closed at each verdict, then replaced
+	purging bool                 // a purge of the pool's idle connections runs
+	orphans map[uint32]time.Time // sessions of statements that gave up, by process ID: when
+	judged  int                  // probe results judged (for tests)
+	unsent  int                  // verdicts on statements that never reached their session (for tests)
 }
 
 // tracked is one statement (or transaction) out on a connection.
@@ -104,6 +112,7 @@ type tracked struct {
 
 // probeResult is what one probe saw of the sessions it looked up.
 type probeResult struct {
+	started  time.Time // when the probe began, connecting included
 	sent     time.Time
 	rtt      time.Duration
 	sessions map[uint32]session
@@ -113,10 +122,11 @@ type probeResult struct {
 type session struct {
 	state, wait string
 	idleFor     time.Duration // since the session last changed state
+	age         time.Duration // since the session started
 }
 
 func newStallWatch(pool *pgxpool.Pool) *stallWatch {
-	return &stallWatch{pool: pool, out: map[*tracked]struct{}{}, stalled: make(chan struct{})}
+	return &stallWatch{pool: pool, out: map[*tracked]struct{}{}, orphans: map[uint32]time.Time{}, stalled: make(chan struct{})}
 }
 
 // track follows a statement about to be sent on pc until done is called; done reports
@@ -132,10 +142,7 @@ func (w *stallWatch) track(pc *pgconn.PgConn) (done func() (closed bool)) {
 		return func() bool { return false }
 	}
 	w.out[t] = struct{}{}
-	if !w.running {
-		w.running = true
-		go w.run()
-	}
+	w.start()
 	w.mu.Unlock()
 	return func() bool {
 		w.mu.Lock()
@@ -143,6 +150,26 @@ func (w *stallWatch) track(pc *pgconn.PgConn) (done func() (closed bool)) {
 		delete(w.out, t)
 		return t.closed
 	}
+}
+
+// start starts the watch's goroutine unless it runs. w.mu is held.
+func (w *stallWatch) start() {
+	if !w.running {
+		w.running = true
+		go w.run()
+	}
+}
+
+// orphan records that a statement on the session of pid gave up and its connection is
+// closed, so that the session is terminated once the server answers.
+func (w *stallWatch) orphan(pid uint32) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.pooled || pid == 0 || pid >= maxServerPID {
+		return
+	}
+	w.orphans[pid] = time.Now()
+	w.start()
 }
 
 // stalls returns a channel closed at the next verdict.
@@ -165,7 +192,7 @@ func (w *stallWatch) run() {
 			w.judge(r)
 		case now := <-tick.C:
 			w.mu.Lock()
-			if len(w.out) == 0 && inFlight == 0 {
+			if len(w.out) == 0 && len(w.orphans) == 0 && inFlight == 0 {
 				w.running = false
 				spare := w.spare
 				w.spare = nil
@@ -181,6 +208,9 @@ func (w *stallWatch) run() {
 					pids = append(pids, int32(t.pid))
 				}
 			}
+			for pid := range w.orphans {
+				pids = append(pids, int32(pid))
+			}
 			w.mu.Unlock()
 			every := probeEvery
 			if inFlight > 0 {
@@ -189,14 +219,14 @@ func (w *stallWatch) run() {
 			if len(pids) > 0 && inFlight < maxProbes && now.Sub(last) >= every {
 				inFlight++
 				last = now
-				go func() { results <- w.probe(pids) }()
+				go func() { results <- w.probe(now, pids) }()
 			}
 		}
 	}
 }
 
 // probe looks the sessions of pids up, on a spare probe connection or a new one.
-func (w *stallWatch) probe(pids []int32) probeResult {
+func (w *stallWatch) probe(started time.Time, pids []int32) probeResult {
 	ctx, cancel := context.WithTimeout(context.Background(), probeTimeout)
 	defer cancel()
 	w.mu.Lock()
@@ -208,22 +238,24 @@ func (w *stallWatch) probe(pids []int32) probeResult {
 	if c == nil {
 		var err error
 		if c, err = pgx.ConnectConfig(ctx, w.pool.Config().ConnConfig); err != nil {
-			return probeResult{err: err}
+			return probeResult{started: started, err: err}
 		}
 	}
-	r := probeResult{sent: time.Now(), sessions: map[uint32]session{}}
+	r := probeResult{started: started, sent: time.Now(), sessions: map[uint32]session{}}
 	rows, err := c.Query(ctx, `SELECT pid, coalesce(state, ''), coalesce(wait_event, ''),
-		coalesce(extract(epoch FROM clock_timestamp() - state_change), 0)::float8
+		coalesce(extract(epoch FROM clock_timestamp() - state_change), 0)::float8,
+		extract(epoch FROM clock_timestamp() - backend_start)::float8
 		FROM pg_stat_activity WHERE pid = ANY($1) AND usename = current_user`, pids)
 	if err == nil {
 		for rows.Next() {
 			var pid int32
 			var s session
-			var idle float64
-			if err = rows.Scan(&pid, &s.state, &s.wait, &idle); err != nil {
+			var idle, age float64
+			if err = rows.Scan(&pid, &s.state, &s.wait, &idle, &age); err != nil {
 				break
 			}
 			s.idleFor = time.Duration(idle * float64(time.Second))
+			s.age = time.Duration(age * float64(time.Second))
 			r.sessions[uint32(pid)] = s
 		}
 		rows.Close()
@@ -246,6 +278,11 @@ func (w *stallWatch) probe(pids []int32) probeResult {
 // judge closes the connections r shows to be silent.
 func (w *stallWatch) judge(r probeResult) {
 	if r.err != nil {
+		if !unanswered(r.err) { // refused: the server, or the way to it, is up to close sessions itself
+			w.mu.Lock()
+			w.dropOrphans(r)
+			w.mu.Unlock()
+		}
 		return // the server is out of reach too: nothing to tell a silent connection from an outage by
 	}
 	limit := r.rtt + stallMargin
@@ -256,6 +293,7 @@ func (w *stallWatch) judge(r probeResult) {
 		w.mu.Unlock()
 		return
 	}
+	orphans := w.dropOrphans(r)
 	w.direct = w.direct || len(r.sessions) > 0
 	w.judged++
 	for t := range w.out {
@@ -292,8 +330,12 @@ func (w *stallWatch) judge(r probeResult) {
 	}
 	if len(silent) == 0 {
 		w.mu.Unlock()
+		if len(orphans) > 0 {
+			go w.terminate(orphans)
+		}
 		return
 	}
+	terminate = append(terminate, orphans...)
 	close(w.stalled)
 	w.stalled = make(chan struct{})
 	purge := !w.purging
@@ -306,6 +348,30 @@ func (w *stallWatch) judge(r probeResult) {
 	if purge {
 		go w.purge(r.rtt)
 	}
+}
+
+// dropOrphans forgets the orphans r looked up, and returns those of them it found still
+// the session that gave up. w.mu is held.
+func (w *stallWatch) dropOrphans(r probeResult) []int32 {
+	var found []int32
+	for pid, at := range w.orphans {
+		if at.After(r.started) {
+			continue
+		}
+		delete(w.orphans, pid)
+		// A session that took over the process ID since started after the statement
+		// gave up, so it is younger than the time from then to the probe's answer.
+		if s, ok := r.sessions[pid]; ok && s.age >= r.sent.Sub(at)+r.rtt {
+			found = append(found, int32(pid))
+		}
+	}
+	return found
+}
+
+// unanswered reports whether err is a probe's timeout.
+func unanswered(err error) bool {
+	var ne net.Error
+	return errors.Is(err, context.DeadlineExceeded) || errors.As(err, &ne) && ne.Timeout()
 }
 
 // terminate ends the sessions of pids, so that a statement still on its way to one of
@@ -393,8 +459,12 @@ func onConn[T any](ctx context.Context, d *Driver, op func(*pgxpool.Conn) (T, er
 func (w *stallWatch) follow(pc *pgconn.PgConn, f func() error) error {
 	done := w.track(pc)
 	err := f()
-	if done() && err != nil {
+	switch closed := done(); {
+	case closed && err != nil:
 		err = errors.Join(errSilent, err)
+	case err != nil && pc.IsClosed() && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)) &&
+		!broken.Has(broken.StallKeepsOrphans): // canary: a session given up on is left to the server
+		w.orphan(pc.PID())
 	}
 	return err
 }

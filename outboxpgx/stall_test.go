@@ -1,13 +1,16 @@
 package outboxpgx_test
 
 import (
+	"cmp"
 	"context"
+	"errors"
 	"net"
 	"net/url"
 	"strconv"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxkit/outbox"
@@ -27,20 +30,8 @@ func TestStallSilentConnectionReplaced(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := context.Background()
-	u, err := url.Parse(testdb.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := u.Port()
-	if port == "" {
-		port = "5432"
-	}
-	proxy := testproxy.New(t, net.JoinHostPort(u.Hostname(), port))
-	_, drv, _ := taggedDriver(t, b, 4, func(cfg *pgxpool.Config) {
-		host, port, _ := net.SplitHostPort(proxy.Addr())
-		p, _ := strconv.Atoi(port)
-		cfg.ConnConfig.Host, cfg.ConnConfig.Port = host, uint16(p)
-	})
+	proxy, viaProxy := dbProxy(t)
+	_, drv, _ := taggedDriver(t, b, 4, viaProxy)
 	b.Write(t, outbox.Message{Topic: "t", Key: "k", Payload: []byte(`1`)})
 	held := leaseAll(t, drv)
 
@@ -77,6 +68,57 @@ func TestStallSilentConnectionReplaced(t *testing.T) {
 	// that answers can tell without waiting for the margin.
 	if _, unsent := outboxpgx.StallCounts(drv); unsent == 0 {
 		t.Fatal("the fetch's connection was not judged as one whose statement never arrived")
+	}
+}
+
+// TestStallAbandonedSessionTerminated: a relay transaction that holds a lock and gives up
+// (cancelled) while the network is silent closes its socket, which the server never
+// hears of; once the network is back, the watch terminates the session left behind, and
+// the lock is free again (the server alone would keep it until TCP keepalive, hours).
+func TestStallAbandonedSessionTerminated(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	proxy, viaProxy := dbProxy(t)
+	_, drv, _ := taggedDriver(t, b, 2, viaProxy)
+	if _, err := drv.MigrateUp(ctx, 0); err != nil {
+		t.Fatal(err)
+	}
+	txCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var pid int32
+	var restore func()
+	err := outboxpgx.InRelayTx(txCtx, drv, func(q pgsql.Querier) error {
+		if err := q.QueryRow(txCtx, "SELECT pg_backend_pid()", nil, &pid); err != nil {
+			return err
+		}
+		if err := q.Exec(txCtx, "LOCK TABLE "+b.Schema+".outbox_migrations IN ACCESS EXCLUSIVE MODE"); err != nil {
+			return err
+		}
+		restore = proxy.Silence(t)
+		go func() { // give up once the next statement is lost on its way
+			_ = testenv.Progress(ctx, "a statement dropped by the silenced proxy", testenv.Stall(), func() (any, bool) {
+				n := proxy.Silenced()
+				return n, n > 0
+			})
+			cancel()
+		}()
+		return q.Exec(txCtx, "SELECT 1")
+	})
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("the transaction given up on: %v; want it cancelled", err)
+	}
+	restore()
+	testenv.AwaitCond(t, "the session given up on terminated", func() bool {
+		var n int
+		err := b.Pool.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE pid = $1", pid).Scan(&n)
+		return err == nil && n == 0
+	})
+	if err := pgx.BeginFunc(ctx, b.Pool, func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, "LOCK TABLE "+b.Schema+".outbox_migrations IN ACCESS EXCLUSIVE MODE NOWAIT")
+		return err
+	}); err != nil {
+		t.Fatalf("the lock of the session given up on: %v", err)
 	}
 }
 
@@ -158,5 +200,22 @@ func TestStallSlowStatementLeftAlone(t *testing.T) {
 	}
 	if n := pool.Stat().NewConnsCount(); n != made {
 		t.Fatalf("the pool made %d connections while MigrateUp waited on a lock: the watch closed a running statement's", n-made)
+	}
+}
+
+// dbProxy starts a proxy to the test database, and returns it with a pool option that
+// connects through it.
+func dbProxy(t *testing.T) (*testproxy.Proxy, func(*pgxpool.Config)) {
+	t.Helper()
+	u, err := url.Parse(testdb.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := cmp.Or(u.Port(), "5432")
+	proxy := testproxy.New(t, net.JoinHostPort(u.Hostname(), port))
+	return proxy, func(cfg *pgxpool.Config) {
+		host, port, _ := net.SplitHostPort(proxy.Addr())
+		p, _ := strconv.Atoi(port)
+		cfg.ConnConfig.Host, cfg.ConnConfig.Port = host, uint16(p)
 	}
 }

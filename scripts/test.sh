@@ -272,10 +272,11 @@ phase "in-memory canaries" mem_canaries
 # outboxpgx's stall watch, broken both ways: one that watches nothing must let a fetch on
 # a silenced connection run into its deadline (OUTBOX_TEST_STALL); one that takes a
 # running statement for a silent one, or a session waiting for its client for one its
-# statement never reached, must close it.
+# statement never reached, must close it; one that forgets a session given up on must
+# leave its lock held.
 stall_canaries() {
   local bug rc=0
-  for bug in no-stall-watch stall-kills-slow stall-idle-unsent; do
+  for bug in no-stall-watch stall-kills-slow stall-idle-unsent stall-keeps-orphans; do
     local out
     out=$(OUTBOX_TEST_STALL=10s OUTBOX_BROKEN=$bug go test -tags outbox_broken -count=1 -run '^TestStall' ./outboxpgx 2>&1 || true)
     if grep -q -- '--- FAIL: TestStall' <<<"$out"; then

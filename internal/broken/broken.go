@@ -45,6 +45,9 @@ const (
 	// read (or to send the transaction's next statement) is closed after a tenth of a
 	// second.
 	StallIdleUnsent Bug = "stall-idle-unsent"
+	// StallKeepsOrphans leaves the session of a statement that gave up on a silent
+	// connection to the server, which keeps it, and its locks, until TCP keepalive.
+	StallKeepsOrphans Bug = "stall-keeps-orphans"
 )
 
 // EnvVar names the environment variable that lists the bugs to switch on, separated by
