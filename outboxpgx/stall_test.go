@@ -130,11 +130,7 @@ func TestStallWaitingForClientLeftAlone(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := context.Background()
-	pool, drv, _ := taggedDriver(t, b, 1, nil)
-	if _, err := drv.MigrateUp(ctx, 0); err != nil { // the pool's one connection, made
-		t.Fatal(err)
-	}
-	made := pool.Stat().NewConnsCount()
+	drv, sameConn := oneConnDriver(t, b)
 	err := outboxpgx.InRelayTx(ctx, drv, func(q pgsql.Querier) error {
 		if err := q.Exec(ctx, "SELECT 1"); err != nil {
 			return err
@@ -152,9 +148,7 @@ func TestStallWaitingForClientLeftAlone(t *testing.T) {
 	if err != nil {
 		t.Fatalf("a transaction waiting for its client: %v", err)
 	}
-	if n := pool.Stat().NewConnsCount(); n != made {
-		t.Fatalf("the pool made %d connections: the watch closed a session that was waiting for its client", n-made)
-	}
+	sameConn("a session that was waiting for its client")
 }
 
 // TestStallSlowStatementLeftAlone: a statement that waits on a lock for many probe
@@ -164,11 +158,7 @@ func TestStallSlowStatementLeftAlone(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := context.Background()
-	pool, drv, _ := taggedDriver(t, b, 1, nil)
-	if _, err := drv.MigrateUp(ctx, 0); err != nil { // the pool's one connection, made
-		t.Fatal(err)
-	}
-	made := pool.Stat().NewConnsCount()
+	drv, sameConn := oneConnDriver(t, b)
 
 	tx, err := b.Pool.Begin(ctx)
 	if err != nil {
@@ -198,9 +188,7 @@ func TestStallSlowStatementLeftAlone(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatalf("MigrateUp after waiting on a lock: %v", err)
 	}
-	if n := pool.Stat().NewConnsCount(); n != made {
-		t.Fatalf("the pool made %d connections while MigrateUp waited on a lock: the watch closed a running statement's", n-made)
-	}
+	sameConn("a statement waiting on a lock")
 }
 
 // dbProxy starts a proxy to the test database, and returns it with a pool option that
@@ -217,5 +205,23 @@ func dbProxy(t *testing.T) (*testproxy.Proxy, func(*pgxpool.Config)) {
 		host, port, _ := net.SplitHostPort(proxy.Addr())
 		p, _ := strconv.Atoi(port)
 		cfg.ConnConfig.Host, cfg.ConnConfig.Port = host, uint16(p)
+	}
+}
+
+// oneConnDriver returns a driver on a pool of one connection, made already, and a check
+// that fails t if the pool has had to make another since: the watch closed the
+// connection of what.
+func oneConnDriver(t *testing.T, b *testBundle) (*outboxpgx.Driver, func(what string)) {
+	t.Helper()
+	pool, drv, _ := taggedDriver(t, b, 1, nil)
+	if _, err := drv.MigrateUp(context.Background(), 0); err != nil {
+		t.Fatal(err)
+	}
+	made := pool.Stat().NewConnsCount()
+	return drv, func(what string) {
+		t.Helper()
+		if n := pool.Stat().NewConnsCount(); n != made {
+			t.Fatalf("the pool made %d connections: the watch closed the connection of %s", n-made, what)
+		}
 	}
 }
