@@ -290,7 +290,10 @@ stall_canaries() {
 }
 phase "stall canaries" stall_canaries
 # The container image (deploy/Containerfile), built and run against the local servers.
+# podman's default runtime (crun) refuses hybrid cgroup hierarchies, which some machines
+# have; scripts/image.sh runs the image under runc there.
 if command -v podman >/dev/null; then
+  need_pkg runc runc
   phase "container image" scripts/image.sh --check
 else
   log "container image: skipped, podman is not installed (apt-get install podman)"
