@@ -290,6 +290,7 @@ func (w *stallWatch) judge(r probeResult) {
 	var terminate []int32
 	w.mu.Lock()
 	if w.pooled {
+		clear(w.orphans) // their process IDs may name other clients' sessions now
 		w.mu.Unlock()
 		return
 	}
