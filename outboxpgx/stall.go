@@ -60,8 +60,10 @@ import (
 const (
 	// probeAfter is how long a statement is out before the watch looks at its session,
 	// and, past a probe's round trip, the most a statement that has not arrived may
-	// still be on its way (or waiting for the client's CPU to be written).
-	probeAfter = 100 * time.Millisecond
+	// still be on its way: waiting for the client's CPU to be written, or for the
+	// server's to be read (a loaded server leaves a session idle with the statement in
+	// its socket; the probe's own round trip need not show that).
+	probeAfter = 250 * time.Millisecond
 	// stallMargin is how long past a probe's round trip a statement must be out, and its
 	// session waiting for it, before a session that did receive it counts as silent. A
 	// client starved of CPU (a GC pause, a loaded host) leaves its session idle with the

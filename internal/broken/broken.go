@@ -42,7 +42,7 @@ const (
 	StallKillsSlow Bug = "stall-kills-slow"
 	// StallIdleUnsent makes outboxpgx's stall watch take every idle session for one its
 	// statement never reached, so a session that answered and waits for the client to
-	// read (or to send the transaction's next statement) is closed after a tenth of a
+	// read (or to send the transaction's next statement) is closed after a quarter of a
 	// second.
 	StallIdleUnsent Bug = "stall-idle-unsent"
 	// StallKeepsOrphans leaves the session of a statement that gave up on a silent
