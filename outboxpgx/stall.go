@@ -289,14 +289,13 @@ func (w *stallWatch) judge(r probeResult) {
 	}
 	limit := r.rtt + stallMargin
 	var silent []*tracked
-	var terminate []int32
 	w.mu.Lock()
 	if w.pooled {
 		clear(w.orphans) // their process IDs may name other clients' sessions now
 		w.mu.Unlock()
 		return
 	}
-	orphans := w.dropOrphans(r)
+	terminate := w.dropOrphans(r) // and the sessions of the connections found silent
 	w.direct = w.direct || len(r.sessions) > 0
 	w.judged++
 	for t := range w.out {
@@ -333,12 +332,11 @@ func (w *stallWatch) judge(r probeResult) {
 	}
 	if len(silent) == 0 {
 		w.mu.Unlock()
-		if len(orphans) > 0 {
-			go w.terminate(orphans)
+		if len(terminate) > 0 {
+			go w.terminate(terminate)
 		}
 		return
 	}
-	terminate = append(terminate, orphans...)
 	close(w.stalled)
 	w.stalled = make(chan struct{})
 	purge := !w.purging
