@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/broken"
 	"github.com/outboxkit/outbox/internal/pgsql"
 	"github.com/outboxkit/outbox/internal/pgsql/pgxq"
 	"github.com/outboxkit/outbox/outboxdriver"
@@ -57,7 +58,8 @@ type Driver struct {
 
 	pool   *pgxpool.Pool
 	names  *pgsql.Names
-	stalls *stallWatch // follows the relay's statements; nil without a pool
+	stalls *stallWatch  // follows the relay's statements; nil without a pool
+	left   leftSessions // listening sessions closed by Listen, which the server may keep
 
 	insertSQL, insertOneSQL, insertFreshSQL, fetchSQL, fetchAfterSQL, completeSQL string
 }
@@ -90,7 +92,7 @@ func New(pool *pgxpool.Pool, config Config) (*Driver, error) {
 		return nil, err
 	}
 	d := &Driver{
-		pool: pool, names: names,
+		pool: pool, names: names, left: leftSessions{m: map[uint32]time.Time{}},
 		insertSQL:      names.InsertUnnest(),
 		insertOneSQL:   names.InsertOne(),
 		insertFreshSQL: names.InsertFresh(),
@@ -345,10 +347,13 @@ func (d *Driver) Listen(ctx context.Context, wake func(outboxdriver.Wake, int64)
 		return fmt.Errorf("listen: %w", err)
 	}
 	var version int
-	if err := queryRow(d.names.SchemaVersion(), nil, &version); err != nil {
+	var started time.Time // the session's, which with its process ID names it
+	if err := queryRow(`SELECT (`+d.names.SchemaVersion()+`), (SELECT backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid())`,
+		nil, &version, &started); err != nil {
 		return fmt.Errorf("listen: read the schema version: %w", err)
 	}
 	pid := conn.PgConn().PID()
+	defer d.left.add(pid, started)   // before the close: the next Listen may ask at once
 	answer := outboxdriver.GateArmed // what an ask gets without asking the database; GateArmed: ask it
 	if version < pgsql.GateVersion {
 		answer = outboxdriver.GateAlways
@@ -396,13 +401,30 @@ func (d *Driver) Listen(ctx context.Context, wake func(outboxdriver.Wake, int64)
 				held = true
 				gate.Answer(outboxdriver.GateArmed)
 			case "covered":
-				gate.Answer(outboxdriver.GateCovered)
+				// A session this driver's Listen closed may still hold the gate, if the
+				// server has not heard of the close (the network was silent), or has not
+				// ended the session yet. It will not let go at a notification: end it,
+				// and have the relay ask again shortly.
+				left, err := d.left.holding(func(sql string, args []any, dest ...any) error { return queryRow(sql, args, dest...) }, d.names.WakeKey)
+				if err != nil {
+					return fmt.Errorf("listen: look the gate's holder up: %w", err)
+				}
+				if left == 0 {
+					gate.Answer(outboxdriver.GateCovered)
+					break
+				}
+				if err := exec("SELECT pg_terminate_backend($1)", int32(left)); err != nil {
+					return fmt.Errorf("listen: end a session closed before: %w", err)
+				}
+				gate.Answer(outboxdriver.GateBusy)
+				continue
 			case "busy":
 				gate.Answer(outboxdriver.GateBusy)
 			default: // "moved"
 				answer = outboxdriver.GateUnavailable
 				gate.Answer(answer)
 			}
+			d.left.clear() // none of them holds the gate
 		case pgsql.IsNotifyProbe(n.Payload): // ours, answered above, or another relay's
 		case n.Payload == pgsql.NotifyLeases:
 			wake(outboxdriver.WakeLeases, 0)
@@ -424,6 +446,71 @@ func (d *Driver) Listen(ctx context.Context, wake func(outboxdriver.Wake, int64)
 			held = false
 		}
 	}
+}
+
+// leftSessions are the listening sessions Listen has closed, by process ID, with the
+// time each started (which tells it from a later session given the same process ID). A
+// server keeps a session whose close it did not hear of (the network was silent) until
+// TCP keepalive ends it, hours later, and ends one that it did hear of a moment after
+// Listen returns. If such a session holds the gate, the next Listen would be told the
+// gate is covered, and the session would never let go at a notification, or would end
+// without one: writers would notify until then, and the relay not be woken after.
+type leftSessions struct {
+	mu sync.Mutex
+	m  map[uint32]time.Time
+}
+
+// maxLeftSessions bounds the sessions remembered: Listen forgets them at every answer
+// that shows none of them holds the gate, so only a listener closed again and again
+// with no ask in between adds up.
+const maxLeftSessions = 64
+
+func (s *leftSessions) add(pid uint32, started time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.m) >= maxLeftSessions {
+		for p := range s.m {
+			delete(s.m, p)
+			break
+		}
+	}
+	s.m[pid] = started
+}
+
+func (s *leftSessions) clear() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	clear(s.m)
+}
+
+// holding returns the process ID of the session that holds the gate (advisory lock key)
+// if it is one Listen closed, else 0.
+func (s *leftSessions) holding(queryRow func(sql string, args []any, dest ...any) error, key int64) (uint32, error) {
+	s.mu.Lock()
+	empty := len(s.m) == 0
+	s.mu.Unlock()
+	if empty {
+		return 0, nil
+	}
+	var pid int32
+	var started time.Time
+	// A bigint advisory key is shown as its high and low halves.
+	err := queryRow(`SELECT l.pid, a.backend_start FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+		WHERE l.locktype = 'advisory' AND l.classid::bigint = $1 AND l.objid::bigint = $2 AND l.objsubid = 1
+		AND l.mode = 'ExclusiveLock' AND l.granted AND a.backend_start IS NOT NULL`,
+		[]any{int64(uint32(key >> 32)), int64(uint32(key))}, &pid, &started)
+	if errors.Is(err, pgx.ErrNoRows) { // it let go meanwhile
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if at, ok := s.m[uint32(pid)]; ok && at.Equal(started) && !broken.Has(broken.GateKeepsLeft) {
+		return uint32(pid), nil
+	}
+	return 0, nil
 }
 
 // waiter waits on a listening connection for a notification, the relay's ask or a

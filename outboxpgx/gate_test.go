@@ -3,14 +3,19 @@ package outboxpgx_test
 import (
 	"context"
 	"fmt"
+	"net"
+	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/pgsql"
 	"github.com/outboxkit/outbox/internal/testinfra/testenv"
 	"github.com/outboxkit/outbox/outboxdriver"
+	"github.com/outboxkit/outbox/outboxpgx"
 )
 
 // wakeKey is the outbox's gate lock.
@@ -49,24 +54,37 @@ type gateEvent struct {
 
 func (b *testBundle) gateListener(t *testing.T) (events chan gateEvent, ask func() outboxdriver.GateState) {
 	t.Helper()
+	events, ask, stop := listenGate(t, b.Driver)
+	t.Cleanup(stop)
+	return events, ask
+}
+
+// listenGate is gateListener on drv, with the function that stops Listen and waits for
+// it to return.
+func listenGate(t *testing.T, drv *outboxpgx.Driver) (events chan gateEvent, ask func() outboxdriver.GateState, stop func()) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	events = make(chan gateEvent, 64)
 	asks := make(chan struct{}, 1)
 	done := make(chan error, 1)
 	go func() {
-		done <- b.Driver.Listen(ctx, func(w outboxdriver.Wake, from int64) {
+		done <- drv.Listen(ctx, func(w outboxdriver.Wake, from int64) {
 			if w == outboxdriver.WakeWritten {
 				events <- gateEvent{wake: true, from: from}
 			}
 		}, outboxdriver.Gate{Asks: asks, Answer: func(a outboxdriver.GateState) { events <- gateEvent{answer: a} }})
 	}()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; ctx.Err() == nil {
-			t.Errorf("Listen: %v", err)
-		}
-	})
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; ctx.Err() == nil {
+				t.Errorf("Listen: %v", err)
+			}
+		})
+	}
 	if e := testenv.AwaitRecv(t, "Listen's first wake-up", events); !e.wake {
+		stop()
 		t.Fatalf("first event %+v, want a wake-up", e)
 	}
 	ask = func() outboxdriver.GateState {
@@ -78,7 +96,74 @@ func (b *testBundle) gateListener(t *testing.T) (events chan gateEvent, ask func
 		}
 		return e.answer
 	}
-	return events, ask
+	return events, ask, stop
+}
+
+// TestGateLeftSessionEnded: a listener that held the gate is stopped while the network
+// is silent, so the server keeps its session, gate and all. The next Listen of the same
+// driver is not told the gate is covered (that session will never take a notification,
+// nor let go at one): it ends the session, answers busy meanwhile, then takes the gate,
+// and writers' notifications reach it.
+func TestGateLeftSessionEnded(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	// The driver's connections go through a proxy until direct is set; the listener's
+	// goes silent, and every connection made after that goes straight to the server.
+	proxy, _ := dbProxy(t)
+	var direct atomic.Bool
+	pool, drv, _ := taggedDriver(t, b, 2, func(cfg *pgxpool.Config) {
+		var d net.Dialer
+		cfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+			if !direct.Load() {
+				network, addr = "tcp", proxy.Addr()
+			}
+			return d.DialContext(ctx, network, addr)
+		}
+	})
+	if _, err := drv.MigrateUp(ctx, 0); err != nil {
+		t.Fatal(err)
+	}
+	_, ask, stop := listenGate(t, drv)
+	if a := ask(); a != outboxdriver.GateArmed {
+		stop()
+		t.Fatalf("an idle outbox: answer %d, want GateArmed", a)
+	}
+	held := func() (pid int32) {
+		err := b.Pool.QueryRow(ctx, `SELECT coalesce((SELECT pid FROM pg_locks WHERE locktype = 'advisory'
+			AND (classid::bigint << 32 | objid::bigint) = $1 AND mode = 'ExclusiveLock' AND granted), 0)`, b.wakeKey(t)).Scan(&pid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pid
+	}
+	proxy.Silence(t) // for good: the listener's close never arrives
+	direct.Store(true)
+	stop()
+	pool.Reset() // the idle connections are silenced too
+	left := held()
+	if left == 0 {
+		t.Fatal("no session holds the gate after the silent close: the test shows nothing")
+	}
+
+	events, ask, stop := listenGate(t, drv)
+	defer stop()
+	answers := []outboxdriver.GateState{}
+	testenv.Await(t, "an answer other than busy", func() (any, bool) {
+		a := ask()
+		answers = append(answers, a)
+		return answers, a != outboxdriver.GateBusy
+	})
+	if a := answers[len(answers)-1]; a != outboxdriver.GateArmed {
+		t.Fatalf("answers %v, want busy until the session left behind ends, then GateArmed", answers)
+	}
+	if pid := held(); pid == left || pid == 0 {
+		t.Fatalf("the gate is held by process %d; the session left behind was %d", pid, left)
+	}
+	b.Write(t, outbox.Message{Topic: "t", Key: "k", Payload: []byte(`1`)})
+	if e := testenv.AwaitRecv(t, "the notification of a write", events); !e.wake {
+		t.Fatalf("event %+v, want a wake-up", e)
+	}
 }
 
 // TestGate: a writer notifies only while a relay's listener holds the gate; the

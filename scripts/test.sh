@@ -273,19 +273,26 @@ phase "in-memory canaries" mem_canaries
 # a silenced connection run into its deadline (OUTBOX_TEST_STALL); one that takes a
 # running statement for a silent one, or a session waiting for its client for one its
 # statement never reached, must close it; one that forgets a session given up on must
-# leave its lock held.
+# leave its lock held. A listener that takes the gate held by its own closed session for
+# another relay's must answer covered.
 stall_canaries() {
-  local bug rc=0
-  for bug in no-stall-watch stall-kills-slow stall-idle-unsent stall-keeps-orphans; do
+  local bug tests rc=0
+  while read -r bug tests; do
     local out
-    out=$(OUTBOX_TEST_STALL=10s OUTBOX_BROKEN=$bug go test -tags outbox_broken -count=1 -run '^TestStall' ./outboxpgx 2>&1 || true)
-    if grep -q -- '--- FAIL: TestStall' <<<"$out"; then
-      log "canary $bug: caught by the stall tests"
+    out=$(OUTBOX_TEST_STALL=10s OUTBOX_BROKEN=$bug go test -tags outbox_broken -count=1 -run "$tests" ./outboxpgx 2>&1 || true)
+    if grep -q -- '--- FAIL: Test' <<<"$out"; then
+      log "canary $bug: caught by $tests"
     else
-      log "canary $bug: NOT caught by the stall tests"
+      log "canary $bug: NOT caught by $tests"
       rc=1
     fi
-  done
+  done <<'EOF'
+no-stall-watch ^TestStall
+stall-kills-slow ^TestStall
+stall-idle-unsent ^TestStall
+stall-keeps-orphans ^TestStall
+gate-keeps-left ^TestGateLeftSessionEnded$
+EOF
   return $rc
 }
 phase "stall canaries" stall_canaries

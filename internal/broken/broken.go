@@ -48,6 +48,10 @@ const (
 	// StallKeepsOrphans leaves the session of a statement that gave up on a silent
 	// connection to the server, which keeps it, and its locks, until TCP keepalive.
 	StallKeepsOrphans Bug = "stall-keeps-orphans"
+	// GateKeepsLeft makes outboxpgx's Listen take a gate held by a listening session it
+	// closed before for another relay's: it answers covered, and the relay waits for a
+	// notification that session will never take.
+	GateKeepsLeft Bug = "gate-keeps-left"
 )
 
 // EnvVar names the environment variable that lists the bugs to switch on, separated by

@@ -14,7 +14,8 @@ const silenceToxicName = "outbox_silence"
 // it finds its switch by index in silences.
 type silenceSwitch struct {
 	on      atomic.Bool
-	dropped atomic.Int64 // chunks
+	dropped atomic.Int64  // chunks
+	ended   chan struct{} // closed when the test ends: the lost ends are delivered
 }
 
 var (
@@ -25,7 +26,8 @@ var (
 func init() { toxics.Register(silenceToxicName, new(silenceToxic)) }
 
 // silenceToxic forwards data while its switch is off. A chunk that arrives while it is on
-// is dropped, and so is everything after it on that connection and direction.
+// is dropped, and so is everything after it on that connection and direction, its end
+// included.
 type silenceToxic struct {
 	Switch int `json:"switch"`
 }
@@ -46,6 +48,14 @@ func (t *silenceToxic) Pipe(stub *toxics.ToxicStub) {
 		case <-stub.Interrupt:
 			return
 		case c := <-stub.Input:
+			if c == nil && state.dead { // the peer's close is lost too: the other end keeps waiting
+				select {
+				case <-stub.Interrupt:
+				case <-sw.ended:
+					stub.Close()
+				}
+				return
+			}
 			if c == nil {
 				stub.Close()
 				return

@@ -83,7 +83,8 @@ func (p *Proxy) Silence(t testenv.TB) (restore func()) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.silence == nil {
-		p.silence = &silenceSwitch{}
+		p.silence = &silenceSwitch{ended: make(chan struct{})}
+		t.Cleanup(func() { close(p.silence.ended) })
 		silencesMu.Lock()
 		id := len(silences)
 		silences = append(silences, p.silence)
