@@ -13,9 +13,10 @@ const silenceToxicName = "outbox_silence"
 // silenceSwitch turns a proxy's silence toxic on and off. A toxic is made from JSON, so
 // it finds its switch by index in silences.
 type silenceSwitch struct {
-	on      atomic.Bool
-	dropped atomic.Int64  // chunks
-	ended   chan struct{} // closed when the test ends: the lost ends are delivered
+	on       atomic.Bool
+	dropped  atomic.Int64  // chunks
+	keepEnds atomic.Bool   // a dead connection's close is lost too (Partition)
+	ended    chan struct{} // closed when the test ends: the lost closes are delivered
 }
 
 var (
@@ -26,8 +27,8 @@ var (
 func init() { toxics.Register(silenceToxicName, new(silenceToxic)) }
 
 // silenceToxic forwards data while its switch is off. A chunk that arrives while it is on
-// is dropped, and so is everything after it on that connection and direction, its end
-// included.
+// is dropped, and so is everything after it on that connection and direction (its close
+// as well, after Partition).
 type silenceToxic struct {
 	Switch int `json:"switch"`
 }
@@ -48,7 +49,7 @@ func (t *silenceToxic) Pipe(stub *toxics.ToxicStub) {
 		case <-stub.Interrupt:
 			return
 		case c := <-stub.Input:
-			if c == nil && state.dead { // the peer's close is lost too: the other end keeps waiting
+			if c == nil && state.dead && sw.keepEnds.Load() { // the other end keeps waiting
 				select {
 				case <-stub.Interrupt:
 				case <-sw.ended:

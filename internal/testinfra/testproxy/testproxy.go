@@ -95,6 +95,16 @@ func (p *Proxy) Silence(t testenv.TB) (restore func()) {
 	return func() { p.silence.on.Store(false) }
 }
 
+// Partition silences the proxy for the rest of the test, and the connections that carry
+// anything from now on lose their close as well: when one side closes, the other never
+// hears of it (a server keeps the session of a client that went away, as it does when a
+// partition outlives a firewall's state, until its TCP keepalive).
+func (p *Proxy) Partition(t testenv.TB) {
+	t.Helper()
+	p.Silence(t)
+	p.silence.keepEnds.Store(true)
+}
+
 // Silenced returns how many chunks of data Silence has dropped so far.
 func (p *Proxy) Silenced() int64 {
 	p.mu.Lock()
