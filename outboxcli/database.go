@@ -242,6 +242,8 @@ type openedStore struct {
 	kind dbKind
 	// pg is the PostgreSQL driver (partitions, LISTEN); nil on the other databases.
 	pg    *outboxpgx.Driver
+	pool  *pgxpool.Pool // PostgreSQL's connections
+	db    *sql.DB       // the other databases'
 	ping  func(context.Context) error
 	close func()
 }
@@ -295,6 +297,7 @@ func (o *dbFlags) connect(ctx context.Context, t *dbTarget) (*openedStore, error
 		// password; the output scrubber is there should that change.
 		return nil, fmt.Errorf("connect to %s at %s: %w", t.kind, redactDSN(o.url), err)
 	}
+	s.pool, s.db = pool, db
 	if s.storeDriver, err = o.newDriver(t.kind, pool, db); err != nil {
 		s.close()
 		return nil, err

@@ -72,6 +72,10 @@ type invocation struct {
 	env            func(string) string
 	secrets        *secrets
 	path           string // "outbox dead list"
+	// args and config are the leaf command's arguments and config file, for a command
+	// that reads its flags again per item (the relay's outboxes).
+	args   []string
+	config *configFile
 }
 
 // Main runs the command line args (without the program's name) and returns the exit
@@ -158,6 +162,7 @@ func dispatch(ctx context.Context, inv *invocation, cmd *command, args []string)
 	if err := applySources(fs, inv.env, cf); err != nil {
 		return err
 	}
+	inv.args, inv.config = args, cf
 	// The connection strings are known now: keep their credentials out of all output.
 	if f := fs.Lookup("database-url"); f != nil {
 		inv.secrets.addDSN(f.Value.String())

@@ -72,6 +72,15 @@ type configFile struct {
 	// applied are the flags applySources set from the file, for errors found later
 	// ("--schema: ..." becomes "outbox.yaml:3: --schema: ...").
 	applied map[string]configEntry
+	// outboxes is the file's outboxes key, read by `outbox relay` (fleet.go).
+	outboxes []outboxItem
+}
+
+// outboxItem is one entry of a config file's outboxes list: its keys (fleetKeys) and
+// its line.
+type outboxItem struct {
+	line   int
+	values map[string]configEntry
 }
 
 // configEntry is one key of the file: its values and the line of each, and the key's
@@ -162,11 +171,19 @@ func parseConfig(path string, raw []byte, known map[string]bool) (*configFile, e
 		if why, ok := notInConfigFile[key]; ok {
 			return nil, usageErrorf("%s: key %q is not allowed in a config file: %s", where, key, why)
 		}
-		if !known[key] {
+		if !known[key] && key != "outboxes" {
 			return nil, usageErrorf("%s: unknown key %q: keys are flag names without the dashes (see outbox help)", where, key)
 		}
-		if _, dup := cf.values[key]; dup {
+		if _, dup := cf.values[key]; dup || key == "outboxes" && cf.outboxes != nil {
 			return nil, usageErrorf("%s: key %q appears twice", where, key)
+		}
+		if key == "outboxes" {
+			items, err := cf.parseOutboxes(v)
+			if err != nil {
+				return nil, err
+			}
+			cf.outboxes = items
+			continue
 		}
 		e := configEntry{line: k.Line}
 		switch v.Kind {
@@ -191,6 +208,37 @@ func parseConfig(path string, raw []byte, known map[string]bool) (*configFile, e
 		cf.values[key] = e
 	}
 	return cf, nil
+}
+
+// parseOutboxes reads the outboxes key: a list of mappings whose keys are fleetKeys.
+func (cf *configFile) parseOutboxes(v *yaml.Node) ([]outboxItem, error) {
+	if v.Kind != yaml.SequenceNode || len(v.Content) == 0 {
+		return nil, usageErrorf("%s: key \"outboxes\": want a list of outboxes (- schema: tenant_a)", cf.at(v.Line))
+	}
+	items := make([]outboxItem, 0, len(v.Content))
+	for _, item := range v.Content {
+		if item.Kind != yaml.MappingNode || len(item.Content) == 0 {
+			return nil, usageErrorf("%s: an outbox is a mapping of settings (- schema: tenant_a)", cf.at(item.Line))
+		}
+		o := outboxItem{line: item.Line, values: map[string]configEntry{}}
+		for i := 0; i+1 < len(item.Content); i += 2 {
+			k, val := item.Content[i], item.Content[i+1]
+			where := cf.at(k.Line)
+			if _, ok := fleetKeys[k.Value]; !ok || k.Kind != yaml.ScalarNode {
+				return nil, usageErrorf("%s: %q cannot be set per outbox: an outbox takes %s; the other settings are the process's",
+					where, k.Value, strings.Join(sortedKeys(fleetKeys), ", "))
+			}
+			if _, dup := o.values[k.Value]; dup {
+				return nil, usageErrorf("%s: key %q appears twice in one outbox", where, k.Value)
+			}
+			if val.Kind != yaml.ScalarNode || val.Tag == "!!null" {
+				return nil, usageErrorf("%s: key %q: want a plain value", where, k.Value)
+			}
+			o.values[k.Value] = configEntry{values: []string{val.Value}, lines: []int{val.Line}, line: k.Line}
+		}
+		items = append(items, o)
+	}
+	return items, nil
 }
 
 // listValue is implemented by flags that may be given several times (--id): from the

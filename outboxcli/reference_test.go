@@ -23,7 +23,7 @@ func TestReferenceDocs(t *testing.T) {
 	}
 	for name, page := range map[string][]byte{
 		"docs/reference/cli.md":    refdocs.CLI(root),
-		"docs/reference/config.md": refdocs.Config(root, notInConfigFile),
+		"docs/reference/config.md": refdocs.Config(root, notInConfigFile, sortedKeys(fleetKeys)),
 	} {
 		if err := refdocs.Check("..", name, page, *update); err != nil {
 			t.Error(err)

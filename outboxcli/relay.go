@@ -43,6 +43,8 @@ type relayFlags struct {
 
 	metricsAddr string
 	otel        bool
+
+	discoverEvery time.Duration // with outboxes in the config file (fleet.go)
 }
 
 // relayConfigFlags maps outbox.RelayConfig fields to their flags, for error messages.
@@ -95,56 +97,72 @@ dropped or lost slot is made anew and the relay catches up from the outbox table
 losing nothing (--wal-keep-lost-slot leaves it to an operator instead). See
 docs/operations.md, "WAL mode setup", and docs/design-wal.md.
 
+With an outboxes list in the config file, one process serves many outboxes: each entry
+names one (schema: ...) or finds them (schemas: tenant_*, applied again every
+--discover-interval and on SIGHUP), and may set its own route and relay settings. See
+docs/operations.md, "Many outboxes from one relay".
+
 The outbox schema must be migrated first (outbox migrate up).`,
 	setup: func(fs *flag.FlagSet) runFunc {
-		o := &relayFlags{db: addDBFlags(fs, true)}
-		o.broker = addBrokerFlags(fs)
-		o.console = addConsoleFlags(fs, "")
-
-		c := &o.cfg
-		fs.StringVar(&c.ID, "relay-id", "", "this relay's `id` in leases, logs and outbox status; unique among running relays\n(default hostname-pid-random)")
-		fs.IntVar(&c.BatchSize, "batch-size", outbox.BatchSizeDefault, "read at most `n` messages per fetch")
-		fs.IntVar(&c.MaxInFlight, "max-in-flight", outbox.MaxInFlightDefault, "keep at most `n` messages sent to the broker and not yet confirmed")
-		fs.IntVar(&c.PublishBatchSize, "publish-batch-size", outbox.PublishBatchSizeDefault, "send at most `n` messages per publish call")
-		c.PollInterval = outbox.PollIntervalDefault
-		fs.Var(durationValue{d: &c.PollInterval}, "poll-interval", "look for due messages every `duration` when no notification comes")
-		c.LeaseTTL = outbox.LeaseTTLDefault
-		fs.Var(durationValue{d: &c.LeaseTTL}, "lease-ttl", "shard lease lifetime (`duration`): a dead relay's shards are taken over within this plus one renewal (min(this/3, 1s))")
-		fs.IntVar(&c.MaxAttempts, "max-attempts", outbox.MaxAttemptsDefault, "dead-letter a message after `n` rejections; broker outages do not count")
-		c.RetryMinDelay = outbox.RetryMinDelayDefault
-		fs.Var(durationValue{d: &c.RetryMinDelay}, "retry-min-delay", "shortest backoff (`duration`) after a rejection")
-		c.RetryMaxDelay = outbox.RetryMaxDelayDefault
-		fs.Var(durationValue{d: &c.RetryMaxDelay}, "retry-max-delay", "longest backoff (`duration`) after a rejection")
-		c.PublishTimeout = outbox.PublishTimeoutDefault
-		fs.Var(durationValue{d: &c.PublishTimeout}, "publish-timeout", "give one publish call at most this `duration`; a timeout counts as an outage")
-		c.Retention = outbox.RetentionDefault
-		fs.Var(durationValue{d: &c.Retention, allowForever: true}, "retention", "keep published messages for this `duration` (e.g. 7d); -1 keeps them forever")
-		c.CleanupInterval = outbox.CleanupIntervalDefault
-		fs.Var(durationValue{d: &c.CleanupInterval}, "cleanup-interval", "run the retention cleanup every `duration`")
-		fs.IntVar(&c.CleanupBatch, "cleanup-batch", outbox.CleanupBatchDefault, "delete at most `n` rows per cleanup statement")
-		fs.IntVar(&o.db.rotateRows, "rotate-rows", outboxpgx.RotateRowsDefault, "PostgreSQL: move the pending ring on after `n` messages written to its current bucket (schema version 4)")
-		fs.StringVar(&o.source, "source", "poll", "how the relay learns of new messages: `poll` (LISTEN/NOTIFY and polling) or wal\n(PostgreSQL logical replication; run 'outbox wal setup' first)")
-		fs.StringVar(&o.wal.Slot, "wal-slot", "", "with --source wal: the replication `slot` (default: as 'outbox wal setup')")
-		fs.StringVar(&o.wal.Publication, "wal-publication", "", "with --source wal: the `publication` (default: as 'outbox wal setup')")
-		o.wal.SafetyPoll = outbox.WALSafetyPollDefault
-		fs.Var(durationValue{d: &o.wal.SafetyPoll, allowForever: true}, "wal-safety-poll", "with --source wal: run a full fetch anyway every `duration`; -1 for never")
-		o.wal.Heartbeat = outbox.WALHeartbeatDefault
-		fs.Var(durationValue{d: &o.wal.Heartbeat, allowForever: true}, "wal-heartbeat", "with --source wal: the slot's reader writes a heartbeat into the log every `duration`\nand opens the stream again when three go missing; -1 for never")
-		fs.BoolVar(&o.wal.KeepLostSlot, "wal-keep-lost-slot", false, "with --source wal: leave a lost or missing slot for an operator (poll until 'outbox wal setup')\ninstead of making it anew")
-
-		o.grace = shutdownGraceDefault
-		fs.Var(durationValue{d: &o.grace}, "shutdown-grace", "on SIGTERM or SIGINT, wait up to this `duration` for messages in flight to be confirmed")
-		fs.StringVar(&o.logFormat, "log-format", "text", "log `format`: text or json")
-		fs.StringVar(&o.logLevel, "log-level", "info", "log `level`: debug, info, warn or error")
-		fs.StringVar(&o.metricsAddr, "metrics-addr", "", "serve /metrics, /healthz and /readyz on this `address` (:9187, 127.0.0.1:9187); none when empty")
-		fs.BoolVar(&o.otel, "otel", false, "export a span per published message over OTLP/HTTP, configured by the standard\nOTEL_EXPORTER_OTLP_* and OTEL_* environment variables")
+		o := newRelayFlags(fs)
 		return func(ctx context.Context, inv *invocation, args []string) error {
 			if err := noArgs(args); err != nil {
 				return err
 			}
+			if inv.config != nil && inv.config.outboxes != nil {
+				return o.runFleet(ctx, inv)
+			}
 			return o.run(ctx, inv)
 		}
 	},
+}
+
+// newRelayFlags defines the flags of `outbox relay` on fs.
+func newRelayFlags(fs *flag.FlagSet) *relayFlags {
+	o := &relayFlags{db: addDBFlags(fs, true)}
+	o.broker = addBrokerFlags(fs)
+	o.console = addConsoleFlags(fs, "")
+
+	c := &o.cfg
+	fs.StringVar(&c.ID, "relay-id", "", "this relay's `id` in leases, logs and outbox status; unique among running relays\n(default hostname-pid-random)")
+	fs.IntVar(&c.BatchSize, "batch-size", outbox.BatchSizeDefault, "read at most `n` messages per fetch")
+	fs.IntVar(&c.MaxInFlight, "max-in-flight", outbox.MaxInFlightDefault, "keep at most `n` messages sent to the broker and not yet confirmed")
+	fs.IntVar(&c.PublishBatchSize, "publish-batch-size", outbox.PublishBatchSizeDefault, "send at most `n` messages per publish call")
+	c.PollInterval = outbox.PollIntervalDefault
+	fs.Var(durationValue{d: &c.PollInterval}, "poll-interval", "look for due messages every `duration` when no notification comes")
+	c.LeaseTTL = outbox.LeaseTTLDefault
+	fs.Var(durationValue{d: &c.LeaseTTL}, "lease-ttl", "shard lease lifetime (`duration`): a dead relay's shards are taken over within this plus one renewal (min(this/3, 1s))")
+	fs.IntVar(&c.MaxAttempts, "max-attempts", outbox.MaxAttemptsDefault, "dead-letter a message after `n` rejections; broker outages do not count")
+	c.RetryMinDelay = outbox.RetryMinDelayDefault
+	fs.Var(durationValue{d: &c.RetryMinDelay}, "retry-min-delay", "shortest backoff (`duration`) after a rejection")
+	c.RetryMaxDelay = outbox.RetryMaxDelayDefault
+	fs.Var(durationValue{d: &c.RetryMaxDelay}, "retry-max-delay", "longest backoff (`duration`) after a rejection")
+	c.PublishTimeout = outbox.PublishTimeoutDefault
+	fs.Var(durationValue{d: &c.PublishTimeout}, "publish-timeout", "give one publish call at most this `duration`; a timeout counts as an outage")
+	c.Retention = outbox.RetentionDefault
+	fs.Var(durationValue{d: &c.Retention, allowForever: true}, "retention", "keep published messages for this `duration` (e.g. 7d); -1 keeps them forever")
+	c.CleanupInterval = outbox.CleanupIntervalDefault
+	fs.Var(durationValue{d: &c.CleanupInterval}, "cleanup-interval", "run the retention cleanup every `duration`")
+	fs.IntVar(&c.CleanupBatch, "cleanup-batch", outbox.CleanupBatchDefault, "delete at most `n` rows per cleanup statement")
+	fs.IntVar(&o.db.rotateRows, "rotate-rows", outboxpgx.RotateRowsDefault, "PostgreSQL: move the pending ring on after `n` messages written to its current bucket (schema version 4)")
+	fs.StringVar(&o.source, "source", "poll", "how the relay learns of new messages: `poll` (LISTEN/NOTIFY and polling) or wal\n(PostgreSQL logical replication; run 'outbox wal setup' first)")
+	fs.StringVar(&o.wal.Slot, "wal-slot", "", "with --source wal: the replication `slot` (default: as 'outbox wal setup')")
+	fs.StringVar(&o.wal.Publication, "wal-publication", "", "with --source wal: the `publication` (default: as 'outbox wal setup')")
+	o.wal.SafetyPoll = outbox.WALSafetyPollDefault
+	fs.Var(durationValue{d: &o.wal.SafetyPoll, allowForever: true}, "wal-safety-poll", "with --source wal: run a full fetch anyway every `duration`; -1 for never")
+	o.wal.Heartbeat = outbox.WALHeartbeatDefault
+	fs.Var(durationValue{d: &o.wal.Heartbeat, allowForever: true}, "wal-heartbeat", "with --source wal: the slot's reader writes a heartbeat into the log every `duration`\nand opens the stream again when three go missing; -1 for never")
+	fs.BoolVar(&o.wal.KeepLostSlot, "wal-keep-lost-slot", false, "with --source wal: leave a lost or missing slot for an operator (poll until 'outbox wal setup')\ninstead of making it anew")
+
+	o.grace = shutdownGraceDefault
+	fs.Var(durationValue{d: &o.grace}, "shutdown-grace", "on SIGTERM or SIGINT, wait up to this `duration` for messages in flight to be confirmed")
+	fs.StringVar(&o.logFormat, "log-format", "text", "log `format`: text or json")
+	fs.StringVar(&o.logLevel, "log-level", "info", "log `level`: debug, info, warn or error")
+	fs.StringVar(&o.metricsAddr, "metrics-addr", "", "serve /metrics, /healthz and /readyz on this `address` (:9187, 127.0.0.1:9187); none when empty")
+	fs.BoolVar(&o.otel, "otel", false, "export a span per published message over OTLP/HTTP, configured by the standard\nOTEL_EXPORTER_OTLP_* and OTEL_* environment variables")
+	o.discoverEvery = discoverIntervalDefault
+	fs.Var(durationValue{d: &o.discoverEvery}, "discover-interval", "with a config file's outboxes list: look for outboxes its schemas rules match every `duration`\n(and on SIGHUP)")
+	return o
 }
 
 func (o *relayFlags) run(ctx context.Context, inv *invocation) error {

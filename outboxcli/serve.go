@@ -143,8 +143,14 @@ type readiness struct {
 	mu     sync.Mutex
 	phase  string // "starting", "running", "stopping"
 	checks []readyCheck
-	leases *leaseWatch
+	leases leaseStatus
 	last   string // the key of the last answer, to log changes only
+}
+
+// leaseStatus says whether the relay's lease rounds make it ready (leaseWatch; a fleet's
+// outboxes together): ok, a key that changes when the reason does, and a line for /readyz.
+type leaseStatus interface {
+	status() (ok bool, key, text string)
 }
 
 // readyCheck is a dependency /readyz pings.
@@ -158,7 +164,7 @@ func newReadiness(log *slog.Logger) *readiness {
 }
 
 // running starts answering from the checks and the relay's lease rounds.
-func (r *readiness) running(leases *leaseWatch, checks ...readyCheck) {
+func (r *readiness) running(leases leaseStatus, checks ...readyCheck) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.phase, r.leases, r.checks = "running", leases, checks

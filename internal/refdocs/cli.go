@@ -119,8 +119,9 @@ func walk(c *Command, visit func(c *Command, depth int)) {
 // Config renders config.md: every key the --config file accepts, which is every flag of
 // every leaf command, with the flag and environment variable it stands for, its type
 // and its default. The relay's keys come first, as the file is mostly the relay's;
-// forbidden are the flags a file may not set, with the reason.
-func Config(root *Command, forbidden map[string]string) []byte {
+// forbidden are the flags a file may not set, with the reason; outboxKeys are the keys
+// an entry of the relay's outboxes list may hold.
+func Config(root *Command, forbidden map[string]string, outboxKeys []string) []byte {
 	var relay *Command
 	walk(root, func(c *Command, _ int) {
 		if c.Path == "outbox relay" {
@@ -151,6 +152,23 @@ func Config(root *Command, forbidden map[string]string) []byte {
 				code(f.Name), code("--"+f.Name), code(f.Env), cell(f.Type), code(shownDefault(f)), cell(f.Usage))
 		}
 	}
+
+	b.WriteString("\n## The outboxes list\n\nWith an `outboxes` key, one `outbox relay` process serves many outboxes " +
+		"(docs/operations.md, \"Many outboxes from one relay\"). Each entry is a mapping: `schema` names one outbox, " +
+		"`schemas` is a rule (a shell pattern: every schema of the database that matches and holds an outbox, " +
+		"looked for again every `discover-interval` and on SIGHUP), and `name` is the outbox's name in logs and " +
+		"metrics (default: database.schema). An entry's keys beat the command line, the environment and the " +
+		"file's top level, which give the defaults of every entry; the other keys are the process's.\n\n```yaml\n" +
+		"database-url: postgres://relay@db:5432/app\nbroker: nats://nats-1:4222\noutboxes:\n  - schema: billing\n" +
+		"    max-attempts: 5\n  - schemas: tenant_*\n    route: tenants.{topic}\n  - database-url: postgres://relay@db:5432/shop\n" +
+		"    schema: public\n    name: shop\n```\n\nKeys of an entry: ")
+	for i, k := range outboxKeys {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString(code(k))
+	}
+	b.WriteString(".\n")
 
 	// The other commands' keys, each once, with the commands that read it.
 	type use struct {

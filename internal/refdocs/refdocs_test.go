@@ -55,7 +55,7 @@ func TestSecretDefaultHidden(t *testing.T) {
 	root := &Command{Path: "outbox", Subs: []*Command{{Path: "outbox relay", Synopsis: "outbox relay [flags]", Flags: []Flag{
 		{Name: "http-token", Type: "string", Default: "s3cr3t", Env: "OUTBOX_HTTP_TOKEN", Secret: true},
 	}}}}
-	for _, page := range [][]byte{CLI(root), Config(root, nil)} {
+	for _, page := range [][]byte{CLI(root), Config(root, nil, nil)} {
 		if strings.Contains(string(page), "s3cr3t") {
 			t.Errorf("a secret default appears:\n%s", page)
 		}

@@ -1,0 +1,641 @@
+package outboxcli
+
+import (
+	"cmp"
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/brokers"
+	"github.com/outboxkit/outbox/outboxprom"
+)
+
+// A fleet is one relay process serving many outboxes: the config file's outboxes list
+// names them, each entry one outbox (schema: ...) or a rule that finds them (schemas: a
+// pattern over the schemas of a PostgreSQL database that hold an outbox). Each outbox
+// gets a relay of its own, with its own shard leases, so any number of processes share
+// a fleet the way relays share one outbox; the outboxes of one database URL share one
+// connection pool, and the ones with one route share one broker connection. An outbox
+// that cannot be served (its database down, its schema not migrated) is tried again
+// with backoff while the others are served. Rules are applied again every
+// --discover-interval and on SIGHUP: a new outbox is served from then on, and one that
+// is gone stops (it drains, and gives its leases back).
+
+// fleetKeys are the keys an entry of the outboxes list may hold: where the outbox is,
+// and the relay settings that may differ per outbox. Every other setting is the
+// process's.
+var fleetKeys = map[string]bool{
+	"name": true, "schemas": true,
+	"database-url": true, "schema": true, "prefix": true, "rotate-rows": true, "route": true,
+	"batch-size": true, "max-in-flight": true, "publish-batch-size": true, "poll-interval": true,
+	"lease-ttl": true, "max-attempts": true, "retry-min-delay": true, "retry-max-delay": true,
+	"publish-timeout": true, "retention": true, "cleanup-interval": true, "cleanup-batch": true,
+}
+
+const (
+	discoverIntervalDefault = time.Minute
+	// fleetPoolConns is a fleet's pool size per database URL when the URL does not set
+	// pool_max_conns: the outboxes of the database share it.
+	fleetPoolConns = 16
+	// fleetRetryMax bounds the wait before an outbox that could not be served is tried
+	// again.
+	fleetRetryMax = time.Minute
+)
+
+// fleetEntry is one entry of the outboxes list, with its settings resolved: the entry's
+// keys over the command line, the environment and the file's top level.
+type fleetEntry struct {
+	name    string // given; "" for the default
+	line    int
+	o       *relayFlags
+	pattern string // schemas: the entry is a rule
+}
+
+// fleetOutbox is one outbox to serve.
+type fleetOutbox struct {
+	name string
+	key  string // where its tables are: two entries with one key name the same outbox
+	o    *relayFlags
+	rule int // the rule that found it; -1 when declared
+}
+
+// fleetEntries reads the config file's outboxes list. Everything is checked here,
+// before anything connects.
+func fleetEntries(inv *invocation) ([]fleetEntry, error) {
+	cf := inv.config
+	var entries []fleetEntry
+	names := map[string]int{}
+	for _, item := range cf.outboxes {
+		where := cf.at(item.line)
+		o, err := fleetFlags(inv, item)
+		if err != nil {
+			return nil, err
+		}
+		e := fleetEntry{line: item.line, o: o}
+		if v, ok := item.values["name"]; ok {
+			e.name = v.values[0]
+			if !validFleetName(e.name) {
+				return nil, usageErrorf("%s: name %q: want letters, digits and . _ - (it becomes a metric label and a log field)", cf.at(v.line), e.name)
+			}
+			if first, dup := names[e.name]; dup {
+				return nil, usageErrorf("%s: name %q is taken by the outbox at line %d", cf.at(v.line), e.name, first)
+			}
+			names[e.name] = item.line
+		}
+		_, hasSchema := item.values["schema"]
+		if v, ok := item.values["schemas"]; ok {
+			e.pattern = v.values[0]
+			if hasSchema {
+				return nil, usageErrorf("%s: an outbox has schema (one) or schemas (a rule), not both", where)
+			}
+			if _, err := path.Match(e.pattern, ""); err != nil {
+				return nil, usageErrorf("%s: schemas: %q is not a pattern (want a shell pattern: tenant_*)", cf.at(v.line), e.pattern)
+			}
+		}
+		kind, err := o.db.kind()
+		if err != nil {
+			return nil, usageErrorf("%s: %v", where, err)
+		}
+		if e.pattern != "" && kind != dbPostgres {
+			return nil, usageErrorf("%s: schemas: %s has no schemas; list its outboxes one by one", where, kind)
+		}
+		if err := o.checkTuning(); err != nil {
+			return nil, usageErrorf("%s: %v", where, err)
+		}
+		if _, err := o.db.target("outbox relay"); err != nil {
+			return nil, usageErrorf("%s: %v", where, err)
+		}
+		cfg := o.cfg
+		cfg.Logger = slog.New(slog.DiscardHandler)
+		if err := cfg.Validate(); err != nil {
+			return nil, usageErrorf("%s: %v", where, relayConfigError(err))
+		}
+		inv.secrets.addDSN(o.db.url)
+		entries = append(entries, e)
+	}
+	// A declared outbox named twice, by its tables or by its name, is a mistake.
+	keys := map[string]int{}
+	for _, e := range entries {
+		if e.pattern != "" {
+			continue
+		}
+		key, name := outboxKey(e.o)
+		if first, dup := keys[key]; dup {
+			return nil, usageErrorf("%s: the outbox at line %d already names these tables (%s)", cf.at(e.line), first, key)
+		}
+		keys[key] = e.line
+		if e.name == "" {
+			if first, dup := names[name]; dup {
+				return nil, usageErrorf("%s: its name would be %q, taken by the outbox at line %d: give one a name", cf.at(e.line), name, first)
+			}
+			names[name] = e.line
+		}
+	}
+	return entries, nil
+}
+
+// fleetFlags resolves the settings of one entry of the outboxes list.
+func fleetFlags(inv *invocation, item outboxItem) (*relayFlags, error) {
+	fs := newFlagSet(inv.path)
+	o := newRelayFlags(fs)
+	fs.String("config", "", "")
+	if _, err := parseArgs(fs, inv.args); err != nil {
+		return nil, &usageError{msg: err.Error()}
+	}
+	for _, k := range sortedKeys(item.values) {
+		if k == "name" || k == "schemas" {
+			continue
+		}
+		e := item.values[k]
+		if err := fs.Set(k, e.values[0]); err != nil {
+			return nil, usageErrorf("%s: --%s: %s", inv.config.at(e.lines[0]), k, valueProblem(fs.Lookup(k), e.values[0], err))
+		}
+	}
+	if err := applySources(fs, inv.env, inv.config); err != nil {
+		return nil, err
+	}
+	return o, nil
+}
+
+func validFleetName(s string) bool {
+	if s == "" || len(s) > 100 {
+		return false
+	}
+	for _, r := range s {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '.' || r == '_' || r == '-') {
+			return false
+		}
+	}
+	return true
+}
+
+// outboxKey names where an outbox's tables are, and its default name.
+func outboxKey(o *relayFlags) (key, name string) {
+	kind, _ := o.db.kind()
+	t, _ := o.db.target("outbox relay")
+	var where, db string
+	switch kind {
+	case dbPostgres:
+		c := t.pg.ConnConfig
+		where, db = fmt.Sprintf("postgres %s:%d/%s %s", c.Host, c.Port, c.Database, o.db.schema), c.Database+"."+o.db.schema
+	case dbMySQL:
+		where, db = fmt.Sprintf("mysql %s/%s", t.mysql.Addr, t.mysql.DBName), t.mysql.DBName
+	case dbSQLite:
+		where, db = "sqlite "+t.path, strings.TrimSuffix(path.Base(t.path), path.Ext(t.path))
+	}
+	if p := strings.TrimSuffix(o.db.prefix, "_"); p != "" {
+		db += "." + p
+	}
+	return where + " prefix " + o.db.prefix, db
+}
+
+// runFleet runs the relay for every outbox of the config file's outboxes list.
+func (o *relayFlags) runFleet(ctx context.Context, inv *invocation) error {
+	log, err := newLogger(inv.stderr, o.logFormat, o.logLevel)
+	if err != nil {
+		return err
+	}
+	if o.discoverEvery <= 0 {
+		return usageErrorf("--discover-interval: must be a positive duration, not %s", o.discoverEvery)
+	}
+	if err := checkListenAddr("metrics-addr", o.metricsAddr); err != nil {
+		return err
+	}
+	if o.console.addr != "" {
+		return usageErrorf("--http-addr: the web console serves one outbox: run 'outbox console' for each, or leave the outboxes list out of the config file")
+	}
+	if o.source != "poll" {
+		return usageErrorf("--source: the relays of an outboxes list poll (WAL mode needs a slot per outbox, set up one by one)")
+	}
+	entries, err := fleetEntries(inv)
+	if err != nil {
+		return err
+	}
+	f := &fleet{top: o, log: log, entries: entries, members: map[string]*fleetMember{},
+		dbs: map[string]*fleetDB{}, brokers: map[string]*brokers.Opened{}}
+	// Every route is checked before anything connects.
+	dests := map[string]*brokers.Dest{}
+	for _, e := range entries {
+		route := e.o.broker.route
+		if _, ok := dests[route]; ok {
+			continue
+		}
+		b := *o.broker
+		b.route = route
+		if dests[route], err = b.check(log, inv.secrets); err != nil {
+			return cfErrorAt(inv.config, e.line, err)
+		}
+	}
+
+	var observers []outbox.Observer
+	if o.otel {
+		var any *brokers.Dest
+		for _, d := range dests {
+			any = d
+			break
+		}
+		obs, stopTracing, err := startTracing(ctx, inv, any.Broker(), log)
+		if err != nil {
+			return fmt.Errorf("--otel: %w", err)
+		}
+		defer func() {
+			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+			defer cancel()
+			_ = stopTracing(sctx)
+		}()
+		observers = append(observers, obs)
+	}
+	f.observers = observers
+	var ready *readiness
+	if o.metricsAddr != "" {
+		f.reg = newMetricsRegistry()
+		ready = newReadiness(log)
+		stop, err := serveHTTP(ctx, "metrics and health checks", o.metricsAddr, opsMux(f.reg, ready, log), log)
+		if err != nil {
+			return fmt.Errorf("--metrics-addr: %w", err)
+		}
+		defer func() {
+			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			_ = stop(sctx)
+		}()
+	}
+	for _, route := range sortedKeys(dests) {
+		d := dests[route]
+		log.Info("connecting to the broker", "broker", d.Broker().Name, "url", brokers.Redact(o.broker.url), "route", route)
+		b := *o.broker
+		b.route = route
+		opened, err := b.open(ctx, d)
+		if err != nil {
+			f.closeBrokers()
+			return err
+		}
+		f.brokers[route], f.brokerLabel = opened, d.Broker().Label
+	}
+	defer f.closeBrokers()
+	defer f.closeDBs()
+	if ready != nil {
+		var checks []readyCheck
+		for _, route := range sortedKeys(f.brokers) {
+			if p, ok := f.brokers[route].Publisher.(outbox.Pinger); ok {
+				checks = append(checks, readyCheck{name: "broker", check: p.Ping})
+			}
+		}
+		ready.running(f, checks...)
+		defer ready.stopping()
+	}
+
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	tick := time.NewTicker(o.discoverEvery)
+	defer tick.Stop()
+	for {
+		f.reconcile(ctx)
+		select {
+		case <-ctx.Done():
+			if ready != nil {
+				ready.stopping()
+			}
+			f.wg.Wait()
+			log.Info("relay exited cleanly", "outboxes", len(f.members))
+			return nil
+		case <-tick.C:
+		case <-hup:
+			log.Info("SIGHUP: looking for outboxes")
+		}
+	}
+}
+
+// cfErrorAt prefixes a usage error with the config file's line.
+func cfErrorAt(cf *configFile, line int, err error) error {
+	var ue *usageError
+	if errors.As(err, &ue) {
+		return usageErrorf("%s: %s", cf.at(line), ue.msg)
+	}
+	return err
+}
+
+// fleet runs the relays of a fleet's outboxes.
+type fleet struct {
+	top         *relayFlags
+	log         *slog.Logger
+	entries     []fleetEntry
+	reg         *prometheus.Registry // nil without --metrics-addr
+	observers   []outbox.Observer
+	brokers     map[string]*brokers.Opened // by route
+	brokerLabel string
+
+	mu      sync.Mutex
+	members map[string]*fleetMember // by key
+	dbs     map[string]*fleetDB     // by database URL
+	wg      sync.WaitGroup
+}
+
+// fleetMember is an outbox being served.
+type fleetMember struct {
+	fleetOutbox
+	cancel  context.CancelFunc
+	metrics *outboxprom.Metrics // nil without --metrics-addr
+
+	mu     sync.Mutex
+	leases *leaseWatch // of the relay running now; nil between runs
+	state  string      // why it is not served, between runs
+}
+
+// fleetDB is one database's connection, shared by its outboxes.
+type fleetDB struct {
+	kind dbKind
+	pool *pgxpool.Pool
+	db   *sql.DB
+}
+
+// reconcile starts serving the outboxes the entries name and stops the ones they no
+// longer do. An outbox that a rule found stays while that rule cannot be applied (its
+// database is down).
+func (f *fleet) reconcile(ctx context.Context) {
+	want := map[string]fleetOutbox{}
+	failed := map[int]bool{}
+	for i, e := range f.entries {
+		if e.pattern == "" {
+			key, name := outboxKey(e.o)
+			if _, dup := want[key]; dup {
+				continue // reported at start
+			}
+			want[key] = fleetOutbox{name: cmp.Or(e.name, name), key: key, o: e.o, rule: -1}
+			continue
+		}
+		found, err := f.discover(ctx, e)
+		if err != nil {
+			if ctx.Err() == nil {
+				f.log.Error("could not look for outboxes; those found before are served meanwhile", "line", e.line, "schemas", e.pattern, "err", err)
+			}
+			failed[i] = true
+			continue
+		}
+		for _, ob := range found {
+			ob.rule = i
+			if _, taken := want[ob.key]; !taken {
+				want[ob.key] = ob
+			}
+		}
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for key, m := range f.members {
+		if _, ok := want[key]; ok || m.rule >= 0 && failed[m.rule] {
+			continue
+		}
+		f.log.Info("outbox gone: stopping its relay", "outbox", m.name)
+		m.cancel()
+		delete(f.members, key)
+	}
+	names := map[string]bool{}
+	for _, m := range f.members {
+		names[m.name] = true
+	}
+	for _, key := range sortedKeys(want) {
+		if _, ok := f.members[key]; ok || ctx.Err() != nil {
+			continue
+		}
+		ob := want[key]
+		if names[ob.name] {
+			f.log.Error("two outboxes would have one name: the second is not served; give one a name in the config file", "outbox", ob.name, "where", key)
+			continue
+		}
+		names[ob.name] = true
+		mctx, cancel := context.WithCancel(ctx)
+		m := &fleetMember{fleetOutbox: ob, cancel: cancel, state: "connecting"}
+		if f.reg != nil {
+			m.metrics = outboxprom.New(outboxprom.Config{Registerer: f.registerer(ob.name), Broker: f.brokerLabel})
+		}
+		f.members[key] = m
+		f.log.Info("serving outbox", "outbox", ob.name, "where", redactDSN(ob.o.db.url), "schema", ob.o.db.schema, "prefix", ob.o.db.prefix)
+		f.wg.Go(func() { f.serve(mctx, m) })
+	}
+}
+
+func (f *fleet) registerer(name string) prometheus.Registerer {
+	return prometheus.WrapRegistererWith(prometheus.Labels{"outbox": name}, f.reg)
+}
+
+// discover returns the outboxes rule e finds: the schemas of its database that match
+// its pattern and hold an outbox (its migrations table, with its prefix).
+func (f *fleet) discover(ctx context.Context, e fleetEntry) ([]fleetOutbox, error) {
+	db, err := f.db(ctx, e.o)
+	if err != nil {
+		return nil, err
+	}
+	qctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	rows, err := db.pool.Query(qctx, `SELECT n.nspname FROM pg_namespace n JOIN pg_class c ON c.relnamespace = n.oid
+		WHERE c.relname = $1 AND c.relkind IN ('r', 'p') ORDER BY 1`, e.o.db.prefix+"outbox_migrations")
+	if err != nil {
+		return nil, err
+	}
+	var schemas []string
+	for rows.Next() {
+		var s string
+		if err := rows.Scan(&s); err != nil {
+			return nil, err
+		}
+		if ok, _ := path.Match(e.pattern, s); ok {
+			schemas = append(schemas, s)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	var found []fleetOutbox
+	for _, s := range schemas {
+		o := *e.o
+		dbf := *e.o.db
+		dbf.schema = s
+		o.db = &dbf
+		if _, err := dbf.driver(); err != nil {
+			f.log.Warn("schema not served: its name is not a valid outbox schema", "schema", s, "err", err)
+			continue
+		}
+		key, name := outboxKey(&o)
+		found = append(found, fleetOutbox{name: name, key: key, o: &o})
+	}
+	return found, nil
+}
+
+// db returns the connection of o's database, shared by the outboxes of its URL,
+// connecting on first use.
+func (f *fleet) db(ctx context.Context, o *relayFlags) (*fleetDB, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if d, ok := f.dbs[o.db.url]; ok {
+		return d, nil
+	}
+	t, err := o.db.target("outbox relay")
+	if err != nil {
+		return nil, err
+	}
+	if t.kind == dbPostgres && !strings.Contains(o.db.url, "pool_max_conns") {
+		t.pg.MaxConns = max(t.pg.MaxConns, fleetPoolConns)
+	}
+	s, err := o.db.connect(ctx, t)
+	if err != nil {
+		return nil, err
+	}
+	d := &fleetDB{kind: t.kind, pool: s.pool, db: s.db}
+	f.dbs[o.db.url] = d
+	return d, nil
+}
+
+func (f *fleet) closeDBs() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, d := range f.dbs {
+		if d.pool != nil {
+			d.pool.Close()
+		}
+		if d.db != nil {
+			_ = d.db.Close()
+		}
+	}
+}
+
+func (f *fleet) closeBrokers() {
+	for _, b := range f.brokers {
+		b.Close()
+	}
+}
+
+// serve runs m's relay until ctx ends, starting it again after a failure.
+func (f *fleet) serve(ctx context.Context, m *fleetMember) {
+	log := f.log.With("outbox", m.name)
+	for failures := 0; ; failures++ {
+		started := time.Now()
+		err := f.runOne(ctx, m, log)
+		if ctx.Err() != nil {
+			if err != nil && !errors.Is(err, context.Canceled) {
+				log.Error("outbox relay stopped", "err", err)
+			}
+			return
+		}
+		if time.Since(started) > fleetRetryMax {
+			failures = 0
+		}
+		wait := min(time.Second<<min(failures, 6), fleetRetryMax)
+		m.setState(fmt.Sprintf("not served: %v", err))
+		log.Error("outbox not served; trying again", "err", err, "retry_in", wait)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+	}
+}
+
+// runOne connects m's outbox and runs its relay until ctx ends or it fails.
+func (f *fleet) runOne(ctx context.Context, m *fleetMember, log *slog.Logger) error {
+	o := m.o
+	db, err := f.db(ctx, o)
+	if err != nil {
+		return err
+	}
+	drv, err := o.db.newDriver(db.kind, db.pool, db.db)
+	if err != nil {
+		return err
+	}
+	deferred, err := o.db.checkMigrated(ctx, drv)
+	if err != nil {
+		return err
+	}
+	if len(deferred) > 0 {
+		log.Warn("the outbox schema lacks migrations this relay can run without: run 'outbox migrate up' once every relay is of this version",
+			"missing_versions", fmt.Sprint(deferred))
+	}
+	cfg := o.cfg
+	cfg.Logger = log
+	observers := append([]outbox.Observer(nil), f.observers...)
+	leases := newLeaseWatch(drv, cfg.LeaseTTL)
+	if m.metrics != nil {
+		observers = append(observers, m.metrics)
+		status := outboxprom.NewStatusCollector(drv, outboxprom.StatusConfig{Logger: log})
+		reg := f.registerer(m.name)
+		if err := reg.Register(status); err == nil {
+			defer reg.Unregister(status)
+		}
+	}
+	cfg.Observer = outbox.MultiObserver(observers...)
+	relay, err := outbox.NewRelay(leases.store(), f.brokers[o.broker.route].Publisher, cfg)
+	if err != nil {
+		return relayConfigError(err)
+	}
+	m.setLeases(leases)
+	defer m.setLeases(nil)
+	return relay.Run(ctx, f.top.grace)
+}
+
+func (m *fleetMember) setState(s string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.state = s
+}
+
+func (m *fleetMember) setLeases(l *leaseWatch) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.leases = l
+	if l == nil && m.state == "" {
+		m.state = "stopped"
+	}
+	if l != nil {
+		m.state = ""
+	}
+}
+
+// status implements leaseStatus: the fleet is ready when every outbox it serves is.
+func (f *fleet) status() (ok bool, key, text string) {
+	f.mu.Lock()
+	members := make([]*fleetMember, 0, len(f.members))
+	for _, m := range f.members {
+		members = append(members, m)
+	}
+	f.mu.Unlock()
+	sort.Slice(members, func(i, j int) bool { return members[i].name < members[j].name })
+	var notReady []string
+	for _, m := range members {
+		m.mu.Lock()
+		leases, state := m.leases, m.state
+		m.mu.Unlock()
+		if leases != nil {
+			var ok bool
+			ok, _, state = leases.status()
+			if ok {
+				continue
+			}
+		}
+		notReady = append(notReady, m.name+": "+state)
+	}
+	if len(members) == 0 {
+		return false, "none", "no outbox found yet"
+	}
+	if len(notReady) == 0 {
+		return true, "all", fmt.Sprintf("%d outboxes, each relay holds its share of the shards", len(members))
+	}
+	text = fmt.Sprintf("%d of %d outboxes not ready: %s", len(notReady), len(members), notReady[0])
+	if len(notReady) > 1 {
+		text += fmt.Sprintf(" (and %d more)", len(notReady)-1)
+	}
+	return false, strings.Join(notReady, "\n"), text
+}

@@ -1,0 +1,167 @@
+package outboxcli
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/testinfra/testdb"
+	"github.com/outboxkit/outbox/internal/testinfra/testenv"
+	"github.com/outboxkit/outbox/internal/testinfra/testnats"
+)
+
+// logAddr returns the addr of the first JSON log line whose msg is msg.
+func logAddr(log, msg string) string {
+	for _, line := range strings.Split(log, "\n") {
+		var rec struct{ Msg, Addr string }
+		if json.Unmarshal([]byte(line), &rec) == nil && rec.Msg == msg {
+			return rec.Addr
+		}
+	}
+	return ""
+}
+
+// TestRelayFleetDiscoversSchemas: one relay process serves every schema a rule of the
+// config file's outboxes list matches: the one there at start, and one created while it
+// runs, without a restart. Each outbox's metrics carry its name; a schema dropped while
+// it runs stops being served; the process stops cleanly.
+func TestRelayFleetDiscoversSchemas(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	js := testnats.JetStream(t, "")
+	stream, prefix := natsStream(t, js)
+	first := b.Schema
+	second := first + "_b"
+	t.Cleanup(func() {
+		ctx, cancel := testenv.CallContext()
+		defer cancel()
+		_, _ = b.Pool.Exec(ctx, `DROP SCHEMA IF EXISTS "`+second+`" CASCADE`)
+	})
+	must(t, 0, b.env, "migrate", "up")
+	b.Write(t, outbox.Message{Topic: "first", Key: "k", Payload: []byte(`a1`)})
+
+	config := writeFile(t, "outbox.yaml", fmt.Sprintf(`broker: %s
+route: %s{topic}
+nats-create-stream: %s
+poll-interval: 50ms
+discover-interval: 100ms
+log-format: json
+outboxes:
+  - schemas: %s*
+`, testnats.URL(), prefix, stream, first))
+	env := map[string]string{"OUTBOX_DATABASE_URL": testdb.URL()}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var stdout, stderr syncBuffer
+	done := make(chan int, 1)
+	go func() {
+		done <- run(ctx, []string{"relay", "--config", config, "--metrics-addr", "127.0.0.1:0"},
+			func(k string) string { return env[k] }, &stdout, &stderr)
+	}()
+	got := streamMessages(t, js, stream, 1)
+	if string(got[0].Data) != "a1" || got[0].Subject != prefix+"first" {
+		t.Fatalf("first message: %s %q", got[0].Subject, got[0].Data)
+	}
+
+	// A tenant created while the relay runs.
+	must(t, 0, with(b.env, "OUTBOX_SCHEMA", second), "migrate", "up")
+	other := &testdb.DB{Pool: b.Pool, Schema: second}
+	other.Write(t, outbox.Message{Topic: "second", Key: "k", Payload: []byte(`b1`)})
+	got = streamMessages(t, js, stream, 2)
+	if string(got[1].Data) != "b1" || got[1].Subject != prefix+"second" {
+		t.Fatalf("second message: %s %q", got[1].Subject, got[1].Data)
+	}
+
+	addr := logAddr(stderr.String(), "serving metrics and health checks")
+	if addr == "" {
+		t.Fatalf("no metrics address in the log:\n%s", stderr.String())
+	}
+	dbName := strings.TrimPrefix(testdbName(t), "/")
+	testenv.Await(t, "both outboxes' published counts in /metrics, and /readyz ready", func() (any, bool) {
+		_, _, metrics := httpGet(t, "http://"+addr+"/metrics")
+		code, _, ready := httpGet(t, "http://"+addr+"/readyz")
+		var seen []string
+		for _, name := range []string{dbName + "." + first, dbName + "." + second} {
+			if strings.Contains(metrics, `outbox_published_total{broker="nats",outbox="`+name+`"`) {
+				seen = append(seen, name)
+			}
+		}
+		return fmt.Sprintf("metrics for %v; readyz %d %s", seen, code, ready), len(seen) == 2 && code == 200
+	})
+
+	// A tenant dropped while the relay runs.
+	if _, err := b.Pool.Exec(context.Background(), `DROP SCHEMA "`+second+`" CASCADE`); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Await(t, "the dropped tenant's relay to stop", func() (any, bool) {
+		log := stderr.String()
+		return lastLines(log, 3), strings.Contains(log, `"msg":"outbox gone: stopping its relay","outbox":"`+dbName+"."+second+`"`)
+	})
+
+	cancel()
+	if code := testenv.AwaitRecv(t, "the relay to stop after its context ended", done); code != 0 {
+		t.Fatalf("relay exited %d\nstderr:\n%s", code, stderr.String())
+	}
+	if !strings.Contains(stderr.String(), `"msg":"relay exited cleanly"`) {
+		t.Errorf("no clean exit logged:\n%s", stderr.String())
+	}
+}
+
+// testdbName returns the test database's name.
+func testdbName(t *testing.T) string {
+	t.Helper()
+	cfg, err := (&dbFlags{url: testdb.URL()}).poolConfig("test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg.ConnConfig.Database
+}
+
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
+}
+
+// TestRelayFleetConfigErrors: a mistake in the outboxes list stops the relay before it
+// connects, with status 2 and the file's line.
+func TestRelayFleetConfigErrors(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name, outboxes string
+		args           []string
+		want           string
+	}{
+		{"process setting per outbox", "  - schema: a\n    broker: nats://x:4222\n", nil, `outbox.yaml:3: "broker" cannot be set per outbox`},
+		{"schema and schemas", "  - schema: a\n    schemas: a*\n", nil, "outbox.yaml:2: an outbox has schema (one) or schemas (a rule), not both"},
+		{"listed twice", "  - schema: a\n  - schema: b\n  - schema: a\n", nil, "outbox.yaml:4: the outbox at line 2 already names these tables"},
+		{"bad pattern", "  - schemas: 'a['\n", nil, `outbox.yaml:2: schemas: "a[" is not a pattern`},
+		{"bad name", "  - schema: a\n    name: 'a b'\n", nil, `outbox.yaml:3: name "a b"`},
+		{"name taken", "  - schema: a\n    name: x\n  - schema: b\n    name: x\n", nil, `outbox.yaml:5: name "x" is taken by the outbox at line 2`},
+		{"bad value", "  - schema: a\n    max-attempts: lots\n", nil, "outbox.yaml:3: --max-attempts"},
+		{"bad schema", "  - schema: 'A-b'\n", nil, "outbox.yaml:2: --schema"},
+		{"not a list", "  schema: a\n", nil, `outbox.yaml:2: key "outboxes": want a list`},
+		{"console", "  - schema: a\n", []string{"--http-addr", "127.0.0.1:0"}, "--http-addr: the web console serves one outbox"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			config := filepath.Join(dir, "outbox.yaml")
+			if err := os.WriteFile(config, []byte("outboxes:\n"+tc.outboxes), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			args := slices.Concat([]string{"relay", "--config", config, "--database-url", "postgres://u:secret@127.0.0.1:1/db"}, tc.args)
+			r := cli(t, nil, args...)
+			if r.code != 2 || !strings.Contains(strings.ReplaceAll(r.stderr, config, "outbox.yaml"), tc.want) {
+				t.Fatalf("want exit 2 and %q, got %s", tc.want, r)
+			}
+			if strings.Contains(r.stderr, "secret") {
+				t.Errorf("the password is in the output: %s", r.stderr)
+			}
+		})
+	}
+}
