@@ -7,6 +7,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/url"
 	"os"
@@ -359,6 +360,20 @@ func (o *dbFlags) checkMigrated(ctx context.Context, drv storeDriver) (deferred 
 			o.where(), o.prefix, missing)
 	}
 	return deferred, nil
+}
+
+// checkRelayable is checkMigrated for a relay: a missing migration it runs without is
+// logged as a warning.
+func (o *dbFlags) checkRelayable(ctx context.Context, drv storeDriver, log *slog.Logger) error {
+	deferred, err := o.checkMigrated(ctx, drv)
+	if err != nil {
+		return err
+	}
+	if len(deferred) > 0 {
+		log.Warn("the outbox schema lacks migrations this relay can run without: run 'outbox migrate up' once every relay is of this version",
+			"missing_versions", fmt.Sprint(deferred))
+	}
+	return nil
 }
 
 // flagError turns a *outbox.ConfigError into a usage error naming the flag that set the

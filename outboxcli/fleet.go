@@ -241,39 +241,20 @@ func (o *relayFlags) runFleet(ctx context.Context, inv *invocation) error {
 		}
 	}
 
-	var observers []outbox.Observer
-	if o.otel {
-		var any *brokers.Dest
-		for _, d := range dests {
-			any = d
-			break
-		}
-		obs, stopTracing, err := startTracing(ctx, inv, any.Broker(), log)
-		if err != nil {
-			return fmt.Errorf("--otel: %w", err)
-		}
-		defer func() {
-			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-			defer cancel()
-			_ = stopTracing(sctx)
-		}()
-		observers = append(observers, obs)
+	var first *brokers.Dest // for the tracer's broker attributes
+	for _, e := range entries {
+		first = dests[e.o.broker.route]
+		break
 	}
-	f.observers = observers
-	var ready *readiness
-	if o.metricsAddr != "" {
-		f.reg = newMetricsRegistry()
-		ready = newReadiness(log)
-		stop, err := serveHTTP(ctx, "metrics and health checks", o.metricsAddr, opsMux(f.reg, ready, log), log)
-		if err != nil {
-			return fmt.Errorf("--metrics-addr: %w", err)
-		}
-		defer func() {
-			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			_ = stop(sctx)
-		}()
+	obs, reg, ready, stopServices, err := o.startServices(ctx, inv, first.Broker(), log)
+	if err != nil {
+		return err
 	}
+	defer stopServices()
+	if obs != nil {
+		f.observers = append(f.observers, obs)
+	}
+	f.reg = reg
 	for _, route := range sortedKeys(dests) {
 		d := dests[route]
 		log.Info("connecting to the broker", "broker", d.Broker().Name, "url", brokers.Redact(o.broker.url), "route", route)
@@ -556,13 +537,8 @@ func (f *fleet) runOne(ctx context.Context, m *fleetMember, log *slog.Logger) er
 	if err != nil {
 		return err
 	}
-	deferred, err := o.db.checkMigrated(ctx, drv)
-	if err != nil {
+	if err := o.db.checkRelayable(ctx, drv, log); err != nil {
 		return err
-	}
-	if len(deferred) > 0 {
-		log.Warn("the outbox schema lacks migrations this relay can run without: run 'outbox migrate up' once every relay is of this version",
-			"missing_versions", fmt.Sprint(deferred))
 	}
 	cfg := o.cfg
 	cfg.Logger = log

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -211,35 +212,16 @@ func (o *relayFlags) run(ctx context.Context, inv *invocation) error {
 		return relayConfigError(err)
 	}
 
-	if o.otel {
-		obs, stopTracing, err := startTracing(ctx, inv, dest.Broker(), log)
-		if err != nil {
-			return fmt.Errorf("--otel: %w", err)
-		}
-		defer func() {
-			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-			defer cancel()
-			_ = stopTracing(sctx) // flushes the last spans
-		}()
+	obs, reg, ready, stopServices, err := o.startServices(ctx, inv, dest.Broker(), log)
+	if err != nil {
+		return err
+	}
+	defer stopServices()
+	if obs != nil {
 		o.cfg.Observer = outbox.MultiObserver(o.cfg.Observer, obs)
 	}
-	// The endpoints come up first, so that probes and scrapes get answers (not ready,
-	// starting) while the relay connects.
-	var reg *prometheus.Registry
-	var ready *readiness
-	if o.metricsAddr != "" {
-		reg = newMetricsRegistry()
+	if reg != nil {
 		o.cfg.Observer = outbox.MultiObserver(o.cfg.Observer, outboxprom.New(outboxprom.Config{Registerer: reg, Broker: dest.Broker().Label}))
-		ready = newReadiness(log)
-		stop, err := serveHTTP(ctx, "metrics and health checks", o.metricsAddr, opsMux(reg, ready, log), log)
-		if err != nil {
-			return fmt.Errorf("--metrics-addr: %w", err)
-		}
-		defer func() {
-			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			_ = stop(sctx)
-		}()
 	}
 
 	where := []any{"database", redactDSN(o.db.url), "prefix", o.db.prefix}
@@ -252,13 +234,8 @@ func (o *relayFlags) run(ctx context.Context, inv *invocation) error {
 		return err
 	}
 	defer drv.close()
-	deferred, err := o.db.checkMigrated(ctx, drv)
-	if err != nil {
+	if err := o.db.checkRelayable(ctx, drv, log); err != nil {
 		return err
-	}
-	if len(deferred) > 0 {
-		log.Warn("the outbox schema lacks migrations this relay can run without: run 'outbox migrate up' once every relay is of this version",
-			"missing_versions", fmt.Sprint(deferred))
 	}
 
 	log.Info("connecting to the broker", "broker", dest.Broker().Name, "url", brokers.Redact(o.broker.url), "route", o.broker.route)
@@ -312,6 +289,41 @@ func (o *relayFlags) run(ctx context.Context, inv *invocation) error {
 	}
 	log.Info("relay exited cleanly")
 	return nil
+}
+
+// startServices starts what a relay process runs whatever it serves: tracing (--otel:
+// obs is its observer, else nil) and the metrics and health endpoints (--metrics-addr:
+// reg and ready, else nil), which come up first so that probes and scrapes get answers
+// (not ready, starting) while the relays connect. stop ends them, flushing the last
+// spans.
+func (o *relayFlags) startServices(ctx context.Context, inv *invocation, broker *brokers.Broker, log *slog.Logger) (
+	obs outbox.Observer, reg *prometheus.Registry, ready *readiness, stop func(), err error) {
+	var stops []func(context.Context) error
+	stop = func() {
+		for _, s := range slices.Backward(stops) {
+			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+			_ = s(sctx)
+			cancel()
+		}
+	}
+	if o.otel {
+		var stopTracing func(context.Context) error
+		if obs, stopTracing, err = startTracing(ctx, inv, broker, log); err != nil {
+			return nil, nil, nil, nil, fmt.Errorf("--otel: %w", err)
+		}
+		stops = append(stops, stopTracing)
+	}
+	if o.metricsAddr != "" {
+		reg = newMetricsRegistry()
+		ready = newReadiness(log)
+		stopHTTP, err := serveHTTP(ctx, "metrics and health checks", o.metricsAddr, opsMux(reg, ready, log), log)
+		if err != nil {
+			stop()
+			return nil, nil, nil, nil, fmt.Errorf("--metrics-addr: %w", err)
+		}
+		stops = append(stops, stopHTTP)
+	}
+	return obs, reg, ready, stop, nil
 }
 
 // checkTuning rejects zero and negative tuning values: outbox.RelayConfig reads zero as
