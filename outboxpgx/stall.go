@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -73,9 +74,13 @@ const (
 	// A probe starts every probeEvery while statements are out, and every probeOverlap
 	// while an earlier one has not answered: one sent into a silent network never
 	// answers, and the first sent after the network is back gives the verdict.
-	probeEvery     = 100 * time.Millisecond
-	probeOverlap   = 50 * time.Millisecond
-	probeTimeout   = 500 * time.Millisecond // a probe's connect and query
+	probeEvery   = 100 * time.Millisecond
+	probeOverlap = 50 * time.Millisecond
+	probeTimeout = 500 * time.Millisecond // a probe's connect and query
+	// probeLost is how much longer than a later probe took an earlier one must be out
+	// for the watch to take it for lost: the network dropped it, so statements sent
+	// before it that their sessions never received were dropped too.
+	probeLost      = 50 * time.Millisecond
 	maxProbes      = int(probeTimeout/probeOverlap) + 1
 	acquireAttempt = 250 * time.Millisecond // see acquire
 	maxServerPID   = 1 << 22                // Linux's PID_MAX_LIMIT: every process ID is below it
@@ -115,6 +120,7 @@ type tracked struct {
 // probeResult is what one probe saw of the sessions it looked up.
 type probeResult struct {
 	started  time.Time // when the probe began, connecting included
+	lost     time.Time // the start of the latest earlier probe taken for lost; zero if none
 	sent     time.Time
 	rtt      time.Duration
 	sessions map[uint32]session
@@ -185,14 +191,20 @@ func (w *stallWatch) run() {
 	tick := time.NewTicker(probeOverlap / 2)
 	defer tick.Stop()
 	results := make(chan probeResult, maxProbes)
-	inFlight := 0
-	var last time.Time // when the last probe started
+	var probes []time.Time // the start of each probe out, oldest first
+	var last time.Time     // when the last probe started
 	for {
 		select {
 		case r := <-results:
-			inFlight--
+			probes = slices.DeleteFunc(probes, func(s time.Time) bool { return s.Equal(r.started) })
+			r.lost = lostProbe(probes, r)
 			w.judge(r)
 		case now := <-tick.C:
+			inFlight := len(probes)
+			var latest time.Time // the latest probe out
+			if inFlight > 0 {
+				latest = probes[inFlight-1]
+			}
 			w.mu.Lock()
 			if len(w.out) == 0 && len(w.orphans) == 0 && inFlight == 0 {
 				w.running = false
@@ -206,7 +218,9 @@ func (w *stallWatch) run() {
 			}
 			var pids []int32
 			for t := range w.out {
-				if now.Sub(t.since) >= probeAfter {
+				// Statements sent before a probe that has not answered are looked up
+				// too: if that probe turns out lost, so may they be (judge).
+				if now.Sub(t.since) >= probeAfter || !t.since.After(latest) {
 					pids = append(pids, int32(t.pid))
 				}
 			}
@@ -219,7 +233,7 @@ func (w *stallWatch) run() {
 				every = probeOverlap
 			}
 			if len(pids) > 0 && inFlight < maxProbes && now.Sub(last) >= every {
-				inFlight++
+				probes = append(probes, now)
 				last = now
 				go func() { results <- w.probe(now, pids) }()
 			}
@@ -287,7 +301,6 @@ func (w *stallWatch) judge(r probeResult) {
 		}
 		return // the server is out of reach too: nothing to tell a silent connection from an outage by
 	}
-	limit := r.rtt + stallMargin
 	var silent []*tracked
 	w.mu.Lock()
 	if w.pooled {
@@ -299,33 +312,14 @@ func (w *stallWatch) judge(r probeResult) {
 	w.direct = w.direct || len(r.sessions) > 0
 	w.judged++
 	for t := range w.out {
-		age := r.sent.Sub(t.since)
-		if t.closed || age < r.rtt+probeAfter {
-			continue
-		}
-		s, found := r.sessions[t.pid]
-		dead := false
-		switch {
-		case !found:
-			dead = w.direct && age >= limit
-		case s.state == "active" && s.wait == "ClientWrite":
-			t.writes++
-			dead = t.writes >= 2 && age >= limit
-		case s.state == "active" && broken.Has(broken.StallKillsSlow): // canary: slow taken for silent
-			dead = true
-		case s.state == "active":
-			t.writes = 0
-		case !strings.HasPrefix(s.state, "idle"):
-		case s.idleFor >= age+r.rtt || broken.Has(broken.StallIdleUnsent): // idle since before it was sent
-			dead = true
+		dead, unsent := t.verdict(r, w.direct)
+		if unsent {
 			w.unsent++
-		default: // it arrived; its answer did not, or is unread
-			dead = age >= limit && s.idleFor >= limit
 		}
 		if dead {
 			t.closed = true
 			silent = append(silent, t)
-			if found {
+			if _, found := r.sessions[t.pid]; found {
 				terminate = append(terminate, int32(t.pid))
 			}
 		}
@@ -349,6 +343,54 @@ func (w *stallWatch) judge(r probeResult) {
 	if purge {
 		go w.purge(r.rtt)
 	}
+}
+
+// verdict says, from what r saw of its session, whether t's connection has gone
+// silent (dead), and whether that is because the statement never reached the session
+// (unsent). direct: some session the watch looked up was found. It counts the probes in
+// a row that saw the session blocked sending to us.
+func (t *tracked) verdict(r probeResult, direct bool) (dead, unsent bool) {
+	age := r.sent.Sub(t.since)
+	limit := r.rtt + stallMargin
+	// A statement sent before a probe that was lost was sent into the same outage: if
+	// its session has been idle since before it was sent, it was lost too, and there is
+	// no reason to wait for a loaded server to read it.
+	sentIntoLoss := !r.lost.IsZero() && !t.since.After(r.lost)
+	if t.closed || age < r.rtt+probeAfter && !sentIntoLoss {
+		return false, false
+	}
+	s, found := r.sessions[t.pid]
+	switch {
+	case !found:
+		return direct && age >= limit, false
+	case s.state == "active" && s.wait == "ClientWrite":
+		t.writes++
+		return t.writes >= 2 && age >= limit, false
+	case s.state == "active" && broken.Has(broken.StallKillsSlow): // canary: slow taken for silent
+		return true, false
+	case s.state == "active":
+		t.writes = 0
+		return false, false
+	case !strings.HasPrefix(s.state, "idle"):
+		return false, false
+	case s.idleFor >= age+r.rtt || broken.Has(broken.StallIdleUnsent): // idle since before it was sent
+		return true, true
+	default: // it arrived; its answer did not, or is unread
+		return age >= limit && s.idleFor >= limit, false
+	}
+}
+
+// lostProbe returns the start of the latest probe out (probes, oldest first) that
+// started at least probeLost before r, which answered: the network dropped it. Zero if
+// none, or if r did not answer.
+func lostProbe(probes []time.Time, r probeResult) time.Time {
+	var lost time.Time
+	for _, s := range probes {
+		if r.err == nil && r.started.Sub(s) >= probeLost {
+			lost = s
+		}
+	}
+	return lost
 }
 
 // dropOrphans forgets the orphans r looked up, and returns those of them it found still
