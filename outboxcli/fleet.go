@@ -3,7 +3,9 @@ package outboxcli
 import (
 	"cmp"
 	"context"
+	"crypto/rand"
 	"database/sql"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -13,6 +15,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -21,6 +24,7 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/brokers"
+	"github.com/outboxkit/outbox/outboxpgx"
 	"github.com/outboxkit/outbox/outboxprom"
 )
 
@@ -48,6 +52,8 @@ var fleetKeys = map[string]bool{
 
 const (
 	discoverIntervalDefault = time.Minute
+	parkAfterDefault        = time.Minute
+	parkedPollDefault       = 5 * time.Second
 	// fleetPoolConns is a fleet's pool size per database URL when the URL does not set
 	// pool_max_conns: the outboxes of the database share it.
 	fleetPoolConns = 16
@@ -209,8 +215,13 @@ func (o *relayFlags) runFleet(ctx context.Context, inv *invocation) error {
 	if err != nil {
 		return err
 	}
-	if o.discoverEvery <= 0 {
-		return usageErrorf("--discover-interval: must be a positive duration, not %s", o.discoverEvery)
+	for name, d := range map[string]time.Duration{"discover-interval": o.discoverEvery, "parked-poll-interval": o.parkedPoll} {
+		if d <= 0 {
+			return usageErrorf("--%s: must be a positive duration, not %s", name, d)
+		}
+	}
+	if o.parkAfter <= 0 && o.parkAfter != -1 {
+		return usageErrorf("--park-after: must be a positive duration, or -1 never to park")
 	}
 	if err := checkListenAddr("metrics-addr", o.metricsAddr); err != nil {
 		return err
@@ -226,7 +237,7 @@ func (o *relayFlags) runFleet(ctx context.Context, inv *invocation) error {
 		return err
 	}
 	f := &fleet{top: o, log: log, entries: entries, members: map[string]*fleetMember{},
-		dbs: map[string]*fleetDB{}, brokers: map[string]*brokers.Opened{}}
+		dbs: map[string]*fleetDB{}, brokers: map[string]*brokers.Opened{}, relayID: fleetRelayID(), ctx: ctx}
 	// Every route is checked before anything connects.
 	dests := map[string]*brokers.Dest{}
 	for _, e := range entries {
@@ -320,6 +331,8 @@ type fleet struct {
 	observers   []outbox.Observer
 	brokers     map[string]*brokers.Opened // by route
 	brokerLabel string
+	relayID     string          // every outbox's relay's, unless the file sets relay-id
+	ctx         context.Context // the fleet's: the idle watches run until it ends
 
 	mu      sync.Mutex
 	members map[string]*fleetMember // by key
@@ -335,14 +348,56 @@ type fleetMember struct {
 
 	mu     sync.Mutex
 	leases *leaseWatch // of the relay running now; nil between runs
-	state  string      // why it is not served, between runs
+	state  string      // why it is not served, between runs ("parked": idle)
+	drv    storeDriver // of the last run
+}
+
+func (m *fleetMember) setDriver(d storeDriver) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.drv = d
+}
+
+func (m *fleetMember) driver() storeDriver {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.drv
 }
 
 // fleetDB is one database's connection, shared by its outboxes.
 type fleetDB struct {
+	mu   sync.Mutex // held while connecting
 	kind dbKind
 	pool *pgxpool.Pool
 	db   *sql.DB
+	idle *outboxpgx.IdleWatch // PostgreSQL's, with --park-after: the parked outboxes'
+}
+
+// fleetRelayID is the relay ID of every outbox a process serves: leases are per
+// outbox, and one ID keeps an outbox's metric series the same across its relay's
+// parking and waking.
+func fleetRelayID() string {
+	host, _ := os.Hostname()
+	var b [3]byte
+	_, _ = rand.Read(b[:])
+	return fmt.Sprintf("%s-%d-%s", cmp.Or(host, "relay"), os.Getpid(), hex.EncodeToString(b[:]))
+}
+
+// errParked ends a relay's run that the fleet stopped because its outbox was idle.
+var errParked = errors.New("parked")
+
+// parkable passes every event on but the stop of a relay the fleet parks: the relay
+// of a parked outbox counts as up (outbox_relay_up 1), as it wakes when a message comes.
+type parkable struct {
+	outbox.Observer
+	parking *atomic.Bool
+}
+
+func (p parkable) Running(e outbox.RunningEvent) {
+	if !e.Running && p.parking.Load() {
+		return
+	}
+	p.Observer.Running(e)
 }
 
 // reconcile starts serving the outboxes the entries name and stops the ones they no
@@ -458,11 +513,18 @@ func (f *fleet) discover(ctx context.Context, e fleetEntry) ([]fleetOutbox, erro
 }
 
 // db returns the connection of o's database, shared by the outboxes of its URL,
-// connecting on first use.
+// connecting on first use (and again after a failed connect).
 func (f *fleet) db(ctx context.Context, o *relayFlags) (*fleetDB, error) {
 	f.mu.Lock()
-	defer f.mu.Unlock()
-	if d, ok := f.dbs[o.db.url]; ok {
+	d, ok := f.dbs[o.db.url]
+	if !ok {
+		d = &fleetDB{}
+		f.dbs[o.db.url] = d
+	}
+	f.mu.Unlock()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.pool != nil || d.db != nil {
 		return d, nil
 	}
 	t, err := o.db.target("outbox relay")
@@ -476,8 +538,16 @@ func (f *fleet) db(ctx context.Context, o *relayFlags) (*fleetDB, error) {
 	if err != nil {
 		return nil, err
 	}
-	d := &fleetDB{kind: t.kind, pool: s.pool, db: s.db}
-	f.dbs[o.db.url] = d
+	d.kind, d.pool, d.db = t.kind, s.pool, s.db
+	if t.kind == dbPostgres && f.top.parkAfter > 0 {
+		d.idle = outboxpgx.NewIdleWatch(s.pool, f.top.parkedPoll)
+		where := redactDSN(o.db.url)
+		f.wg.Go(func() {
+			d.idle.Run(f.ctx, func(err error) {
+				f.log.Error("watch of the parked outboxes failed; trying again", "database", where, "err", err)
+			})
+		})
+	}
 	return d, nil
 }
 
@@ -485,6 +555,8 @@ func (f *fleet) closeDBs() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for _, d := range f.dbs {
+		d.mu.Lock()
+		defer d.mu.Unlock()
 		if d.pool != nil {
 			d.pool.Close()
 		}
@@ -507,10 +579,17 @@ func (f *fleet) serve(ctx context.Context, m *fleetMember) {
 		started := time.Now()
 		err := f.runOne(ctx, m, log)
 		if ctx.Err() != nil {
-			if err != nil && !errors.Is(err, context.Canceled) {
+			if err != nil && !errors.Is(err, context.Canceled) && !errors.Is(err, errParked) {
 				log.Error("outbox relay stopped", "err", err)
 			}
 			return
+		}
+		if errors.Is(err, errParked) {
+			failures = -1
+			if !f.parked(ctx, m, log) {
+				return
+			}
+			continue
 		}
 		if time.Since(started) > fleetRetryMax {
 			failures = 0
@@ -552,14 +631,70 @@ func (f *fleet) runOne(ctx context.Context, m *fleetMember, log *slog.Logger) er
 			defer reg.Unregister(status)
 		}
 	}
-	cfg.Observer = outbox.MultiObserver(observers...)
+	var parking atomic.Bool
+	cfg.Observer = parkable{outbox.MultiObserver(observers...), &parking}
+	cfg.ID = cmp.Or(cfg.ID, f.relayID)
 	relay, err := outbox.NewRelay(leases.store(), f.brokers[o.broker.route].Publisher, cfg)
 	if err != nil {
 		return relayConfigError(err)
 	}
 	m.setLeases(leases)
 	defer m.setLeases(nil)
-	return relay.Run(ctx, f.top.grace)
+	m.setDriver(drv)
+	if db.idle == nil {
+		return relay.Run(ctx, f.top.grace)
+	}
+	// Parked once it has published nothing for --park-after.
+	rctx, stop := context.WithCancel(ctx)
+	defer stop()
+	done := make(chan error, 1)
+	go func() { done <- relay.Run(rctx, f.top.grace) }()
+	tick := time.NewTicker(max(f.top.parkAfter/6, time.Second))
+	defer tick.Stop()
+	last, since := relay.Stats(), time.Now()
+	for {
+		select {
+		case err := <-done:
+			return err
+		case now := <-tick.C:
+			st := relay.Stats()
+			st.Shards, last.Shards = 0, 0
+			if st != last {
+				last, since = st, now
+				continue
+			}
+			if now.Sub(since) < f.top.parkAfter {
+				continue
+			}
+			parking.Store(true)
+			stop()
+			if err := <-done; err != nil {
+				return err
+			}
+			return errParked
+		}
+	}
+}
+
+// parked waits, the relay of m stopped, until m's outbox has messages to publish, and
+// says whether to run the relay again (false: ctx ended).
+func (f *fleet) parked(ctx context.Context, m *fleetMember, log *slog.Logger) bool {
+	db, err := f.db(ctx, m.o)
+	drv := m.driver()
+	if err != nil || db.idle == nil || drv == nil {
+		return ctx.Err() == nil
+	}
+	log.Info("outbox idle: relay parked until a message comes", "park_after", f.top.parkAfter)
+	m.setState("parked")
+	woken := db.idle.Add(drv.(*outboxpgx.Driver))
+	select {
+	case <-ctx.Done():
+		db.idle.Remove(drv.(*outboxpgx.Driver))
+		return false
+	case <-woken:
+		log.Info("outbox woken: relay starting")
+		return true
+	}
 }
 
 func (m *fleetMember) setState(s string) {
@@ -594,6 +729,9 @@ func (f *fleet) status() (ok bool, key, text string) {
 		m.mu.Lock()
 		leases, state := m.leases, m.state
 		m.mu.Unlock()
+		if state == "parked" {
+			continue
+		}
 		if leases != nil {
 			var ok bool
 			ok, _, state = leases.status()

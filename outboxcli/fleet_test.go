@@ -165,3 +165,64 @@ func TestRelayFleetConfigErrors(t *testing.T) {
 		})
 	}
 }
+
+// TestRelayFleetParksIdleOutboxes: the relay of an outbox that published nothing for
+// --park-after stops and gives its shards back; the outbox counts as ready and its
+// relay as up meanwhile, and the next write wakes it and is published.
+func TestRelayFleetParksIdleOutboxes(t *testing.T) {
+	t.Parallel()
+	b := migrated(t)
+	js := testnats.JetStream(t, "")
+	stream, prefix := natsStream(t, js)
+	config := writeFile(t, "outbox.yaml", fmt.Sprintf(`broker: %s
+route: %s{topic}
+nats-create-stream: %s
+log-format: json
+park-after: 1s
+parked-poll-interval: 1h
+outboxes:
+  - schema: %s
+    name: solo
+`, testnats.URL(), prefix, stream, b.Schema))
+	env := map[string]string{"OUTBOX_DATABASE_URL": testdb.URL()}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var stdout, stderr syncBuffer
+	done := make(chan int, 1)
+	go func() {
+		done <- run(ctx, []string{"relay", "--config", config, "--metrics-addr", "127.0.0.1:0"},
+			func(k string) string { return env[k] }, &stdout, &stderr)
+	}()
+	b.Write(t, outbox.Message{Topic: "t", Key: "k", Payload: []byte(`1`)})
+	streamMessages(t, js, stream, 1)
+
+	testenv.Await(t, "the idle outbox's relay to park and give its shards back", func() (any, bool) {
+		st := statusJSON(t, b)
+		parked := strings.Contains(stderr.String(), `"msg":"outbox idle: relay parked until a message comes"`)
+		return fmt.Sprintf("parked %v, %d shards leased", parked, st.ShardsLeased), parked && st.ShardsLeased == 0
+	})
+	addr := logAddr(stderr.String(), "serving metrics and health checks")
+	code, _, ready := httpGet(t, "http://"+addr+"/readyz")
+	_, _, metrics := httpGet(t, "http://"+addr+"/metrics")
+	up := grepLines(metrics, `outbox_relay_up{outbox="solo"`)
+	if code != 200 || up == "" || strings.HasSuffix(up, " 0") {
+		t.Fatalf("parked: readyz %d %q; relay_up: %s", code, ready, grepLines(metrics, "outbox_relay_up{"))
+	}
+
+	// The next write wakes it (a notification: the check for messages due runs hourly).
+	b.Write(t, outbox.Message{Topic: "t", Key: "k", Payload: []byte(`2`)})
+	got := streamMessages(t, js, stream, 2)
+	if string(got[1].Data) != "2" {
+		t.Fatalf("second message %q", got[1].Data)
+	}
+	if !strings.Contains(stderr.String(), `"msg":"outbox woken: relay starting"`) {
+		t.Errorf("no wake logged:\n%s", lastLines(stderr.String(), 10))
+	}
+	cancel()
+	if code := testenv.AwaitRecv(t, "the relay to stop after its context ended", done); code != 0 {
+		t.Fatalf("relay exited %d\nstderr:\n%s", code, stderr.String())
+	}
+	if strings.Contains(stderr.String(), `"level":"ERROR"`) {
+		t.Errorf("an error was logged:\n%s", stderr.String())
+	}
+}

@@ -45,7 +45,8 @@ type relayFlags struct {
 	metricsAddr string
 	otel        bool
 
-	discoverEvery time.Duration // with outboxes in the config file (fleet.go)
+	// With outboxes in the config file (fleet.go).
+	discoverEvery, parkAfter, parkedPoll time.Duration
 }
 
 // relayConfigFlags maps outbox.RelayConfig fields to their flags, for error messages.
@@ -163,6 +164,10 @@ func newRelayFlags(fs *flag.FlagSet) *relayFlags {
 	fs.BoolVar(&o.otel, "otel", false, "export a span per published message over OTLP/HTTP, configured by the standard\nOTEL_EXPORTER_OTLP_* and OTEL_* environment variables")
 	o.discoverEvery = discoverIntervalDefault
 	fs.Var(durationValue{d: &o.discoverEvery}, "discover-interval", "with a config file's outboxes list: look for outboxes its schemas rules match every `duration`\n(and on SIGHUP)")
+	o.parkAfter = parkAfterDefault
+	fs.Var(durationValue{d: &o.parkAfter, allowForever: true}, "park-after", "with a config file's outboxes list: stop the relay of a PostgreSQL outbox that published nothing\nfor this `duration`, and watch it from one connection per database until a message comes; -1 for never")
+	o.parkedPoll = parkedPollDefault
+	fs.Var(durationValue{d: &o.parkedPoll}, "parked-poll-interval", "with a config file's outboxes list: look for messages due in the parked outboxes every `duration`\n(one statement per database; a write wakes its outbox at once)")
 	return o
 }
 

@@ -383,6 +383,12 @@ func (n *Names) GateRelease() string {
 	return `SELECT CASE WHEN pg_backend_pid() <> $1 THEN false ELSE pg_advisory_unlock(` + strconv.FormatInt(n.WakeKey, 10) + `) END`
 }
 
+// AnyDue is a condition: the outbox has a message due (not delayed, not waiting for a
+// retry).
+func (n *Names) AnyDue() string {
+	return n.r(`EXISTS (SELECT 1 FROM {{outbox}} o WHERE o.next_attempt_at <= now() OR o.next_attempt_at = o.created_at)`)
+}
+
 // SchemaVersion reads the highest schema version applied.
 func (n *Names) SchemaVersion() string {
 	return `SELECT coalesce(max(version), 0) FROM ` + n.Migrations
