@@ -575,9 +575,23 @@ func (f *fleet) closeBrokers() {
 // serve runs m's relay until ctx ends, starting it again after a failure.
 func (f *fleet) serve(ctx context.Context, m *fleetMember) {
 	log := f.log.With("outbox", m.name)
+	// A PostgreSQL outbox starts parked when outboxes park: its relay runs once it has
+	// something to publish, so that a fleet of idle outboxes starts without a relay, and
+	// a LISTEN connection, each.
+	park, ran := f.top.parkAfter > 0, false
 	for failures := 0; ; failures++ {
 		started := time.Now()
-		err := f.runOne(ctx, m, log)
+		var err error
+		if park {
+			var woken bool
+			if woken, err = f.parked(ctx, m, log, ran); err == nil && !woken {
+				return // ctx ended
+			}
+		}
+		if err == nil {
+			err = f.runOne(ctx, m, log)
+			ran = true
+		}
 		if ctx.Err() != nil {
 			if err != nil && !errors.Is(err, context.Canceled) && !errors.Is(err, errParked) {
 				log.Error("outbox relay stopped", "err", err)
@@ -585,12 +599,10 @@ func (f *fleet) serve(ctx context.Context, m *fleetMember) {
 			return
 		}
 		if errors.Is(err, errParked) {
-			failures = -1
-			if !f.parked(ctx, m, log) {
-				return
-			}
+			park, failures = true, -1
 			continue
 		}
+		park = park && f.top.parkAfter > 0 && !ran // a failure while parked: park again
 		if time.Since(started) > fleetRetryMax {
 			failures = 0
 		}
@@ -676,24 +688,39 @@ func (f *fleet) runOne(ctx context.Context, m *fleetMember, log *slog.Logger) er
 	}
 }
 
-// parked waits, the relay of m stopped, until m's outbox has messages to publish, and
-// says whether to run the relay again (false: ctx ended).
-func (f *fleet) parked(ctx context.Context, m *fleetMember, log *slog.Logger) bool {
+// parked waits, m's relay not running, until m's outbox has messages to publish: woken
+// false when ctx ended first. An outbox that cannot park (MySQL, SQLite) is woken at
+// once. ran: its relay ran before (and the wait is logged).
+func (f *fleet) parked(ctx context.Context, m *fleetMember, log *slog.Logger, ran bool) (woken bool, err error) {
 	db, err := f.db(ctx, m.o)
-	drv := m.driver()
-	if err != nil || db.idle == nil || drv == nil {
-		return ctx.Err() == nil
+	if err != nil {
+		return false, err
 	}
-	log.Info("outbox idle: relay parked until a message comes", "park_after", f.top.parkAfter)
+	if db.idle == nil {
+		return true, nil
+	}
+	drv := m.driver()
+	if drv == nil {
+		if drv, err = m.o.db.newDriver(db.kind, db.pool, db.db); err != nil {
+			return false, err
+		}
+		if err := m.o.db.checkRelayable(ctx, drv, log); err != nil {
+			return false, err
+		}
+		m.setDriver(drv)
+	}
+	if ran {
+		log.Info("outbox idle: relay parked until a message comes", "park_after", f.top.parkAfter)
+	}
 	m.setState("parked")
-	woken := db.idle.Add(drv.(*outboxpgx.Driver))
+	pg := drv.(*outboxpgx.Driver)
 	select {
 	case <-ctx.Done():
-		db.idle.Remove(drv.(*outboxpgx.Driver))
-		return false
-	case <-woken:
+		db.idle.Remove(pg)
+		return false, nil
+	case <-db.idle.Add(pg):
 		log.Info("outbox woken: relay starting")
-		return true
+		return true, nil
 	}
 }
 

@@ -226,3 +226,82 @@ outboxes:
 		t.Errorf("an error was logged:\n%s", stderr.String())
 	}
 }
+
+// TestRelayFleetTwoProcesses: two relay processes started on one config file share
+// every outbox of its list, each outbox's shards between them, and publish each outbox's
+// messages once, in key order.
+func TestRelayFleetTwoProcesses(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	js := testnats.JetStream(t, "")
+	stream, prefix := natsStream(t, js)
+	second := b.Schema + "_b"
+	t.Cleanup(func() {
+		ctx, cancel := testenv.CallContext()
+		defer cancel()
+		_, _ = b.Pool.Exec(ctx, `DROP SCHEMA IF EXISTS "`+second+`" CASCADE`)
+	})
+	must(t, 0, b.env, "migrate", "up")
+	must(t, 0, with(b.env, "OUTBOX_SCHEMA", second), "migrate", "up")
+	config := writeFile(t, "outbox.yaml", fmt.Sprintf(`broker: %s
+route: %s{topic}
+nats-create-stream: %s
+poll-interval: 50ms
+lease-ttl: 3s
+log-format: json
+outboxes:
+  - schemas: %s*
+`, testnats.URL(), prefix, stream, b.Schema))
+	env := map[string]string{"OUTBOX_DATABASE_URL": testdb.URL()}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var logs [2]syncBuffer
+	done := make(chan int, 2)
+	for i := range logs {
+		go func() {
+			var stdout syncBuffer
+			done <- run(ctx, []string{"relay", "--config", config}, func(k string) string { return env[k] }, &stdout, &logs[i])
+		}()
+	}
+	const perOutbox, keys = 300, 10
+	dbs := []*testdb.DB{b.DB, {Pool: b.Pool, Schema: second}}
+	for i := range perOutbox {
+		for o, db := range dbs {
+			db.Write(t, outbox.Message{Topic: fmt.Sprintf("o%d", o), Key: fmt.Sprintf("k%d", i%keys), Payload: []byte(fmt.Sprint(i))})
+		}
+	}
+	got := streamMessages(t, js, stream, 2*perOutbox)
+	next := map[string]int{} // subject/key -> the payload expected next
+	for _, m := range got {
+		k := m.Subject + "/" + m.Header.Get(outbox.HeaderKey)
+		want := next[k]
+		if want == 0 {
+			want = keyFirst(m.Header.Get(outbox.HeaderKey))
+		}
+		if string(m.Data) != fmt.Sprint(want) {
+			t.Fatalf("%s: payload %s, want %d (out of order or duplicated)", k, m.Data, want)
+		}
+		next[k] = want + keys
+	}
+	// Both processes served both outboxes.
+	for i := range logs {
+		for _, schema := range []string{b.Schema, second} {
+			if !strings.Contains(logs[i].String(), `"msg":"leases changed","outbox":"`+testdbName(t)+"."+schema+`"`) {
+				t.Errorf("process %d never held shards of %s:\n%s", i, schema, lastLines(logs[i].String(), 20))
+			}
+		}
+	}
+	cancel()
+	for range logs {
+		if code := testenv.AwaitRecv(t, "the relays to stop", done); code != 0 {
+			t.Fatalf("relay exited %d", code)
+		}
+	}
+}
+
+// keyFirst is the first payload of key "k<n>" in TestRelayFleetTwoProcesses: n.
+func keyFirst(key string) int {
+	var n int
+	_, _ = fmt.Sscanf(key, "k%d", &n)
+	return n
+}

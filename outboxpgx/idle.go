@@ -37,8 +37,13 @@ type IdleWatch struct {
 
 	mu      sync.Mutex
 	watched map[*Driver]*idleEntry
-	gone    []*Driver     // removed, still listened to on the connection
+	gone    []idleGone    // removed, still listened to on the connection
 	changed chan struct{} // a send (never blocking) after each Add or Remove
+}
+
+type idleGone struct {
+	d     *Driver
+	gated bool
 }
 
 type idleEntry struct {
@@ -77,11 +82,14 @@ func (w *IdleWatch) Remove(d *Driver) {
 }
 
 func (w *IdleWatch) removeLocked(d *Driver) {
-	if _, ok := w.watched[d]; !ok {
+	e, ok := w.watched[d]
+	if !ok {
 		return
 	}
 	delete(w.watched, d)
-	w.gone = append(w.gone, d)
+	if e.ready {
+		w.gone = append(w.gone, idleGone{d, e.gated})
+	}
 	w.poke()
 }
 
@@ -175,12 +183,15 @@ func (w *IdleWatch) session(ctx context.Context) error {
 			}
 		}
 		w.mu.Unlock()
-		for _, d := range gone {
-			if err := exec("UNLISTEN " + d.names.ChannelIdent); err != nil {
+		for _, g := range gone {
+			if err := exec("UNLISTEN " + g.d.names.ChannelIdent); err != nil {
 				return fmt.Errorf("idle watch: unlisten: %w", err)
 			}
+			if !g.gated {
+				continue
+			}
 			var ok bool
-			if err := queryRow(d.names.GateRelease(), []any{pid}, &ok); err != nil && !isUndefinedTable(err) {
+			if err := queryRow(g.d.names.GateRelease(), []any{pid}, &ok); err != nil {
 				return fmt.Errorf("idle watch: let go of the gate: %w", err)
 			}
 		}
@@ -191,34 +202,30 @@ func (w *IdleWatch) session(ctx context.Context) error {
 			if err := exec("LISTEN " + d.names.ChannelIdent); err != nil {
 				return fmt.Errorf("idle watch: listen: %w", err)
 			}
-			var version int
-			if err := queryRow(d.names.SchemaVersion(), nil, &version); err != nil {
-				if isUndefinedTable(err) { // the outbox is gone: nothing to wait for
-					w.wake(d)
-					continue
-				}
-				return fmt.Errorf("idle watch: read the schema version: %w", err)
+			state, err := w.arm(d, pid, queryRow)
+			if err != nil {
+				return err
 			}
-			gated := false
-			if version >= pgsql.GateVersion {
-				var state string
-				if err := queryRow(d.names.GateArm(), []any{pid}, &state); err != nil {
-					return fmt.Errorf("idle watch: take the gate: %w", err)
-				}
-				switch state {
-				case "busy", "moved": // a writer is committing; or no session is kept (PgBouncer)
-					w.wake(d)
-					continue
-				case "armed":
-					gated = true
-				}
-			}
+			// Marked ready, the outbox is let go of when it is woken or removed; one
+			// woken here (its outbox gone, a writer committing) or removed meanwhile is
+			// let go of now.
 			w.mu.Lock()
-			if e, ok := w.watched[d]; ok {
-				e.ready, e.gated = true, gated
+			e, ok := w.watched[d]
+			switch {
+			case ok && state != "wake":
+				e.ready, e.gated = true, state == "armed"
+				check = append(check, d)
+			case ok:
+				close(e.woken)
+				delete(w.watched, d)
+				w.gone = append(w.gone, idleGone{d, false})
+			default:
+				w.gone = append(w.gone, idleGone{d, state == "armed"})
 			}
 			w.mu.Unlock()
-			check = append(check, d)
+		}
+		if len(check) < len(fresh) {
+			w.poke() // let go of those at once, after the check
 		}
 		if !time.Now().Before(nextCheck) {
 			check = w.all()
@@ -252,6 +259,31 @@ func (w *IdleWatch) session(ctx context.Context) error {
 			}
 		}
 	}
+}
+
+// arm takes d's gate on the session of pid: "armed", "covered" (another session
+// holds it: writers notify all the same; so they do before the gate, schema version 6
+// and older), or "wake": the outbox has work or may have (a writer between its insert
+// and its commit, a session not kept from one statement to the next, its tables gone).
+func (w *IdleWatch) arm(d *Driver, pid uint32, queryRow func(string, []any, ...any) error) (string, error) {
+	var version int
+	if err := queryRow(d.names.SchemaVersion(), nil, &version); err != nil {
+		if isUndefinedTable(err) {
+			return "wake", nil
+		}
+		return "", fmt.Errorf("idle watch: read the schema version: %w", err)
+	}
+	if version < pgsql.GateVersion {
+		return "covered", nil
+	}
+	var state string
+	if err := queryRow(d.names.GateArm(), []any{pid}, &state); err != nil {
+		return "", fmt.Errorf("idle watch: take the gate: %w", err)
+	}
+	if state == "busy" || state == "moved" {
+		return "wake", nil
+	}
+	return state, nil
 }
 
 // all returns the outboxes watched and ready on the connection.

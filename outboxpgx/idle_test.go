@@ -74,6 +74,23 @@ func TestIdleWatch(t *testing.T) {
 		t.Fatal("woken after it was removed")
 	}
 
+	// A writer between its insert and its commit when the watch asks for the gate: woken,
+	// and the watch holds nothing of it.
+	b.Exec(t, `DELETE FROM %[1]s.outbox`)
+	tx, err := b.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Writer.Write(ctx, tx, msg("in flight")); err != nil {
+		t.Fatal(err)
+	}
+	ch = w.Add(b.Driver)
+	testenv.AwaitChan(t, "the wake for a writer in flight", ch, func() any { return "not woken" })
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	testenv.AwaitCond(t, "no session to hold the gate", func() bool { return b.gateHolder(t) == 0 })
+
 	// A delayed message coming due notifies no one: the periodic check finds it.
 	b.Exec(t, `DELETE FROM %[1]s.outbox`)
 	delayed := msg("delayed")
