@@ -139,7 +139,7 @@ func fleetEntries(inv *invocation) ([]fleetEntry, error) {
 		if e.pattern != "" {
 			continue
 		}
-		key, name := outboxKey(e.o)
+		key, name := outboxKey(e.o.db)
 		if first, dup := keys[key]; dup {
 			return nil, usageErrorf("%s: the outbox at line %d already names these tables (%s)", cf.at(e.line), first, key)
 		}
@@ -190,23 +190,23 @@ func validFleetName(s string) bool {
 }
 
 // outboxKey names where an outbox's tables are, and its default name.
-func outboxKey(o *relayFlags) (key, name string) {
-	kind, _ := o.db.kind()
-	t, _ := o.db.target("outbox relay")
+func outboxKey(o *dbFlags) (key, name string) {
+	kind, _ := o.kind()
+	t, _ := o.target("outbox relay")
 	var where, db string
 	switch kind {
 	case dbPostgres:
 		c := t.pg.ConnConfig
-		where, db = fmt.Sprintf("postgres %s:%d/%s %s", c.Host, c.Port, c.Database, o.db.schema), c.Database+"."+o.db.schema
+		where, db = fmt.Sprintf("postgres %s:%d/%s %s", c.Host, c.Port, c.Database, o.schema), c.Database+"."+o.schema
 	case dbMySQL:
 		where, db = fmt.Sprintf("mysql %s/%s", t.mysql.Addr, t.mysql.DBName), t.mysql.DBName
 	case dbSQLite:
 		where, db = "sqlite "+t.path, strings.TrimSuffix(path.Base(t.path), path.Ext(t.path))
 	}
-	if p := strings.TrimSuffix(o.db.prefix, "_"); p != "" {
+	if p := strings.TrimSuffix(o.prefix, "_"); p != "" {
 		db += "." + p
 	}
-	return where + " prefix " + o.db.prefix, db
+	return where + " prefix " + o.prefix, db
 }
 
 // runFleet runs the relay for every outbox of the config file's outboxes list.
@@ -408,7 +408,7 @@ func (f *fleet) reconcile(ctx context.Context) {
 	failed := map[int]bool{}
 	for i, e := range f.entries {
 		if e.pattern == "" {
-			key, name := outboxKey(e.o)
+			key, name := outboxKey(e.o.db)
 			if _, dup := want[key]; dup {
 				continue // reported at start
 			}
@@ -476,24 +476,8 @@ func (f *fleet) discover(ctx context.Context, e fleetEntry) ([]fleetOutbox, erro
 	if err != nil {
 		return nil, err
 	}
-	qctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	rows, err := db.pool.Query(qctx, `SELECT n.nspname FROM pg_namespace n JOIN pg_class c ON c.relnamespace = n.oid
-		WHERE c.relname = $1 AND c.relkind IN ('r', 'p') ORDER BY 1`, e.o.db.prefix+"outbox_migrations")
+	schemas, err := matchingSchemas(ctx, db.pool, e.pattern, e.o.db.prefix)
 	if err != nil {
-		return nil, err
-	}
-	var schemas []string
-	for rows.Next() {
-		var s string
-		if err := rows.Scan(&s); err != nil {
-			return nil, err
-		}
-		if ok, _ := path.Match(e.pattern, s); ok {
-			schemas = append(schemas, s)
-		}
-	}
-	if err := rows.Err(); err != nil {
 		return nil, err
 	}
 	var found []fleetOutbox
@@ -506,10 +490,33 @@ func (f *fleet) discover(ctx context.Context, e fleetEntry) ([]fleetOutbox, erro
 			f.log.Warn("schema not served: its name is not a valid outbox schema", "schema", s, "err", err)
 			continue
 		}
-		key, name := outboxKey(&o)
+		key, name := outboxKey(&dbf)
 		found = append(found, fleetOutbox{name: name, key: key, o: &o})
 	}
 	return found, nil
+}
+
+// matchingSchemas returns the schemas of pool's database that match pattern and hold
+// an outbox with prefix (its migrations table).
+func matchingSchemas(ctx context.Context, pool *pgxpool.Pool, pattern, prefix string) ([]string, error) {
+	qctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	rows, err := pool.Query(qctx, `SELECT n.nspname FROM pg_namespace n JOIN pg_class c ON c.relnamespace = n.oid
+		WHERE c.relname = $1 AND c.relkind IN ('r', 'p') ORDER BY 1`, prefix+"outbox_migrations")
+	if err != nil {
+		return nil, err
+	}
+	var schemas []string
+	for rows.Next() {
+		var s string
+		if err := rows.Scan(&s); err != nil {
+			return nil, err
+		}
+		if ok, _ := path.Match(pattern, s); ok {
+			schemas = append(schemas, s)
+		}
+	}
+	return schemas, rows.Err()
 }
 
 // db returns the connection of o's database, shared by the outboxes of its URL,

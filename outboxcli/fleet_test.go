@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/outboxkit/outbox"
@@ -15,6 +16,51 @@ import (
 	"github.com/outboxkit/outbox/internal/testinfra/testenv"
 	"github.com/outboxkit/outbox/internal/testinfra/testnats"
 )
+
+// fleetRelay runs `outbox relay --config config --metrics-addr 127.0.0.1:0` against the
+// test database until stop, which returns its exit status (once the test ends at the
+// latest).
+func fleetRelay(t *testing.T, config string) (log *syncBuffer, stop func() int) {
+	t.Helper()
+	env := map[string]string{"OUTBOX_DATABASE_URL": testdb.URL()}
+	ctx, cancel := context.WithCancel(context.Background())
+	log = &syncBuffer{}
+	done := make(chan int, 1)
+	go func() {
+		var stdout syncBuffer
+		done <- run(ctx, []string{"relay", "--config", config, "--metrics-addr", "127.0.0.1:0"},
+			func(k string) string { return env[k] }, &stdout, log)
+	}()
+	var once sync.Once
+	var code int
+	stop = func() int {
+		once.Do(func() {
+			cancel()
+			code = testenv.AwaitRecv(t, "the relay to stop after its context ended", done)
+		})
+		return code
+	}
+	t.Cleanup(func() { stop() })
+	return log, stop
+}
+
+// fleetConfig writes a relay config file that publishes to the NATS stream made for
+// the test, with settings (YAML lines) and the outboxes list.
+func fleetConfig(t *testing.T, prefix, stream, settings, outboxes string) string {
+	return writeFile(t, "outbox.yaml", fmt.Sprintf("broker: %s\nroute: %s{topic}\nnats-create-stream: %s\nlog-format: json\n%soutboxes:\n%s",
+		testnats.URL(), prefix, stream, settings, outboxes))
+}
+
+// dropAtEnd drops schemas when the test ends.
+func dropAtEnd(t *testing.T, b *testBundle, schemas ...string) {
+	t.Cleanup(func() {
+		ctx, cancel := testenv.CallContext()
+		defer cancel()
+		for _, s := range schemas {
+			_, _ = b.Pool.Exec(ctx, `DROP SCHEMA IF EXISTS "`+s+`" CASCADE`)
+		}
+	})
+}
 
 // logAddr returns the addr of the first JSON log line whose msg is msg.
 func logAddr(log, msg string) string {
@@ -38,32 +84,15 @@ func TestRelayFleetDiscoversSchemas(t *testing.T) {
 	stream, prefix := natsStream(t, js)
 	first := b.Schema
 	second := first + "_b"
-	t.Cleanup(func() {
-		ctx, cancel := testenv.CallContext()
-		defer cancel()
-		_, _ = b.Pool.Exec(ctx, `DROP SCHEMA IF EXISTS "`+second+`" CASCADE`)
-	})
+	dropAtEnd(t, b, second)
 	must(t, 0, b.env, "migrate", "up")
 	b.Write(t, outbox.Message{Topic: "first", Key: "k", Payload: []byte(`a1`)})
 
-	config := writeFile(t, "outbox.yaml", fmt.Sprintf(`broker: %s
-route: %s{topic}
-nats-create-stream: %s
-poll-interval: 50ms
+	config := fleetConfig(t, prefix, stream, `poll-interval: 50ms
 discover-interval: 100ms
-log-format: json
-outboxes:
-  - schemas: %s*
-`, testnats.URL(), prefix, stream, first))
-	env := map[string]string{"OUTBOX_DATABASE_URL": testdb.URL()}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	var stdout, stderr syncBuffer
-	done := make(chan int, 1)
-	go func() {
-		done <- run(ctx, []string{"relay", "--config", config, "--metrics-addr", "127.0.0.1:0"},
-			func(k string) string { return env[k] }, &stdout, &stderr)
-	}()
+`, fmt.Sprintf(`  - schemas: %s*
+`, first))
+	stderr, stop := fleetRelay(t, config)
 	got := streamMessages(t, js, stream, 1)
 	if string(got[0].Data) != "a1" || got[0].Subject != prefix+"first" {
 		t.Fatalf("first message: %s %q", got[0].Subject, got[0].Data)
@@ -104,8 +133,7 @@ outboxes:
 		return lastLines(log, 3), strings.Contains(log, `"msg":"outbox gone: stopping its relay","outbox":"`+dbName+"."+second+`"`)
 	})
 
-	cancel()
-	if code := testenv.AwaitRecv(t, "the relay to stop after its context ended", done); code != 0 {
+	if code := stop(); code != 0 {
 		t.Fatalf("relay exited %d\nstderr:\n%s", code, stderr.String())
 	}
 	if !strings.Contains(stderr.String(), `"msg":"relay exited cleanly"`) {
@@ -174,25 +202,12 @@ func TestRelayFleetParksIdleOutboxes(t *testing.T) {
 	b := migrated(t)
 	js := testnats.JetStream(t, "")
 	stream, prefix := natsStream(t, js)
-	config := writeFile(t, "outbox.yaml", fmt.Sprintf(`broker: %s
-route: %s{topic}
-nats-create-stream: %s
-log-format: json
-park-after: 1s
+	config := fleetConfig(t, prefix, stream, `park-after: 1s
 parked-poll-interval: 1h
-outboxes:
-  - schema: %s
+`, fmt.Sprintf(`  - schema: %s
     name: solo
-`, testnats.URL(), prefix, stream, b.Schema))
-	env := map[string]string{"OUTBOX_DATABASE_URL": testdb.URL()}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	var stdout, stderr syncBuffer
-	done := make(chan int, 1)
-	go func() {
-		done <- run(ctx, []string{"relay", "--config", config, "--metrics-addr", "127.0.0.1:0"},
-			func(k string) string { return env[k] }, &stdout, &stderr)
-	}()
+`, b.Schema))
+	stderr, stop := fleetRelay(t, config)
 	b.Write(t, outbox.Message{Topic: "t", Key: "k", Payload: []byte(`1`)})
 	streamMessages(t, js, stream, 1)
 
@@ -218,8 +233,7 @@ outboxes:
 	if !strings.Contains(stderr.String(), `"msg":"outbox woken: relay starting"`) {
 		t.Errorf("no wake logged:\n%s", lastLines(stderr.String(), 10))
 	}
-	cancel()
-	if code := testenv.AwaitRecv(t, "the relay to stop after its context ended", done); code != 0 {
+	if code := stop(); code != 0 {
 		t.Fatalf("relay exited %d\nstderr:\n%s", code, stderr.String())
 	}
 	if strings.Contains(stderr.String(), `"level":"ERROR"`) {
@@ -236,32 +250,17 @@ func TestRelayFleetTwoProcesses(t *testing.T) {
 	js := testnats.JetStream(t, "")
 	stream, prefix := natsStream(t, js)
 	second := b.Schema + "_b"
-	t.Cleanup(func() {
-		ctx, cancel := testenv.CallContext()
-		defer cancel()
-		_, _ = b.Pool.Exec(ctx, `DROP SCHEMA IF EXISTS "`+second+`" CASCADE`)
-	})
+	dropAtEnd(t, b, second)
 	must(t, 0, b.env, "migrate", "up")
 	must(t, 0, with(b.env, "OUTBOX_SCHEMA", second), "migrate", "up")
-	config := writeFile(t, "outbox.yaml", fmt.Sprintf(`broker: %s
-route: %s{topic}
-nats-create-stream: %s
-poll-interval: 50ms
+	config := fleetConfig(t, prefix, stream, `poll-interval: 50ms
 lease-ttl: 3s
-log-format: json
-outboxes:
-  - schemas: %s*
-`, testnats.URL(), prefix, stream, b.Schema))
-	env := map[string]string{"OUTBOX_DATABASE_URL": testdb.URL()}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	var logs [2]syncBuffer
-	done := make(chan int, 2)
+`, fmt.Sprintf(`  - schemas: %s*
+`, b.Schema))
+	var logs [2]*syncBuffer
+	var stops [2]func() int
 	for i := range logs {
-		go func() {
-			var stdout syncBuffer
-			done <- run(ctx, []string{"relay", "--config", config}, func(k string) string { return env[k] }, &stdout, &logs[i])
-		}()
+		logs[i], stops[i] = fleetRelay(t, config)
 	}
 	const perOutbox, keys = 300, 10
 	dbs := []*testdb.DB{b.DB, {Pool: b.Pool, Schema: second}}
@@ -291,10 +290,9 @@ outboxes:
 			}
 		}
 	}
-	cancel()
-	for range logs {
-		if code := testenv.AwaitRecv(t, "the relays to stop", done); code != 0 {
-			t.Fatalf("relay exited %d", code)
+	for i, stop := range stops {
+		if code := stop(); code != 0 {
+			t.Fatalf("relay %d exited %d", i, code)
 		}
 	}
 }
@@ -304,4 +302,42 @@ func keyFirst(key string) int {
 	var n int
 	_, _ = fmt.Sscanf(key, "k%d", &n)
 	return n
+}
+
+// TestMigrateUpOutboxList: `migrate up` with an outboxes list migrates every outbox of
+// it, a rule's matching schemas included, goes on past one that fails, exits 1 naming
+// it, and leaves the others at the latest version.
+func TestMigrateUpOutboxList(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ruled, declared := b.Schema+"_r1", b.Schema+"_d"
+	dropAtEnd(t, b, ruled, declared)
+	must(t, 0, with(b.env, "OUTBOX_SCHEMA", ruled), "migrate", "up", "--to", "3")
+	config := writeFile(t, "outbox.yaml", fmt.Sprintf(`outboxes:
+  - schemas: %s_r*
+  - schema: %s
+    name: declared
+  - schema: unreachable
+    database-url: postgres://postgres:hunter2@127.0.0.1:1/test?connect_timeout=2
+`, b.Schema, declared))
+	env := map[string]string{"OUTBOX_DATABASE_URL": testdb.URL()}
+	r := must(t, 1, env, "migrate", "up", "--config", config)
+	db := testdbName(t)
+	for _, want := range []string{
+		"[1/3] " + db + "." + ruled + ": applied 004_",
+		"[2/3] declared: applied 001_init",
+		"[3/3] " + "test.unreachable: failed: connect to PostgreSQL",
+	} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("stdout lacks %q:\n%s", want, r)
+		}
+	}
+	if !strings.Contains(r.stderr, "1 of 3 outboxes failed ([test.unreachable]") || strings.Contains(r.stdout+r.stderr, "hunter2") {
+		t.Errorf("stderr:\n%s", r)
+	}
+	for _, s := range []string{ruled, declared} {
+		if r := must(t, 0, with(b.env, "OUTBOX_SCHEMA", s), "migrate", "up"); !strings.Contains(r.stdout, "is up to date") {
+			t.Errorf("%s not at the latest version: %s", s, r)
+		}
+	}
 }

@@ -21,7 +21,13 @@ transaction under an advisory lock, so several processes may run 'migrate up' at
 var migrateUpCommand = &command{
 	name:    "up",
 	summary: "Apply the migrations not yet applied",
-	help:    `Applies every migration not yet applied, or those up to --to.`,
+	help: `Applies every migration not yet applied, or those up to --to.
+
+With an outboxes list in the config file (see outbox relay --help), and no --database-url,
+--schema or --prefix on the command line, it migrates every outbox of the list, one after
+the other (a rule's: every matching schema that holds an outbox already), says what it
+did for each, and goes on past a failure; it exits 1 if any failed, and running it again
+migrates only what is left.`,
 	setup: func(fs *flag.FlagSet) runFunc {
 		db := addDBFlags(fs, true)
 		db.create = true
@@ -39,6 +45,9 @@ var migrateUpCommand = &command{
 			}
 			if db.maxCopy < -1 {
 				return usageErrorf("--max-copy: want -1 (no limit) or more")
+			}
+			if usesOutboxList(inv, fs) {
+				return migrateFleet(ctx, inv, db, to.n)
 			}
 			drv, err := db.open(ctx, "outbox migrate")
 			if err != nil {

@@ -1,0 +1,160 @@
+package outboxcli
+
+import (
+	"cmp"
+	"context"
+	"flag"
+	"fmt"
+	"path"
+)
+
+// fleetOutboxDB is one outbox of a config file's outboxes list, for the commands that
+// work on the outbox's tables (migrate up).
+type fleetOutboxDB struct {
+	name string
+	db   *dbFlags
+}
+
+// fleetOutboxDBs resolves the config file's outboxes list for a command whose database
+// flags are base: each entry's database-url, schema and prefix over base's, and each
+// rule's matching schemas, looked up on connections from open (one per URL).
+func fleetOutboxDBs(ctx context.Context, inv *invocation, base *dbFlags, open func(*dbFlags) (*openedStore, error)) ([]fleetOutboxDB, error) {
+	cf := inv.config
+	var out []fleetOutboxDB
+	seen := map[string]bool{}
+	add := func(name string, db *dbFlags) {
+		key, def := outboxKey(db)
+		if !seen[key] {
+			seen[key] = true
+			out = append(out, fleetOutboxDB{name: cmp.Or(name, def), db: db})
+		}
+	}
+	for _, item := range cf.outboxes {
+		db := *base
+		for key, field := range map[string]*string{"database-url": &db.url, "schema": &db.schema, "prefix": &db.prefix} {
+			if v, ok := item.values[key]; ok {
+				*field = v.values[0]
+			}
+		}
+		inv.secrets.addDSN(db.url)
+		if _, err := db.target("outbox migrate"); err != nil {
+			return nil, usageErrorf("%s: %v", cf.at(item.line), err)
+		}
+		var name string
+		if v, ok := item.values["name"]; ok {
+			name = v.values[0]
+		}
+		rule, ok := item.values["schemas"]
+		if !ok {
+			add(name, &db)
+			continue
+		}
+		if _, err := path.Match(rule.values[0], ""); err != nil {
+			return nil, usageErrorf("%s: schemas: %q is not a pattern (want a shell pattern: tenant_*)", cf.at(rule.line), rule.values[0])
+		}
+		st, err := open(&db)
+		if err != nil {
+			return nil, err
+		}
+		if st.pool == nil {
+			return nil, usageErrorf("%s: schemas: %s has no schemas; list its outboxes one by one", cf.at(item.line), st.kind)
+		}
+		schemas, err := matchingSchemas(ctx, st.pool, rule.values[0], db.prefix)
+		if err != nil {
+			return nil, fmt.Errorf("%s: look for the schemas %q: %w", cf.at(item.line), rule.values[0], err)
+		}
+		for _, s := range schemas {
+			one := db
+			one.schema = s
+			add("", &one)
+		}
+	}
+	return out, nil
+}
+
+// usesOutboxList says whether a command works on every outbox of the config file's
+// outboxes list: there is one, and fs's --database-url, --schema and --prefix were not
+// given on the command line.
+func usesOutboxList(inv *invocation, fs *flag.FlagSet) bool {
+	if inv.config == nil || inv.config.outboxes == nil {
+		return false
+	}
+	given := false
+	fs.Visit(func(f *flag.Flag) {
+		given = given || f.Name == "database-url" || f.Name == "schema" || f.Name == "prefix"
+	})
+	return !given
+}
+
+// migrateFleet is `migrate up` on every outbox of the config file's outboxes list, one
+// after the other, going on past a failure: each outbox's migrations are applied once,
+// so running it again after a failure migrates what is left.
+func migrateFleet(ctx context.Context, inv *invocation, base *dbFlags, to int) error {
+	conns := map[string]*openedStore{}
+	defer func() {
+		for _, st := range conns {
+			st.close()
+		}
+	}()
+	open := func(db *dbFlags) (*openedStore, error) {
+		if st, ok := conns[db.url]; ok {
+			return st, nil
+		}
+		st, err := db.open(ctx, "outbox migrate")
+		if err != nil {
+			return nil, err
+		}
+		conns[db.url] = st
+		return st, nil
+	}
+	targets, err := fleetOutboxDBs(ctx, inv, base, open)
+	if err != nil {
+		return err
+	}
+	var failed []string
+	for i, t := range targets {
+		head := fmt.Sprintf("[%d/%d] %s", i+1, len(targets), t.name)
+		applied, names, err := func() ([]int, map[int]string, error) {
+			st, err := open(t.db)
+			if err != nil {
+				return nil, nil, err
+			}
+			drv, err := t.db.newDriver(st.kind, st.pool, st.db)
+			if err != nil {
+				return nil, nil, err
+			}
+			applied, err := drv.MigrateUp(ctx, to)
+			if err != nil {
+				return nil, nil, err
+			}
+			return applied, migrationNames(ctx, drv), nil
+		}()
+		switch {
+		case err != nil:
+			failed = append(failed, t.name)
+			fmt.Fprintf(inv.stdout, "%s: failed: %v\n", head, err)
+		case len(applied) == 0:
+			fmt.Fprintf(inv.stdout, "%s: up to date\n", head)
+		default:
+			for _, v := range applied {
+				fmt.Fprintf(inv.stdout, "%s: applied %03d_%s\n", head, v, names[v])
+			}
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+	}
+	if len(failed) > 0 {
+		return fmt.Errorf("migrate up: %d of %d outboxes failed (%s; the reasons are above): run it again once fixed, which migrates only what is left",
+			len(failed), len(targets), firstNames(failed, 5))
+	}
+	return nil
+}
+
+// firstNames lists up to n names, and how many more.
+func firstNames(names []string, n int) string {
+	if len(names) <= n {
+		return fmt.Sprint(names)
+	}
+	return fmt.Sprintf("%v and %d more", names[:n], len(names)-n)
+}
