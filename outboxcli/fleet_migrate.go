@@ -90,23 +90,9 @@ func usesOutboxList(inv *invocation, fs *flag.FlagSet) bool {
 // after the other, going on past a failure: each outbox's migrations are applied once,
 // so running it again after a failure migrates what is left.
 func migrateFleet(ctx context.Context, inv *invocation, base *dbFlags, to int) error {
-	conns := map[string]*openedStore{}
-	defer func() {
-		for _, st := range conns {
-			st.close()
-		}
-	}()
-	open := func(db *dbFlags) (*openedStore, error) {
-		if st, ok := conns[db.url]; ok {
-			return st, nil
-		}
-		st, err := db.open(ctx, "outbox migrate")
-		if err != nil {
-			return nil, err
-		}
-		conns[db.url] = st
-		return st, nil
-	}
+	conns := newDBConns(ctx, "outbox migrate")
+	defer conns.close()
+	open := conns.open
 	targets, err := fleetOutboxDBs(ctx, inv, base, open)
 	if err != nil {
 		return err
@@ -115,11 +101,7 @@ func migrateFleet(ctx context.Context, inv *invocation, base *dbFlags, to int) e
 	for i, t := range targets {
 		head := fmt.Sprintf("[%d/%d] %s", i+1, len(targets), t.name)
 		applied, names, err := func() ([]int, map[int]string, error) {
-			st, err := open(t.db)
-			if err != nil {
-				return nil, nil, err
-			}
-			drv, err := t.db.newDriver(st.kind, st.pool, st.db)
+			drv, err := conns.driver(t.db)
 			if err != nil {
 				return nil, nil, err
 			}
@@ -149,6 +131,46 @@ func migrateFleet(ctx context.Context, inv *invocation, base *dbFlags, to int) e
 			len(failed), len(targets), firstNames(failed, 5))
 	}
 	return nil
+}
+
+// dbConns are the connections of a command working on many outboxes: one per database
+// URL, opened on first use. It is not safe for concurrent use.
+type dbConns struct {
+	ctx context.Context
+	app string
+	m   map[string]*openedStore
+}
+
+func newDBConns(ctx context.Context, app string) *dbConns {
+	return &dbConns{ctx: ctx, app: app, m: map[string]*openedStore{}}
+}
+
+// open returns the connection to db's database.
+func (c *dbConns) open(db *dbFlags) (*openedStore, error) {
+	if st, ok := c.m[db.url]; ok {
+		return st, nil
+	}
+	st, err := db.open(c.ctx, c.app)
+	if err != nil {
+		return nil, err
+	}
+	c.m[db.url] = st
+	return st, nil
+}
+
+// driver returns db's outbox on the connection to its database.
+func (c *dbConns) driver(db *dbFlags) (storeDriver, error) {
+	st, err := c.open(db)
+	if err != nil {
+		return nil, err
+	}
+	return db.newDriver(st.kind, st.pool, st.db)
+}
+
+func (c *dbConns) close() {
+	for _, st := range c.m {
+		st.close()
+	}
 }
 
 // firstNames lists up to n names, and how many more.

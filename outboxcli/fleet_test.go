@@ -341,3 +341,39 @@ func TestMigrateUpOutboxList(t *testing.T) {
 		}
 	}
 }
+
+// TestStatusOutboxList: `status` with an outboxes list shows one line per outbox, worst
+// first; --outbox shows one in full; --json gives the lines as JSON.
+func TestStatusOutboxList(t *testing.T) {
+	t.Parallel()
+	b := migrated(t)
+	quiet := b.Schema + "_q"
+	dropAtEnd(t, b, quiet)
+	must(t, 0, with(b.env, "OUTBOX_SCHEMA", quiet), "migrate", "up")
+	b.Write(t, outbox.Message{Topic: "t", Key: "k", Payload: []byte(`1`)}, outbox.Message{Topic: "t", Key: "k", Payload: []byte(`2`)})
+	config := writeFile(t, "outbox.yaml", fmt.Sprintf("outboxes:\n  - schema: %s\n    name: quiet\n  - schema: %s\n    name: busy\n", quiet, b.Schema))
+	env := map[string]string{"OUTBOX_DATABASE_URL": testdb.URL()}
+
+	r := must(t, 0, env, "status", "--config", config)
+	lines := strings.Split(r.stdout, "\n")
+	if len(lines) < 3 || !strings.HasPrefix(lines[1], "busy ") || !strings.HasPrefix(lines[2], "quiet ") ||
+		!strings.Contains(lines[1], " 2 ") || !strings.Contains(r.stdout, "2 outboxes, worst first") {
+		t.Fatalf("overview:\n%s", r)
+	}
+	r = must(t, 0, env, "status", "--config", config, "--outbox", "busy")
+	if !strings.Contains(r.stdout, "due and no relay holds a shard") {
+		t.Errorf("busy's status lacks its warning:\n%s", r)
+	}
+	r = must(t, 0, env, "status", "--config", config, "--json")
+	var got []struct {
+		Name   string
+		Status struct{ Pending int }
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &got); err != nil || len(got) != 2 || got[0].Name != "busy" || got[0].Status.Pending != 2 {
+		t.Errorf("--json: %v %+v\n%s", err, got, r.stdout)
+	}
+	r = must(t, 2, env, "status", "--config", config, "--outbox", "nope")
+	if !strings.Contains(r.stderr, `no outbox "nope"`) {
+		t.Errorf("unknown outbox: %s", r)
+	}
+}

@@ -22,13 +22,25 @@ DeliverAt), retrying after a rejection, dead-lettered and published (kept until
 retention deletes them; estimated on large tables), the age of the oldest pending
 message, the same per topic, and the relays with the shards they lease.
 
---json prints the same as one JSON object (durations in nanoseconds).`,
+--json prints the same as one JSON object (durations in nanoseconds).
+
+With an outboxes list in the config file (see outbox relay --help), and no --database-url,
+--schema or --prefix on the command line, it shows one line per outbox of the list,
+worst first (warnings, oldest pending message, backlog); --outbox NAME shows one in
+full.`,
 	setup: func(fs *flag.FlagSet) runFunc {
 		db := addDBFlags(fs, true)
 		asJSON := fs.Bool("json", false, "print JSON instead of text")
+		one := fs.String("outbox", "", "with a config file's outboxes list: show this outbox (its `name`) in full")
 		return func(ctx context.Context, inv *invocation, args []string) error {
 			if err := noArgs(args); err != nil {
 				return err
+			}
+			if usesOutboxList(inv, fs) {
+				return statusFleet(ctx, inv, db, *one, *asJSON)
+			}
+			if *one != "" {
+				return usageErrorf("--outbox: names an outbox of a config file's outboxes list, and there is none (--config)")
 			}
 			drv, err := db.openMigrated(ctx, "outbox status")
 			if err != nil {

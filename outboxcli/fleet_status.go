@@ -1,0 +1,136 @@
+package outboxcli
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/outboxkit/outbox/outboxdriver"
+)
+
+// fleetStatus is one outbox's line of the overview.
+type fleetStatus struct {
+	Name   string               `json:"name"`
+	Status *outboxdriver.Status `json:"status,omitempty"`
+	Error  string               `json:"error,omitempty"`
+}
+
+// statusFleet prints an overview of every outbox of the config file's outboxes list,
+// worst first; with one set, that outbox's whole status.
+func statusFleet(ctx context.Context, inv *invocation, base *dbFlags, one string, asJSON bool) error {
+	conns := newDBConns(ctx, "outbox status")
+	defer conns.close()
+	targets, err := fleetOutboxDBs(ctx, inv, base, conns.open)
+	if err != nil {
+		return err
+	}
+	if one != "" {
+		i := slices.IndexFunc(targets, func(t fleetOutboxDB) bool { return t.name == one })
+		if i < 0 {
+			names := make([]string, len(targets))
+			for i, t := range targets {
+				names[i] = t.name
+			}
+			return usageErrorf("--outbox: no outbox %q in the config file's outboxes list (%s)", one, firstNames(names, 5))
+		}
+		drv, err := conns.driver(targets[i].db)
+		if err != nil {
+			return err
+		}
+		if _, err := targets[i].db.checkMigrated(ctx, drv); err != nil {
+			return err
+		}
+		st, err := drv.Status(ctx)
+		if err != nil {
+			return err
+		}
+		if asJSON {
+			return writeJSON(inv.stdout, st)
+		}
+		kind, _ := targets[i].db.kind()
+		return printStatus(inv.stdout, st, kind == dbPostgres, time.Now())
+	}
+
+	lines := make([]fleetStatus, len(targets))
+	failed := 0
+	for i, t := range targets {
+		lines[i].Name = t.name
+		st, err := func() (outboxdriver.Status, error) {
+			drv, err := conns.driver(t.db)
+			if err != nil {
+				return outboxdriver.Status{}, err
+			}
+			return drv.Status(ctx)
+		}()
+		if err != nil {
+			lines[i].Error = err.Error()
+			failed++
+			continue
+		}
+		lines[i].Status = &st
+	}
+	slices.SortStableFunc(lines, func(a, b fleetStatus) int { return worse(b, a) })
+	if asJSON {
+		if err := writeJSON(inv.stdout, lines); err != nil {
+			return err
+		}
+	} else if err := printFleet(inv, lines); err != nil {
+		return err
+	}
+	if failed > 0 {
+		return fmt.Errorf("status: %d of %d outboxes could not be read (ERROR above)", failed, len(lines))
+	}
+	return nil
+}
+
+// worse orders the overview: outboxes that could not be read, then by warnings, the age
+// of the oldest pending message, and the backlog; above 0 when a is the worse.
+func worse(a, b fleetStatus) int {
+	if c := cmp.Compare(boolInt(a.Status == nil), boolInt(b.Status == nil)); c != 0 || a.Status == nil {
+		return c
+	}
+	sa, sb := a.Status, b.Status
+	return cmp.Or(
+		cmp.Compare(len(sa.Warnings()), len(sb.Warnings())),
+		cmp.Compare(sa.OldestPendingAge, sb.OldestPendingAge),
+		cmp.Compare(sa.Pending, sb.Pending),
+		cmp.Compare(sa.DeadLastHour, sb.DeadLastHour),
+		strings.Compare(b.Name, a.Name),
+	)
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+func printFleet(inv *invocation, lines []fleetStatus) error {
+	tw := tabwriter.NewWriter(inv.stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "OUTBOX\tPENDING\tDUE\tOLDEST\tDEAD\tDEAD 1H\tRELAYS\tSHARDS LEASED\tWARNINGS")
+	for _, l := range lines {
+		if l.Status == nil {
+			fmt.Fprintf(tw, "%s\tERROR: %s\n", l.Name, strings.ReplaceAll(l.Error, "\n", " "))
+			continue
+		}
+		st := l.Status
+		live := 0
+		for _, r := range st.Relays {
+			if r.Live {
+				live++
+			}
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%d\t%d\t%d\t%d/%d\t%d\n", l.Name, st.Pending, st.Due, age(st.OldestPendingAge, st.Pending),
+			st.Dead, st.DeadLastHour, live, st.ShardsLeased, st.Shards, len(st.Warnings()))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	_, err := fmt.Fprintf(inv.stdout, "\n%d outboxes, worst first. An outbox's warnings and topics: outbox status --outbox NAME.\n", len(lines))
+	return err
+}
