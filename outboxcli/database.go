@@ -57,9 +57,10 @@ type storeDriver interface {
 type dbFlags struct {
 	url            string
 	schema, prefix string
-	maxCopy        int  // migrate up --max-copy
-	rotateRows     int  // relay --rotate-rows
-	create         bool // a missing SQLite file is created (migrate up); otherwise an error
+	maxCopy        int    // migrate up --max-copy
+	rotateRows     int    // relay --rotate-rows
+	create         bool   // a missing SQLite file is created (migrate up); otherwise an error
+	outbox         string // --outbox: selectOutbox has set the other fields from the config file
 }
 
 // addDBFlags defines --database-url (unless withURL is false: `migrate sql` needs no
@@ -77,6 +78,7 @@ func addDBFlags(fs *flag.FlagSet, withURL bool) *dbFlags {
 	}
 	fs.StringVar(&o.schema, "schema", "public", "PostgreSQL `schema` holding the outbox tables (MySQL and SQLite have none here:\nthe outbox lives in the database the URL names)")
 	fs.StringVar(&o.prefix, "prefix", "", "`prefix` of the outbox table names (billing_ gives billing_outbox)")
+	fs.StringVar(&o.outbox, "outbox", "", "with a config file's outboxes list: the outbox of that `name` (its database, schema and prefix,\nand for the relay its other settings)")
 	return o
 }
 

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"path"
+	"slices"
 )
 
 // fleetOutboxDB is one outbox of a config file's outboxes list, for the commands that
@@ -13,6 +14,7 @@ import (
 type fleetOutboxDB struct {
 	name string
 	db   *dbFlags
+	item outboxItem // the entry that named or found it
 }
 
 // fleetOutboxDBs resolves the config file's outboxes list for a command whose database
@@ -22,11 +24,11 @@ func fleetOutboxDBs(ctx context.Context, inv *invocation, base *dbFlags, open fu
 	cf := inv.config
 	var out []fleetOutboxDB
 	seen := map[string]bool{}
-	add := func(name string, db *dbFlags) {
+	add := func(name string, db *dbFlags, item outboxItem) {
 		key, def := outboxKey(db)
 		if !seen[key] {
 			seen[key] = true
-			out = append(out, fleetOutboxDB{name: cmp.Or(name, def), db: db})
+			out = append(out, fleetOutboxDB{name: cmp.Or(name, def), db: db, item: item})
 		}
 	}
 	for _, item := range cf.outboxes {
@@ -46,7 +48,7 @@ func fleetOutboxDBs(ctx context.Context, inv *invocation, base *dbFlags, open fu
 		}
 		rule, ok := item.values["schemas"]
 		if !ok {
-			add(name, &db)
+			add(name, &db, item)
 			continue
 		}
 		if _, err := path.Match(rule.values[0], ""); err != nil {
@@ -66,17 +68,20 @@ func fleetOutboxDBs(ctx context.Context, inv *invocation, base *dbFlags, open fu
 		for _, s := range schemas {
 			one := db
 			one.schema = s
-			add("", &one)
+			add("", &one, item)
 		}
 	}
 	return out, nil
 }
 
 // usesOutboxList says whether a command works on every outbox of the config file's
-// outboxes list: there is one, and fs's --database-url, --schema and --prefix were not
-// given on the command line.
+// outboxes list: there is one, and fs's --outbox, --database-url, --schema and --prefix
+// were not given on the command line.
 func usesOutboxList(inv *invocation, fs *flag.FlagSet) bool {
 	if inv.config == nil || inv.config.outboxes == nil {
+		return false
+	}
+	if f := fs.Lookup("outbox"); f != nil && f.Value.String() != "" {
 		return false
 	}
 	given := false
@@ -84,6 +89,52 @@ func usesOutboxList(inv *invocation, fs *flag.FlagSet) bool {
 		given = given || f.Name == "database-url" || f.Name == "schema" || f.Name == "prefix"
 	})
 	return !given
+}
+
+// selectOutbox sets fs's flags to the outbox of the config file's outboxes list named
+// name (--outbox): its database, schema and prefix, and the entry's other keys that fs
+// has a flag for (the relay's settings), over every other source.
+func selectOutbox(ctx context.Context, inv *invocation, fs *flag.FlagSet, name string) error {
+	if inv.config == nil || inv.config.outboxes == nil {
+		return usageErrorf("--outbox: names an outbox of a config file's outboxes list, and there is none (--config)")
+	}
+	value := func(flag string) string {
+		if f := fs.Lookup(flag); f != nil {
+			return f.Value.String()
+		}
+		return ""
+	}
+	base := &dbFlags{url: value("database-url"), schema: value("schema"), prefix: value("prefix")}
+	conns := newDBConns(ctx, "outbox")
+	defer conns.close()
+	targets, err := fleetOutboxDBs(ctx, inv, base, conns.open)
+	if err != nil {
+		return err
+	}
+	i := slices.IndexFunc(targets, func(t fleetOutboxDB) bool { return t.name == name })
+	if i < 0 {
+		names := make([]string, len(targets))
+		for i, t := range targets {
+			names[i] = t.name
+		}
+		return usageErrorf("--outbox: no outbox %q in the config file's outboxes list (%s)", name, firstNames(names, 5))
+	}
+	t := targets[i]
+	set := map[string]string{"database-url": t.db.url, "schema": t.db.schema, "prefix": t.db.prefix}
+	for k, e := range t.item.values {
+		if _, ok := set[k]; !ok && k != "name" && k != "schemas" {
+			set[k] = e.values[0]
+		}
+	}
+	for _, k := range sortedKeys(set) {
+		if fs.Lookup(k) == nil {
+			continue
+		}
+		if err := fs.Set(k, set[k]); err != nil {
+			return usageErrorf("%s: --%s: %v", inv.config.at(t.item.line), k, err)
+		}
+	}
+	return nil
 }
 
 // migrateFleet is `migrate up` on every outbox of the config file's outboxes list, one

@@ -7,7 +7,6 @@ import (
 	"slices"
 	"strings"
 	"text/tabwriter"
-	"time"
 
 	"github.com/outboxkit/outbox/outboxdriver"
 )
@@ -20,41 +19,14 @@ type fleetStatus struct {
 }
 
 // statusFleet prints an overview of every outbox of the config file's outboxes list,
-// worst first; with one set, that outbox's whole status.
-func statusFleet(ctx context.Context, inv *invocation, base *dbFlags, one string, asJSON bool) error {
+// worst first.
+func statusFleet(ctx context.Context, inv *invocation, base *dbFlags, asJSON bool) error {
 	conns := newDBConns(ctx, "outbox status")
 	defer conns.close()
 	targets, err := fleetOutboxDBs(ctx, inv, base, conns.open)
 	if err != nil {
 		return err
 	}
-	if one != "" {
-		i := slices.IndexFunc(targets, func(t fleetOutboxDB) bool { return t.name == one })
-		if i < 0 {
-			names := make([]string, len(targets))
-			for i, t := range targets {
-				names[i] = t.name
-			}
-			return usageErrorf("--outbox: no outbox %q in the config file's outboxes list (%s)", one, firstNames(names, 5))
-		}
-		drv, err := conns.driver(targets[i].db)
-		if err != nil {
-			return err
-		}
-		if _, err := targets[i].db.checkMigrated(ctx, drv); err != nil {
-			return err
-		}
-		st, err := drv.Status(ctx)
-		if err != nil {
-			return err
-		}
-		if asJSON {
-			return writeJSON(inv.stdout, st)
-		}
-		kind, _ := targets[i].db.kind()
-		return printStatus(inv.stdout, st, kind == dbPostgres, time.Now())
-	}
-
 	lines := make([]fleetStatus, len(targets))
 	failed := 0
 	for i, t := range targets {

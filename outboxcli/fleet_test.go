@@ -343,7 +343,8 @@ func TestMigrateUpOutboxList(t *testing.T) {
 }
 
 // TestStatusOutboxList: `status` with an outboxes list shows one line per outbox, worst
-// first; --outbox shows one in full; --json gives the lines as JSON.
+// first; --outbox (or OUTBOX_OUTBOX) picks one outbox of the list for any command;
+// --json gives the lines as JSON.
 func TestStatusOutboxList(t *testing.T) {
 	t.Parallel()
 	b := migrated(t)
@@ -371,6 +372,11 @@ func TestStatusOutboxList(t *testing.T) {
 	}
 	if err := json.Unmarshal([]byte(r.stdout), &got); err != nil || len(got) != 2 || got[0].Name != "busy" || got[0].Status.Pending != 2 {
 		t.Errorf("--json: %v %+v\n%s", err, got, r.stdout)
+	}
+	// --outbox works for every command that takes an outbox.
+	r = must(t, 0, with(env, "OUTBOX_OUTBOX", "quiet"), "migrate", "status", "--config", config)
+	if !strings.Contains(r.stdout, "wake_gate            yes") {
+		t.Errorf("migrate status of quiet:\n%s", r)
 	}
 	r = must(t, 2, env, "status", "--config", config, "--outbox", "nope")
 	if !strings.Contains(r.stderr, `no outbox "nope"`) {

@@ -163,6 +163,11 @@ func dispatch(ctx context.Context, inv *invocation, cmd *command, args []string)
 		return err
 	}
 	inv.args, inv.config = args, cf
+	if f := fs.Lookup("outbox"); f != nil && f.Value.String() != "" {
+		if err := selectOutbox(ctx, inv, fs, f.Value.String()); err != nil {
+			return err
+		}
+	}
 	// The connection strings are known now: keep their credentials out of all output.
 	if f := fs.Lookup("database-url"); f != nil {
 		inv.secrets.addDSN(f.Value.String())

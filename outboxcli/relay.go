@@ -111,7 +111,7 @@ The outbox schema must be migrated first (outbox migrate up).`,
 			if err := noArgs(args); err != nil {
 				return err
 			}
-			if inv.config != nil && inv.config.outboxes != nil {
+			if inv.config != nil && inv.config.outboxes != nil && o.db.outbox == "" {
 				return o.runFleet(ctx, inv)
 			}
 			return o.run(ctx, inv)

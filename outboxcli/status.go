@@ -31,16 +31,12 @@ full.`,
 	setup: func(fs *flag.FlagSet) runFunc {
 		db := addDBFlags(fs, true)
 		asJSON := fs.Bool("json", false, "print JSON instead of text")
-		one := fs.String("outbox", "", "with a config file's outboxes list: show this outbox (its `name`) in full")
 		return func(ctx context.Context, inv *invocation, args []string) error {
 			if err := noArgs(args); err != nil {
 				return err
 			}
 			if usesOutboxList(inv, fs) {
-				return statusFleet(ctx, inv, db, *one, *asJSON)
-			}
-			if *one != "" {
-				return usageErrorf("--outbox: names an outbox of a config file's outboxes list, and there is none (--config)")
+				return statusFleet(ctx, inv, db, *asJSON)
 			}
 			drv, err := db.openMigrated(ctx, "outbox status")
 			if err != nil {
