@@ -227,7 +227,7 @@ func (o *relayFlags) runFleet(ctx context.Context, inv *invocation) error {
 		return err
 	}
 	if o.console.addr != "" {
-		return usageErrorf("--http-addr: the web console serves one outbox: run 'outbox console' for each, or leave the outboxes list out of the config file")
+		return usageErrorf("--http-addr: the web console serves one outbox: run 'outbox console --outbox NAME' for each")
 	}
 	if o.source != "poll" {
 		return usageErrorf("--source: the relays of an outboxes list poll (WAL mode needs a slot per outbox, set up one by one)")
