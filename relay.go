@@ -62,8 +62,8 @@ func NewRelay(store outboxdriver.Store, pub Publisher, config RelayConfig) (*Rel
 	if err := config.validate(); err != nil {
 		return nil, err
 	}
-	if _, ok := store.(outboxdriver.Streamer); config.WAL != nil && !ok {
-		return nil, &ConfigError{Field: "WAL", Reason: fmt.Sprintf("WAL mode needs a store that can follow the database's log (outboxpgx); %T cannot", store)}
+	if err := checkSource(store, config); err != nil {
+		return nil, err
 	}
 	stopped := make(chan struct{})
 	return &Relay{

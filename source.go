@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"time"
 
@@ -48,6 +49,14 @@ type fetchSource interface {
 	// stop stops what the source reads (WAL mode's stream) until a lease round makes it
 	// read again; why, when not empty, is logged. The loop calls it when it has drained.
 	stop(why string)
+}
+
+// checkSource says why store cannot give config's fetch source, if it cannot.
+func checkSource(store outboxdriver.Store, config RelayConfig) error {
+	if _, ok := store.(outboxdriver.Streamer); config.WAL != nil && !ok {
+		return &ConfigError{Field: "WAL", Reason: fmt.Sprintf("WAL mode needs a store that can follow the database's log (outboxpgx); %T cannot", store)}
+	}
+	return nil
 }
 
 // newFetchSource returns the fetch source the relay of loop l is configured for.
