@@ -2,6 +2,7 @@ package console
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"slices"
 	"strings"
@@ -209,4 +210,55 @@ func TestBrowserReplaysDeadLetter(t *testing.T) {
 		return seen, err1 == nil && err2 == nil && dead == "1" && published == "2"
 	})
 	t.Logf("overview: %s", seen)
+}
+
+// TestBrowserOverviewCharts: the overview's last-hour charts, as Chromium renders them:
+// one line per chart with a point per reading the console took, drawn with a width, and
+// the highest and latest values beside it.
+func TestBrowserOverviewCharts(t *testing.T) {
+	t.Parallel()
+	db := testdb.Migrated(t)
+	b := serve(t, db, Config{Refresh: -1})
+	clock := time.Now()
+	b.h.now = func() time.Time { return clock }
+	ctx := context.Background()
+	for i, n := range []int{3, 2, 0} { // pending 3, then 5, then 5
+		for range n {
+			db.Write(t, outbox.Message{Topic: "t", Key: fmt.Sprint(i), Payload: []byte(`1`)})
+		}
+		b.h.sample(ctx)
+		clock = clock.Add(sampleEvery)
+	}
+
+	bctx := browser(t)
+	run(t, bctx, "open the overview", chromedp.Navigate(b.srv.URL+"/"), chromedp.WaitVisible(chromedp.CSS(`figure[data-chart="pending"]`)))
+	for key, want := range map[string]struct {
+		points    string
+		max, last string
+	}{
+		"pending":    {"4", "5", "5"}, // the page load reads once more
+		"throughput": {"3", "0/s", "0/s"},
+		"oldest":     {"4", "", ""},
+	} {
+		sel := `figure[data-chart="` + key + `"]`
+		ectx, cancel := step(bctx)
+		points, err := chromedp.Run(ectx, chromedp.Evaluate[string](`document.querySelector('`+sel+`').dataset.points`))
+		width, err2 := chromedp.Run(ectx, chromedp.Evaluate[float64](`document.querySelector('`+sel+` polyline').getBBox().width`))
+		cancel()
+		if err != nil || err2 != nil {
+			t.Fatalf("%s: %v %v", key, err, err2)
+		}
+		if points != want.points || width <= 0 {
+			t.Errorf("%s chart: %s points, drawn %.1f wide; want %s points and a width", key, points, width, want.points)
+		}
+		if want.max == "" {
+			continue
+		}
+		if got := text(t, bctx, sel+" [data-chart-max]"); got != want.max {
+			t.Errorf("%s chart's highest: %q, want %q", key, got, want.max)
+		}
+		if got := text(t, bctx, sel+" [data-chart-last]"); got != want.last {
+			t.Errorf("%s chart's latest: %q, want %q", key, got, want.last)
+		}
+	}
 }

@@ -81,6 +81,7 @@ type Handler struct {
 	failures map[string]*loginBackoff // remote host -> its failed logins
 
 	storeRate, relayRate sampler
+	history              history // the overview's charts
 }
 
 //go:embed templates/*.html static/console.css

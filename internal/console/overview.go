@@ -50,8 +50,8 @@ func (s *sampler) add(at time.Time, n int64) (rate float64, ok bool) {
 	return float64(n-first.n) / span.Seconds(), true
 }
 
-// sampleEvery is how often Sample reads the counters behind the throughput card, so that
-// the card spans the last minute whether or not a page was loaded in it.
+// sampleEvery is how often Sample reads the counters behind the throughput card and the
+// charts, so that they span the last minute and hour whether or not a page was loaded.
 const sampleEvery = 10 * time.Second
 
 // Sample reads the published counters (the store's, and the relay's when there is one)
@@ -73,7 +73,9 @@ func (h *Handler) Sample(ctx context.Context) {
 // sample takes one reading of the counters.
 func (h *Handler) sample(ctx context.Context) {
 	if st, err := h.cfg.Admin.Status(ctx); err == nil {
-		h.storeRate.add(h.now(), st.Published)
+		now := h.now()
+		h.storeRate.add(now, st.Published)
+		h.history.add(now, st)
 	}
 	if h.cfg.RelayStats != nil {
 		h.relayRate.add(h.now(), h.cfg.RelayStats().Published)
@@ -86,6 +88,7 @@ type overviewData struct {
 	StoreRate rate
 	Relay     *relayData // nil without a relay
 	Paused    bool       // auto-refresh turned off by ?refresh=off
+	Charts    []chart    // the last hour
 }
 
 type rate struct {
@@ -108,6 +111,8 @@ func (h *Handler) overview(w http.ResponseWriter, r *http.Request) {
 	now := h.now()
 	d := overviewData{Status: st, Now: now, Paused: r.URL.Query().Get("refresh") == "off"}
 	d.StoreRate.PerSecond, d.StoreRate.Known = h.storeRate.add(now, st.Published)
+	h.history.add(now, st)
+	d.Charts = h.history.charts(now)
 	if h.cfg.RelayStats != nil {
 		rs := h.cfg.RelayStats()
 		d.Relay = &relayData{ID: h.cfg.RelayID, Stats: rs}
