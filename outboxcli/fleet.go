@@ -349,19 +349,29 @@ type fleetMember struct {
 	mu     sync.Mutex
 	leases *leaseWatch // of the relay running now; nil between runs
 	state  string      // why it is not served, between runs ("parked": idle)
-	drv    storeDriver // of the last run
-}
-
-func (m *fleetMember) setDriver(d storeDriver) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.drv = d
+	drv    storeDriver // made on first use (fleet.driver)
 }
 
 func (m *fleetMember) driver() storeDriver {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.drv
+}
+
+// driver returns m's driver on db's connection, made on first use: one for the
+// outbox's life, so that what it remembers (the listening sessions it closed, which
+// the parked outboxes' watch adds to) holds from one run of the relay to the next.
+func (f *fleet) driver(m *fleetMember, db *fleetDB) (storeDriver, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.drv == nil {
+		d, err := m.o.db.newDriver(db.kind, db.pool, db.db)
+		if err != nil {
+			return nil, err
+		}
+		m.drv = d
+	}
+	return m.drv, nil
 }
 
 // fleetDB is one database's connection, shared by its outboxes.
@@ -631,7 +641,7 @@ func (f *fleet) runOne(ctx context.Context, m *fleetMember, log *slog.Logger) er
 	if err != nil {
 		return err
 	}
-	drv, err := o.db.newDriver(db.kind, db.pool, db.db)
+	drv, err := f.driver(m, db)
 	if err != nil {
 		return err
 	}
@@ -659,7 +669,6 @@ func (f *fleet) runOne(ctx context.Context, m *fleetMember, log *slog.Logger) er
 	}
 	m.setLeases(leases)
 	defer m.setLeases(nil)
-	m.setDriver(drv)
 	if db.idle == nil {
 		return relay.Run(ctx, f.top.grace)
 	}
@@ -706,15 +715,15 @@ func (f *fleet) parked(ctx context.Context, m *fleetMember, log *slog.Logger, ra
 	if db.idle == nil {
 		return true, nil
 	}
-	drv := m.driver()
-	if drv == nil {
-		if drv, err = m.o.db.newDriver(db.kind, db.pool, db.db); err != nil {
-			return false, err
-		}
+	first := m.driver() == nil
+	drv, err := f.driver(m, db)
+	if err != nil {
+		return false, err
+	}
+	if first {
 		if err := m.o.db.checkRelayable(ctx, drv, log); err != nil {
 			return false, err
 		}
-		m.setDriver(drv)
 	}
 	if ran {
 		log.Info("outbox idle: relay parked until a message comes", "park_after", f.top.parkAfter)

@@ -156,6 +156,10 @@ func (w *IdleWatch) session(ctx context.Context) error {
 		return w.stalls.follow(conn.PgConn(), func() error { return conn.QueryRow(ctx, sql, args...).Scan(dest...) })
 	}
 	pid := conn.PgConn().PID()
+	var started time.Time // the session's, which with its process ID names it
+	if err := queryRow(`SELECT backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid()`, nil, &started); err != nil {
+		return fmt.Errorf("idle watch: %w", err)
+	}
 	w.mu.Lock()
 	for _, e := range w.watched {
 		e.ready, e.gated = false, false
@@ -163,10 +167,21 @@ func (w *IdleWatch) session(ctx context.Context) error {
 	w.gone = nil // the new session holds nothing of theirs
 	w.mu.Unlock()
 	defer func() {
+		// The server may keep the session, and the gates it holds, a while (or until
+		// TCP keepalive, when the network went silent): each outbox's own listener takes
+		// it for a session to end, not another relay's (leftSessions).
 		w.mu.Lock()
 		defer w.mu.Unlock()
-		for _, e := range w.watched {
+		for d, e := range w.watched {
+			if e.gated {
+				d.left.add(pid, started)
+			}
 			e.ready, e.gated = false, false
+		}
+		for _, g := range w.gone {
+			if g.gated {
+				g.d.left.add(pid, started)
+			}
 		}
 	}()
 
