@@ -24,6 +24,7 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/brokers"
+	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/outboxpgx"
 	"github.com/outboxkit/outbox/outboxprom"
 )
@@ -381,6 +382,28 @@ type fleetDB struct {
 	pool *pgxpool.Pool
 	db   *sql.DB
 	idle *outboxpgx.IdleWatch // PostgreSQL's, with --park-after: the parked outboxes'
+	// listeners bounds the running relays' LISTEN connections to the database (each
+	// takes a connection of its own) to the pool's size: PostgreSQL's; nil for the others.
+	listeners chan struct{}
+}
+
+// slottedListen is an outbox's driver whose Listen waits for one of its database's
+// listener slots before it listens: a relay without one polls meanwhile (a notification
+// would wake it sooner; none is lost, the poll finds the messages). It keeps the
+// driver's other methods.
+type slottedListen struct {
+	*outboxpgx.Driver
+	slots chan struct{}
+}
+
+func (d slottedListen) Listen(ctx context.Context, wake func(outboxdriver.Wake, int64), gate outboxdriver.Gate) error {
+	select {
+	case d.slots <- struct{}{}:
+		defer func() { <-d.slots }()
+		return d.Driver.Listen(ctx, wake, gate)
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // fleetRelayID is the relay ID of every outbox a process serves: leases are per
@@ -556,6 +579,9 @@ func (f *fleet) db(ctx context.Context, o *relayFlags) (*fleetDB, error) {
 		return nil, err
 	}
 	d.kind, d.pool, d.db = t.kind, s.pool, s.db
+	if t.kind == dbPostgres {
+		d.listeners = make(chan struct{}, t.pg.MaxConns)
+	}
 	if t.kind == dbPostgres && f.top.parkAfter > 0 {
 		d.idle = outboxpgx.NewIdleWatch(s.pool, f.top.parkedPoll)
 		where := redactDSN(o.db.url)
@@ -651,7 +677,11 @@ func (f *fleet) runOne(ctx context.Context, m *fleetMember, log *slog.Logger) er
 	cfg := o.cfg
 	cfg.Logger = log
 	observers := append([]outbox.Observer(nil), f.observers...)
-	leases := newLeaseWatch(drv, cfg.LeaseTTL)
+	var store outboxdriver.Store = drv
+	if pg, ok := drv.(*outboxpgx.Driver); ok && db.listeners != nil {
+		store = slottedListen{pg, db.listeners}
+	}
+	leases := newLeaseWatch(store, cfg.LeaseTTL)
 	if m.metrics != nil {
 		observers = append(observers, m.metrics)
 		status := outboxprom.NewStatusCollector(drv, outboxprom.StatusConfig{Logger: log})
