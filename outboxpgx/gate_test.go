@@ -99,17 +99,12 @@ func listenGate(t *testing.T, drv *outboxpgx.Driver) (events chan gateEvent, ask
 	return events, ask, stop
 }
 
-// TestGateLeftSessionEnded: a listener that held the gate is stopped while the network
-// is silent, so the server keeps its session, gate and all. The next Listen of the same
-// driver is not told the gate is covered (that session will never take a notification,
-// nor let go at one): it ends the session, answers busy meanwhile, then takes the gate,
-// and writers' notifications reach it.
-func TestGateLeftSessionEnded(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
+// leftListener returns a driver whose listener held the gate and was stopped while
+// the network was silent, so that the server keeps its session, gate and all (its
+// process ID is left). The driver's later connections go straight to the server.
+func (b *testBundle) leftListener(t *testing.T) (drv *outboxpgx.Driver, left int32) {
+	t.Helper()
 	ctx := context.Background()
-	// The driver's connections go through a proxy until direct is set; the listener's
-	// goes silent, and every connection made after that goes straight to the server.
 	proxy, _ := dbProxy(t)
 	var direct atomic.Bool
 	pool, drv, _ := taggedDriver(t, b, 2, func(cfg *pgxpool.Config) {
@@ -129,22 +124,25 @@ func TestGateLeftSessionEnded(t *testing.T) {
 		stop()
 		t.Fatalf("an idle outbox: answer %d, want GateArmed", a)
 	}
-	held := func() (pid int32) {
-		err := b.Pool.QueryRow(ctx, `SELECT coalesce((SELECT pid FROM pg_locks WHERE locktype = 'advisory'
-			AND (classid::bigint << 32 | objid::bigint) = $1 AND mode = 'ExclusiveLock' AND granted), 0)`, b.wakeKey(t)).Scan(&pid)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return pid
-	}
 	proxy.Partition(t) // the listener's close never arrives
 	direct.Store(true)
 	stop()
 	pool.Reset() // the idle connections are silenced too
-	left := held()
-	if left == 0 {
+	if left = b.gateHolder(t); left == 0 {
 		t.Fatal("no session holds the gate after the silent close: the test shows nothing")
 	}
+	return drv, left
+}
+
+// TestGateLeftSessionEnded: a listener that held the gate is stopped while the network
+// is silent, so the server keeps its session, gate and all. The next Listen of the same
+// driver is not told the gate is covered (that session will never take a notification,
+// nor let go at one): it ends the session, answers busy meanwhile, then takes the gate,
+// and writers' notifications reach it.
+func TestGateLeftSessionEnded(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	drv, left := b.leftListener(t)
 
 	events, ask, stop := listenGate(t, drv)
 	defer stop()
@@ -157,7 +155,7 @@ func TestGateLeftSessionEnded(t *testing.T) {
 	if a := answers[len(answers)-1]; a != outboxdriver.GateArmed {
 		t.Fatalf("answers %v, want busy until the session left behind ends, then GateArmed", answers)
 	}
-	if pid := held(); pid == left || pid == 0 {
+	if pid := b.gateHolder(t); pid == left || pid == 0 {
 		t.Fatalf("the gate is held by process %d; the session left behind was %d", pid, left)
 	}
 	b.Write(t, outbox.Message{Topic: "t", Key: "k", Payload: []byte(`1`)})

@@ -213,6 +213,7 @@ func (w *IdleWatch) session(ctx context.Context) error {
 		// Listen to the new ones and take their gates, then look for what was
 		// committed before: a writer that committed earlier notified no one.
 		var check []*Driver
+		again := false
 		for _, d := range fresh {
 			if err := exec("LISTEN " + d.names.ChannelIdent); err != nil {
 				return fmt.Errorf("idle watch: listen: %w", err)
@@ -227,6 +228,9 @@ func (w *IdleWatch) session(ctx context.Context) error {
 			w.mu.Lock()
 			e, ok := w.watched[d]
 			switch {
+			case ok && state == "again": // not ready: the next round asks again
+				w.gone = append(w.gone, idleGone{d, false})
+				again = true
 			case ok && state != "wake":
 				e.ready, e.gated = true, state == "armed"
 				check = append(check, d)
@@ -239,8 +243,8 @@ func (w *IdleWatch) session(ctx context.Context) error {
 			}
 			w.mu.Unlock()
 		}
-		if len(check) < len(fresh) {
-			w.poke() // let go of those at once, after the check
+		if len(check) < len(fresh) || again {
+			w.poke() // let go of those at once, or ask again, after the check
 		}
 		if !time.Now().Before(nextCheck) {
 			check = w.all()
@@ -278,8 +282,9 @@ func (w *IdleWatch) session(ctx context.Context) error {
 
 // arm takes d's gate on the session of pid: "armed", "covered" (another session
 // holds it: writers notify all the same; so they do before the gate, schema version 6
-// and older), or "wake": the outbox has work or may have (a writer between its insert
-// and its commit, a session not kept from one statement to the next, its tables gone).
+// and older), "again" (a session d's listener closed held it: ended now, ask again), or
+// "wake": the outbox has work or may have (a writer between its insert and its commit,
+// a session not kept from one statement to the next, its tables gone).
 func (w *IdleWatch) arm(d *Driver, pid uint32, queryRow func(string, []any, ...any) error) (string, error) {
 	var version int
 	if err := queryRow(d.names.SchemaVersion(), nil, &version); err != nil {
@@ -295,8 +300,23 @@ func (w *IdleWatch) arm(d *Driver, pid uint32, queryRow func(string, []any, ...a
 	if err := queryRow(d.names.GateArm(), []any{pid}, &state); err != nil {
 		return "", fmt.Errorf("idle watch: take the gate: %w", err)
 	}
-	if state == "busy" || state == "moved" {
+	switch state {
+	case "busy", "moved":
 		return "wake", nil
+	case "covered":
+		// Held by the session of the outbox's stopped relay, which the server has not
+		// ended yet? It would end without a notification: end it, and ask again.
+		left, err := d.left.holding(func(sql string, args []any, dest ...any) error { return queryRow(sql, args, dest...) }, d.names.WakeKey)
+		if err != nil {
+			return "", fmt.Errorf("idle watch: look the gate's holder up: %w", err)
+		}
+		if left != 0 {
+			var ok bool
+			if err := queryRow("SELECT pg_terminate_backend($1)", []any{int32(left)}, &ok); err != nil {
+				return "", fmt.Errorf("idle watch: end a session closed before: %w", err)
+			}
+			return "again", nil
+		}
 	}
 	return state, nil
 }

@@ -2,6 +2,7 @@ package outboxpgx_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -106,4 +107,31 @@ func TestIdleWatch(t *testing.T) {
 	}
 	ch = w.Add(other.Driver)
 	testenv.AwaitChan(t, "the wake for a dropped outbox", ch, func() any { return "not woken" })
+}
+
+// TestIdleWatchLeftSessionEnded: an outbox whose relay's listener session the server
+// kept, holding the gate, after the relay stopped: the watch does not take the gate for
+// another relay's (that session would end without a notification, and no write would
+// wake the outbox after): it ends that session, holds the gate, and the next write wakes
+// the outbox.
+func TestIdleWatchLeftSessionEnded(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	drv, left := b.leftListener(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	w := outboxpgx.NewIdleWatch(b.Pool, time.Hour)
+	go func() {
+		defer close(done)
+		w.Run(ctx, func(err error) { t.Errorf("idle watch: %v", err) })
+	}()
+	defer func() { cancel(); <-done }()
+
+	ch := w.Add(drv)
+	testenv.AwaitCond(t, "the watch to hold the gate", func() bool {
+		pid := b.gateHolder(t)
+		return pid != 0 && pid != left
+	})
+	b.Write(t, outbox.Message{Topic: "t", Key: "k", Payload: []byte(`1`)})
+	testenv.AwaitChan(t, "the wake after a write", ch, func() any { return fmt.Sprintf("not woken; the gate's holder %d", b.gateHolder(t)) })
 }
