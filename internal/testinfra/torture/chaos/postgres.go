@@ -180,27 +180,41 @@ func walSlotLost(tb testenv.TB, rs []*relay, db *testdb.DB, slot string, audit *
 			_ = filler.Close(context.Background())
 		}
 	})
-	fill := func(ctx context.Context) error {
-		if filler == nil {
-			if _, err := db.Pool.Exec(ctx, `CREATE DATABASE wal_filler`); err != nil && pgsql.SQLState(err) != "42P04" {
-				return err
-			}
-			cc := db.Pool.Config().ConnConfig.Copy()
-			cc.Database = "wal_filler"
-			conn, err := pgx.ConnectConfig(ctx, cc)
-			if err != nil {
-				return err
-			}
-			filler = conn
+	connect := func(ctx context.Context) error {
+		if filler != nil && !filler.IsClosed() {
+			return nil
 		}
+		if _, err := db.Pool.Exec(ctx, `CREATE DATABASE wal_filler`); err != nil && pgsql.SQLState(err) != "42P04" {
+			return err
+		}
+		cc := db.Pool.Config().ConnConfig.Copy()
+		cc.Database = "wal_filler"
+		conn, err := pgx.ConnectConfig(ctx, cc)
+		if err != nil {
+			return err
+		}
+		filler = conn
+		return nil
+	}
+	fill := func(ctx context.Context) error {
 		// About 16 MB a round, then a checkpoint (which logs a snapshot of running
 		// transactions and invalidates the slots too far behind); the audit slot is
 		// consumed after each, so that its restart position follows and only the frozen
-		// relays' slot falls behind by more than walKeepSize.
-		if _, err := filler.Exec(ctx, `CREATE TABLE IF NOT EXISTS filler (pad text);
+		// relays' slot falls behind by more than walKeepSize. A connection that an earlier
+		// fault ended (pg-restart) is made again once.
+		var err error
+		for attempt := 0; attempt < 2; attempt++ {
+			if err = connect(ctx); err != nil {
+				return err
+			}
+			if _, err = filler.Exec(ctx, `CREATE TABLE IF NOT EXISTS filler (pad text);
 TRUNCATE filler;
 INSERT INTO filler SELECT repeat('x', 1000) FROM generate_series(1, 13000);
-CHECKPOINT`); err != nil {
+CHECKPOINT`); err == nil || !filler.IsClosed() {
+				break
+			}
+		}
+		if err != nil {
 			return err
 		}
 		_ = audit.consume(ctx) // a failure costs the audit some commits (remake), not the fault
