@@ -287,14 +287,18 @@ lease-ttl: 3s
 		}
 		next[k] = want + keys
 	}
-	// Both processes served both outboxes.
-	for i := range logs {
-		for _, schema := range []string{b.Schema, second} {
-			if !strings.Contains(logs[i].String(), `"msg":"leases changed","outbox":"`+testdbName(t)+"."+schema+`"`) {
-				t.Errorf("process %d never held shards of %s:\n%s", i, schema, lastLines(logs[i].String(), 20))
+	// Both processes serve both outboxes.
+	testenv.Await(t, "both processes to hold shards of both outboxes", func() (any, bool) {
+		var missing []string
+		for i := range logs {
+			for _, schema := range []string{b.Schema, second} {
+				if !strings.Contains(logs[i].String(), `"msg":"leases changed","outbox":"`+testdbName(t)+"."+schema+`"`) {
+					missing = append(missing, fmt.Sprintf("process %d, %s", i, schema))
+				}
 			}
 		}
-	}
+		return missing, len(missing) == 0
+	})
 	for i, stop := range stops {
 		if code := stop(); code != 0 {
 			t.Fatalf("relay %d exited %d", i, code)
