@@ -39,6 +39,13 @@ import (
 // with backoff while the others are served. Rules are applied again every
 // --discover-interval and on SIGHUP: a new outbox is served from then on, and one that
 // is gone stops (it drains, and gives its leases back).
+//
+// A PostgreSQL outbox's relay runs only while the outbox has work: it starts parked, and
+// is parked again once its relay published nothing for --park-after; a parked outbox is
+// watched, with every other parked outbox of its database, from one connection
+// (outboxpgx.IdleWatch), which wakes it at the next write. Per database, a fleet takes
+// the pool, one LISTEN connection per running relay up to the pool's size, and the
+// watch's.
 
 // fleetKeys are the keys an entry of the outboxes list may hold: where the outbox is,
 // and the relay settings that may differ per outbox. Every other setting is the
