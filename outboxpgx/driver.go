@@ -405,16 +405,13 @@ func (d *Driver) Listen(ctx context.Context, wake func(outboxdriver.Wake, int64)
 				// server has not heard of the close (the network was silent), or has not
 				// ended the session yet. It will not let go at a notification: end it,
 				// and have the relay ask again shortly.
-				left, err := d.left.holding(func(sql string, args []any, dest ...any) error { return queryRow(sql, args, dest...) }, d.names.WakeKey)
+				ended, err := d.left.endHolder(queryRow, d.names.WakeKey)
 				if err != nil {
-					return fmt.Errorf("listen: look the gate's holder up: %w", err)
+					return fmt.Errorf("listen: %w", err)
 				}
-				if left == 0 {
+				if !ended {
 					gate.Answer(outboxdriver.GateCovered)
 					break
-				}
-				if err := exec("SELECT pg_terminate_backend($1)", int32(left)); err != nil {
-					return fmt.Errorf("listen: end a session closed before: %w", err)
 				}
 				gate.Answer(outboxdriver.GateBusy)
 				continue
@@ -483,34 +480,39 @@ func (s *leftSessions) clear() {
 	clear(s.m)
 }
 
-// holding returns the process ID of the session that holds the gate (advisory lock key)
-// if it is one Listen closed, else 0.
-func (s *leftSessions) holding(queryRow func(sql string, args []any, dest ...any) error, key int64) (uint32, error) {
+// endHolder ends the session that holds the gate (advisory lock key), if it is one
+// Listen closed, and says whether it did: the caller asks for the gate again.
+func (s *leftSessions) endHolder(queryRow func(sql string, args []any, dest ...any) error, key int64) (ended bool, err error) {
 	s.mu.Lock()
 	empty := len(s.m) == 0
 	s.mu.Unlock()
 	if empty {
-		return 0, nil
+		return false, nil
 	}
 	var pid int32
 	var started time.Time
 	// A bigint advisory key is shown as its high and low halves.
-	err := queryRow(`SELECT l.pid, a.backend_start FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+	err = queryRow(`SELECT l.pid, a.backend_start FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
 		WHERE l.locktype = 'advisory' AND l.classid::bigint = $1 AND l.objid::bigint = $2 AND l.objsubid = 1
 		AND l.mode = 'ExclusiveLock' AND l.granted AND a.backend_start IS NOT NULL`,
 		[]any{int64(uint32(key >> 32)), int64(uint32(key))}, &pid, &started)
 	if errors.Is(err, pgx.ErrNoRows) { // it let go meanwhile
-		return 0, nil
+		return false, nil
 	}
 	if err != nil {
-		return 0, err
+		return false, fmt.Errorf("look the gate's holder up: %w", err)
 	}
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	if at, ok := s.m[uint32(pid)]; ok && at.Equal(started) && !broken.Has(broken.GateKeepsLeft) {
-		return uint32(pid), nil
+	at, ok := s.m[uint32(pid)]
+	s.mu.Unlock()
+	if !ok || !at.Equal(started) || broken.Has(broken.GateKeepsLeft) {
+		return false, nil
 	}
-	return 0, nil
+	var signalled bool
+	if err := queryRow("SELECT pg_terminate_backend($1)", []any{pid}, &signalled); err != nil {
+		return false, fmt.Errorf("end a session closed before: %w", err)
+	}
+	return true, nil
 }
 
 // waiter waits on a listening connection for a notification, the relay's ask or a

@@ -2,13 +2,11 @@ package outboxpgx
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 	"sync"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxkit/outbox/internal/pgsql"
@@ -306,15 +304,11 @@ func (w *IdleWatch) arm(d *Driver, pid uint32, queryRow func(string, []any, ...a
 	case "covered":
 		// Held by the session of the outbox's stopped relay, which the server has not
 		// ended yet? It would end without a notification: end it, and ask again.
-		left, err := d.left.holding(func(sql string, args []any, dest ...any) error { return queryRow(sql, args, dest...) }, d.names.WakeKey)
+		ended, err := d.left.endHolder(queryRow, d.names.WakeKey)
 		if err != nil {
-			return "", fmt.Errorf("idle watch: look the gate's holder up: %w", err)
+			return "", fmt.Errorf("idle watch: %w", err)
 		}
-		if left != 0 {
-			var ok bool
-			if err := queryRow("SELECT pg_terminate_backend($1)", []any{int32(left)}, &ok); err != nil {
-				return "", fmt.Errorf("idle watch: end a session closed before: %w", err)
-			}
+		if ended {
 			return "again", nil
 		}
 	}
@@ -383,6 +377,9 @@ func (w *IdleWatch) checkDue(ctx context.Context, queryRow func(string, []any, .
 // invalid_schema_name (3F000) or undefined_function (42883): the outbox's tables, or its
 // schema, are gone.
 func isUndefinedTable(err error) bool {
-	var pe *pgconn.PgError
-	return errors.As(err, &pe) && (pe.Code == "42P01" || pe.Code == "3F000" || pe.Code == "42883")
+	switch pgsql.SQLState(err) {
+	case "42P01", "3F000", "42883":
+		return true
+	}
+	return false
 }
