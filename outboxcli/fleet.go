@@ -102,23 +102,13 @@ func fleetEntries(inv *invocation) ([]fleetEntry, error) {
 		e := fleetEntry{line: item.line, o: o}
 		if v, ok := item.values["name"]; ok {
 			e.name = v.values[0]
-			if !validFleetName(e.name) {
-				return nil, usageErrorf("%s: name %q: want letters, digits and . _ - (it becomes a metric label and a log field)", cf.at(v.line), e.name)
-			}
 			if first, dup := names[e.name]; dup {
 				return nil, usageErrorf("%s: name %q is taken by the outbox at line %d", cf.at(v.line), e.name, first)
 			}
 			names[e.name] = item.line
 		}
-		_, hasSchema := item.values["schema"]
 		if v, ok := item.values["schemas"]; ok {
 			e.pattern = v.values[0]
-			if hasSchema {
-				return nil, usageErrorf("%s: an outbox has schema (one) or schemas (a rule), not both", where)
-			}
-			if _, err := path.Match(e.pattern, ""); err != nil {
-				return nil, usageErrorf("%s: schemas: %q is not a pattern (want a shell pattern: tenant_*)", cf.at(v.line), e.pattern)
-			}
 		}
 		kind, err := o.db.kind()
 		if err != nil {

@@ -5,7 +5,6 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"path"
 	"slices"
 )
 
@@ -50,9 +49,6 @@ func fleetOutboxDBs(ctx context.Context, inv *invocation, base *dbFlags, open fu
 		if !ok {
 			add(name, &db, item)
 			continue
-		}
-		if _, err := path.Match(rule.values[0], ""); err != nil {
-			return nil, usageErrorf("%s: schemas: %q is not a pattern (want a shell pattern: tenant_*)", cf.at(rule.line), rule.values[0])
 		}
 		st, err := open(&db)
 		if err != nil {

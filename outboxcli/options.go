@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"path"
 	"regexp"
 	"sort"
 	"strconv"
@@ -236,9 +237,31 @@ func (cf *configFile) parseOutboxes(v *yaml.Node) ([]outboxItem, error) {
 			}
 			o.values[k.Value] = configEntry{values: []string{val.Value}, lines: []int{val.Line}, line: k.Line}
 		}
+		if err := cf.checkOutbox(o); err != nil {
+			return nil, err
+		}
 		items = append(items, o)
 	}
 	return items, nil
+}
+
+// checkOutbox checks what an entry of the outboxes list says by itself: its name, its
+// pattern, and not both schema and schemas.
+func (cf *configFile) checkOutbox(o outboxItem) error {
+	if v, ok := o.values["name"]; ok && !validFleetName(v.values[0]) {
+		return usageErrorf("%s: name %q: want letters, digits and . _ - (it becomes a metric label and a log field)", cf.at(v.line), v.values[0])
+	}
+	v, ok := o.values["schemas"]
+	if !ok {
+		return nil
+	}
+	if _, both := o.values["schema"]; both {
+		return usageErrorf("%s: an outbox has schema (one) or schemas (a rule), not both", cf.at(o.line))
+	}
+	if _, err := path.Match(v.values[0], ""); err != nil {
+		return usageErrorf("%s: schemas: %q is not a pattern (want a shell pattern: tenant_*)", cf.at(v.line), v.values[0])
+	}
+	return nil
 }
 
 // listValue is implemented by flags that may be given several times (--id): from the
