@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -64,7 +65,18 @@ latency phase runs at --rate and then at each of --extra-rates (5000 by default 
 With --runs N, phases 1 and 2 are repeated N times and eps, raw_eps and ratio are the
 medians (ratio is the median of the per-run ratios). It uses a throwaway outbox and
 destinations (streams, queues, topics), dropped at the end. Progress goes to stderr; the
-last line on stdout is "bench: key=value ...". With no flags it uses the local servers.`,
+last line on stdout is "bench: key=value ...". With no flags it uses the local servers.
+With --outboxes N (PostgreSQL, a nats:// broker) it measures a fleet instead: N outboxes,
+one per schema, in a database the bench creates on the server of --database-url and
+drops at the end, served by --relays processes of this executable ('outbox relay
+--config' with a schemas: rule). The line then says: idle_qps, the database's
+transactions per second per process with every outbox idle, over --idle, and
+idle_conns and rss_mib per process then; drain_eps, one outbox draining --events
+committed in one transaction, against solo_eps, the same backlog drained by as many
+processes serving that outbox alone (drain_x = drain_eps / solo_eps); the p50 and p99
+of --rate events a second written into a tenth of the outboxes, one per transaction,
+COMMIT returned -> read from the broker, for --duration alone (trickle_p99_ms) and
+during the drain (drain_trickle_p99_ms; fair_p99_x is the second over the first).`,
 	setup: func(fs *flag.FlagSet) runFunc {
 		var cfg bench.Config
 		fs.StringVar(&cfg.DB, "db", bench.DBPostgres, "the store: postgres, sqlite (a temporary file) or mysql (MySQL or MariaDB)")
@@ -84,7 +96,9 @@ last line on stdout is "bench: key=value ...". With no flags it uses the local s
 		fs.IntVar(&cfg.SchemaVersion, "schema-version", 0, "PostgreSQL: migrate the bench's outbox up to this `version` only (3: pending rows\nwithout the ring), to compare layouts (default: the latest)")
 		fs.StringVar(&cfg.Source, "source", bench.SourcePoll, "how the relays learn of new messages: `poll` (LISTEN/NOTIFY and polling) or wal, which\nmeasures polling too, in the same run (PostgreSQL)")
 		fs.Var(&intList{v: &cfg.ExtraRates}, "extra-rates", "more latency-phase `rates` after --rate, comma-separated (default 5000 with --source wal;\n\"\" for none)")
-		fs.DurationVar(&cfg.Idle, "idle", 10*time.Second, "with --source wal on its private server: how long to count the idle relays' statements")
+		fs.DurationVar(&cfg.Idle, "idle", 10*time.Second, "with --outboxes, or --source wal on its private server: how long to count\nthe idle relays' statements")
+		fs.IntVar(&cfg.Outboxes, "outboxes", 0, "measure a fleet of `n` outboxes served by --relays processes (0: one outbox)")
+		fs.DurationVar(&cfg.ParkAfter, "park-after", 0, "with --outboxes: the relays' --park-after (0: their default)")
 		fs.IntVar(&cfg.Relay.BatchSize, "batch-size", 0, "relay fetch size (0: the relay's default)")
 		fs.IntVar(&cfg.Relay.MaxInFlight, "max-in-flight", 0, "relay in-flight cap (0: the relay's default)")
 		fs.IntVar(&cfg.Relay.PublishBatchSize, "publish-batch-size", 0, "relay publish batch size (0: the relay's default)")
@@ -116,6 +130,9 @@ last line on stdout is "bench: key=value ...". With no flags it uses the local s
 				return usageErrorf("--idle must be positive")
 			}
 			cfg.Progress = inv.stderr
+			if cfg.Outboxes != 0 {
+				return runFleetBench(ctx, inv, cfg)
+			}
 			res, err := bench.Run(ctx, cfg)
 			if err != nil {
 				return err
@@ -124,6 +141,32 @@ last line on stdout is "bench: key=value ...". With no flags it uses the local s
 			return err
 		}
 	},
+}
+
+// runFleetBench runs a fleet bench (--outboxes), whose relays are processes of this
+// executable.
+func runFleetBench(ctx context.Context, inv *invocation, cfg bench.Config) error {
+	switch {
+	case cfg.Outboxes < 2:
+		return usageErrorf("--outboxes: want 2 or more (one drains a backlog, the others trickle)")
+	case cfg.DB != bench.DBPostgres || cfg.Source != bench.SourcePoll:
+		return usageErrorf("--outboxes: a fleet serves the schemas of a PostgreSQL database, polling: use --db postgres --source poll")
+	case cfg.Duration <= 0:
+		return usageErrorf("--outboxes: the trickle is measured for --duration, which must be positive")
+	case cfg.ParkAfter < 0 && cfg.ParkAfter != -1:
+		return usageErrorf("--park-after: must be a positive duration, or -1 never to park")
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("bench: find this executable, to start the relays: %w", err)
+	}
+	cfg.Command = []string{self}
+	res, err := bench.RunFleet(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintln(inv.stdout, res)
+	return err
 }
 
 // intList is a flag of comma-separated positive integers.

@@ -78,9 +78,16 @@ type Config struct {
 	ExtraRates []int
 	// Idle is how long the idle phase (SourceWAL on the private server) counts the
 	// statements of relays with nothing to do. Defaults to 10s.
-	Idle     time.Duration
-	Relay    outbox.RelayConfig
-	Progress io.Writer // Progress lines; nil for none.
+	Idle time.Duration
+	// Outboxes is the number of outboxes of a fleet run (RunFleet); Run ignores it.
+	Outboxes int
+	// Command runs `outbox` (the executable and any arguments before the command's):
+	// a fleet run starts its relay processes with it.
+	Command []string
+	// ParkAfter is a fleet run's --park-after; 0 means the relay's default.
+	ParkAfter time.Duration
+	Relay     outbox.RelayConfig
+	Progress  io.Writer // Progress lines; nil for none.
 }
 
 // Result is what a run measured.
@@ -1150,13 +1157,17 @@ func (s *rssSampler) reset() { s.peak.Store(readRSSKiB()) }
 
 func (s *rssSampler) peakMiB() float64 { return float64(s.peak.Load()) / 1024 }
 
-func readRSSKiB() int64 {
-	b, err := os.ReadFile("/proc/self/status")
+func readRSSKiB() int64 { return procStatusKiB("self", "VmRSS") }
+
+// procStatusKiB reads a field in kB of /proc/<proc>/status (VmRSS, VmHWM); 0 when the
+// process or the field is not there.
+func procStatusKiB(proc, field string) int64 {
+	b, err := os.ReadFile("/proc/" + proc + "/status")
 	if err != nil {
 		return 0
 	}
 	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+		if v, ok := strings.CutPrefix(line, field+":"); ok {
 			kb, _ := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
 			return kb
 		}

@@ -45,6 +45,22 @@ type emptier interface {
 	Empty(ctx context.Context, route string) error
 }
 
+// reader is a Target the bench can also read from, as a consumer would: the fleet run
+// (Config.Outboxes) times messages from their COMMIT to their arrival there.
+type reader interface {
+	// PrepareTopics is Prepare with a destination per topic: route is a template that
+	// sends each message to its topic's, and topicRoute returns the route of one topic's.
+	PrepareTopics(ctx context.Context, name string) (route string, topicRoute func(topic string) string, drop func(), err error)
+
+	// Read calls got with the payload of every message sent to route (one topic's) from
+	// now until stop is called, as it arrives, from one goroutine, on a connection of
+	// its own.
+	Read(route string, got func(payload []byte)) (stop func(), err error)
+
+	// Count returns how many messages the destination of route (one topic's) holds.
+	Count(ctx context.Context, route string) (int64, error)
+}
+
 // TargetOpener opens the Target of a broker URL.
 type TargetOpener func(ctx context.Context, brokerURL string) (Target, error)
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -22,6 +23,8 @@ type natsTarget struct {
 	url string
 	nc  *nats.Conn
 	js  jetstream.JetStream
+
+	streams sync.Map // route -> jetstream.Stream, for Count
 }
 
 func openNATS(ctx context.Context, url string) (Target, error) {
@@ -94,6 +97,57 @@ func (t *natsTarget) Raw(ctx context.Context, route string, msgs []*outbox.Messa
 	}
 	close(futures)
 	return <-errc
+}
+
+// PrepareTopics makes a stream for the subjects name.<topic>.
+func (t *natsTarget) PrepareTopics(ctx context.Context, name string) (string, func(string) string, func(), error) {
+	_, drop, err := t.Prepare(ctx, name)
+	if err != nil {
+		return "", nil, nil, err
+	}
+	return name + ".{topic}", func(topic string) string { return name + "." + topic }, drop, nil
+}
+
+// Read subscribes to route's subject with core NATS, on a connection of its own, and
+// sees each message as the server accepts it for the stream. The subscription buffers
+// without a limit, so that a burst that outpaces got loses nothing.
+func (t *natsTarget) Read(route string, got func(payload []byte)) (func(), error) {
+	nc, err := nats.Connect(t.url, nats.Name("outbox-bench-reader"))
+	if err != nil {
+		return nil, fmt.Errorf("connect to NATS: %w", err)
+	}
+	sub, err := nc.Subscribe(route, func(m *nats.Msg) { got(m.Data) })
+	if err == nil {
+		err = sub.SetPendingLimits(-1, -1)
+	}
+	if err == nil {
+		err = nc.Flush()
+	}
+	if err != nil {
+		nc.Close()
+		return nil, fmt.Errorf("subscribe to %s: %w", route, err)
+	}
+	return nc.Close, nil
+}
+
+// Count reads how many messages of route's subject its stream holds.
+func (t *natsTarget) Count(ctx context.Context, route string) (int64, error) {
+	s, ok := t.streams.Load(route)
+	if !ok {
+		name, err := t.js.StreamNameBySubject(ctx, route)
+		if err != nil {
+			return 0, err
+		}
+		if s, err = t.js.Stream(ctx, name); err != nil {
+			return 0, err
+		}
+		t.streams.Store(route, s)
+	}
+	info, err := s.(jetstream.Stream).Info(ctx, jetstream.WithSubjectFilter(route))
+	if err != nil {
+		return 0, err
+	}
+	return int64(info.State.Subjects[route]), nil
 }
 
 func (t *natsTarget) Close() { t.nc.Close() }
