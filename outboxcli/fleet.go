@@ -43,9 +43,9 @@ import (
 // A PostgreSQL outbox's relay runs only while the outbox has work: it starts parked, and
 // is parked again once its relay published nothing for --park-after; a parked outbox is
 // watched, with every other parked outbox of its database, from one connection
-// (outboxpgx.IdleWatch), which wakes it at the next write. Per database, a fleet takes
-// the pool, one LISTEN connection per running relay up to the pool's size, and the
-// watch's.
+// (outboxpgx.IdleWatch), which wakes it at the next write. The running relays listen
+// on that connection too: per database, a fleet takes the pool and that one listening
+// connection.
 
 // fleetKeys are the keys an entry of the outboxes list may hold: where the outbox is,
 // and the relay settings that may differ per outbox. Every other setting is the
@@ -378,29 +378,20 @@ type fleetDB struct {
 	kind dbKind
 	pool *pgxpool.Pool
 	db   *sql.DB
-	idle *outboxpgx.IdleWatch // PostgreSQL's, with --park-after: the parked outboxes'
-	// listeners bounds the running relays' LISTEN connections to the database (each
-	// takes a connection of its own) to the pool's size: PostgreSQL's; nil for the others.
-	listeners chan struct{}
+	// idle is PostgreSQL's one listening session: the parked outboxes are watched
+	// there, and the running relays listen there.
+	idle *outboxpgx.IdleWatch
 }
 
-// slottedListen is an outbox's driver whose Listen waits for one of its database's
-// listener slots before it listens: a relay without one polls meanwhile (a notification
-// would wake it sooner; none is lost, the poll finds the messages). It keeps the
-// driver's other methods.
-type slottedListen struct {
+// watchedListen is an outbox's driver whose Listen is on its database's listening
+// session (outboxpgx.IdleWatch.Listen). It keeps the driver's other methods.
+type watchedListen struct {
 	*outboxpgx.Driver
-	slots chan struct{}
+	watch *outboxpgx.IdleWatch
 }
 
-func (d slottedListen) Listen(ctx context.Context, wake func(outboxdriver.Wake, int64), gate outboxdriver.Gate) error {
-	select {
-	case d.slots <- struct{}{}:
-		defer func() { <-d.slots }()
-		return d.Driver.Listen(ctx, wake, gate)
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+func (d watchedListen) Listen(ctx context.Context, wake func(outboxdriver.Wake, int64), gate outboxdriver.Gate) error {
+	return d.watch.Listen(ctx, d.Driver, wake, gate)
 }
 
 // fleetRelayID is the relay ID of every outbox a process serves: leases are per
@@ -577,9 +568,6 @@ func (f *fleet) db(ctx context.Context, o *relayFlags) (*fleetDB, error) {
 	}
 	d.kind, d.pool, d.db = t.kind, s.pool, s.db
 	if t.kind == dbPostgres {
-		d.listeners = make(chan struct{}, t.pg.MaxConns)
-	}
-	if t.kind == dbPostgres && f.top.parkAfter > 0 {
 		d.idle = outboxpgx.NewIdleWatch(s.pool, f.top.parkedPoll)
 		where := redactDSN(o.db.url)
 		f.wg.Go(func() {
@@ -675,8 +663,8 @@ func (f *fleet) runOne(ctx context.Context, m *fleetMember, log *slog.Logger) er
 	cfg.Logger = log
 	observers := append([]outbox.Observer(nil), f.observers...)
 	var store outboxdriver.Store = drv
-	if pg, ok := drv.(*outboxpgx.Driver); ok && db.listeners != nil {
-		store = slottedListen{pg, db.listeners}
+	if pg, ok := drv.(*outboxpgx.Driver); ok && db.idle != nil {
+		store = watchedListen{pg, db.idle}
 	}
 	leases := newLeaseWatch(store, cfg.LeaseTTL)
 	if m.metrics != nil {
@@ -696,7 +684,7 @@ func (f *fleet) runOne(ctx context.Context, m *fleetMember, log *slog.Logger) er
 	}
 	m.setLeases(leases)
 	defer m.setLeases(nil)
-	if db.idle == nil {
+	if db.idle == nil || f.top.parkAfter <= 0 {
 		return relay.Run(ctx, f.top.grace)
 	}
 	// Parked once it has published nothing for --park-after.

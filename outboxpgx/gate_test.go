@@ -7,6 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -52,23 +53,65 @@ type gateEvent struct {
 	answer outboxdriver.GateState
 }
 
-func (b *testBundle) gateListener(t *testing.T) (events chan gateEvent, ask func() outboxdriver.GateState) {
+func (b *testBundle) gateListener(t *testing.T, shared bool) (events chan gateEvent, ask func() outboxdriver.GateState) {
 	t.Helper()
-	events, ask, stop := listenGate(t, b.Driver)
+	var lis outboxdriver.Listener = b.Driver
+	if shared {
+		lis = watchListener(t, b.Pool, b.Driver)
+	}
+	events, ask, stop := listenGate(t, lis)
 	t.Cleanup(stop)
 	return events, ask
 }
 
-// listenGate is gateListener on drv, with the function that stops Listen and waits for
+// watchListener is drv's Listen on the listening session of an idle watch of pool's,
+// run until the test ends.
+func watchListener(t *testing.T, pool *pgxpool.Pool, drv *outboxpgx.Driver) outboxdriver.Listener {
+	t.Helper()
+	w := outboxpgx.NewIdleWatch(pool, time.Hour)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		w.Run(ctx, func(err error) { t.Logf("idle watch: %v", err) })
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	return listenFunc(func(ctx context.Context, wake func(outboxdriver.Wake, int64), gate outboxdriver.Gate) error {
+		return w.Listen(ctx, drv, wake, gate)
+	})
+}
+
+type listenFunc func(context.Context, func(outboxdriver.Wake, int64), outboxdriver.Gate) error
+
+func (f listenFunc) Listen(ctx context.Context, wake func(outboxdriver.Wake, int64), gate outboxdriver.Gate) error {
+	return f(ctx, wake, gate)
+}
+
+// sessions runs test twice: with the driver's Listen, and with the same outbox's Listen
+// on an idle watch's shared session.
+func sessions(t *testing.T, test func(t *testing.T, shared bool)) {
+	for _, shared := range []bool{false, true} {
+		name := "own session"
+		if shared {
+			name = "shared session"
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			test(t, shared)
+		})
+	}
+}
+
+// listenGate is gateListener on lis, with the function that stops Listen and waits for
 // it to return.
-func listenGate(t *testing.T, drv *outboxpgx.Driver) (events chan gateEvent, ask func() outboxdriver.GateState, stop func()) {
+func listenGate(t *testing.T, lis outboxdriver.Listener) (events chan gateEvent, ask func() outboxdriver.GateState, stop func()) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	events = make(chan gateEvent, 64)
 	asks := make(chan struct{}, 1)
 	done := make(chan error, 1)
 	go func() {
-		done <- drv.Listen(ctx, func(w outboxdriver.Wake, from int64) {
+		done <- lis.Listen(ctx, func(w outboxdriver.Wake, from int64) {
 			if w == outboxdriver.WakeWritten {
 				events <- gateEvent{wake: true, from: from}
 			}
@@ -169,9 +212,13 @@ func TestGateLeftSessionEnded(t *testing.T) {
 // commit keeps a relay from taking it (busy), and another session's hold covers.
 func TestGate(t *testing.T) {
 	t.Parallel()
+	sessions(t, testGate)
+}
+
+func testGate(t *testing.T, shared bool) {
 	b := setup(t)
 	ctx := context.Background()
-	events, ask := b.gateListener(t)
+	events, ask := b.gateListener(t, shared)
 	msg := func(key string) outbox.Message { return outbox.Message{Topic: "t", Key: key, Payload: []byte(`1`)} }
 	maxSeq := func() int64 {
 		var seq int64
@@ -240,11 +287,17 @@ func TestGate(t *testing.T) {
 // on every commit and the listener answers GateAlways.
 func TestGateBeforeVersion7(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	if _, err := b.Driver.MigrateDown(context.Background(), pgsql.GateVersion-1); err != nil {
-		t.Fatal(err)
-	}
-	events, ask := b.gateListener(t)
+	sessions(t, func(t *testing.T, shared bool) {
+		b := setup(t)
+		if _, err := b.Driver.MigrateDown(context.Background(), pgsql.GateVersion-1); err != nil {
+			t.Fatal(err)
+		}
+		testGateBeforeVersion7(t, b, shared)
+	})
+}
+
+func testGateBeforeVersion7(t *testing.T, b *testBundle, shared bool) {
+	events, ask := b.gateListener(t, shared)
 	if a := ask(); a != outboxdriver.GateAlways {
 		t.Fatalf("answer %d, want GateAlways", a)
 	}

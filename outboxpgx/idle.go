@@ -2,6 +2,7 @@ package outboxpgx
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -10,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxkit/outbox/internal/pgsql"
+	"github.com/outboxkit/outbox/outboxdriver"
 )
 
 // IdleWatch watches outboxes whose relays are not running, and says when one has
@@ -26,8 +28,15 @@ import (
 // check for it once it listens and holds the gate, so that messages committed before
 // that are found.
 //
+// The same connection listens for the running relays of the pool's outboxes too
+// (Listen), so that a process serving many outboxes of a database has one listening
+// session there, whether they are parked or running: PostgreSQL signals every listening
+// session of a database at each notifying commit, and each one reads every
+// notification, so the cost of listening grows with the sessions, not the channels.
+//
 // Run keeps the connection; its statements are followed by the stall watch, and a lost
-// connection is made again, with every outbox listened to and checked anew.
+// connection is made again, with every outbox listened to and checked anew (the running
+// relays' Listen calls return, and the relays listen again).
 type IdleWatch struct {
 	pool   *pgxpool.Pool
 	every  time.Duration
@@ -36,7 +45,27 @@ type IdleWatch struct {
 	mu      sync.Mutex
 	watched map[*Driver]*idleEntry
 	gone    []idleGone    // removed, still listened to on the connection
-	changed chan struct{} // a send (never blocking) after each Add or Remove
+	changed chan struct{} // a send (never blocking) after each change
+	running map[*Driver]*listenEntry
+	leaving []*listenEntry     // Listen returned: let go of on the connection
+	check   bool               // a stall verdict: check the connection
+	byChan  map[string]*Driver // the outboxes watched or running, by channel
+}
+
+// listenEntry is a running relay's Listen call. The session goroutine alone uses the
+// fields after listening, and calls wake and answer only with w.mu held and the entry
+// still in w.running, so that none comes after Listen returned.
+type listenEntry struct {
+	d      *Driver
+	wake   func(outboxdriver.Wake, int64)
+	answer func(outboxdriver.GateState) // nil: no gate
+	ended  chan error                   // the session's failure, which ends the call
+
+	asked     bool // under w.mu: an ask not yet answered
+	listening bool // under w.mu: listening on the current connection
+
+	fixed outboxdriver.GateState // what an ask gets without asking the database; GateArmed: ask it
+	held  bool                   // the session holds the gate for it
 }
 
 type idleGone struct {
@@ -54,7 +83,70 @@ type idleEntry struct {
 // every (at least a second).
 func NewIdleWatch(pool *pgxpool.Pool, every time.Duration) *IdleWatch {
 	return &IdleWatch{pool: pool, every: max(every, time.Second), stalls: newStallWatch(pool),
-		watched: map[*Driver]*idleEntry{}, changed: make(chan struct{}, 1)}
+		watched: map[*Driver]*idleEntry{}, changed: make(chan struct{}, 1),
+		running: map[*Driver]*listenEntry{}, byChan: map[string]*Driver{}}
+}
+
+// Listen is d's Listen (outboxdriver.Listener) on the watch's connection, for the
+// relay of d's outbox (a driver on the watch's pool), which must not be watched
+// (Add) meanwhile. It returns when ctx ends, or with the error that ended the
+// connection: the relay polls until it listens again.
+func (w *IdleWatch) Listen(ctx context.Context, d *Driver, wake func(outboxdriver.Wake, int64), gate outboxdriver.Gate) error {
+	e := &listenEntry{d: d, wake: wake, answer: gate.Answer, ended: make(chan error, 1)}
+	w.mu.Lock()
+	if _, dup := w.running[d]; dup {
+		w.mu.Unlock()
+		return errors.New("idle watch: the outbox's relay listens already")
+	}
+	w.running[d] = e
+	w.byChan[d.names.Channel] = d
+	w.poke()
+	w.mu.Unlock()
+	fctx, stop := context.WithCancel(ctx)
+	defer stop()
+	go func() {
+		for {
+			select {
+			case <-fctx.Done():
+				return
+			case <-gate.Asks:
+				w.mu.Lock()
+				e.asked = true
+				w.poke()
+				w.mu.Unlock()
+			case <-d.stalls.stalls():
+				w.mu.Lock()
+				w.check = true
+				w.poke()
+				w.mu.Unlock()
+			}
+		}
+	}()
+	select {
+	case err := <-e.ended:
+		return err
+	case <-ctx.Done():
+		w.mu.Lock()
+		if w.running[d] == e {
+			delete(w.running, d)
+			w.unmapLocked(d)
+			if e.listening {
+				w.leaving = append(w.leaving, e)
+			}
+			w.poke()
+		}
+		w.mu.Unlock()
+		return ctx.Err()
+	}
+}
+
+// unmapLocked forgets d's channel unless d is still watched or running.
+func (w *IdleWatch) unmapLocked(d *Driver) {
+	_, watched := w.watched[d]
+	_, running := w.running[d]
+	if !watched && !running {
+		delete(w.byChan, d.names.Channel)
+	}
 }
 
 // Add watches d's outbox, a driver on the watch's pool, until its channel is closed:
@@ -68,6 +160,7 @@ func (w *IdleWatch) Add(d *Driver) <-chan struct{} {
 	}
 	e := &idleEntry{woken: make(chan struct{})}
 	w.watched[d] = e
+	w.byChan[d.names.Channel] = d
 	w.poke()
 	return e.woken
 }
@@ -85,6 +178,7 @@ func (w *IdleWatch) removeLocked(d *Driver) {
 		return
 	}
 	delete(w.watched, d)
+	w.unmapLocked(d)
 	if e.ready {
 		w.gone = append(w.gone, idleGone{d, e.gated})
 	}
@@ -140,7 +234,7 @@ func dbRetryDelay(failures int) time.Duration {
 }
 
 // session runs the watch on one connection until it fails or ctx ends.
-func (w *IdleWatch) session(ctx context.Context) error {
+func (w *IdleWatch) session(ctx context.Context) (err error) {
 	pc, err := acquire(ctx, w.pool)
 	if err != nil {
 		return err
@@ -162,12 +256,13 @@ func (w *IdleWatch) session(ctx context.Context) error {
 	for _, e := range w.watched {
 		e.ready, e.gated = false, false
 	}
-	w.gone = nil // the new session holds nothing of theirs
+	w.gone, w.leaving, w.check = nil, nil, false // the new session holds nothing of theirs
 	w.mu.Unlock()
 	defer func() {
 		// The server may keep the session, and the gates it holds, a while (or until
 		// TCP keepalive, when the network went silent): each outbox's own listener takes
-		// it for a session to end, not another relay's (leftSessions).
+		// it for a session to end, not another relay's (leftSessions). The running
+		// relays' Listen calls end.
 		w.mu.Lock()
 		defer w.mu.Unlock()
 		for d, e := range w.watched {
@@ -181,40 +276,162 @@ func (w *IdleWatch) session(ctx context.Context) error {
 				g.d.left.add(pid, started)
 			}
 		}
+		if err == nil {
+			err = ctx.Err()
+		}
+		for d, e := range w.running {
+			if e.held {
+				d.left.add(pid, started)
+			}
+			e.ended <- err
+			delete(w.running, d)
+			w.unmapLocked(d)
+		}
+		for _, e := range w.leaving {
+			if e.held {
+				e.d.left.add(pid, started)
+			}
+		}
 	}()
+
+	// LISTEN and UNLISTEN by channel, counted: an outbox's relay may stop and its outbox
+	// be watched (or the other way round) before the connection let go of it.
+	listens := map[string]int{}
+	listen := func(d *Driver) error {
+		if listens[d.names.Channel]++; listens[d.names.Channel] > 1 {
+			return nil
+		}
+		if err := exec("LISTEN " + d.names.ChannelIdent); err != nil {
+			return fmt.Errorf("idle watch: listen: %w", err)
+		}
+		return nil
+	}
+	unlisten := func(d *Driver) error {
+		if listens[d.names.Channel]--; listens[d.names.Channel] > 0 {
+			return nil
+		}
+		delete(listens, d.names.Channel)
+		if err := exec("UNLISTEN " + d.names.ChannelIdent); err != nil {
+			return fmt.Errorf("idle watch: unlisten: %w", err)
+		}
+		return nil
+	}
+	release := func(d *Driver) error {
+		var ok bool
+		if err := queryRow(d.names.GateRelease(), []any{pid}, &ok); err != nil {
+			return fmt.Errorf("idle watch: let go of the gate: %w", err)
+		}
+		if !ok {
+			return errSessionMoved
+		}
+		return nil
+	}
+	// The session answers running relays' asks only once its own notification came
+	// back, which proves it is kept from one statement to the next (through PgBouncer in
+	// transaction pooling mode it is not, and a gate it took would stay with whichever
+	// server process ran the statement).
+	probe, probing, verified := pgsql.NotifyProbe(), "", false
 
 	nextCheck := time.Now().Add(w.every)
 	for {
-		// Let go of the outboxes removed or woken.
+		// Let go of the outboxes removed, woken or whose relay stopped.
 		w.mu.Lock()
-		gone := w.gone
-		w.gone = nil
+		gone, leaving, check := w.gone, w.leaving, w.check
+		w.gone, w.leaving, w.check = nil, nil, false
 		var fresh []*Driver
 		for d, e := range w.watched {
 			if !e.ready {
 				fresh = append(fresh, d)
 			}
 		}
-		w.mu.Unlock()
-		for _, g := range gone {
-			if err := exec("UNLISTEN " + g.d.names.ChannelIdent); err != nil {
-				return fmt.Errorf("idle watch: unlisten: %w", err)
-			}
-			if !g.gated {
-				continue
-			}
-			var ok bool
-			if err := queryRow(g.d.names.GateRelease(), []any{pid}, &ok); err != nil {
-				return fmt.Errorf("idle watch: let go of the gate: %w", err)
+		var starting, asking []*listenEntry
+		for _, e := range w.running {
+			switch {
+			case !e.listening:
+				starting = append(starting, e)
+			case e.asked && (verified || e.fixed != outboxdriver.GateArmed):
+				e.asked = false
+				asking = append(asking, e)
 			}
 		}
-		// Listen to the new ones and take their gates, then look for what was
-		// committed before: a writer that committed earlier notified no one.
-		var check []*Driver
+		w.mu.Unlock()
+		for _, e := range leaving {
+			if e.held {
+				if err := release(e.d); err != nil {
+					return err
+				}
+			}
+			if err := unlisten(e.d); err != nil {
+				return err
+			}
+			if probing == e.d.names.Channel && listens[probing] == 0 {
+				probing = "" // the probe may not come back: send another
+			}
+		}
+		for _, g := range gone {
+			if err := unlisten(g.d); err != nil {
+				return err
+			}
+			if g.gated {
+				if err := release(g.d); err != nil && !errors.Is(err, errSessionMoved) {
+					return err
+				}
+			}
+		}
+		if check {
+			if err := exec("SELECT 1"); err != nil {
+				return fmt.Errorf("idle watch: %w", err)
+			}
+		}
+		// Running relays: listen, then wake them for what was written before.
+		for _, e := range starting {
+			if err := listen(e.d); err != nil {
+				return err
+			}
+			var version int
+			if err := queryRow(e.d.names.SchemaVersion(), nil, &version); err != nil {
+				return fmt.Errorf("idle watch: read the schema version: %w", err)
+			}
+			e.fixed = outboxdriver.GateArmed
+			if version < pgsql.GateVersion {
+				e.fixed = outboxdriver.GateAlways
+			}
+			if !verified && probing == "" && e.fixed == outboxdriver.GateArmed {
+				if err := exec("SELECT pg_notify($1, $2)", e.d.names.Channel, probe); err != nil {
+					return fmt.Errorf("idle watch: %w", err)
+				}
+				probing = e.d.names.Channel
+			}
+			w.mu.Lock()
+			e.listening = true
+			if w.running[e.d] == e {
+				e.wake(outboxdriver.WakeWritten, 0)
+			} else { // its Listen returned meanwhile
+				w.leaving = append(w.leaving, e)
+				w.poke()
+			}
+			w.mu.Unlock()
+		}
+		for _, e := range asking {
+			state, err := w.ask(e, pid, queryRow)
+			if err != nil {
+				return err
+			}
+			w.mu.Lock()
+			w.tellLocked(e, func() {
+				if e.answer != nil {
+					e.answer(state)
+				}
+			})
+			w.mu.Unlock()
+		}
+		// Parked outboxes: listen to the new ones and take their gates, then look for
+		// what was committed before: a writer that committed earlier notified no one.
+		var checkDue []*Driver
 		again := false
 		for _, d := range fresh {
-			if err := exec("LISTEN " + d.names.ChannelIdent); err != nil {
-				return fmt.Errorf("idle watch: listen: %w", err)
+			if err := listen(d); err != nil {
+				return err
 			}
 			state, err := w.arm(d, pid, queryRow)
 			if err != nil {
@@ -231,24 +448,31 @@ func (w *IdleWatch) session(ctx context.Context) error {
 				again = true
 			case ok && state != "wake":
 				e.ready, e.gated = true, state == "armed"
-				check = append(check, d)
+				checkDue = append(checkDue, d)
 			case ok:
 				close(e.woken)
 				delete(w.watched, d)
+				w.unmapLocked(d)
 				w.gone = append(w.gone, idleGone{d, false})
 			default:
 				w.gone = append(w.gone, idleGone{d, state == "armed"})
 			}
 			w.mu.Unlock()
 		}
-		if len(check) < len(fresh) || again {
+		if len(checkDue) < len(fresh) || again {
 			w.poke() // let go of those at once, or ask again, after the check
 		}
 		if !time.Now().Before(nextCheck) {
-			check = w.all()
+			checkDue = w.all()
 			nextCheck = time.Now().Add(w.every)
+			if len(checkDue) == 0 {
+				// No parked outbox to check: the running relays rely on the connection.
+				if err := exec("SELECT 1"); err != nil {
+					return fmt.Errorf("idle watch: %w", err)
+				}
+			}
 		}
-		if err := w.checkDue(ctx, queryRow, check); err != nil {
+		if err := w.checkDue(ctx, queryRow, checkDue); err != nil {
 			return err
 		}
 
@@ -262,20 +486,102 @@ func (w *IdleWatch) session(ctx context.Context) error {
 			}
 		}()
 		n, err := conn.WaitForNotification(wctx)
+		interrupted := wctx.Err() != nil // before cancel, which ends wctx in any case
 		cancel()
 		switch {
 		case ctx.Err() != nil:
 			return ctx.Err()
-		case err != nil && wctx.Err() != nil: // the check is due, or a change: the connection is usable
+		case err != nil && interrupted && !conn.IsClosed(): // the check is due, or a change: the connection is usable
 		case err != nil:
 			return fmt.Errorf("idle watch: %w", err)
-		case n.Payload == pgsql.NotifyLeases || pgsql.IsNotifyProbe(n.Payload):
+		case n.Payload == probe:
+			verified = true
+			w.poke() // the asks that waited for it
+		case pgsql.IsNotifyProbe(n.Payload): // another relay's
 		default:
-			if d := w.byChannel(n.Channel); d != nil {
-				w.wake(d)
+			if err := w.notified(n.Channel, n.Payload, pid, release); err != nil {
+				return err
 			}
 		}
 	}
+}
+
+// errSessionMoved: a statement ran in another server process than the session's.
+var errSessionMoved = errors.New("idle watch: the watch's session moved to another server process (PgBouncer in transaction pooling mode?); " +
+	"the gates stay with the process that took them until that process ends, and writers notify meanwhile: " +
+	"give the relays a direct connection or a session-mode pool")
+
+// tellLocked calls f, which wakes or answers e's relay, if e's Listen has not
+// returned; w.mu must be held.
+func (w *IdleWatch) tellLocked(e *listenEntry, f func()) {
+	if w.running[e.d] == e {
+		f()
+	}
+}
+
+// notified handles a notification on ch: it wakes the parked outbox, or the running
+// relay, whose channel it is, and lets go of the relay's gate (it is busy again).
+func (w *IdleWatch) notified(ch, payload string, pid uint32, release func(*Driver) error) error {
+	w.mu.Lock()
+	d := w.byChan[ch]
+	e := w.running[d]
+	if e == nil || !e.listening {
+		w.mu.Unlock()
+		if d != nil && payload != pgsql.NotifyLeases {
+			w.wake(d)
+		}
+		return nil
+	}
+	if payload == pgsql.NotifyLeases {
+		e.wake(outboxdriver.WakeLeases, 0)
+		w.mu.Unlock()
+		return nil
+	}
+	e.wake(outboxdriver.WakeWritten, pgsql.NotifiedFrom(payload))
+	w.mu.Unlock()
+	if !e.held {
+		return nil
+	}
+	e.held = false
+	return release(d)
+}
+
+// ask answers a running relay's ask for the gate: from what the session knows, or by
+// taking the gate.
+func (w *IdleWatch) ask(e *listenEntry, pid uint32, queryRow func(string, []any, ...any) error) (outboxdriver.GateState, error) {
+	if e.held || e.fixed != outboxdriver.GateArmed {
+		return e.fixed, nil
+	}
+	var state string
+	if err := queryRow(e.d.names.GateArm(), []any{pid}, &state); err != nil {
+		return 0, fmt.Errorf("idle watch: take the gate: %w", err)
+	}
+	switch state {
+	case "armed":
+		e.held = true
+	case "covered":
+		// A session that held the gate for the outbox, which the server has not ended
+		// yet? It will not let go at a notification: end it, and have the relay ask
+		// again shortly.
+		ended, err := e.d.left.endHolder(queryRow, e.d.names.WakeKey)
+		if err != nil {
+			return 0, fmt.Errorf("idle watch: %w", err)
+		}
+		if ended {
+			return outboxdriver.GateBusy, nil
+		}
+		e.d.left.clear()
+		return outboxdriver.GateCovered, nil
+	case "busy":
+	default: // "moved"
+		e.fixed = outboxdriver.GateUnavailable
+		return e.fixed, nil
+	}
+	e.d.left.clear() // none of them holds the gate
+	if state == "busy" {
+		return outboxdriver.GateBusy, nil
+	}
+	return outboxdriver.GateArmed, nil
 }
 
 // arm takes d's gate on the session of pid: "armed", "covered" (another session
@@ -326,17 +632,6 @@ func (w *IdleWatch) all() []*Driver {
 		}
 	}
 	return ds
-}
-
-func (w *IdleWatch) byChannel(ch string) *Driver {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	for d := range w.watched {
-		if d.names.Channel == ch {
-			return d
-		}
-	}
-	return nil
 }
 
 // checkDue wakes those of ds that have messages due, in one statement.

@@ -3,11 +3,13 @@ package outboxpgx_test
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/testinfra/testenv"
+	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/outboxpgx"
 )
 
@@ -134,4 +136,97 @@ func TestIdleWatchLeftSessionEnded(t *testing.T) {
 	})
 	b.Write(t, outbox.Message{Topic: "t", Key: "k", Payload: []byte(`1`)})
 	testenv.AwaitChan(t, "the wake after a write", ch, func() any { return fmt.Sprintf("not woken; the gate's holder %d", b.gateHolder(t)) })
+}
+
+// TestIdleWatchRunningRelays: the watch's one session serves running relays (Listen)
+// and parked outboxes at once: each relay's gate and each parked outbox's are held by
+// that session, a write wakes its own outbox only, an outbox goes from running to
+// parked and back with its gate taken again each time, and when the session is ended
+// the relays' Listen calls return, and listen again on the next session.
+func TestIdleWatchRunningRelays(t *testing.T) {
+	t.Parallel()
+	a, p := setup(t), setup(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	w := outboxpgx.NewIdleWatch(a.Pool, time.Hour)
+	var failures atomic.Int32
+	go func() {
+		defer close(done)
+		w.Run(ctx, func(err error) { failures.Add(1) })
+	}()
+	defer func() { cancel(); <-done }()
+	msg := outbox.Message{Topic: "t", Key: "k", Payload: []byte(`1`)}
+	lis := listenFunc(func(ctx context.Context, wake func(outboxdriver.Wake, int64), gate outboxdriver.Gate) error {
+		return w.Listen(ctx, a.Driver, wake, gate)
+	})
+
+	// a runs, p is parked: one session holds both gates.
+	events, ask, stop := listenGate(t, lis)
+	if s := ask(); s != outboxdriver.GateArmed {
+		t.Fatalf("answer %d, want GateArmed", s)
+	}
+	parked := w.Add(p.Driver)
+	testenv.AwaitCond(t, "the watch to hold the parked outbox's gate", func() bool { return p.gateHolder(t) != 0 })
+	if ha, hp := a.gateHolder(t), p.gateHolder(t); ha != hp {
+		t.Fatalf("the running relay's gate is held by %d, the parked outbox's by %d: want one session", ha, hp)
+	}
+	a.Write(t, msg)
+	if e := testenv.AwaitRecv(t, "the running relay's wake-up", events); !e.wake || e.from == 0 {
+		t.Fatalf("event %+v, want a wake-up from a seq", e)
+	}
+	if woken(parked) {
+		t.Fatal("a write into the running relay's outbox woke the parked one")
+	}
+	testenv.AwaitCond(t, "the session to let go of the running relay's gate", func() bool { return a.gateHolder(t) == 0 })
+
+	// a parks (its relay stopped, its outbox watched) while p is woken and its relay
+	// runs.
+	a.Exec(t, `DELETE FROM %[1]s.outbox`)
+	stop()
+	ch := w.Add(a.Driver)
+	testenv.AwaitCond(t, "the watch to hold the parked outbox's gate", func() bool { return a.gateHolder(t) != 0 })
+	p.Write(t, msg)
+	testenv.AwaitChan(t, "the parked outbox's wake", parked, func() any { return "not woken" })
+	pEvents, pAsk, pStop := listenGate(t, listenFunc(func(ctx context.Context, wake func(outboxdriver.Wake, int64), gate outboxdriver.Gate) error {
+		return w.Listen(ctx, p.Driver, wake, gate)
+	}))
+	defer pStop()
+	p.Exec(t, `DELETE FROM %[1]s.outbox`)
+	testenv.AwaitCond(t, "p's gate to be taken", func() bool { return pAsk() == outboxdriver.GateArmed })
+	p.Write(t, msg)
+	if e := testenv.AwaitRecv(t, "p's relay's wake-up", pEvents); !e.wake || e.from == 0 {
+		t.Fatalf("event %+v, want a wake-up from a seq", e)
+	}
+	a.Write(t, msg)
+	testenv.AwaitChan(t, "a's wake while parked", ch, func() any { return "not woken" })
+
+	// The session ended: a relay's Listen returns with the error, the next Listen
+	// listens on the next session, and the parked outbox is watched there.
+	pStop()
+	a.Exec(t, `DELETE FROM %[1]s.outbox`)
+	ch = w.Add(a.Driver)
+	testenv.AwaitCond(t, "the watch to hold the parked outbox's gate", func() bool { return a.gateHolder(t) != 0 })
+	ended := make(chan error, 1)
+	woke := make(chan struct{}, 8)
+	listen := func() {
+		ended <- w.Listen(ctx, p.Driver, func(outboxdriver.Wake, int64) { woke <- struct{}{} }, outboxdriver.Gate{})
+	}
+	go listen()
+	testenv.AwaitRecv(t, "the first wake-up", woke)
+	pid := a.gateHolder(t)
+	if _, err := p.Pool.Exec(ctx, `SELECT pg_terminate_backend($1)`, pid); err != nil {
+		t.Fatal(err)
+	}
+	testenv.AwaitCond(t, "the watch to report its session's end", func() bool { return failures.Load() > 0 })
+	if err := testenv.AwaitRecv(t, "Listen to return when its session ended", ended); err == nil {
+		t.Fatal("Listen returned nil when its session ended")
+	}
+	go listen()
+	testenv.AwaitRecv(t, "the first wake-up on the next session", woke)
+	testenv.AwaitCond(t, "the next session to hold the parked outbox's gate", func() bool {
+		holder := a.gateHolder(t)
+		return holder != 0 && holder != pid
+	})
+	a.Write(t, msg)
+	testenv.AwaitChan(t, "the parked outbox's wake on the next session", ch, func() any { return "not woken" })
 }
