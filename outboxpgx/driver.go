@@ -481,7 +481,9 @@ func (s *leftSessions) clear() {
 }
 
 // endHolder ends the session that holds the gate (advisory lock key), if it is one
-// Listen closed, and says whether it did: the caller asks for the gate again.
+// Listen closed, and says whether the caller should ask for the gate again: it ended
+// that session, or the gate was let go of since the caller found it held (a session
+// ended before, and still ending then, has gone meanwhile).
 func (s *leftSessions) endHolder(queryRow func(sql string, args []any, dest ...any) error, key int64) (ended bool, err error) {
 	s.mu.Lock()
 	empty := len(s.m) == 0
@@ -497,7 +499,7 @@ func (s *leftSessions) endHolder(queryRow func(sql string, args []any, dest ...a
 		AND l.mode = 'ExclusiveLock' AND l.granted AND a.backend_start IS NOT NULL`,
 		[]any{int64(uint32(key >> 32)), int64(uint32(key))}, &pid, &started)
 	if errors.Is(err, pgx.ErrNoRows) { // it let go meanwhile
-		return false, nil
+		return true, nil
 	}
 	if err != nil {
 		return false, fmt.Errorf("look the gate's holder up: %w", err)

@@ -476,9 +476,13 @@ func (w *IdleWatch) session(ctx context.Context) (err error) {
 			return err
 		}
 
-		// Wait for a notification, the next check, or a change.
+		// Wait for a notification, the next check, or a change. The goroutine that
+		// interrupts the wait at a change is done before the next round: a change it took
+		// after the wait ended is one the next round sees, not one lost.
 		wctx, cancel := context.WithDeadline(ctx, nextCheck)
+		interrupter := make(chan struct{})
 		go func() {
+			defer close(interrupter)
 			select {
 			case <-w.changed:
 				cancel()
@@ -488,6 +492,7 @@ func (w *IdleWatch) session(ctx context.Context) (err error) {
 		n, err := conn.WaitForNotification(wctx)
 		interrupted := wctx.Err() != nil // before cancel, which ends wctx in any case
 		cancel()
+		<-interrupter
 		switch {
 		case ctx.Err() != nil:
 			return ctx.Err()
