@@ -78,22 +78,21 @@ func (r FleetResult) String() string {
 // message to arrive, the relays to find the outboxes) before it gives up.
 const fleetStall = time.Minute
 
-// RunFleet makes cfg.Outboxes outboxes, one per schema, in a database of their own on
-// the PostgreSQL server of cfg.DatabaseURL (dropped at the end), and measures, with
-// cfg.Relays processes each time:
+// RunFleet makes cfg.Outboxes outboxes, one per schema, and one more (solo), in a
+// database of their own on the PostgreSQL server of cfg.DatabaseURL (dropped at the
+// end), and measures, with cfg.Relays processes each time:
 //
-//  1. solo: one more outbox, served by relays of its own (outbox relay --schema ...),
-//     drains a backlog of cfg.Events committed in one transaction: SoloEPS, the
-//     reference;
-//  2. idle: relays serving every outbox of the database (outbox relay --config, with a
-//     schemas: rule), once they found them all, with nothing written, for cfg.Idle:
-//     IdleQPS, IdleConns, RSSMiB;
-//  3. trickle: a tenth of the outboxes get cfg.Rate events a second between them, one
-//     per transaction, for cfg.Duration: TrickleP50/P99, COMMIT returned -> the message
-//     read from the broker;
-//  4. drain: the trickle goes on while another outbox drains a backlog of cfg.Events,
-//     committed in one transaction: DrainEPS, and the trickle's DrainP50/P99 from the
-//     COMMIT until the last of the backlog arrived.
+//  1. idle: relays serving every outbox but solo (outbox relay --config, with a
+//     schemas: rule), once they found them all, with nothing written: IdleQPS,
+//     IdleConns, RSSMiB;
+//  2. trickle: a tenth of the outboxes get cfg.Rate events a second between them, one
+//     per transaction, for cfg.Duration and on through the drains: TrickleP50/P99,
+//     COMMIT returned -> the message read from the broker;
+//  3. solo drain: relays of its own (outbox relay --schema solo) drain a backlog of
+//     cfg.Events committed in one transaction into solo: SoloEPS, the reference, and
+//     the trickle's SoloP50/P99 meanwhile;
+//  4. fleet drain: the fleet's relays drain the same backlog committed into an outbox
+//     that does not trickle: DrainEPS, and the trickle's DrainP50/P99 meanwhile.
 //
 // The broker must be one the bench can read from (NATS).
 func RunFleet(ctx context.Context, cfg Config) (FleetResult, error) {
@@ -621,6 +620,10 @@ func (m *fleetMeter) start(name string, args ...string) ([]*relayProc, error) {
 // killed or did not exit cleanly.
 func (m *fleetMeter) stop(procs []*relayProc) {
 	for _, p := range procs {
+		if p.stopped {
+			continue
+		}
+		p.stopped = true
 		if killed := childproc.Stop(p.cmd, p.done, syscall.SIGTERM, time.Minute); killed {
 			m.say("relay process %s did not stop within a minute of SIGTERM: killed", p.name)
 		} else if code := p.cmd.ProcessState.ExitCode(); code != 0 {
@@ -631,10 +634,11 @@ func (m *fleetMeter) stop(procs []*relayProc) {
 
 // relayProc is one relay process of a fleet run.
 type relayProc struct {
-	name string
-	cmd  *exec.Cmd
-	log  string
-	done <-chan struct{}
+	name    string
+	cmd     *exec.Cmd
+	log     string
+	done    <-chan struct{}
+	stopped bool
 }
 
 func startRelayProc(command []string, log string, args []string) (*relayProc, error) {
