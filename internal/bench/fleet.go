@@ -162,7 +162,10 @@ func RunFleet(ctx context.Context, cfg Config) (FleetResult, error) {
 	// 1. idle
 	config := filepath.Join(dir, "fleet.yaml")
 	text := "outboxes:\n  - schemas: " + fleetSchemaPrefix + "*\n"
-	if cfg.ParkAfter != 0 {
+	switch {
+	case cfg.ParkAfter == -1:
+		text = "park-after: -1\n" + text
+	case cfg.ParkAfter != 0:
 		text = "park-after: " + cfg.ParkAfter.String() + "\n" + text
 	}
 	if err := os.WriteFile(config, []byte(text), 0o600); err != nil {
