@@ -11,10 +11,14 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/testinfra/testdb"
 	"github.com/outboxkit/outbox/internal/testinfra/testenv"
 	"github.com/outboxkit/outbox/internal/testinfra/testnats"
+	"github.com/outboxkit/outbox/internal/testinfra/testpg"
+	"github.com/outboxkit/outbox/outboxpgx"
 )
 
 // fleetRelay runs `outbox relay --config config --metrics-addr 127.0.0.1:0` against the
@@ -391,4 +395,78 @@ func TestStatusOutboxList(t *testing.T) {
 	if !strings.Contains(r.stderr, `no outbox "nope"`) {
 		t.Errorf("unknown outbox: %s", r)
 	}
+}
+
+// TestRelayFleetDatabaseRestart: a fleet's database restarts while its outboxes are
+// served, some parked and some running, all on the database's one listening session.
+// Every message written before and after reaches the broker, each from its own outbox,
+// and the parked outboxes are woken by writes after the restart (the watch's session is
+// made again).
+func TestRelayFleetDatabaseRestart(t *testing.T) {
+	t.Parallel()
+	srv := testpg.StartServer(t)
+	schemas := []string{"tenant_a", "tenant_b", "tenant_c"}
+	for _, s := range schemas {
+		must(t, 0, map[string]string{"OUTBOX_DATABASE_URL": srv.URL(), "OUTBOX_SCHEMA": s}, "migrate", "up")
+	}
+	pool := testdb.PoolAt(t, srv.URL())
+	js := testnats.JetStream(t, "")
+	stream, prefix := natsStream(t, js)
+	config := fleetConfig(t, prefix, stream, "poll-interval: 50ms\npark-after: 1s\nparked-poll-interval: 1s\n",
+		fmt.Sprintf("  - schemas: tenant_*\n    database-url: %s\n", srv.URL()))
+	log, _ := fleetRelay(t, config)
+
+	writers := map[string]*outbox.Writer[pgx.Tx]{}
+	for _, s := range schemas {
+		drv, err := outboxpgx.New(pool, outboxpgx.Config{Schema: s})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if writers[s], err = outbox.NewWriter(drv, outbox.WriterConfig{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// write writes n messages into each of outboxes, its schema as their topic, once the
+	// database takes them.
+	sent := map[string]int{}
+	write := func(n int, outboxes ...string) {
+		t.Helper()
+		for _, s := range outboxes {
+			for range n {
+				msg := outbox.Message{Topic: s, Key: "k", Payload: fmt.Appendf(nil, "%s-%d", s, sent[s])}
+				testenv.Await(t, "a write into "+s, func() (any, bool) {
+					ctx, cancel := testenv.CallContext()
+					defer cancel()
+					err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return writers[s].Write(ctx, tx, msg) })
+					return err, err == nil
+				})
+				sent[s]++
+			}
+		}
+	}
+	check := func(n int) {
+		t.Helper()
+		got := streamMessages(t, js, stream, n)
+		seen := map[string]bool{}
+		for _, m := range got {
+			schema, _, _ := strings.Cut(string(m.Data), "-")
+			if m.Subject != prefix+schema {
+				t.Errorf("message %q of %s reached %s", m.Data, schema, m.Subject)
+			}
+			seen[string(m.Data)] = true
+		}
+		if len(seen) != n {
+			t.Fatalf("%d distinct messages in the stream, want %d", len(seen), n)
+		}
+	}
+
+	write(5, schemas...)
+	check(15)
+	testenv.AwaitCond(t, "an outbox parked after --park-after", func() bool {
+		return strings.Contains(log.String(), "outbox idle: relay parked")
+	})
+	write(5, "tenant_a") // running at the restart, the others parked or parking
+	srv.Restart(testpg.Fast)
+	write(5, schemas...)
+	check(35)
 }
