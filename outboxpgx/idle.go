@@ -92,6 +92,9 @@ func NewIdleWatch(pool *pgxpool.Pool, every time.Duration) *IdleWatch {
 // (Add) meanwhile. It returns when ctx ends, or with the error that ended the
 // connection: the relay polls until it listens again.
 func (w *IdleWatch) Listen(ctx context.Context, d *Driver, wake func(outboxdriver.Wake, int64), gate outboxdriver.Gate) error {
+	if err := d.needPool(); err != nil {
+		return err
+	}
 	e := &listenEntry{d: d, wake: wake, answer: gate.Answer, ended: make(chan error, 1)}
 	w.mu.Lock()
 	if _, dup := w.running[d]; dup {
@@ -258,39 +261,28 @@ func (w *IdleWatch) session(ctx context.Context) (err error) {
 	}
 	w.gone, w.leaving, w.check = nil, nil, false // the new session holds nothing of theirs
 	w.mu.Unlock()
+	asked := map[*Driver]bool{} // every outbox whose gate the session was asked to take
 	defer func() {
 		// The server may keep the session, and the gates it holds, a while (or until
 		// TCP keepalive, when the network went silent): each outbox's own listener takes
-		// it for a session to end, not another relay's (leftSessions). The running
-		// relays' Listen calls end.
+		// it for a session to end, not another relay's (leftSessions). Every outbox whose
+		// gate was asked for is told, whether or not the answer came back: one lost with
+		// the connection may have taken it. The running relays' Listen calls end.
 		w.mu.Lock()
 		defer w.mu.Unlock()
-		for d, e := range w.watched {
-			if e.gated {
-				d.left.add(pid, started)
-			}
-			e.ready, e.gated = false, false
+		for d := range asked {
+			d.left.add(pid, started)
 		}
-		for _, g := range w.gone {
-			if g.gated {
-				g.d.left.add(pid, started)
-			}
+		for _, e := range w.watched {
+			e.ready, e.gated = false, false
 		}
 		if err == nil {
 			err = ctx.Err()
 		}
 		for d, e := range w.running {
-			if e.held {
-				d.left.add(pid, started)
-			}
 			e.ended <- err
 			delete(w.running, d)
 			w.unmapLocked(d)
-		}
-		for _, e := range w.leaving {
-			if e.held {
-				e.d.left.add(pid, started)
-			}
 		}
 	}()
 
@@ -390,7 +382,22 @@ func (w *IdleWatch) session(ctx context.Context) (err error) {
 			}
 			var version int
 			if err := queryRow(e.d.names.SchemaVersion(), nil, &version); err != nil {
-				return fmt.Errorf("idle watch: read the schema version: %w", err)
+				if conn.IsClosed() || pgsql.SQLState(err) == "" {
+					return fmt.Errorf("idle watch: read the schema version: %w", err)
+				}
+				// This outbox's tables cannot be read (dropped, not granted): its Listen
+				// ends with the error, as on a session of its own; the others' go on.
+				if err := unlisten(e.d); err != nil {
+					return err
+				}
+				w.mu.Lock()
+				if w.running[e.d] == e {
+					e.ended <- fmt.Errorf("listen: read the schema version: %w", err)
+					delete(w.running, e.d)
+					w.unmapLocked(e.d)
+				}
+				w.mu.Unlock()
+				continue
 			}
 			e.fixed = outboxdriver.GateArmed
 			if version < pgsql.GateVersion {
@@ -413,6 +420,7 @@ func (w *IdleWatch) session(ctx context.Context) (err error) {
 			w.mu.Unlock()
 		}
 		for _, e := range asking {
+			asked[e.d] = true
 			state, err := w.ask(e, pid, queryRow)
 			if err != nil {
 				return err
@@ -433,6 +441,7 @@ func (w *IdleWatch) session(ctx context.Context) (err error) {
 			if err := listen(d); err != nil {
 				return err
 			}
+			asked[d] = true
 			state, err := w.arm(d, pid, queryRow)
 			if err != nil {
 				return err

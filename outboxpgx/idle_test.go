@@ -230,3 +230,38 @@ func TestIdleWatchRunningRelays(t *testing.T) {
 	a.Write(t, msg)
 	testenv.AwaitChan(t, "the parked outbox's wake on the next session", ch, func() any { return "not woken" })
 }
+
+// TestIdleWatchListenUnreadableOutbox: a relay whose outbox's tables cannot be read (its
+// schema dropped) listens on the watch's session: its Listen returns the error, as on a
+// session of its own, and the session goes on for the others: a parked outbox is still
+// woken by a write.
+func TestIdleWatchListenUnreadableOutbox(t *testing.T) {
+	t.Parallel()
+	p := setup(t)
+	gone, err := outboxpgx.New(p.Pool, outboxpgx.Config{Schema: p.Schema + "_gone"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	w := outboxpgx.NewIdleWatch(p.Pool, time.Hour)
+	var failures atomic.Int32
+	go func() {
+		defer close(done)
+		w.Run(ctx, func(err error) { failures.Add(1); t.Logf("idle watch: %v", err) })
+	}()
+	defer func() { cancel(); <-done }()
+
+	parked := w.Add(p.Driver)
+	testenv.AwaitCond(t, "the watch to hold the parked outbox's gate", func() bool { return p.gateHolder(t) != 0 })
+	ended := make(chan error, 1)
+	go func() { ended <- w.Listen(ctx, gone, func(outboxdriver.Wake, int64) {}, outboxdriver.Gate{}) }()
+	if err := testenv.AwaitRecv(t, "Listen on an unreadable outbox to return", ended); err == nil || ctx.Err() != nil {
+		t.Fatalf("Listen returned %v, want the error reading its outbox", err)
+	}
+	p.Write(t, outbox.Message{Topic: "t", Key: "k", Payload: []byte(`1`)})
+	testenv.AwaitChan(t, "the parked outbox's wake", parked, func() any { return "not woken" })
+	if n := failures.Load(); n != 0 {
+		t.Errorf("the watch's session failed %d times for one unreadable outbox", n)
+	}
+}
