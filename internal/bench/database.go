@@ -103,6 +103,9 @@ const mysqlNaiveDDL = "CREATE TABLE IF NOT EXISTS " + naiveTable + ` (
 	UNIQUE KEY outbox_events_dedup_key (dedup_key)
 ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4`
 
+// localPostgres is the database a PostgreSQL run uses without Config.DatabaseURL.
+const localPostgres = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+
 // Databases a run can use (Config.DB).
 const (
 	DBPostgres = "postgres"
@@ -113,7 +116,7 @@ const (
 func openDatabase(ctx context.Context, cfg Config, tag string) (database, error) {
 	switch cfg.DB {
 	case DBPostgres:
-		return openPostgres(ctx, cmp.Or(cfg.DatabaseURL, "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"), tag, cfg.SchemaVersion, cfg.RotateRows)
+		return openPostgres(ctx, cmp.Or(cfg.DatabaseURL, localPostgres), tag, cfg.SchemaVersion, cfg.RotateRows)
 	case DBSQLite:
 		return openSQLite(ctx, tag)
 	case DBMySQL:

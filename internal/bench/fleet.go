@@ -127,7 +127,7 @@ func RunFleet(ctx context.Context, cfg Config) (FleetResult, error) {
 	}
 	defer dropDest()
 
-	fdb, err := createFleetDB(ctx, cmp.Or(cfg.DatabaseURL, "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"), "outbox_bench_"+tag, say)
+	fdb, err := createFleetDB(ctx, cmp.Or(cfg.DatabaseURL, localPostgres), "outbox_bench_"+tag, say)
 	if err != nil {
 		return res, err
 	}
