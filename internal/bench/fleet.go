@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net/url"
 	"os"
 	"os/exec"
@@ -515,13 +516,14 @@ func (m *fleetMeter) served(ctx context.Context, procs []*relayProc) error {
 }
 
 // idle counts the database's transactions with nothing written, over windows of
-// cfg.Idle until the rate stops falling by more than a fifth (at most six): right
-// after they found the outboxes the relays still check each one, which is not what an
-// idle fleet costs. It reports the last window.
+// cfg.Idle until the rate settles (it changes by at most a fifth, or one a second, from
+// one window to the next; at most twelve windows): right after they found the outboxes
+// the relays still check each one, and several processes settle who holds what, which
+// is not what an idle fleet costs. It reports the last window.
 func (m *fleetMeter) idle(ctx context.Context, procs []*relayProc, res *FleetResult) error {
 	n := float64(len(procs))
 	prev := -1.0
-	for range 6 {
+	for range 12 {
 		x0, _, err := m.db.xacts(ctx)
 		if err != nil {
 			return err
@@ -537,7 +539,7 @@ func (m *fleetMeter) idle(ctx context.Context, procs []*relayProc, res *FleetRes
 		res.IdleQPS = float64(x1-x0) / time.Since(start).Seconds() / n
 		res.IdleConns = float64(sessions) / n
 		m.say("idle: %.1f transactions/s per process over %s", res.IdleQPS, m.cfg.Idle)
-		if prev >= 0 && res.IdleQPS >= 0.8*prev {
+		if prev >= 0 && math.Abs(res.IdleQPS-prev) <= max(0.2*prev, 1) {
 			break
 		}
 		prev = res.IdleQPS
