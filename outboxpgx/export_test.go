@@ -21,3 +21,6 @@ func StallCounts(d *Driver) (judged, unsent int) {
 	defer d.stalls.mu.Unlock()
 	return d.stalls.judged, d.stalls.unsent
 }
+
+// SetDueChunk makes w look at n outboxes per statement when it looks for messages due.
+func SetDueChunk(w *IdleWatch, n int) { w.chunk = n }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -41,6 +42,7 @@ type IdleWatch struct {
 	pool   *pgxpool.Pool
 	every  time.Duration
 	stalls *stallWatch
+	chunk  int // dueChunk, or less in a test
 
 	mu      sync.Mutex
 	watched map[*Driver]*idleEntry
@@ -82,7 +84,7 @@ type idleEntry struct {
 // NewIdleWatch returns a watch over pool's outboxes that looks for messages due every
 // every (at least a second).
 func NewIdleWatch(pool *pgxpool.Pool, every time.Duration) *IdleWatch {
-	return &IdleWatch{pool: pool, every: max(every, time.Second), stalls: newStallWatch(pool),
+	return &IdleWatch{pool: pool, every: max(every, time.Second), stalls: newStallWatch(pool), chunk: dueChunk,
 		watched: map[*Driver]*idleEntry{}, changed: make(chan struct{}, 1),
 		running: map[*Driver]*listenEntry{}, byChan: map[string]*Driver{}}
 }
@@ -481,7 +483,7 @@ func (w *IdleWatch) session(ctx context.Context) (err error) {
 				}
 			}
 		}
-		if err := w.checkDue(ctx, queryRow, checkDue); err != nil {
+		if err := w.checkDue(queryRow, checkDue); err != nil {
 			return err
 		}
 
@@ -648,11 +650,25 @@ func (w *IdleWatch) all() []*Driver {
 	return ds
 }
 
-// checkDue wakes those of ds that have messages due, in one statement.
-func (w *IdleWatch) checkDue(ctx context.Context, queryRow func(string, []any, ...any) error, ds []*Driver) error {
-	if len(ds) == 0 {
-		return nil
+// dueChunk bounds the outboxes one statement of checkDue looks at. The statement locks
+// every table it reads until it ends (a few per outbox: the pending ring's buckets and
+// the rest), and the server's lock table is shared and small (max_locks_per_transaction
+// times max_connections, 6,400 by default): a thousand outboxes in one statement took
+// 8,000 locks, and other sessions' statements failed meanwhile with "out of shared
+// memory".
+const dueChunk = 100
+
+// checkDue wakes those of ds that have messages due, in one statement per w.chunk.
+func (w *IdleWatch) checkDue(queryRow func(string, []any, ...any) error, ds []*Driver) error {
+	for chunk := range slices.Chunk(ds, w.chunk) {
+		if err := w.checkDueChunk(queryRow, chunk); err != nil {
+			return err
+		}
 	}
+	return nil
+}
+
+func (w *IdleWatch) checkDueChunk(queryRow func(string, []any, ...any) error, ds []*Driver) error {
 	parts := make([]string, len(ds))
 	for i, d := range ds {
 		parts[i] = fmt.Sprintf("CASE WHEN %s THEN %d END", d.names.AnyDue(), i)

@@ -265,3 +265,33 @@ func TestIdleWatchListenUnreadableOutbox(t *testing.T) {
 		t.Errorf("the watch's session failed %d times for one unreadable outbox", n)
 	}
 }
+
+// TestIdleWatchDueChunks: the periodic look for messages due goes over the parked
+// outboxes a few per statement (the statement locks every table it reads); one in a
+// later statement than the first is woken as well.
+func TestIdleWatchDueChunks(t *testing.T) {
+	t.Parallel()
+	bs := []*testBundle{setup(t), setup(t), setup(t)}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	w := outboxpgx.NewIdleWatch(bs[0].Pool, time.Second)
+	outboxpgx.SetDueChunk(w, 1)
+	go func() {
+		defer close(done)
+		w.Run(ctx, func(err error) { t.Errorf("idle watch: %v", err) })
+	}()
+	defer func() { cancel(); <-done }()
+	// Delayed messages written before the watch held the gates notified no one: the
+	// periodic look finds them once they are due.
+	for _, b := range bs {
+		delayed := outbox.Message{Topic: "t", Key: "k", Payload: []byte(`1`), DeliverAt: time.Now().Add(1500 * time.Millisecond)}
+		b.Write(t, delayed)
+	}
+	var chans []<-chan struct{}
+	for _, b := range bs {
+		chans = append(chans, w.Add(b.Driver))
+	}
+	for i, ch := range chans {
+		testenv.AwaitChan(t, fmt.Sprintf("outbox %d woken when its delayed message is due", i), ch, func() any { return "not woken" })
+	}
+}

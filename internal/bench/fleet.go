@@ -560,7 +560,8 @@ func (m *fleetMeter) idle(ctx context.Context, procs []*relayProc, res *FleetRes
 type fleetTrickle struct {
 	cancel context.CancelFunc
 	done   chan struct{}
-	err    atomic.Value
+	mu     sync.Mutex
+	err    error // the first write that failed
 }
 
 // trickle writes cfg.Rate timed messages a second into outboxes, round robin, each in
@@ -588,7 +589,9 @@ func (m *fleetMeter) trickle(ctx context.Context, outboxes []*fleetOutbox) *flee
 				defer func() { <-sem }()
 				o := outboxes[i%len(outboxes)]
 				if err := m.writeTracked(ctx, o, "trickle-"+strconv.Itoa(i/len(outboxes)%m.cfg.Keys)); err != nil && ctx.Err() == nil {
-					t.err.CompareAndSwap(nil, err)
+					t.mu.Lock()
+					t.err = cmp.Or(t.err, err)
+					t.mu.Unlock()
 				}
 			})
 		}
@@ -599,7 +602,9 @@ func (m *fleetMeter) trickle(ctx context.Context, outboxes []*fleetOutbox) *flee
 func (t *fleetTrickle) stop() error {
 	t.cancel()
 	<-t.done
-	if err, ok := t.err.Load().(error); ok {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if err := t.err; err != nil {
 		return fmt.Errorf("bench: trickle: %w", err)
 	}
 	return nil
