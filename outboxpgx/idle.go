@@ -23,8 +23,8 @@ import (
 // From one connection for every outbox of its pool, the watch listens on each outbox's
 // channel and holds each one's gate (schema version 7), so that writers notify; a
 // notification wakes its outbox. A writer between its insert and its commit when the
-// watch asks for the gate wakes it too. And every interval, in one statement for all of
-// them, it looks for messages due (delayed, retried, or committed while no one held the
+// watch asks for the gate wakes it too. And every interval, in one statement per
+// hundred of them, it looks for messages due (delayed, retried, or committed while no one held the
 // gate): correctness never rests on a notification. Adding an outbox makes the same
 // check for it once it listens and holds the gate, so that messages committed before
 // that are found.
