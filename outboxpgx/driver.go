@@ -392,36 +392,17 @@ func (d *Driver) Listen(ctx context.Context, wake func(outboxdriver.Wake, int64)
 		case asked && (held || answer != outboxdriver.GateArmed):
 			gate.Answer(answer)
 		case asked:
-			var state string
-			if err := queryRow(d.names.GateArm(), []any{pid}, &state); err != nil {
-				return fmt.Errorf("listen: take the gate: %w", err)
+			state, err := d.takeGate(queryRow, pid)
+			if err != nil {
+				return fmt.Errorf("listen: %w", err)
 			}
 			switch state {
-			case "armed":
+			case outboxdriver.GateArmed:
 				held = true
-				gate.Answer(outboxdriver.GateArmed)
-			case "covered":
-				// A session this driver's Listen closed may still hold the gate, if the
-				// server has not heard of the close (the network was silent), or has not
-				// ended the session yet. It will not let go at a notification: end it,
-				// and have the relay ask again shortly.
-				ended, err := d.left.endHolder(queryRow, d.names.WakeKey)
-				if err != nil {
-					return fmt.Errorf("listen: %w", err)
-				}
-				if !ended {
-					gate.Answer(outboxdriver.GateCovered)
-					break
-				}
-				gate.Answer(outboxdriver.GateBusy)
-				continue
-			case "busy":
-				gate.Answer(outboxdriver.GateBusy)
-			default: // "moved"
-				answer = outboxdriver.GateUnavailable
-				gate.Answer(answer)
+			case outboxdriver.GateUnavailable:
+				answer = state
 			}
-			d.left.clear() // none of them holds the gate
+			gate.Answer(state)
 		case pgsql.IsNotifyProbe(n.Payload): // ours, answered above, or another relay's
 		case n.Payload == pgsql.NotifyLeases:
 			wake(outboxdriver.WakeLeases, 0)
@@ -443,6 +424,42 @@ func (d *Driver) Listen(ctx context.Context, wake func(outboxdriver.Wake, int64)
 			held = false
 		}
 	}
+}
+
+// takeGate asks for the outbox's gate on the listening session of pid, and says what a
+// relay's ask gets: GateArmed (the session holds it now), GateCovered (another relay's
+// session holds it), GateBusy (writers are between their insert and their commit, or a
+// session this driver's listener closed held it and was ended: ask again shortly) or
+// GateUnavailable (the statement ran in another server process than the session's).
+func (d *Driver) takeGate(queryRow func(sql string, args []any, dest ...any) error, pid uint32) (outboxdriver.GateState, error) {
+	var state string
+	if err := queryRow(d.names.GateArm(), []any{pid}, &state); err != nil {
+		return 0, fmt.Errorf("take the gate: %w", err)
+	}
+	var answer outboxdriver.GateState
+	switch state {
+	case "armed":
+		answer = outboxdriver.GateArmed
+	case "covered":
+		// A session this driver's listener closed may still hold the gate, if the
+		// server has not heard of the close (the network was silent), or has not ended
+		// the session yet. It will not let go at a notification: end it, and have the
+		// relay ask again shortly.
+		ended, err := d.left.endHolder(queryRow, d.names.WakeKey)
+		if err != nil {
+			return 0, err
+		}
+		if ended {
+			return outboxdriver.GateBusy, nil
+		}
+		answer = outboxdriver.GateCovered
+	case "busy":
+		answer = outboxdriver.GateBusy
+	default: // "moved"
+		answer = outboxdriver.GateUnavailable
+	}
+	d.left.clear() // none of them holds the gate
+	return answer, nil
 }
 
 // leftSessions are the listening sessions Listen has closed, by process ID, with the

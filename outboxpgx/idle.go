@@ -568,36 +568,17 @@ func (w *IdleWatch) ask(e *listenEntry, pid uint32, queryRow func(string, []any,
 	if e.held || e.fixed != outboxdriver.GateArmed {
 		return e.fixed, nil
 	}
-	var state string
-	if err := queryRow(e.d.names.GateArm(), []any{pid}, &state); err != nil {
-		return 0, fmt.Errorf("idle watch: take the gate: %w", err)
+	state, err := e.d.takeGate(queryRow, pid)
+	if err != nil {
+		return 0, fmt.Errorf("idle watch: %w", err)
 	}
 	switch state {
-	case "armed":
+	case outboxdriver.GateArmed:
 		e.held = true
-	case "covered":
-		// A session that held the gate for the outbox, which the server has not ended
-		// yet? It will not let go at a notification: end it, and have the relay ask
-		// again shortly.
-		ended, err := e.d.left.endHolder(queryRow, e.d.names.WakeKey)
-		if err != nil {
-			return 0, fmt.Errorf("idle watch: %w", err)
-		}
-		if ended {
-			return outboxdriver.GateBusy, nil
-		}
-		e.d.left.clear()
-		return outboxdriver.GateCovered, nil
-	case "busy":
-	default: // "moved"
-		e.fixed = outboxdriver.GateUnavailable
-		return e.fixed, nil
+	case outboxdriver.GateUnavailable:
+		e.fixed = state
 	}
-	e.d.left.clear() // none of them holds the gate
-	if state == "busy" {
-		return outboxdriver.GateBusy, nil
-	}
-	return outboxdriver.GateArmed, nil
+	return state, nil
 }
 
 // arm takes d's gate on the session of pid: "armed", "covered" (another session
