@@ -69,13 +69,7 @@ func (b *testBundle) gateListener(t *testing.T, shared bool) (events chan gateEv
 func watchListener(t *testing.T, pool *pgxpool.Pool, drv *outboxpgx.Driver) outboxdriver.Listener {
 	t.Helper()
 	w := outboxpgx.NewIdleWatch(pool, time.Hour)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		w.Run(ctx, func(err error) { t.Logf("idle watch: %v", err) })
-	}()
-	t.Cleanup(func() { cancel(); <-done })
+	runWatch(t, w, func(err error) { t.Logf("idle watch: %v", err) })
 	return listenFunc(func(ctx context.Context, wake func(outboxdriver.Wake, int64), gate outboxdriver.Gate) error {
 		return w.Listen(ctx, drv, wake, gate)
 	})

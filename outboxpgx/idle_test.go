@@ -25,6 +25,17 @@ func (b *testBundle) gateHolder(t *testing.T) int32 {
 	return pid
 }
 
+// runWatch runs w until the test ends, telling report of each failure of its session.
+func runWatch(t *testing.T, w *outboxpgx.IdleWatch, report func(error)) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		w.Run(ctx, report)
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+}
+
 func woken(ch <-chan struct{}) bool {
 	select {
 	case <-ch:
@@ -42,14 +53,9 @@ func woken(ch <-chan struct{}) bool {
 func TestIdleWatch(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
+	ctx := context.Background()
 	w := outboxpgx.NewIdleWatch(b.Pool, time.Second)
-	go func() {
-		defer close(done)
-		w.Run(ctx, func(err error) { t.Errorf("idle watch: %v", err) })
-	}()
-	defer func() { cancel(); <-done }()
+	runWatch(t, w, func(err error) { t.Errorf("idle watch: %v", err) })
 	msg := func(key string) outbox.Message { return outbox.Message{Topic: "t", Key: key, Payload: []byte(`1`)} }
 
 	// Nothing due: it waits, holding the gate.
@@ -120,14 +126,8 @@ func TestIdleWatchLeftSessionEnded(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	drv, left := b.leftListener(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
 	w := outboxpgx.NewIdleWatch(b.Pool, time.Hour)
-	go func() {
-		defer close(done)
-		w.Run(ctx, func(err error) { t.Errorf("idle watch: %v", err) })
-	}()
-	defer func() { cancel(); <-done }()
+	runWatch(t, w, func(err error) { t.Errorf("idle watch: %v", err) })
 
 	ch := w.Add(drv)
 	testenv.AwaitCond(t, "the watch to hold the gate", func() bool {
@@ -146,15 +146,10 @@ func TestIdleWatchLeftSessionEnded(t *testing.T) {
 func TestIdleWatchRunningRelays(t *testing.T) {
 	t.Parallel()
 	a, p := setup(t), setup(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
+	ctx := t.Context()
 	w := outboxpgx.NewIdleWatch(a.Pool, time.Hour)
 	var failures atomic.Int32
-	go func() {
-		defer close(done)
-		w.Run(ctx, func(err error) { failures.Add(1) })
-	}()
-	defer func() { cancel(); <-done }()
+	runWatch(t, w, func(err error) { failures.Add(1) })
 	msg := outbox.Message{Topic: "t", Key: "k", Payload: []byte(`1`)}
 	lis := listenFunc(func(ctx context.Context, wake func(outboxdriver.Wake, int64), gate outboxdriver.Gate) error {
 		return w.Listen(ctx, a.Driver, wake, gate)
@@ -242,15 +237,10 @@ func TestIdleWatchListenUnreadableOutbox(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
+	ctx := t.Context()
 	w := outboxpgx.NewIdleWatch(p.Pool, time.Hour)
 	var failures atomic.Int32
-	go func() {
-		defer close(done)
-		w.Run(ctx, func(err error) { failures.Add(1); t.Logf("idle watch: %v", err) })
-	}()
-	defer func() { cancel(); <-done }()
+	runWatch(t, w, func(err error) { failures.Add(1); t.Logf("idle watch: %v", err) })
 
 	parked := w.Add(p.Driver)
 	testenv.AwaitCond(t, "the watch to hold the parked outbox's gate", func() bool { return p.gateHolder(t) != 0 })
@@ -272,15 +262,9 @@ func TestIdleWatchListenUnreadableOutbox(t *testing.T) {
 func TestIdleWatchDueChunks(t *testing.T) {
 	t.Parallel()
 	bs := []*testBundle{setup(t), setup(t), setup(t)}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
 	w := outboxpgx.NewIdleWatch(bs[0].Pool, time.Second)
 	outboxpgx.SetDueChunk(w, 1)
-	go func() {
-		defer close(done)
-		w.Run(ctx, func(err error) { t.Errorf("idle watch: %v", err) })
-	}()
-	defer func() { cancel(); <-done }()
+	runWatch(t, w, func(err error) { t.Errorf("idle watch: %v", err) })
 	// Delayed messages written before the watch held the gates notified no one: the
 	// periodic look finds them once they are due.
 	for _, b := range bs {

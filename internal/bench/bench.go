@@ -202,12 +202,6 @@ func (r Result) String() string {
 			line += fmt.Sprintf(" naive_commit_p50_ms=%s naive_commit_p99_ms=%s", ms(w.NaiveCommitP50), ms(w.NaiveCommitP99))
 		}
 	}
-	div := func(a, b float64) float64 {
-		if b == 0 {
-			return 0
-		}
-		return a / b
-	}
 	if p := r.Pinned; p != nil {
 		line += fmt.Sprintf(" pinned_eps=%.0f pinned_raw_eps=%.0f pinned_ratio=%.2f pinned_p50_ms=%s pinned_p95_ms=%s pinned_p99_ms=%s pinned_eps_x=%.2f pinned_p99_x=%.2f",
 			p.EPS, p.RawEPS, p.Ratio, ms(p.P50), ms(p.P95), ms(p.P99), div(p.EPS, r.EPS), div(float64(p.P99), float64(r.P99)))
@@ -223,6 +217,14 @@ func (r Result) String() string {
 		}
 	}
 	return line
+}
+
+// div is a / b, and 0 when b is: a ratio of the line whose reference was not measured.
+func div(a, b float64) float64 {
+	if b == 0 {
+		return 0
+	}
+	return a / b
 }
 
 // msText writes d in milliseconds with two decimals, as the line's *_ms keys are.
@@ -925,8 +927,7 @@ func writeBacklog(ctx context.Context, db database, cfg Config, payload []byte, 
 				to := min(from+per, cfg.Events)
 				msgs := make([]outbox.Message, 0, to-from)
 				for i := from; i < to; i++ {
-					msgs = append(msgs, outbox.Message{Topic: "orders", Key: "k" + strconv.Itoa(i%cfg.Keys), EventType: "order.placed",
-						Payload: payload, ContentType: "application/octet-stream"})
+					msgs = append(msgs, backlogMessage("orders", i, cfg.Keys, payload))
 				}
 				err := db.write(ctx, msgs)
 				if err != nil {
@@ -942,6 +943,12 @@ func writeBacklog(ctx context.Context, db database, cfg Config, payload []byte, 
 	wg.Wait()
 	close(errs)
 	return <-errs
+}
+
+// backlogMessage is the i-th message of a backlog over keys keys, untimed.
+func backlogMessage(topic string, i, keys int, payload []byte) outbox.Message {
+	return outbox.Message{Topic: topic, Key: "k" + strconv.Itoa(i%keys), EventType: "order.placed",
+		Payload: payload, ContentType: "application/octet-stream"}
 }
 
 // confirmLog records when each message was confirmed by the broker.

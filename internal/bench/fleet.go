@@ -59,12 +59,6 @@ type FleetResult struct {
 
 // String is the one-line summary, `bench: key=value ...`.
 func (r FleetResult) String() string {
-	div := func(a, b float64) float64 {
-		if b == 0 {
-			return 0
-		}
-		return a / b
-	}
 	return fmt.Sprintf("bench: outboxes=%d processes=%d idle_qps=%.1f idle_conns=%.0f rss_mib=%.0f peak_rss_mib=%.0f"+
 		" events=%d drain_eps=%.0f solo_eps=%.0f drain_x=%.2f"+
 		" trickle_outboxes=%d rate=%d trickle_p50_ms=%s trickle_p99_ms=%s solo_trickle_p50_ms=%s solo_trickle_p99_ms=%s"+
@@ -465,8 +459,7 @@ func (m *fleetMeter) latencies(w window) []time.Duration {
 func (m *fleetMeter) backlogMsgs() []outbox.Message {
 	msgs := make([]outbox.Message, m.cfg.Events)
 	for i := range msgs {
-		msgs[i] = outbox.Message{Topic: topicBacklog, Key: "k" + strconv.Itoa(i%m.cfg.Keys), EventType: "order.placed",
-			Payload: m.payload, ContentType: "application/octet-stream"}
+		msgs[i] = backlogMessage(topicBacklog, i, m.cfg.Keys, m.payload)
 	}
 	return msgs
 }
