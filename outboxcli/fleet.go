@@ -23,6 +23,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/broken"
 	"github.com/outboxkit/outbox/internal/brokers"
 	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/outboxpgx"
@@ -678,7 +679,11 @@ func (f *fleet) runOne(ctx context.Context, m *fleetMember, log *slog.Logger) er
 	var parking atomic.Bool
 	cfg.Observer = parkable{outbox.MultiObserver(observers...), &parking}
 	cfg.ID = cmp.Or(cfg.ID, f.relayID)
-	relay, err := outbox.NewRelay(leases.store(), f.brokers[o.broker.route].Publisher, cfg)
+	pub := f.brokers[o.broker.route].Publisher
+	if broken.Has(broken.FleetOneRoute) { // canary: every outbox publishes with one route
+		pub = f.brokers[sortedKeys(f.brokers)[0]].Publisher
+	}
+	relay, err := outbox.NewRelay(leases.store(), pub, cfg)
 	if err != nil {
 		return relayConfigError(err)
 	}

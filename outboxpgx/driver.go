@@ -101,7 +101,7 @@ func New(pool *pgxpool.Pool, config Config) (*Driver, error) {
 		completeSQL:    names.Complete(),
 	}
 	if pool != nil {
-		d.stalls = newStallWatch(pool)
+		d.stalls = stallWatchOf(pool)
 	}
 	d.shared = pgsql.NewDB(names, d.needPool, pgxq.Querier{DB: pool}, d.inTx, d.inSnapshot)
 	return d, nil

@@ -84,7 +84,7 @@ type idleEntry struct {
 // NewIdleWatch returns a watch over pool's outboxes that looks for messages due every
 // every (at least a second).
 func NewIdleWatch(pool *pgxpool.Pool, every time.Duration) *IdleWatch {
-	return &IdleWatch{pool: pool, every: max(every, time.Second), stalls: newStallWatch(pool), chunk: dueChunk,
+	return &IdleWatch{pool: pool, every: max(every, time.Second), stalls: stallWatchOf(pool), chunk: dueChunk,
 		watched: map[*Driver]*idleEntry{}, changed: make(chan struct{}, 1),
 		running: map[*Driver]*listenEntry{}, byChan: map[string]*Driver{}}
 }

@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"net"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
 	"time"
+	"weak"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -76,6 +78,12 @@ const (
 	// answers, and the first sent after the network is back gives the verdict.
 	probeEvery   = 100 * time.Millisecond
 	probeOverlap = 50 * time.Millisecond
+	// After probes that failed in a row (no connection, or no answer in probeTimeout),
+	// the next one waits probeOverlap doubled for each, up to probeBackoffMax: a server
+	// too loaded to take a connection within probeTimeout is not sent twenty new ones a
+	// second by every pool, which would keep it loaded (each connection is a process to
+	// start). A network that comes back after a long outage is probed within this.
+	probeBackoffMax = time.Second
 	probeTimeout = 500 * time.Millisecond // a probe's connect and query
 	// probeLost is how much longer than a later probe took an earlier one must be out
 	// for the watch to take it for lost: the network dropped it, so statements sent
@@ -93,7 +101,8 @@ var errSilent = errors.New("the database connection stopped answering")
 // stallWatch follows the statements onConn runs. Its goroutine runs while statements
 // are out and stops when none is.
 type stallWatch struct {
-	pool *pgxpool.Pool
+	pool weak.Pointer[pgxpool.Pool] // weak: the watches registry must not keep a pool alive
+	conn *pgx.ConnConfig            // the pool's, for the probes' own connections
 
 	mu      sync.Mutex
 	out     map[*tracked]struct{}
@@ -133,8 +142,38 @@ type session struct {
 	age         time.Duration // since the session started
 }
 
+// watches holds the stall watch of each pool, which every driver and idle watch of the
+// pool shares: a process serving many outboxes on one pool probes the server for all of
+// their statements at once, with at most maxProbes connections, not maxProbes per outbox.
+// A pool's entry goes when the pool is collected.
+var watches struct {
+	mu sync.Mutex
+	m  map[weak.Pointer[pgxpool.Pool]]*stallWatch
+}
+
+// stallWatchOf returns pool's stall watch, made on first use.
+func stallWatchOf(pool *pgxpool.Pool) *stallWatch {
+	key := weak.Make(pool)
+	watches.mu.Lock()
+	defer watches.mu.Unlock()
+	if w := watches.m[key]; w != nil {
+		return w
+	}
+	if watches.m == nil {
+		watches.m = map[weak.Pointer[pgxpool.Pool]]*stallWatch{}
+	}
+	w := newStallWatch(pool)
+	watches.m[key] = w
+	runtime.AddCleanup(pool, func(key weak.Pointer[pgxpool.Pool]) {
+		watches.mu.Lock()
+		delete(watches.m, key)
+		watches.mu.Unlock()
+	}, key)
+	return w
+}
+
 func newStallWatch(pool *pgxpool.Pool) *stallWatch {
-	return &stallWatch{pool: pool, out: map[*tracked]struct{}{}, orphans: map[uint32]time.Time{}, stalled: make(chan struct{})}
+	return &stallWatch{pool: weak.Make(pool), conn: pool.Config().ConnConfig, out: map[*tracked]struct{}{}, orphans: map[uint32]time.Time{}, stalled: make(chan struct{})}
 }
 
 // track follows a statement about to be sent on pc until done is called; done reports
@@ -193,11 +232,15 @@ func (w *stallWatch) run() {
 	results := make(chan probeResult, maxProbes)
 	var probes []time.Time // the start of each probe out, oldest first
 	var last time.Time     // when the last probe started
+	failed := 0            // probes that failed in a row
 	for {
 		select {
 		case r := <-results:
 			probes = slices.DeleteFunc(probes, func(s time.Time) bool { return s.Equal(r.started) })
 			r.lost = lostProbe(probes, r)
+			if failed = min(failed+1, 16); r.err == nil {
+				failed = 0
+			}
 			w.judge(r)
 		case now := <-tick.C:
 			inFlight := len(probes)
@@ -232,6 +275,9 @@ func (w *stallWatch) run() {
 			if inFlight > 0 {
 				every = probeOverlap
 			}
+			if failed > 0 {
+				every = min(probeOverlap<<failed, probeBackoffMax)
+			}
 			if len(pids) > 0 && inFlight < maxProbes && now.Sub(last) >= every {
 				probes = append(probes, now)
 				last = now
@@ -253,7 +299,7 @@ func (w *stallWatch) probe(started time.Time, pids []int32) probeResult {
 	w.mu.Unlock()
 	if c == nil {
 		var err error
-		if c, err = pgx.ConnectConfig(ctx, w.pool.Config().ConnConfig); err != nil {
+		if c, err = pgx.ConnectConfig(ctx, w.conn); err != nil {
 			return probeResult{started: started, err: err}
 		}
 	}
@@ -425,7 +471,7 @@ func (w *stallWatch) terminate(pids []int32) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), probeTimeout)
 	defer cancel()
-	c, err := pgx.ConnectConfig(ctx, w.pool.Config().ConnConfig)
+	c, err := pgx.ConnectConfig(ctx, w.conn)
 	if err != nil {
 		return
 	}
@@ -444,7 +490,11 @@ func (w *stallWatch) purge(rtt time.Duration) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*rtt+stallMargin)
 	defer cancel()
 	var wg sync.WaitGroup
-	for _, c := range w.pool.AcquireAllIdle(ctx) {
+	pool := w.pool.Value()
+	if pool == nil {
+		return
+	}
+	for _, c := range pool.AcquireAllIdle(ctx) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

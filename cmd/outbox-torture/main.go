@@ -129,6 +129,7 @@ func parse(args []string, stderr io.Writer) (chaos.Config, error) {
 	fs.SetOutput(io.Discard)
 	fs.StringVar(&cfg.Broker, "broker", "nats", "broker kind: "+strings.Join(chaos.Brokers(), ", "))
 	fs.IntVar(&cfg.Relays, "relays", 1, "relay processes")
+	fs.IntVar(&cfg.Outboxes, "outboxes", 1, "outboxes, in two databases, each relay process serving all of them\nwith 'outbox relay' and an outboxes list (NATS only; no poison events)")
 	fs.DurationVar(&cfg.Duration, "duration", 45*time.Second, "how long the load runs (unless --events is set)")
 	fs.IntVar(&cfg.Events, "events", 0, "run the load until this many events were written (0: --duration)")
 	fs.Uint64Var(&cfg.Seed, "seed", 0, "seed for the workload and the nemesis (0: random; the summary prints it)")
@@ -158,8 +159,11 @@ func parse(args []string, stderr io.Writer) (chaos.Config, error) {
 	if cfg.MinGap <= 0 || cfg.MaxGap < cfg.MinGap {
 		return cfg, usageErrorf("--min-gap must be positive and --max-gap at least --min-gap")
 	}
-	if cfg.Relays < 1 || cfg.Writers < 1 || cfg.Keys < 1 || cfg.Rate <= 0 || cfg.Events < 0 || cfg.Duration <= 0 {
-		return cfg, usageErrorf("--relays, --writers, --keys, --rate and --duration must be positive, --events not negative")
+	if cfg.Relays < 1 || cfg.Outboxes < 1 || cfg.Writers < 1 || cfg.Keys < 1 || cfg.Rate <= 0 || cfg.Events < 0 || cfg.Duration <= 0 {
+		return cfg, usageErrorf("--relays, --outboxes, --writers, --keys, --rate and --duration must be positive, --events not negative")
+	}
+	if cfg.Outboxes > 1 && (cfg.Broker != "nats" || cfg.WAL) {
+		return cfg, usageErrorf("--outboxes: several outboxes run with --broker nats and without --wal")
 	}
 	if !slices.Contains(chaos.Brokers(), cfg.Broker) {
 		return cfg, usageErrorf("--broker %q: not one of %s", cfg.Broker, strings.Join(chaos.Brokers(), ", "))

@@ -52,6 +52,9 @@ const (
 	// closed before for another relay's: it answers covered, and the relay waits for a
 	// notification that session will never take.
 	GateKeepsLeft Bug = "gate-keeps-left"
+	// FleetOneRoute makes a relay serving an outboxes list publish every outbox's
+	// messages with the first route's publisher: they reach another outbox's destination.
+	FleetOneRoute Bug = "fleet-one-route"
 )
 
 // EnvVar names the environment variable that lists the bugs to switch on, separated by

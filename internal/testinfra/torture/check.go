@@ -50,10 +50,18 @@ type Report struct {
 	// LeaseSteals counts shards that changed owner before their lease expired in
 	// database time (filled by the runner, which watches the lease table).
 	LeaseSteals int
+	// Crossed counts copies read back from another outbox's destination than the one
+	// that wrote them, or from a destination of no outbox (filled by the runner, in runs
+	// of several outboxes).
+	Crossed int
 	// SlotAhead counts transactions that WAL mode's slot acknowledged while one of their
 	// messages was not recorded yet (filled by the runner's slot audit, in WAL runs with
 	// one relay).
 	SlotAhead int
+
+	// Outboxes is the number of outboxes the run wrote to (0: one); with several,
+	// String prints it and Crossed.
+	Outboxes int
 
 	Faults          int
 	RecoverySeconds float64
@@ -75,6 +83,10 @@ func (r *Report) example(format string, args ...any) {
 	}
 }
 
+// Example adds an anomaly's line for the test log, while the report has room for one
+// (for the runner's own checks).
+func (r *Report) Example(format string, args ...any) { r.example(format, args...) }
+
 // DupWithinBound reports whether duplicates stayed within InFlight x Faults.
 func (r Report) DupWithinBound() bool { return r.Dup <= r.DupBound }
 
@@ -83,7 +95,7 @@ func (r Report) DupWithinBound() bool { return r.Dup <= r.DupBound }
 // injected poison dead, and recovery time and RSS within their limits.
 func (r Report) OK() bool {
 	return r.Unresolved == 0 && r.Lost == 0 && r.Phantom == 0 && r.Order == 0 && r.Mismatch == 0 &&
-		r.DupWithinBound() && r.DeadUnexpected == 0 && r.PoisonAlive == 0 && r.LeaseSteals == 0 && r.SlotAhead == 0 &&
+		r.DupWithinBound() && r.DeadUnexpected == 0 && r.PoisonAlive == 0 && r.LeaseSteals == 0 && r.SlotAhead == 0 && r.Crossed == 0 &&
 		(r.Bounds.MaxRecoverySeconds == 0 || r.RecoverySeconds <= r.Bounds.MaxRecoverySeconds) &&
 		(r.Bounds.MaxRSSMiB == 0 || r.RSSMiB <= r.Bounds.MaxRSSMiB)
 }
@@ -102,6 +114,9 @@ func (r Report) String() string {
 	fmt.Fprintf(&b, "seed=%d events=%d committed=%d faults=%d lost=%d phantom=%d order=%d dup=%d dup_bound=%d dead=%d poison=%d mismatch=%d recovery_s=%.1f rss_mib=%.0f",
 		r.Seed, r.Events, r.Committed, r.Faults, r.Lost, r.Phantom, r.Order, r.Dup, r.DupBound, r.Dead, r.Poison, r.Mismatch, r.RecoverySeconds, r.RSSMiB)
 	b.WriteString(r.Timing.fields())
+	if r.Outboxes > 1 {
+		fmt.Fprintf(&b, " outboxes=%d crossed=%d", r.Outboxes, r.Crossed)
+	}
 	if r.Unresolved > 0 {
 		fmt.Fprintf(&b, " unresolved=%d", r.Unresolved)
 	}
@@ -123,6 +138,35 @@ func (r Report) String() string {
 		b.WriteString(" result=FAIL")
 	}
 	return b.String()
+}
+
+// Add adds the counts of o, the check of another outbox of the same run, to r: events,
+// outcomes, copies, anomalies and the duplicate bound (each outbox's relays have their
+// own in-flight window), and o's examples while r has room for them.
+func (r *Report) Add(o Report) {
+	r.Events += o.Events
+	r.Committed += o.Committed
+	r.RolledBack += o.RolledBack
+	r.Unresolved += o.Unresolved
+	r.Delivered += o.Delivered
+	r.Copies += o.Copies
+	r.Lost += o.Lost
+	r.Phantom += o.Phantom
+	r.PhantomAborted += o.PhantomAborted
+	r.Order += o.Order
+	r.Mismatch += o.Mismatch
+	r.Dup += o.Dup
+	r.DupBound += o.DupBound
+	r.Dead += o.Dead
+	r.Poison += o.Poison
+	r.DeadUnexpected += o.DeadUnexpected
+	r.PoisonAlive += o.PoisonAlive
+	r.LeaseSteals += o.LeaseSteals
+	r.SlotAhead += o.SlotAhead
+	r.Crossed += o.Crossed
+	for _, ex := range o.Examples {
+		r.example("%s", ex)
+	}
 }
 
 // Check compares what was written (h, after Resolve) with what was read back (log).

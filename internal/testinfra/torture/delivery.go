@@ -20,6 +20,10 @@ type Delivery struct {
 	Seq     int64 // from the payload; 0 when the payload could not be parsed
 	Sum     Sum   // checksum of the payload as received
 	Headers map[string]string
+	// Dest is where the broker holds the copy (a NATS subject), when the read-back says:
+	// a run of several outboxes checks that each copy is in its own outbox's
+	// destination.
+	Dest string
 	// Arrived is when the copy reached the broker, as the broker stamped it (JetStream's
 	// stored time): the first instant any subscriber could receive it, whatever its own
 	// reconnects. Zero when the broker's read-back gives no such time; Measure then
@@ -52,6 +56,12 @@ func (l *DeliveryLog) AddDead(id outbox.ID, reason string) {
 	}
 	l.dead[id] = reason
 	l.mu.Unlock()
+}
+
+// Copies returns the copies added, in the order they were added.
+func (l *DeliveryLog) Copies() []Delivery {
+	d, _ := l.snapshot()
+	return d
 }
 
 // Len returns the number of copies added.

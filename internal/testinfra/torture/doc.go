@@ -63,14 +63,19 @@
 //     not dead;
 //   - unresolved: events whose outcome is still Unknown make the run invalid.
 //
+// A run of several outboxes checks each outbox's history against the copies read back
+// from its own destination and adds the reports up (Report.Add); the runner counts the
+// copies found in another outbox's destination (Report.Crossed).
+//
 // The runner fills Label, Seed, RecoverySeconds, RSSMiB and Timing into the Report;
 // Bounds can cap RecoverySeconds and RSSMiB. Report.String is the summary line of
 // TESTING.md:
 //
 //	chaos nats seed=42 events=200000 committed=180213 faults=43 lost=0 phantom=0 order=0 dup=12 dup_bound=4300 dead=5 poison=5 mismatch=0 recovery_s=14.2 rss_mib=143 lat_p50_ms=4.1 lat_p99_ms=2870.5 heal_p99_ms=812.0 result=ok
 //
-// with unresolved=, dead_unexpected=, poison_alive= and lease_steals= before result=
-// when they are not zero. Report.Examples names the first anomalies, with event ids, for
+// with outboxes= and crossed= after the timing fields in a run of several outboxes, and
+// unresolved=, dead_unexpected=, poison_alive=, lease_steals= and slot_ahead= before
+// result= when they are not zero. Report.Examples names the first anomalies, with event ids, for
 // the test log.
 //
 // # Timing

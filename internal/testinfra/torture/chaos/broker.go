@@ -32,6 +32,15 @@ type Broker interface {
 	ReadBack(tb testenv.TB, log *torture.DeliveryLog)
 }
 
+// outboxRouter is a Broker that can give each outbox of a run a destination of its own,
+// for runs of several outboxes (Config.Outboxes).
+type outboxRouter interface {
+	// OutboxRoute is the route of outbox name's relays.
+	OutboxRoute(name string) string
+	// OutboxOf names the outbox whose destination dest is ("" for none).
+	OutboxOf(dest string) string
+}
+
 // Publisher is what a relay closes when it exits.
 type Publisher interface {
 	outbox.Publisher

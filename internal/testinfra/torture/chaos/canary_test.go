@@ -107,6 +107,13 @@ func TestCanaries(t *testing.T) {
 		want:   "slot acknowledged ahead of a record",
 		caught: func(r torture.Report) bool { return r.SlotAhead > 0 },
 		runs:   8,
+	}, {
+		// A relay serving an outboxes list publishes every outbox's messages with one
+		// route: they reach the first outbox's destination. No fault is needed.
+		bug:    broken.FleetOneRoute,
+		cfg:    Config{Relays: 2, Outboxes: 3, Kinds: []string{KindPGSnapshot}},
+		want:   "copies in another outbox's destination",
+		caught: func(r torture.Report) bool { return r.Crossed > 0 },
 	}} {
 		t.Run(string(c.bug), func(t *testing.T) {
 			// A run catches a canary only if its faults happen to make the bug bite (a

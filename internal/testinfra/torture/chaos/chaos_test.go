@@ -73,6 +73,15 @@ func TestTortureNATS(t *testing.T) {
 	}
 }
 
+// TestTortureFleet runs five outboxes in two databases, every one served by each of
+// three relay processes running `outbox relay` with the outboxes list (the relays park
+// an outbox after a second without work, and the quietest one parks and wakes all
+// through the run), under every fault kind, with a private PostgreSQL server. Besides
+// the checks of every run, per outbox: no copy may reach another outbox's destination.
+func TestTortureFleet(t *testing.T) {
+	runAndCheck(t, Config{Broker: "nats", Relays: 3, Outboxes: 5, PrivatePostgres: true})
+}
+
 // TestTortureWAL is the torture with the relays in WAL mode (a private server with
 // wal_level=logical and the slot set up), on every broker with 1 and 3 relays: one relay
 // reads the slot, the others stand by; on top of every broker's and the database's

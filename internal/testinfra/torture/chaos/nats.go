@@ -56,6 +56,19 @@ func (b *natsBroker) Start(tb testenv.TB) {
 func (b *natsBroker) RelayURL() string { return "nats://" + b.proxy.Addr() }
 func (b *natsBroker) Route() string    { return natsSubject + ".{topic}" }
 
+// OutboxRoute gives each outbox of a run a subject of its own: torture.<name>.<topic>.
+func (b *natsBroker) OutboxRoute(name string) string { return natsSubject + "." + name + ".{topic}" }
+
+// OutboxOf names the outbox whose subject dest is.
+func (b *natsBroker) OutboxOf(dest string) string {
+	rest, ok := strings.CutPrefix(dest, natsSubject+".")
+	if !ok {
+		return ""
+	}
+	name, _, _ := strings.Cut(rest, ".")
+	return name
+}
+
 func (b *natsBroker) Faults(tb testenv.TB) []nemesis.Fault {
 	return append([]nemesis.Fault{
 		{Kind: KindBrokerRestart, MinHold: 200 * time.Millisecond, MaxHold: 1500 * time.Millisecond,
@@ -125,6 +138,7 @@ func (b *natsBroker) ReadBack(tb testenv.TB, log *torture.DeliveryLog) {
 				tb.Fatalf("stream seq %d: %v", seq, err)
 			}
 			d.Arrived = md.Timestamp // when the server stored it: this host's clock
+			d.Dest = msg.Subject()
 			log.Add(d)
 		}
 		if err := batch.Error(); err != nil {

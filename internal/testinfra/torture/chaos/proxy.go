@@ -60,18 +60,27 @@ func databaseProxyFaults(tb testenv.TB, p *testproxy.Proxy) []nemesis.Fault {
 	return proxyFaults(tb, p, p.Silence, KindDBCut, KindDBLatency, KindDBBlackhole)
 }
 
-// proxyDatabase puts a proxy in front of the PostgreSQL server of databaseURL and returns
-// it with the URL that goes through it.
-func proxyDatabase(tb testenv.TB, databaseURL string) (*testproxy.Proxy, string) {
-	u, err := url.Parse(databaseURL)
-	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") || u.Host == "" {
-		tb.Fatalf("chaos: the database must be given as a postgres://host:port/... URL")
-	}
+// proxyDatabase puts a proxy in front of the PostgreSQL server of databaseURL.
+func proxyDatabase(tb testenv.TB, databaseURL string) *testproxy.Proxy {
+	u := postgresURL(tb, databaseURL)
 	host, port := u.Hostname(), u.Port()
 	if port == "" {
 		port = "5432"
 	}
-	p := testproxy.New(tb, net.JoinHostPort(host, port))
+	return testproxy.New(tb, net.JoinHostPort(host, port))
+}
+
+// viaProxy returns databaseURL going through the proxy p of its server.
+func viaProxy(tb testenv.TB, p *testproxy.Proxy, databaseURL string) string {
+	u := postgresURL(tb, databaseURL)
 	u.Host = p.Addr()
-	return p, u.String()
+	return u.String()
+}
+
+func postgresURL(tb testenv.TB, databaseURL string) *url.URL {
+	u, err := url.Parse(databaseURL)
+	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") || u.Host == "" {
+		tb.Fatalf("chaos: the database must be given as a postgres://host:port/... URL")
+	}
+	return u
 }

@@ -39,6 +39,7 @@ const (
 	envAttempts = "OUTBOX_TORTURE_MAX_ATTEMPTS"
 	envWAL      = "OUTBOX_TORTURE_WAL"
 	envBatch    = "OUTBOX_TORTURE_BATCH"
+	// envFleet (fleet.go) names a config file: the relay runs the outbox command.
 )
 
 // ringRotateRows is the relays' Config.RotateRows: at the workload's few hundred events a
@@ -107,6 +108,9 @@ func (p refusePoison) Ping(ctx context.Context) error {
 
 // RelayMain runs a relay until SIGTERM, logging JSON to stderr, and returns the exit code.
 func RelayMain() int {
+	if config := os.Getenv(envFleet); config != "" {
+		return fleetRelayMain(config)
+	}
 	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
@@ -182,6 +186,7 @@ type relayConfig struct {
 	env                                               []string // extra environment
 	logDir                                            string   // where each incarnation's log is kept too ("": nowhere)
 	wal                                               bool     // WAL mode
+	fleetConfig                                       string   // the outbox command's config file (fleet.go), or "" for a library relay
 }
 
 // relay is one relay slot: a child process, restarted (as a new incarnation with a new
@@ -241,6 +246,9 @@ func (r *relay) start() error {
 		envTTL+"="+c.ttl.String(), envID+"="+r.relayID(), envInFlight+"="+strconv.Itoa(c.inFlight),
 		envAppName+"="+c.appName, envAttempts+"="+strconv.Itoa(c.maxAttempts), envWAL+"="+strconv.FormatBool(c.wal),
 		envBatch+"="+strconv.Itoa(c.batch))
+	if c.fleetConfig != "" {
+		cmd.Env = append(cmd.Env, envFleet+"="+c.fleetConfig)
+	}
 	cmd.Env = append(cmd.Env, c.env...)
 	if r.stderr != nil {
 		r.logs = append(r.logs, tail(r.stderr.String(), 20))

@@ -95,6 +95,10 @@ type Config struct {
 	// load runs.
 	Progress      func(format string, args ...any)
 	ProgressEvery time.Duration
+	// Outboxes, above 1, runs that many outboxes, served by relays that each run the
+	// outbox command with an outboxes list (fleet.go); NATS only, no WAL mode, no poison.
+	// Default 1: one outbox, library relays.
+	Outboxes int
 	// Done, when closed, ends the load early (an interrupted long run): the run still
 	// heals, drains, reads back and checks what was written.
 	Done <-chan struct{}
@@ -143,6 +147,13 @@ func Run(tb testenv.TB, cfg Config) torture.Report {
 	ctx := context.Background()
 
 	broker := kind.new()
+	var router outboxRouter // runs of several outboxes
+	if cfg.Outboxes > 1 {
+		var ok bool
+		if router, ok = broker.(outboxRouter); !ok || cfg.WAL {
+			tb.Fatalf("chaos: a run of several outboxes needs a broker that gives each its own destination (nats), and polling relays (no WAL)")
+		}
+	}
 	broker.Start(tb)
 
 	var pg *testpg.Server
@@ -158,22 +169,26 @@ func Run(tb testenv.TB, cfg Config) torture.Report {
 		cfg.DatabaseURL = pg.URL()
 	}
 
-	// Database: a fresh migrated schema and the business tables.
-	db := testdb.MigratedAt(tb, cfg.DatabaseURL)
-	connect := func(ctx context.Context) (*pgx.Conn, error) { return pgx.Connect(ctx, cfg.DatabaseURL) }
-	{
-		conn, err := connect(ctx)
+	// Database: a fresh migrated schema per outbox, with the business tables.
+	outs := []*runOutbox{{db: testdb.MigratedAt(tb, cfg.DatabaseURL), url: cfg.DatabaseURL}}
+	if router != nil {
+		outs = fleetOutboxes(tb, cfg.DatabaseURL, cfg.Outboxes)
+	}
+	db := outs[0].db // the one outbox of most runs; the target of faults on one outbox's tables
+	for _, o := range outs {
+		o.hist, o.log = &torture.History{}, &torture.DeliveryLog{}
+		conn, err := pgx.Connect(ctx, o.url)
 		if err != nil {
 			tb.Fatal(err)
 		}
-		err = torture.Prepare(ctx, conn, db.Schema, cfg.Keys)
+		err = torture.Prepare(ctx, conn, o.db.Schema, cfg.Keys)
 		_ = conn.Close(ctx)
 		if err != nil {
 			tb.Fatal(err)
 		}
-	}
-	if err := watchLeases(ctx, db); err != nil {
-		tb.Fatal(err)
+		if err := watchLeases(ctx, o.db); err != nil {
+			tb.Fatal(err)
+		}
 	}
 	var audit *slotAudit
 	var slot string // the relays' replication slot (WAL runs)
@@ -185,15 +200,21 @@ func Run(tb testenv.TB, cfg Config) torture.Report {
 	}
 
 	// Relays reach the database through a proxy of their own (the writers do not).
-	dbProxy, relayDatabaseURL := proxyDatabase(tb, cfg.DatabaseURL)
+	dbProxy := proxyDatabase(tb, cfg.DatabaseURL)
+	for _, o := range outs {
+		o.relayURL = viaProxy(tb, dbProxy, o.url)
+	}
 
 	var b [4]byte
 	_, _ = rand.Read(b[:])
-	rcfg := relayConfig{databaseURL: relayDatabaseURL, schema: db.Schema, kind: cfg.Broker, broker: broker.RelayURL(),
+	rcfg := relayConfig{databaseURL: outs[0].relayURL, schema: db.Schema, kind: cfg.Broker, broker: broker.RelayURL(),
 		route: broker.Route(), appName: "torture-relay-" + hex.EncodeToString(b[:]), ttl: leaseTTL,
 		inFlight: cmp.Or(cfg.MaxInFlight, maxInFlight), batch: cfg.BatchSize, maxAttempts: cfg.MaxAttempts, wal: cfg.WAL, env: cfg.RelayEnv}
 	if cfg.Artifacts != "" {
 		rcfg.logDir = cfg.Artifacts
+	}
+	if router != nil {
+		rcfg.fleetConfig = writeFleetConfig(tb, dir, rcfg, outs, router)
 	}
 	rs := make([]*relay, cfg.Relays)
 	for i := range rs {
@@ -201,14 +222,25 @@ func Run(tb testenv.TB, cfg Config) torture.Report {
 	}
 	stopSampler := sampleRSS(tb, rs)
 
-	// The workload.
-	h := &torture.History{}
-	wl, err := torture.StartWorkload(ctx, torture.WorkloadConfig{Connect: connect, Schema: db.Schema, Writers: cfg.Writers,
-		Keys: cfg.Keys, Rate: cfg.Rate, PoisonShare: 0.002, Seed: cfg.Seed}, h)
-	if err != nil {
-		tb.Fatal(err)
+	// The workload: writers of their own for each outbox.
+	for i, o := range outs {
+		wcfg := torture.WorkloadConfig{Connect: func(ctx context.Context) (*pgx.Conn, error) { return pgx.Connect(ctx, o.url) },
+			Schema: o.db.Schema, Writers: cfg.Writers, Keys: cfg.Keys, Rate: cfg.Rate, PoisonShare: 0.002, Seed: cfg.Seed}
+		if router != nil {
+			wcfg.Writers, wcfg.Rate = max(2, cfg.Writers/len(outs)), fleetRate(cfg.Rate, i, len(outs))
+			wcfg.PoisonShare, wcfg.Seed = 0, cfg.Seed+uint64(i)
+		}
+		if o.wl, err = torture.StartWorkload(ctx, wcfg, o.hist); err != nil {
+			tb.Fatal(err)
+		}
+		tb.Cleanup(func() { _ = o.wl.Stop(context.Background()) })
 	}
-	tb.Cleanup(func() { _ = wl.Stop(context.Background()) })
+	events := func() (n int) {
+		for _, o := range outs {
+			n += o.hist.Events()
+		}
+		return n
+	}
 
 	// The nemesis.
 	nlog, err := os.Create(filepath.Join(dir, "nemesis.jsonl"))
@@ -251,7 +283,7 @@ func Run(tb testenv.TB, cfg Config) torture.Report {
 	for {
 		loaded := time.Since(start) >= cfg.Duration
 		if cfg.Events > 0 {
-			loaded = h.Events() >= cfg.Events
+			loaded = events() >= cfg.Events
 		}
 		if loaded && faultsMet(nem, cfg.MinFaults) {
 			break
@@ -262,7 +294,7 @@ func Run(tb testenv.TB, cfg Config) torture.Report {
 		}
 		if cfg.Progress != nil && time.Since(lastProgress) >= cfg.ProgressEvery {
 			lastProgress = time.Now()
-			cfg.Progress("torture: %s events=%d faults=%d %v", time.Since(start).Round(time.Second), h.Events(), nem.Count(), nem.Kinds())
+			cfg.Progress("torture: %s events=%d faults=%d %v", time.Since(start).Round(time.Second), events(), nem.Count(), nem.Kinds())
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -279,8 +311,10 @@ func Run(tb testenv.TB, cfg Config) torture.Report {
 	// bound their COMMITs are cancelled and become unknown outcomes, which Resolve
 	// settles from the database: no verdict depends on the machine keeping up with it.
 	stopCtx, cancel := context.WithTimeout(ctx, 15*time.Second)
-	if err := wl.Stop(stopCtx); err != nil {
-		tb.Logf("workload: %v", err)
+	for _, o := range outs {
+		if err := o.wl.Stop(stopCtx); err != nil {
+			tb.Logf("workload %s: %v", o.name, err)
+		}
 	}
 	cancel()
 	churned := stopChurn()
@@ -301,11 +335,15 @@ func Run(tb testenv.TB, cfg Config) torture.Report {
 		dctx, cancel = context.WithTimeout(ctx, cfg.DrainTimeout)
 		defer cancel()
 	}
-	q := fmt.Sprintf(`SELECT count(*) FROM %s.outbox`, pgx.Identifier{db.Schema}.Sanitize())
 	pending, least := 0, -1
 	drainErr := testenv.Progress(dctx, "the relays to drain the outbox", cfg.DrainStall, func() (any, bool) {
-		if err := db.Pool.QueryRow(ctx, q).Scan(&pending); err != nil {
-			tb.Fatal(err)
+		pending = 0
+		for _, o := range outs {
+			var n int
+			if err := o.db.Pool.QueryRow(ctx, `SELECT count(*) FROM `+pgx.Identifier{o.db.Schema}.Sanitize()+`.outbox`).Scan(&n); err != nil {
+				tb.Fatal(err)
+			}
+			pending += n
 		}
 		if least < 0 || pending < least {
 			least = pending // progress is a new low: a count that only wavers is a stall
@@ -321,27 +359,48 @@ func Run(tb testenv.TB, cfg Config) torture.Report {
 	}
 	stopSampler()
 
-	// Complete read-back.
-	log := &torture.DeliveryLog{}
-	broker.ReadBack(tb, log)
-	if err := log.LoadDead(ctx, db.Pool, db.Schema); err != nil {
-		tb.Fatal(err)
+	// Complete read-back, each copy to its outbox's log, then every outbox checked
+	// against its own history.
+	all := &torture.DeliveryLog{}
+	broker.ReadBack(tb, all)
+	var crossed torture.Report
+	if router != nil {
+		splitDeliveries(all, outs, router, &crossed)
+	} else {
+		outs[0].log = all
 	}
-	if err := h.Resolve(ctx, db.Pool, db.Schema); err != nil {
-		tb.Fatal(err)
+	h := &torture.History{} // every outbox's, for the timing figures and the artifacts
+	var rep torture.Report
+	for i, o := range outs {
+		if err := o.log.LoadDead(ctx, o.db.Pool, o.db.Schema); err != nil {
+			tb.Fatal(err)
+		}
+		if err := o.hist.Resolve(ctx, o.db.Pool, o.db.Schema); err != nil {
+			tb.Fatal(err)
+		}
+		for _, t := range o.hist.Txns() {
+			h.Record(t)
+		}
+		r := torture.Check(o.hist, o.log, torture.Bounds{InFlight: cfg.Relays * maxInFlight, Faults: nem.Count()})
+		if r.LeaseSteals, err = leaseSteals(ctx, o.db, &r); err != nil {
+			tb.Fatal(err)
+		}
+		if i == 0 {
+			rep = r
+		} else {
+			rep.Add(r)
+		}
 	}
+	rep.Add(crossed)
 	var peak int64
 	for _, r := range rs {
 		peak = max(peak, r.peakKiB())
 	}
-	rep := torture.Check(h, log, torture.Bounds{InFlight: cfg.Relays * maxInFlight, Faults: nem.Count()})
 	rep.Label = fmt.Sprintf("chaos %s relays=%d", cfg.Broker, cfg.Relays)
 	rep.Seed = cfg.Seed
+	rep.Outboxes = len(outs)
 	rep.RecoverySeconds = recovery
 	rep.RSSMiB = float64(peak) / 1024
-	if rep.LeaseSteals, err = leaseSteals(ctx, db, &rep); err != nil {
-		tb.Fatal(err)
-	}
 	if audit != nil {
 		res, err := audit.check(ctx)
 		if err != nil {
@@ -353,7 +412,7 @@ func Run(tb testenv.TB, cfg Config) torture.Report {
 			rep.Examples = append(rep.Examples, res.example)
 		}
 	}
-	rep.Timing = torture.Measure(h, log, faultSpans(nem.Records()))
+	rep.Timing = torture.Measure(h, all, faultSpans(nem.Records()))
 	writeJSONL(tb, filepath.Join(dir, "timing.jsonl"), rep.Timing.Faults)
 	tb.Logf("writing %s, drain %s, copies %d, faults %v", writing.Round(time.Millisecond), drained.Sub(drainStart).Round(time.Millisecond), rep.Copies, nem.Kinds())
 	storageChurn(tb, db, churned)
