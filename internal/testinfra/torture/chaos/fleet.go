@@ -30,7 +30,7 @@ import (
 // lie in two databases of the server, each outbox publishes to a destination of its own
 // (outboxRouter), and each has its own writers and history. The first writes half of
 // the run's rate, the last is a quiet tenant whose relay parks between its writes (the
-// relays park after a second without work), and the others share the rest. The check
+// relays park after fleetParkAfter without work), and the others share the rest. The check
 // is each outbox's history against its own destination, plus every copy found in
 // another outbox's destination (Report.Crossed).
 //
@@ -40,9 +40,15 @@ import (
 // envFleet names the child relay's config file: set, the child runs `outbox relay`.
 const envFleet = "OUTBOX_TORTURE_FLEET_CONFIG"
 
+// fleetParkAfter is the relays' --park-after: a busy outbox's relays never park, an idle
+// one's soon do. It is longer than a starting relay takes to get its first shards (its
+// first lease rounds), or relays would park before they ever published.
+const fleetParkAfter = 3 * time.Second
+
 // quietRate is the last outbox's rate in a run of several, in transactions a second:
-// slower than the relays' park-after, so that it parks and wakes all through the run.
-const quietRate = 0.3
+// its writes come further apart than fleetParkAfter, so that it parks and wakes all
+// through the run.
+const quietRate = 0.2
 
 // runOutbox is one outbox of a run: where it is, its writers, what they did, and the
 // copies read back from its destination.
@@ -150,7 +156,7 @@ func writeFleetConfig(tb testenv.TB, dir string, c relayConfig, outs []*runOutbo
 	}
 	fmt.Fprintf(&b, "poll-interval: 100ms\nretry-min-delay: 50ms\nretry-max-delay: 200ms\npublish-timeout: 5s\n"+
 		"cleanup-interval: 1s\nretention: %s\nrotate-rows: %d\nshutdown-grace: 5s\n"+
-		"park-after: 1s\nparked-poll-interval: 1s\nlog-format: json\noutboxes:\n", historyRetention, ringRotateRows)
+		"park-after: %s\nparked-poll-interval: 1s\nlog-format: json\noutboxes:\n", historyRetention, ringRotateRows, fleetParkAfter)
 	for _, o := range outs {
 		fmt.Fprintf(&b, "  - name: %s\n    database-url: %s\n    schema: %s\n    route: %s\n",
 			o.name, strconv.Quote(fleetRelayURL(o.relayURL, c.appName)), strconv.Quote(o.db.Schema), strconv.Quote(router.OutboxRoute(o.name)))

@@ -413,6 +413,12 @@ func Run(tb testenv.TB, cfg Config) torture.Report {
 		}
 	}
 	rep.Timing = torture.Measure(h, all, faultSpans(nem.Records()))
+	if router != nil {
+		for _, o := range outs {
+			l := torture.Measure(o.hist, o.log, nil).Latency
+			tb.Logf("outbox %s: %d events, commit-to-arrival p50 %s, p99 %s", o.name, o.hist.Events(), l.P50.Round(time.Millisecond), l.P99.Round(time.Millisecond))
+		}
+	}
 	writeJSONL(tb, filepath.Join(dir, "timing.jsonl"), rep.Timing.Faults)
 	tb.Logf("writing %s, drain %s, copies %d, faults %v", writing.Round(time.Millisecond), drained.Sub(drainStart).Round(time.Millisecond), rep.Copies, nem.Kinds())
 	storageChurn(tb, db, churned)
