@@ -44,10 +44,11 @@ type RelayStats struct {
 	Outages      int64 // pauses caused by broker outages
 	Refused      int64 // outcomes the store refused because the lease had moved on (fencing)
 	Shards       int64 // shards held now
+	Held         int64 // messages fetched and not yet recorded (waiting, in flight, or being recorded) now
 }
 
 type relayStats struct {
-	published, rejected, dead, outages, refused, shards atomic.Int64
+	published, rejected, dead, outages, refused, shards, held atomic.Int64
 }
 
 // NewRelay returns a relay that reads from store and sends to pub. It does not start it.
@@ -85,6 +86,7 @@ func (r *Relay) Stats() RelayStats {
 		Outages:      r.stats.outages.Load(),
 		Refused:      r.stats.refused.Load(),
 		Shards:       r.stats.shards.Load(),
+		Held:         r.stats.held.Load(),
 	}
 }
 
@@ -320,6 +322,7 @@ func (l *loop) run(ctx context.Context) {
 	l.syncLeases(ctx, false)
 	stop := l.r.stop
 	for {
+		l.r.stats.held.Store(int64(l.hand.size()))
 		if l.stopping && l.inFlight == 0 && !l.hand.fetchRunning() && l.outcomes.idle() {
 			break
 		}

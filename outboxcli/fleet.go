@@ -42,7 +42,7 @@ import (
 // is gone stops (it drains, and gives its leases back).
 //
 // A PostgreSQL outbox's relay runs only while the outbox has work: it starts parked, and
-// is parked again once its relay published nothing for --park-after; a parked outbox is
+// is parked again once its relay published nothing, and held no message, for --park-after; a parked outbox is
 // watched, with every other parked outbox of its database, from one connection
 // (outboxpgx.IdleWatch), which wakes it at the next write. The running relays listen
 // on that connection too: per database, a fleet takes the pool and that one listening
@@ -692,7 +692,7 @@ func (f *fleet) runOne(ctx context.Context, m *fleetMember, log *slog.Logger) er
 	if db.idle == nil || f.top.parkAfter <= 0 {
 		return relay.Run(ctx, f.top.grace)
 	}
-	// Parked once it has published nothing for --park-after.
+	// Parked once it has published nothing, and held no message, for --park-after.
 	rctx, stop := context.WithCancel(ctx)
 	defer stop()
 	done := make(chan error, 1)
@@ -705,9 +705,12 @@ func (f *fleet) runOne(ctx context.Context, m *fleetMember, log *slog.Logger) er
 		case err := <-done:
 			return err
 		case now := <-tick.C:
+			// Idle: nothing published, failed or refused since the last tick, and
+			// nothing held (a relay paused by an outage holds what it fetched).
 			st := relay.Stats()
-			st.Shards, last.Shards = 0, 0
-			if st != last {
+			held := st.Held > 0
+			st.Shards, st.Held = 0, 0
+			if st != last || held {
 				last, since = st, now
 				continue
 			}

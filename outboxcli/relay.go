@@ -165,7 +165,7 @@ func newRelayFlags(fs *flag.FlagSet) *relayFlags {
 	o.discoverEvery = discoverIntervalDefault
 	fs.Var(durationValue{d: &o.discoverEvery}, "discover-interval", "with a config file's outboxes list: look for outboxes its schemas rules match every `duration`\n(and on SIGHUP)")
 	o.parkAfter = parkAfterDefault
-	fs.Var(durationValue{d: &o.parkAfter, allowForever: true}, "park-after", "with a config file's outboxes list: stop the relay of a PostgreSQL outbox that published nothing\nfor this `duration`, and watch it from one connection per database until a message comes; -1 for never")
+	fs.Var(durationValue{d: &o.parkAfter, allowForever: true}, "park-after", "with a config file's outboxes list: stop the relay of a PostgreSQL outbox that published nothing\nand held no message for this `duration`, and watch it from one connection per database until a message comes; -1 for never")
 	o.parkedPoll = parkedPollDefault
 	fs.Var(durationValue{d: &o.parkedPoll}, "parked-poll-interval", "with a config file's outboxes list: look for messages due in the parked outboxes every `duration`\n(one statement per database; a write wakes its outbox at once)")
 	return o
