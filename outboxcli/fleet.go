@@ -52,7 +52,7 @@ import (
 // and the relay settings that may differ per outbox. Every other setting is the
 // process's.
 var fleetKeys = map[string]bool{
-	"name": true, "schemas": true,
+	"name": true, "schemas": true, "databases": true,
 	"database-url": true, "schema": true, "prefix": true, "rotate-rows": true, "route": true,
 	"batch-size": true, "max-in-flight": true, "publish-batch-size": true, "poll-interval": true,
 	"lease-ttl": true, "max-attempts": true, "retry-min-delay": true, "retry-max-delay": true,
@@ -74,10 +74,10 @@ const (
 // fleetEntry is one entry of the outboxes list, with its settings resolved: the entry's
 // keys over the command line, the environment and the file's top level.
 type fleetEntry struct {
-	name    string // given; "" for the default
-	line    int
-	o       *relayFlags
-	pattern string // schemas: the entry is a rule
+	name string // given; "" for the default
+	line int
+	o    *relayFlags
+	rule rule // schemas: or databases: the entry is a rule
 }
 
 // fleetOutbox is one outbox to serve.
@@ -108,15 +108,13 @@ func fleetEntries(inv *invocation) ([]fleetEntry, error) {
 			}
 			names[e.name] = item.line
 		}
-		if v, ok := item.values["schemas"]; ok {
-			e.pattern = v.values[0]
-		}
+		e.rule = ruleOf(item)
 		kind, err := o.db.kind()
 		if err != nil {
 			return nil, usageErrorf("%s: %v", where, err)
 		}
-		if e.pattern != "" && kind != dbPostgres {
-			return nil, usageErrorf("%s: schemas: %s has no schemas; list its outboxes one by one", where, kind)
+		if e.rule.isRule() && kind != dbPostgres {
+			return nil, usageErrorf("%s: %s: %s has no schemas or databases to look through; list its outboxes one by one", where, e.rule, kind)
 		}
 		if err := o.checkTuning(); err != nil {
 			return nil, usageErrorf("%s: %v", where, err)
@@ -135,7 +133,7 @@ func fleetEntries(inv *invocation) ([]fleetEntry, error) {
 	// A declared outbox named twice, by its tables or by its name, is a mistake.
 	keys := map[string]int{}
 	for _, e := range entries {
-		if e.pattern != "" {
+		if e.rule.isRule() {
 			continue
 		}
 		key, name := outboxKey(e.o.db)
@@ -162,7 +160,7 @@ func fleetFlags(inv *invocation, item outboxItem) (*relayFlags, error) {
 		return nil, &usageError{msg: err.Error()}
 	}
 	for _, k := range sortedKeys(item.values) {
-		if k == "name" || k == "schemas" {
+		if k == "name" || k == "schemas" || k == "databases" {
 			continue
 		}
 		e := item.values[k]
@@ -427,9 +425,10 @@ func (p parkable) Running(e outbox.RunningEvent) {
 // database is down).
 func (f *fleet) reconcile(ctx context.Context) {
 	want := map[string]fleetOutbox{}
-	failed := map[int]bool{}
+	failed := map[int]bool{}         // rules that could not be applied
+	unreachable := map[string]bool{} // databases a rule could not search, by URL
 	for i, e := range f.entries {
-		if e.pattern == "" {
+		if !e.rule.isRule() {
 			key, name := outboxKey(e.o.db)
 			if _, dup := want[key]; dup {
 				continue // reported at start
@@ -437,25 +436,49 @@ func (f *fleet) reconcile(ctx context.Context) {
 			want[key] = fleetOutbox{name: cmp.Or(e.name, name), key: key, o: e.o, rule: -1}
 			continue
 		}
-		found, err := f.discover(ctx, e)
+		found, err := e.rule.find(ctx, e.o.db, func(d *dbFlags) (*pgxpool.Pool, error) {
+			o := *e.o
+			o.db = d
+			db, err := f.db(ctx, &o)
+			if err != nil {
+				return nil, err
+			}
+			return db.pool, nil
+		})
 		if err != nil {
 			if ctx.Err() == nil {
-				f.log.Error("could not look for outboxes; those found before are served meanwhile", "line", e.line, "schemas", e.pattern, "err", err)
+				f.log.Error("could not look for outboxes; those found before are served meanwhile", "line", e.line, "rule", e.rule.String(), "err", err)
 			}
 			failed[i] = true
 			continue
 		}
-		for _, ob := range found {
-			ob.rule = i
-			if _, taken := want[ob.key]; !taken {
-				want[ob.key] = ob
+		for _, fd := range found {
+			if fd.err != nil {
+				if ctx.Err() == nil {
+					f.log.Error("could not look for outboxes in a database; those found there before are served meanwhile",
+						"line", e.line, "rule", e.rule.String(), "database", redactDSN(fd.db.url), "err", fd.err)
+				}
+				unreachable[fd.db.url] = true
+				continue
+			}
+			for _, d := range fd.in {
+				if _, err := d.driver(); err != nil {
+					f.log.Warn("schema not served: its name is not a valid outbox schema", "schema", d.schema, "err", err)
+					continue
+				}
+				o := *e.o
+				o.db = d
+				key, name := outboxKey(d)
+				if _, taken := want[key]; !taken {
+					want[key] = fleetOutbox{name: name, key: key, o: &o, rule: i}
+				}
 			}
 		}
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for key, m := range f.members {
-		if _, ok := want[key]; ok || m.rule >= 0 && failed[m.rule] {
+		if _, ok := want[key]; ok || m.rule >= 0 && (failed[m.rule] || unreachable[m.o.db.url]) {
 			continue
 		}
 		f.log.Info("outbox gone: stopping its relay", "outbox", m.name)
@@ -489,56 +512,6 @@ func (f *fleet) reconcile(ctx context.Context) {
 
 func (f *fleet) registerer(name string) prometheus.Registerer {
 	return prometheus.WrapRegistererWith(prometheus.Labels{"outbox": name}, f.reg)
-}
-
-// discover returns the outboxes rule e finds: the schemas of its database that match
-// its pattern and hold an outbox (its migrations table, with its prefix).
-func (f *fleet) discover(ctx context.Context, e fleetEntry) ([]fleetOutbox, error) {
-	db, err := f.db(ctx, e.o)
-	if err != nil {
-		return nil, err
-	}
-	schemas, err := matchingSchemas(ctx, db.pool, e.pattern, e.o.db.prefix)
-	if err != nil {
-		return nil, err
-	}
-	var found []fleetOutbox
-	for _, s := range schemas {
-		o := *e.o
-		dbf := *e.o.db
-		dbf.schema = s
-		o.db = &dbf
-		if _, err := dbf.driver(); err != nil {
-			f.log.Warn("schema not served: its name is not a valid outbox schema", "schema", s, "err", err)
-			continue
-		}
-		key, name := outboxKey(&dbf)
-		found = append(found, fleetOutbox{name: name, key: key, o: &o})
-	}
-	return found, nil
-}
-
-// matchingSchemas returns the schemas of pool's database that match pattern and hold
-// an outbox with prefix (its migrations table).
-func matchingSchemas(ctx context.Context, pool *pgxpool.Pool, pattern, prefix string) ([]string, error) {
-	qctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	rows, err := pool.Query(qctx, `SELECT n.nspname FROM pg_namespace n JOIN pg_class c ON c.relnamespace = n.oid
-		WHERE c.relname = $1 AND c.relkind IN ('r', 'p') ORDER BY 1`, prefix+"outbox_migrations")
-	if err != nil {
-		return nil, err
-	}
-	var schemas []string
-	for rows.Next() {
-		var s string
-		if err := rows.Scan(&s); err != nil {
-			return nil, err
-		}
-		if ok, _ := path.Match(pattern, s); ok {
-			schemas = append(schemas, s)
-		}
-	}
-	return schemas, rows.Err()
 }
 
 // db returns the connection of o's database, shared by the outboxes of its URL,

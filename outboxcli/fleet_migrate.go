@@ -6,6 +6,8 @@ import (
 	"flag"
 	"fmt"
 	"slices"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // fleetOutboxDB is one outbox of a config file's outboxes list, for the commands that
@@ -45,26 +47,31 @@ func fleetOutboxDBs(ctx context.Context, inv *invocation, base *dbFlags, open fu
 		if v, ok := item.values["name"]; ok {
 			name = v.values[0]
 		}
-		rule, ok := item.values["schemas"]
-		if !ok {
+		r := ruleOf(item)
+		if !r.isRule() {
 			add(name, &db, item)
 			continue
 		}
-		st, err := open(&db)
+		if kind, _ := db.kind(); kind != dbPostgres {
+			return nil, usageErrorf("%s: %s: %s has no schemas or databases to look through; list its outboxes one by one", cf.at(item.line), r, kind)
+		}
+		found, err := r.find(ctx, &db, func(d *dbFlags) (*pgxpool.Pool, error) {
+			st, err := open(d)
+			if err != nil {
+				return nil, err
+			}
+			return st.pool, nil
+		})
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("%s: %s: %w", cf.at(item.line), r, err)
 		}
-		if st.pool == nil {
-			return nil, usageErrorf("%s: schemas: %s has no schemas; list its outboxes one by one", cf.at(item.line), st.kind)
-		}
-		schemas, err := matchingSchemas(ctx, st.pool, rule.values[0], db.prefix)
-		if err != nil {
-			return nil, fmt.Errorf("%s: look for the schemas %q: %w", cf.at(item.line), rule.values[0], err)
-		}
-		for _, s := range schemas {
-			one := db
-			one.schema = s
-			add("", &one, item)
+		for _, fd := range found {
+			if fd.err != nil {
+				return nil, fmt.Errorf("%s: %s: look for outboxes in %s: %w", cf.at(item.line), r, redactDSN(fd.db.url), fd.err)
+			}
+			for _, d := range fd.in {
+				add("", d, item)
+			}
 		}
 	}
 	return out, nil
@@ -118,7 +125,7 @@ func selectOutbox(ctx context.Context, inv *invocation, fs *flag.FlagSet, name s
 	t := targets[i]
 	set := map[string]string{"database-url": t.db.url, "schema": t.db.schema, "prefix": t.db.prefix}
 	for k, e := range t.item.values {
-		if _, ok := set[k]; !ok && k != "name" && k != "schemas" {
+		if _, ok := set[k]; !ok && k != "name" && k != "schemas" && k != "databases" {
 			set[k] = e.values[0]
 		}
 	}

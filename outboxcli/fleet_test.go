@@ -2,6 +2,8 @@ package outboxcli
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -12,6 +14,7 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/testinfra/testdb"
@@ -178,6 +181,9 @@ func TestRelayFleetConfigErrors(t *testing.T) {
 		{"schema and schemas", "  - schema: a\n    schemas: a*\n", nil, "outbox.yaml:2: an outbox has schema (one) or schemas (a rule), not both"},
 		{"listed twice", "  - schema: a\n  - schema: b\n  - schema: a\n", nil, "outbox.yaml:4: the outbox at line 2 already names these tables"},
 		{"bad pattern", "  - schemas: 'a['\n", nil, `outbox.yaml:2: schemas: "a[" is not a pattern`},
+		{"bad databases pattern", "  - databases: 'a['\n", nil, `outbox.yaml:2: databases: "a[" is not a pattern`},
+		{"named rule", "  - databases: shop_*\n    name: shop\n", nil, "outbox.yaml:3: name: a rule finds many outboxes"},
+		{"databases of a file", "  - databases: shop_*\n    database-url: sqlite:/tmp/x.db\n", nil, "outbox.yaml:2: databases: shop_*: SQLite has no schemas or databases"},
 		{"bad name", "  - schema: a\n    name: 'a b'\n", nil, `outbox.yaml:3: name "a b"`},
 		{"name taken", "  - schema: a\n    name: x\n  - schema: b\n    name: x\n", nil, `outbox.yaml:5: name "x" is taken by the outbox at line 2`},
 		{"bad value", "  - schema: a\n    max-attempts: lots\n", nil, "outbox.yaml:3: --max-attempts"},
@@ -469,4 +475,117 @@ func TestRelayFleetDatabaseRestart(t *testing.T) {
 	srv.Restart(testpg.Fast)
 	write(5, schemas...)
 	check(35)
+}
+
+// TestRelayFleetDiscoversDatabases: a databases: rule serves the outbox (schema app) of
+// every database of the server whose name matches, and of one created while the relay
+// runs; a matching database without the outbox is passed over, and one dropped while
+// the relay runs is released. migrate up and status with the file cover the same
+// outboxes.
+func TestRelayFleetDiscoversDatabases(t *testing.T) {
+	t.Parallel()
+	admin := testdb.Pool(t)
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	stem := "fleetdb_" + hex.EncodeToString(b[:])
+	create := func(suffix string, withOutbox bool) (url string, w *outbox.Writer[pgx.Tx], pool *pgxpool.Pool) {
+		t.Helper()
+		name := stem + "_" + suffix
+		if _, err := admin.Exec(context.Background(), "CREATE DATABASE "+name); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			ctx, cancel := testenv.CallContext()
+			defer cancel()
+			_, _ = admin.Exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
+		})
+		url, err := withDatabase(testdb.URL(), name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !withOutbox {
+			return url, nil, nil
+		}
+		must(t, 0, map[string]string{"OUTBOX_DATABASE_URL": url, "OUTBOX_SCHEMA": "app"}, "migrate", "up")
+		pool = testdb.PoolAt(t, url)
+		drv, err := outboxpgx.New(pool, outboxpgx.Config{Schema: "app"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if w, err = outbox.NewWriter(drv, outbox.WriterConfig{}); err != nil {
+			t.Fatal(err)
+		}
+		return url, w, pool
+	}
+	write := func(w *outbox.Writer[pgx.Tx], pool *pgxpool.Pool, topic string) {
+		t.Helper()
+		ctx, cancel := testenv.CallContext()
+		defer cancel()
+		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			return w.Write(ctx, tx, outbox.Message{Topic: topic, Key: "k", Payload: []byte(topic)})
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, wa, pa := create("a", true)
+	_, wb, pb := create("b", true)
+	create("d", false) // matches, holds no outbox
+	js := testnats.JetStream(t, "")
+	stream, prefix := natsStream(t, js)
+	config := fleetConfig(t, prefix, stream, "poll-interval: 50ms\ndiscover-interval: 100ms\npark-after: -1\n",
+		fmt.Sprintf("  - databases: %s_*\n    schema: app\n", stem))
+
+	env := map[string]string{"OUTBOX_DATABASE_URL": testdb.URL()}
+	status := must(t, 0, env, "status", "--config", config)
+	for _, name := range []string{stem + "_a.app", stem + "_b.app"} {
+		if !strings.Contains(status.stdout, name) {
+			t.Errorf("status does not list %s:\n%s", name, status.stdout)
+		}
+	}
+	if strings.Contains(status.stdout, stem+"_d") {
+		t.Errorf("status lists the database without an outbox:\n%s", status.stdout)
+	}
+
+	migrated := must(t, 0, env, "migrate", "up", "--config", config)
+	if !strings.Contains(migrated.stdout, "[2/2] "+stem+"_b.app") {
+		t.Errorf("migrate up does not go through both outboxes:\n%s", migrated.stdout)
+	}
+
+	log, stop := fleetRelay(t, config)
+	write(wa, pa, "a")
+	write(wb, pb, "b")
+	check := func(n int) map[string]bool {
+		t.Helper()
+		seen := map[string]bool{}
+		for _, m := range streamMessages(t, js, stream, n) {
+			if m.Subject != prefix+string(m.Data) {
+				t.Errorf("message %q reached %s", m.Data, m.Subject)
+			}
+			seen[string(m.Data)] = true
+		}
+		return seen
+	}
+	if seen := check(2); !seen["a"] || !seen["b"] {
+		t.Fatalf("delivered %v, want a and b", seen)
+	}
+
+	// A database created (and its outbox made) while the relay runs.
+	_, wc, pc := create("c", true)
+	write(wc, pc, "c")
+	if seen := check(3); !seen["c"] {
+		t.Fatalf("delivered %v, want c too", seen)
+	}
+
+	// A database dropped while the relay runs.
+	pb.Close()
+	if _, err := admin.Exec(context.Background(), "DROP DATABASE "+stem+"_b WITH (FORCE)"); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Await(t, "the dropped database's relay to stop", func() (any, bool) {
+		l := log.String()
+		return lastLines(l, 3), strings.Contains(l, `"msg":"outbox gone: stopping its relay","outbox":"`+stem+`_b.app"`)
+	})
+	if code := stop(); code != 0 {
+		t.Fatalf("relay exited %d\nstderr:\n%s", code, log.String())
+	}
 }

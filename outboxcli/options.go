@@ -246,20 +246,27 @@ func (cf *configFile) parseOutboxes(v *yaml.Node) ([]outboxItem, error) {
 }
 
 // checkOutbox checks what an entry of the outboxes list says by itself: its name, its
-// pattern, and not both schema and schemas.
+// patterns, not both schema and schemas, and no name on a rule.
 func (cf *configFile) checkOutbox(o outboxItem) error {
 	if v, ok := o.values["name"]; ok && !validFleetName(v.values[0]) {
 		return usageErrorf("%s: name %q: want letters, digits and . _ - (it becomes a metric label and a log field)", cf.at(v.line), v.values[0])
 	}
-	v, ok := o.values["schemas"]
-	if !ok {
-		return nil
+	for key, example := range map[string]string{"schemas": "tenant_*", "databases": "shop_*"} {
+		if v, ok := o.values[key]; ok {
+			if _, err := path.Match(v.values[0], ""); err != nil {
+				return usageErrorf("%s: %s: %q is not a pattern (want a shell pattern: %s)", cf.at(v.line), key, v.values[0], example)
+			}
+		}
 	}
-	if _, both := o.values["schema"]; both {
-		return usageErrorf("%s: an outbox has schema (one) or schemas (a rule), not both", cf.at(o.line))
+	if _, ok := o.values["schemas"]; ok {
+		if _, both := o.values["schema"]; both {
+			return usageErrorf("%s: an outbox has schema (one) or schemas (a rule), not both", cf.at(o.line))
+		}
 	}
-	if _, err := path.Match(v.values[0], ""); err != nil {
-		return usageErrorf("%s: schemas: %q is not a pattern (want a shell pattern: tenant_*)", cf.at(v.line), v.values[0])
+	if ruleOf(o).isRule() {
+		if v, ok := o.values["name"]; ok {
+			return usageErrorf("%s: name: a rule finds many outboxes, each named database.schema; name only an outbox listed alone", cf.at(v.line))
+		}
 	}
 	return nil
 }

@@ -163,7 +163,7 @@ func newRelayFlags(fs *flag.FlagSet) *relayFlags {
 	fs.StringVar(&o.metricsAddr, "metrics-addr", "", "serve /metrics, /healthz and /readyz on this `address` (:9187, 127.0.0.1:9187); none when empty")
 	fs.BoolVar(&o.otel, "otel", false, "export a span per published message over OTLP/HTTP, configured by the standard\nOTEL_EXPORTER_OTLP_* and OTEL_* environment variables")
 	o.discoverEvery = discoverIntervalDefault
-	fs.Var(durationValue{d: &o.discoverEvery}, "discover-interval", "with a config file's outboxes list: look for outboxes its schemas rules match every `duration`\n(and on SIGHUP)")
+	fs.Var(durationValue{d: &o.discoverEvery}, "discover-interval", "with a config file's outboxes list: look for the outboxes its rules (schemas:, databases:)\nfind every `duration` (and on SIGHUP)")
 	o.parkAfter = parkAfterDefault
 	fs.Var(durationValue{d: &o.parkAfter, allowForever: true}, "park-after", "with a config file's outboxes list: stop the relay of a PostgreSQL outbox that published nothing\nand held no message for this `duration`, and watch it from one connection per database until a message comes; -1 for never")
 	o.parkedPoll = parkedPollDefault

@@ -155,13 +155,15 @@ func Config(root *Command, forbidden map[string]string, outboxKeys []string) []b
 
 	b.WriteString("\n## The outboxes list\n\nWith an `outboxes` key, one `outbox relay` process serves many outboxes " +
 		"(docs/operations.md, \"Many outboxes from one relay\"). Each entry is a mapping: `schema` names one outbox, " +
-		"`schemas` is a rule (a shell pattern: every schema of the database that matches and holds an outbox, " +
-		"looked for again every `discover-interval` and on SIGHUP), and `name` is the outbox's name in logs and " +
-		"metrics (default: database.schema). An entry's keys beat the command line, the environment and the " +
+		"`schemas` is a rule (a shell pattern: every schema of the database that matches and holds an outbox), " +
+		"`databases` is one too (a shell pattern: every database of the server of `database-url` that matches, " +
+		"searched for `schema`, or for the `schemas` pattern); rules are applied again every `discover-interval` " +
+		"and on SIGHUP. `name` is the outbox's name in logs and metrics (default: database.schema; a rule's " +
+		"outboxes keep theirs). An entry's keys beat the command line, the environment and the " +
 		"file's top level, which give the defaults of every entry; the other keys are the process's.\n\n```yaml\n" +
 		"database-url: postgres://relay@db:5432/app\nbroker: nats://nats-1:4222\noutboxes:\n  - schema: billing\n" +
 		"    max-attempts: 5\n  - schemas: tenant_*\n    route: tenants.{topic}\n  - database-url: postgres://relay@db:5432/shop\n" +
-		"    schema: public\n    name: shop\n```\n\nKeys of an entry: ")
+		"    schema: public\n    name: shop\n  - databases: service_*\n    schema: outbox\n```\n\nKeys of an entry: ")
 	for i, k := range outboxKeys {
 		if i > 0 {
 			b.WriteString(", ")
