@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"os/signal"
 	"path"
@@ -19,6 +20,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -67,8 +69,10 @@ const (
 	// pool_max_conns: the outboxes of the database share it.
 	fleetPoolConns = 16
 	// fleetRetryMax bounds the wait before an outbox that could not be served is tried
-	// again.
-	fleetRetryMax = time.Minute
+	// again; fleetReconnectMax, when its database could not be reached or did not
+	// answer in time: the outbox is served again within it once the database is back.
+	fleetRetryMax     = time.Minute
+	fleetReconnectMax = 5 * time.Second
 )
 
 // fleetEntry is one entry of the outboxes list, with its settings resolved: the entry's
@@ -308,6 +312,18 @@ func (o *relayFlags) runFleet(ctx context.Context, inv *invocation) error {
 			log.Info("SIGHUP: looking for outboxes")
 		}
 	}
+}
+
+// retryCap is the longest wait before an outbox that could not be served for err is
+// tried again: a few seconds when the database was out of reach (it may be back any
+// moment), a minute otherwise (an outbox not migrated waits for an operator).
+func retryCap(err error) time.Duration {
+	var ce *pgconn.ConnectError
+	var ne net.Error
+	if errors.As(err, &ce) || errors.As(err, &ne) || errors.Is(err, context.DeadlineExceeded) || pgconn.SafeToRetry(err) {
+		return fleetReconnectMax
+	}
+	return fleetRetryMax
 }
 
 // cfErrorAt prefixes a usage error with the config file's line.
@@ -608,7 +624,7 @@ func (f *fleet) serve(ctx context.Context, m *fleetMember) {
 		if time.Since(started) > fleetRetryMax {
 			failures = 0
 		}
-		wait := min(time.Second<<min(failures, 6), fleetRetryMax)
+		wait := min(time.Second<<min(failures, 6), retryCap(err))
 		m.setState(fmt.Sprintf("not served: %v", err))
 		log.Error("outbox not served; trying again", "err", err, "retry_in", wait)
 		select {

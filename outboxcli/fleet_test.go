@@ -5,15 +5,19 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxkit/outbox"
@@ -587,5 +591,24 @@ func TestRelayFleetDiscoversDatabases(t *testing.T) {
 	})
 	if code := stop(); code != 0 {
 		t.Fatalf("relay exited %d\nstderr:\n%s", code, log.String())
+	}
+}
+
+// TestFleetRetryCap: an outbox whose database was out of reach is tried again within
+// seconds once the backoff has grown; one that failed otherwise (not migrated) waits
+// up to a minute.
+func TestFleetRetryCap(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		want time.Duration
+	}{
+		{fmt.Errorf("connect to PostgreSQL at x: %w", &pgconn.ConnectError{}), fleetReconnectMax},
+		{fmt.Errorf("check: %w", context.DeadlineExceeded), fleetReconnectMax},
+		{&net.OpError{Op: "dial", Err: os.ErrDeadlineExceeded}, fleetReconnectMax},
+		{errors.New("the outbox schema is not migrated: run 'outbox migrate up'"), fleetRetryMax},
+	} {
+		if got := retryCap(tc.err); got != tc.want {
+			t.Errorf("retryCap(%v) = %v, want %v", tc.err, got, tc.want)
+		}
 	}
 }
