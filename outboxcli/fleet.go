@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/signal"
 	"path"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -65,6 +66,9 @@ const (
 	discoverIntervalDefault = time.Minute
 	parkAfterDefault        = time.Minute
 	parkedPollDefault       = 5 * time.Second
+	// metricsMaxDefault bounds the outboxes with series of their own: about 40 series
+	// an outbox (more per topic and error kind), so 200 outboxes are some 10,000 series.
+	metricsMaxDefault = 200
 	// fleetPoolConns is a fleet's pool size per database URL when the URL does not set
 	// pool_max_conns: the outboxes of the database share it.
 	fleetPoolConns = 16
@@ -221,6 +225,9 @@ func (o *relayFlags) runFleet(ctx context.Context, inv *invocation) error {
 			return usageErrorf("--%s: must be a positive duration, not %s", name, d)
 		}
 	}
+	if o.metricsMax < 0 {
+		return usageErrorf("--metrics-max-outboxes: must be 0 or more, not %d", o.metricsMax)
+	}
 	if o.parkAfter <= 0 && o.parkAfter != -1 {
 		return usageErrorf("--park-after: must be a positive duration, or -1 never to park")
 	}
@@ -267,6 +274,9 @@ func (o *relayFlags) runFleet(ctx context.Context, inv *invocation) error {
 		f.observers = append(f.observers, obs)
 	}
 	f.reg = reg
+	if reg != nil {
+		reg.MustRegister(fleetCollector{f})
+	}
 	for _, route := range sortedKeys(dests) {
 		d := dests[route]
 		log.Info("connecting to the broker", "broker", d.Broker().Name, "url", brokers.Redact(o.broker.url), "route", route)
@@ -347,17 +357,19 @@ type fleet struct {
 	relayID     string          // every outbox's relay's, unless the file sets relay-id
 	ctx         context.Context // the fleet's: the idle watches run until it ends
 
-	mu      sync.Mutex
-	members map[string]*fleetMember // by key
-	dbs     map[string]*fleetDB     // by database URL
-	wg      sync.WaitGroup
+	mu              sync.Mutex
+	members         map[string]*fleetMember // by key
+	unmeteredLogged bool                    // the --metrics-max-outboxes warning was logged
+	dbs             map[string]*fleetDB     // by database URL
+	wg              sync.WaitGroup
 }
 
 // fleetMember is an outbox being served.
 type fleetMember struct {
 	fleetOutbox
 	cancel  context.CancelFunc
-	metrics *outboxprom.Metrics // nil without --metrics-addr
+	metrics *outboxprom.Metrics // nil without --metrics-addr, or past --metrics-max-outboxes
+	reg     *memberRegisterer   // where metrics is registered; nil when it is nil
 
 	mu     sync.Mutex
 	leases *leaseWatch // of the relay running now; nil between runs
@@ -499,6 +511,9 @@ func (f *fleet) reconcile(ctx context.Context) {
 		}
 		f.log.Info("outbox gone: stopping its relay", "outbox", m.name)
 		m.cancel()
+		if m.reg != nil {
+			m.reg.unregisterAll() // its series go with it, and its place under --metrics-max-outboxes
+		}
 		delete(f.members, key)
 	}
 	names := map[string]bool{}
@@ -518,7 +533,14 @@ func (f *fleet) reconcile(ctx context.Context) {
 		mctx, cancel := context.WithCancel(ctx)
 		m := &fleetMember{fleetOutbox: ob, cancel: cancel, state: "connecting"}
 		if f.reg != nil {
-			m.metrics = outboxprom.New(outboxprom.Config{Registerer: f.registerer(ob.name), Broker: f.brokerLabel})
+			if metered := f.metered(); metered < f.top.metricsMax {
+				m.reg = &memberRegisterer{Registerer: prometheus.WrapRegistererWith(prometheus.Labels{"outbox": ob.name}, f.reg)}
+				m.metrics = outboxprom.New(outboxprom.Config{Registerer: m.reg, Broker: f.brokerLabel})
+			} else if !f.unmeteredLogged {
+				f.unmeteredLogged = true
+				f.log.Warn("outboxes beyond --metrics-max-outboxes are served without series of their own; outbox_fleet_outboxes counts them",
+					"metrics_max_outboxes", f.top.metricsMax, "outbox", ob.name)
+			}
 		}
 		f.members[key] = m
 		f.log.Info("serving outbox", "outbox", ob.name, "where", redactDSN(ob.o.db.url), "schema", ob.o.db.schema, "prefix", ob.o.db.prefix)
@@ -526,8 +548,106 @@ func (f *fleet) reconcile(ctx context.Context) {
 	}
 }
 
-func (f *fleet) registerer(name string) prometheus.Registerer {
-	return prometheus.WrapRegistererWith(prometheus.Labels{"outbox": name}, f.reg)
+// metered counts the outboxes served with series of their own; f.mu is held.
+func (f *fleet) metered() int {
+	n := 0
+	for _, m := range f.members {
+		if m.reg != nil {
+			n++
+		}
+	}
+	return n
+}
+
+// memberRegisterer registers an outbox's collectors in the fleet's registry, under its
+// outbox label, and remembers them, so that they go when the outbox does.
+type memberRegisterer struct {
+	prometheus.Registerer
+	mu sync.Mutex
+	cs []prometheus.Collector
+}
+
+func (r *memberRegisterer) Register(c prometheus.Collector) error {
+	if err := r.Registerer.Register(c); err != nil {
+		return err
+	}
+	r.mu.Lock()
+	r.cs = append(r.cs, c)
+	r.mu.Unlock()
+	return nil
+}
+
+func (r *memberRegisterer) MustRegister(cs ...prometheus.Collector) {
+	for _, c := range cs {
+		if err := r.Register(c); err != nil {
+			panic(err)
+		}
+	}
+}
+
+func (r *memberRegisterer) Unregister(c prometheus.Collector) bool {
+	r.mu.Lock()
+	r.cs = slices.DeleteFunc(r.cs, func(x prometheus.Collector) bool { return x == c })
+	r.mu.Unlock()
+	return r.Registerer.Unregister(c)
+}
+
+func (r *memberRegisterer) unregisterAll() {
+	r.mu.Lock()
+	cs := r.cs
+	r.cs = nil
+	r.mu.Unlock()
+	for _, c := range cs {
+		r.Registerer.Unregister(c)
+	}
+}
+
+// fleetCollector exports how many outboxes the process serves, by state, and how many
+// of them have no series of their own (--metrics-max-outboxes): a fixed number of
+// series however many outboxes there are.
+type fleetCollector struct{ f *fleet }
+
+var (
+	fleetOutboxesDesc = prometheus.NewDesc("outbox_fleet_outboxes",
+		"Outboxes this process serves from its outboxes list, by state: running (its relay runs), parked (idle, watched), not_served (connecting, or failing and tried again).",
+		[]string{"state"}, nil)
+	fleetUnmeteredDesc = prometheus.NewDesc("outbox_fleet_outboxes_without_metrics",
+		"Outboxes this process serves without series of their own, past --metrics-max-outboxes.", nil, nil)
+)
+
+func (c fleetCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- fleetOutboxesDesc
+	ch <- fleetUnmeteredDesc
+}
+
+func (c fleetCollector) Collect(ch chan<- prometheus.Metric) {
+	c.f.mu.Lock()
+	members := make([]*fleetMember, 0, len(c.f.members))
+	for _, m := range c.f.members {
+		members = append(members, m)
+	}
+	c.f.mu.Unlock()
+	counts := map[string]int{"running": 0, "parked": 0, "not_served": 0}
+	unmetered := 0
+	for _, m := range members {
+		m.mu.Lock()
+		switch {
+		case m.state == "parked":
+			counts["parked"]++
+		case m.leases != nil:
+			counts["running"]++
+		default:
+			counts["not_served"]++
+		}
+		m.mu.Unlock()
+		if m.reg == nil {
+			unmetered++
+		}
+	}
+	for state, n := range counts {
+		ch <- prometheus.MustNewConstMetric(fleetOutboxesDesc, prometheus.GaugeValue, float64(n), state)
+	}
+	ch <- prometheus.MustNewConstMetric(fleetUnmeteredDesc, prometheus.GaugeValue, float64(unmetered))
 }
 
 // db returns the connection of o's database, shared by the outboxes of its URL,
@@ -660,9 +780,8 @@ func (f *fleet) runOne(ctx context.Context, m *fleetMember, log *slog.Logger) er
 	if m.metrics != nil {
 		observers = append(observers, m.metrics)
 		status := outboxprom.NewStatusCollector(drv, outboxprom.StatusConfig{Logger: log})
-		reg := f.registerer(m.name)
-		if err := reg.Register(status); err == nil {
-			defer reg.Unregister(status)
+		if err := m.reg.Register(status); err == nil {
+			defer m.reg.Unregister(status)
 		}
 	}
 	var parking atomic.Bool

@@ -148,6 +148,11 @@ discover-interval: 100ms
 		log := stderr.String()
 		return lastLines(log, 3), strings.Contains(log, `"msg":"outbox gone: stopping its relay","outbox":"`+dbName+"."+second+`"`)
 	})
+	testenv.Await(t, "the dropped tenant's series gone from /metrics", func() (any, bool) {
+		_, _, metrics := httpGet(t, "http://"+addr+"/metrics")
+		left := grepLines(metrics, `outbox="`+dbName+"."+second+`"`)
+		return left, left == ""
+	})
 
 	if code := stop(); code != 0 {
 		t.Fatalf("relay exited %d\nstderr:\n%s", code, stderr.String())
@@ -611,4 +616,43 @@ func TestFleetRetryCap(t *testing.T) {
 			t.Errorf("retryCap(%v) = %v, want %v", tc.err, got, tc.want)
 		}
 	}
+}
+
+// TestRelayFleetMetricsBound: past --metrics-max-outboxes an outbox is served without
+// series of its own; outbox_fleet_outboxes counts every outbox by state, and
+// outbox_fleet_outboxes_without_metrics the ones without.
+func TestRelayFleetMetricsBound(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	js := testnats.JetStream(t, "")
+	stream, prefix := natsStream(t, js)
+	first, second := b.Schema, b.Schema+"_b"
+	dropAtEnd(t, b, second)
+	must(t, 0, b.env, "migrate", "up")
+	must(t, 0, with(b.env, "OUTBOX_SCHEMA", second), "migrate", "up")
+	config := fleetConfig(t, prefix, stream, "poll-interval: 50ms\nmetrics-max-outboxes: 1\n", fmt.Sprintf("  - schemas: %s*\n", first))
+	stderr, _ := fleetRelay(t, config)
+	b.Write(t, outbox.Message{Topic: "a", Key: "k", Payload: []byte(`a`)})
+	(&testdb.DB{Pool: b.Pool, Schema: second}).Write(t, outbox.Message{Topic: "b", Key: "k", Payload: []byte(`b`)})
+	streamMessages(t, js, stream, 2)
+
+	testenv.Await(t, "the metrics address in the log", func() (any, bool) {
+		return lastLines(stderr.String(), 2), logAddr(stderr.String(), "serving metrics and health checks") != ""
+	})
+	addr := logAddr(stderr.String(), "serving metrics and health checks")
+	testenv.Await(t, "one outbox's series, and the fleet's counts", func() (any, bool) {
+		_, _, metrics := httpGet(t, "http://"+addr+"/metrics")
+		labels := map[string]bool{}
+		for _, line := range strings.Split(metrics, "\n") {
+			if rest, ok := strings.CutPrefix(line, "outbox_published_total{"); ok {
+				if _, after, ok := strings.Cut(rest, `outbox="`); ok {
+					name, _, _ := strings.Cut(after, `"`)
+					labels[name] = true
+				}
+			}
+		}
+		ok := len(labels) == 1 && strings.Contains(metrics, "outbox_fleet_outboxes_without_metrics 1") &&
+			strings.Contains(metrics, `outbox_fleet_outboxes{state="running"} 2`)
+		return fmt.Sprintf("outboxes with series %v; fleet lines:\n%s", labels, grepLines(metrics, "outbox_fleet_")), ok
+	})
 }

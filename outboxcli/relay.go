@@ -47,6 +47,7 @@ type relayFlags struct {
 
 	// With outboxes in the config file (fleet.go).
 	discoverEvery, parkAfter, parkedPoll time.Duration
+	metricsMax                           int // --metrics-max-outboxes
 }
 
 // relayConfigFlags maps outbox.RelayConfig fields to their flags, for error messages.
@@ -166,6 +167,7 @@ func newRelayFlags(fs *flag.FlagSet) *relayFlags {
 	fs.Var(durationValue{d: &o.discoverEvery}, "discover-interval", "with a config file's outboxes list: look for the outboxes its rules (schemas:, databases:)\nfind every `duration` (and on SIGHUP)")
 	o.parkAfter = parkAfterDefault
 	fs.Var(durationValue{d: &o.parkAfter, allowForever: true}, "park-after", "with a config file's outboxes list: stop the relay of a PostgreSQL outbox that published nothing\nand held no message for this `duration`, and watch it from one connection per database until a message comes; -1 for never")
+	fs.IntVar(&o.metricsMax, "metrics-max-outboxes", metricsMaxDefault, "with a config file's outboxes list and --metrics-addr: the most outboxes with series of their\nown (an outbox label); the outboxes found after are served without, and counted by outbox_fleet_outboxes")
 	o.parkedPoll = parkedPollDefault
 	fs.Var(durationValue{d: &o.parkedPoll}, "parked-poll-interval", "with a config file's outboxes list: look for messages due in the parked outboxes every `duration`\n(one statement per database; a write wakes its outbox at once)")
 	return o
