@@ -21,6 +21,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
@@ -464,15 +465,7 @@ func (f *fleet) reconcile(ctx context.Context) {
 			want[key] = fleetOutbox{name: cmp.Or(e.name, name), key: key, o: e.o, rule: -1}
 			continue
 		}
-		found, err := e.rule.find(ctx, e.o.db, func(d *dbFlags) (*pgxpool.Pool, error) {
-			o := *e.o
-			o.db = d
-			db, err := f.db(ctx, &o)
-			if err != nil {
-				return nil, err
-			}
-			return db.pool, nil
-		})
+		found, err := e.rule.find(ctx, e.o.db, f.searchConn(ctx))
 		if err != nil {
 			if ctx.Err() == nil {
 				f.log.Error("could not look for outboxes; those found before are served meanwhile", "line", e.line, "rule", e.rule.String(), "err", err)
@@ -648,6 +641,37 @@ func (c fleetCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(fleetOutboxesDesc, prometheus.GaugeValue, float64(n), state)
 	}
 	ch <- prometheus.MustNewConstMetric(fleetUnmeteredDesc, prometheus.GaugeValue, float64(unmetered))
+}
+
+// searchConn returns how a rule reaches a database to look for outboxes there: on the
+// fleet's pool when it has one for the database, else on a connection of its own,
+// closed after, so that a database without an outbox costs the fleet no pool and no
+// listening session.
+func (f *fleet) searchConn(ctx context.Context) func(*dbFlags) (querier, func(), error) {
+	return func(d *dbFlags) (querier, func(), error) {
+		f.mu.Lock()
+		db := f.dbs[d.url]
+		f.mu.Unlock()
+		if db != nil {
+			db.mu.Lock()
+			pool := db.pool
+			db.mu.Unlock()
+			if pool != nil {
+				return pool, func() {}, nil
+			}
+		}
+		t, err := d.target("outbox relay")
+		if err != nil {
+			return nil, nil, err
+		}
+		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		conn, err := pgx.ConnectConfig(cctx, t.pg.ConnConfig)
+		if err != nil {
+			return nil, nil, err
+		}
+		return conn, func() { _ = conn.Close(context.WithoutCancel(ctx)) }, nil
+	}
 }
 
 // db returns the connection of o's database, shared by the outboxes of its URL,

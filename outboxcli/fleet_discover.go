@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // An entry of the outboxes list is a rule when it has schemas: (a pattern over the
@@ -58,11 +57,16 @@ type ruleFound struct {
 	err error
 }
 
+// querier runs a query: a *pgxpool.Pool or a *pgx.Conn.
+type querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
 // find applies r to d (the entry's settings) and returns, per database searched, what
-// it found. pool gives a connection to a database. An error is returned when the
-// databases themselves cannot be listed; a database that cannot be searched is reported
-// in its ruleFound, and the others are searched.
-func (r rule) find(ctx context.Context, d *dbFlags, pool func(*dbFlags) (*pgxpool.Pool, error)) ([]ruleFound, error) {
+// it found. open gives a connection to a database, and the function that lets go of it.
+// An error is returned when the databases themselves cannot be listed; a database that
+// cannot be searched is reported in its ruleFound, and the others are searched.
+func (r rule) find(ctx context.Context, d *dbFlags, open func(*dbFlags) (querier, func(), error)) ([]ruleFound, error) {
 	dbs := []*dbFlags{d}
 	if r.databases != "" {
 		var err error
@@ -77,10 +81,11 @@ func (r rule) find(ctx context.Context, d *dbFlags, pool func(*dbFlags) (*pgxpoo
 	out := make([]ruleFound, 0, len(dbs))
 	for _, db := range dbs {
 		found := ruleFound{db: db}
-		p, err := pool(db)
+		q, done, err := open(db)
 		var schemas []string
 		if err == nil {
-			schemas, err = matchingSchemas(ctx, p, pattern, db.prefix)
+			schemas, err = matchingSchemas(ctx, q, pattern, db.prefix)
+			done()
 		}
 		found.err = err
 		for _, s := range schemas {
@@ -105,12 +110,12 @@ func literalPattern(s string) string {
 	return b.String()
 }
 
-// matchingSchemas returns the schemas of pool's database that match pattern and hold
-// an outbox with prefix (its migrations table).
-func matchingSchemas(ctx context.Context, pool *pgxpool.Pool, pattern, prefix string) ([]string, error) {
+// matchingSchemas returns the schemas of q's database that match pattern and hold an
+// outbox with prefix (its migrations table).
+func matchingSchemas(ctx context.Context, q querier, pattern, prefix string) ([]string, error) {
 	qctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	rows, err := pool.Query(qctx, `SELECT n.nspname FROM pg_namespace n JOIN pg_class c ON c.relnamespace = n.oid
+	rows, err := q.Query(qctx, `SELECT n.nspname FROM pg_namespace n JOIN pg_class c ON c.relnamespace = n.oid
 		WHERE c.relname = $1 AND c.relkind IN ('r', 'p') ORDER BY 1`, prefix+"outbox_migrations")
 	if err != nil {
 		return nil, err

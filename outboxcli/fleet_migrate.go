@@ -6,8 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"slices"
-
-	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // fleetOutboxDB is one outbox of a config file's outboxes list, for the commands that
@@ -55,12 +53,12 @@ func fleetOutboxDBs(ctx context.Context, inv *invocation, base *dbFlags, open fu
 		if kind, _ := db.kind(); kind != dbPostgres {
 			return nil, usageErrorf("%s: %s: %s has no schemas or databases to look through; list its outboxes one by one", cf.at(item.line), r, kind)
 		}
-		found, err := r.find(ctx, &db, func(d *dbFlags) (*pgxpool.Pool, error) {
+		found, err := r.find(ctx, &db, func(d *dbFlags) (querier, func(), error) {
 			st, err := open(d)
 			if err != nil {
-				return nil, err
+				return nil, nil, err
 			}
-			return st.pool, nil
+			return st.pool, func() {}, nil // the command's connections close when it ends
 		})
 		if err != nil {
 			return nil, fmt.Errorf("%s: %s: %w", cf.at(item.line), r, err)

@@ -577,6 +577,15 @@ func TestRelayFleetDiscoversDatabases(t *testing.T) {
 	if seen := check(2); !seen["a"] || !seen["b"] {
 		t.Fatalf("delivered %v, want a and b", seen)
 	}
+	// The database without an outbox is searched on a connection closed after, not
+	// kept as a pool and a listening session.
+	testenv.Await(t, "no session left on the database without an outbox", func() (any, bool) {
+		var n int
+		if err := admin.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity WHERE datname = $1`, stem+"_d").Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return fmt.Sprintf("%d sessions", n), n == 0
+	})
 
 	// A database created (and its outbox made) while the relay runs.
 	_, wc, pc := create("c", true)
