@@ -21,7 +21,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
@@ -660,17 +659,7 @@ func (f *fleet) searchConn(ctx context.Context) func(*dbFlags) (querier, func(),
 				return pool, func() {}, nil
 			}
 		}
-		t, err := d.target("outbox relay")
-		if err != nil {
-			return nil, nil, err
-		}
-		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		defer cancel()
-		conn, err := pgx.ConnectConfig(cctx, t.pg.ConnConfig)
-		if err != nil {
-			return nil, nil, err
-		}
-		return conn, func() { _ = conn.Close(context.WithoutCancel(ctx)) }, nil
+		return connectOnce(ctx, d)
 	}
 }
 

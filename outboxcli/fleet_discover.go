@@ -98,6 +98,22 @@ func (r rule) find(ctx context.Context, d *dbFlags, open func(*dbFlags) (querier
 	return out, nil
 }
 
+// connectOnce opens a connection of its own to d's database for one search, and
+// returns it with the function that closes it.
+func connectOnce(ctx context.Context, d *dbFlags) (querier, func(), error) {
+	t, err := d.target("outbox")
+	if err != nil {
+		return nil, nil, err
+	}
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	conn, err := pgx.ConnectConfig(cctx, t.pg.ConnConfig)
+	if err != nil {
+		return nil, nil, err
+	}
+	return conn, func() { _ = conn.Close(context.WithoutCancel(ctx)) }, nil
+}
+
 // literalPattern is a shell pattern that matches s alone.
 func literalPattern(s string) string {
 	var b strings.Builder

@@ -17,9 +17,10 @@ type fleetOutboxDB struct {
 }
 
 // fleetOutboxDBs resolves the config file's outboxes list for a command whose database
-// flags are base: each entry's database-url, schema and prefix over base's, and each
-// rule's matching schemas, looked up on connections from open (one per URL).
-func fleetOutboxDBs(ctx context.Context, inv *invocation, base *dbFlags, open func(*dbFlags) (*openedStore, error)) ([]fleetOutboxDB, error) {
+// flags are base: each entry's database-url, schema and prefix over base's, and the
+// outboxes each rule finds, looked up on a connection of its own per database, closed
+// after.
+func fleetOutboxDBs(ctx context.Context, inv *invocation, base *dbFlags) ([]fleetOutboxDB, error) {
 	cf := inv.config
 	var out []fleetOutboxDB
 	seen := map[string]bool{}
@@ -53,13 +54,7 @@ func fleetOutboxDBs(ctx context.Context, inv *invocation, base *dbFlags, open fu
 		if kind, _ := db.kind(); kind != dbPostgres {
 			return nil, usageErrorf("%s: %s: %s has no schemas or databases to look through; list its outboxes one by one", cf.at(item.line), r, kind)
 		}
-		found, err := r.find(ctx, &db, func(d *dbFlags) (querier, func(), error) {
-			st, err := open(d)
-			if err != nil {
-				return nil, nil, err
-			}
-			return st.pool, func() {}, nil // the command's connections close when it ends
-		})
+		found, err := r.find(ctx, &db, func(d *dbFlags) (querier, func(), error) { return connectOnce(ctx, d) })
 		if err != nil {
 			return nil, fmt.Errorf("%s: %s: %w", cf.at(item.line), r, err)
 		}
@@ -106,9 +101,7 @@ func selectOutbox(ctx context.Context, inv *invocation, fs *flag.FlagSet, name s
 		return ""
 	}
 	base := &dbFlags{url: value("database-url"), schema: value("schema"), prefix: value("prefix")}
-	conns := newDBConns(ctx, "outbox")
-	defer conns.close()
-	targets, err := fleetOutboxDBs(ctx, inv, base, conns.open)
+	targets, err := fleetOutboxDBs(ctx, inv, base)
 	if err != nil {
 		return err
 	}
@@ -144,8 +137,7 @@ func selectOutbox(ctx context.Context, inv *invocation, fs *flag.FlagSet, name s
 func migrateFleet(ctx context.Context, inv *invocation, base *dbFlags, to int) error {
 	conns := newDBConns(ctx, "outbox migrate")
 	defer conns.close()
-	open := conns.open
-	targets, err := fleetOutboxDBs(ctx, inv, base, open)
+	targets, err := fleetOutboxDBs(ctx, inv, base)
 	if err != nil {
 		return err
 	}

@@ -23,7 +23,7 @@ type fleetStatus struct {
 func statusFleet(ctx context.Context, inv *invocation, base *dbFlags, asJSON bool) error {
 	conns := newDBConns(ctx, "outbox status")
 	defer conns.close()
-	targets, err := fleetOutboxDBs(ctx, inv, base, conns.open)
+	targets, err := fleetOutboxDBs(ctx, inv, base)
 	if err != nil {
 		return err
 	}

@@ -84,7 +84,7 @@ const (
 	// second by every pool, which would keep it loaded (each connection is a process to
 	// start). A network that comes back after a long outage is probed within this.
 	probeBackoffMax = time.Second
-	probeTimeout = 500 * time.Millisecond // a probe's connect and query
+	probeTimeout    = 500 * time.Millisecond // a probe's connect and query
 	// probeLost is how much longer than a later probe took an earlier one must be out
 	// for the watch to take it for lost: the network dropped it, so statements sent
 	// before it that their sessions never received were dropped too.
