@@ -151,22 +151,16 @@ func matchingSchemas(ctx context.Context, q querier, pattern, prefix string) ([]
 
 // matchingDatabases returns the databases of d's server whose names match pattern (a
 // shell pattern), each as d naming that database: the ones that take connections, not
-// the templates. It asks over a connection of its own to d's database.
+// the templates. It asks over a connection of its own to d's database (a PostgreSQL
+// one: the callers check).
 func matchingDatabases(ctx context.Context, d *dbFlags, pattern string) ([]*dbFlags, error) {
-	t, err := d.target("outbox")
+	conn, done, err := connectOnce(ctx, d)
 	if err != nil {
 		return nil, err
 	}
-	if t.kind != dbPostgres {
-		return nil, fmt.Errorf("databases: %s has no databases to look through", t.kind)
-	}
+	defer done()
 	qctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	conn, err := pgx.ConnectConfig(qctx, t.pg.ConnConfig)
-	if err != nil {
-		return nil, err
-	}
-	defer conn.Close(context.WithoutCancel(ctx))
 	rows, err := conn.Query(qctx, `SELECT datname FROM pg_database WHERE datallowconn AND NOT datistemplate ORDER BY 1`)
 	if err != nil {
 		return nil, err
