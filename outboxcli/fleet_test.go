@@ -499,19 +499,7 @@ func TestRelayFleetDiscoversDatabases(t *testing.T) {
 	stem := "fleetdb_" + hex.EncodeToString(b[:])
 	create := func(suffix string, withOutbox bool) (url string, w *outbox.Writer[pgx.Tx], pool *pgxpool.Pool) {
 		t.Helper()
-		name := stem + "_" + suffix
-		if _, err := admin.Exec(context.Background(), "CREATE DATABASE "+name); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			ctx, cancel := testenv.CallContext()
-			defer cancel()
-			_, _ = admin.Exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
-		})
-		url, err := withDatabase(testdb.URL(), name)
-		if err != nil {
-			t.Fatal(err)
-		}
+		url = testdb.NewDatabase(t, testdb.URL(), stem+"_"+suffix)
 		if !withOutbox {
 			return url, nil, nil
 		}

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/url"
 	"os"
 	"time"
 
@@ -51,6 +52,39 @@ func PoolAt(t testenv.TB, url string) *pgxpool.Pool {
 	}
 	t.Cleanup(pool.Close)
 	return pool
+}
+
+// NewDatabase creates database name on the server of serverURL (a postgres:// URL),
+// dropped with everything in it (WITH (FORCE): its sessions too) when the test ends, and
+// returns serverURL naming it.
+func NewDatabase(t testenv.TB, serverURL, name string) string {
+	t.Helper()
+	u, err := url.Parse(serverURL)
+	if err != nil {
+		t.Fatalf("testdb: the database URL does not parse") // it may hold a password
+	}
+	exec := func(q string) error {
+		ctx, cancel := testenv.CallContext()
+		defer cancel()
+		conn, err := pgx.Connect(ctx, serverURL)
+		if err != nil {
+			return err
+		}
+		defer conn.Close(ctx)
+		_, err = conn.Exec(ctx, q)
+		return err
+	}
+	ident := pgx.Identifier{name}.Sanitize()
+	if err := exec("CREATE DATABASE " + ident); err != nil {
+		t.Fatalf("testdb: create database %s: %v", name, err)
+	}
+	t.Cleanup(func() {
+		if err := exec("DROP DATABASE IF EXISTS " + ident + " WITH (FORCE)"); err != nil {
+			t.Logf("testdb: drop database %s: %v", name, err)
+		}
+	})
+	u.Path, u.RawPath = "/"+name, ""
+	return u.String()
 }
 
 // NewSchema returns a fresh schema name, dropped with everything in it when the test ends.

@@ -15,8 +15,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/testinfra/testdb"
 	"github.com/outboxkit/outbox/internal/testinfra/testenv"
@@ -66,7 +64,9 @@ type runOutbox struct {
 // in a second database made on the server of databaseURL for the run.
 func fleetOutboxes(tb testenv.TB, databaseURL string, n int) []*runOutbox {
 	tb.Helper()
-	second := createDatabase(tb, databaseURL)
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	second := testdb.NewDatabase(tb, databaseURL, "torture_"+hex.EncodeToString(b[:]))
 	outs := make([]*runOutbox, n)
 	for i := range outs {
 		u := databaseURL
@@ -89,40 +89,6 @@ func fleetRate(rate float64, i, n int) float64 {
 	default:
 		return rate / 2 / float64(n-2)
 	}
-}
-
-// createDatabase makes a database on the server of databaseURL, dropped when the run
-// ends, and returns its URL.
-func createDatabase(tb testenv.TB, databaseURL string) string {
-	tb.Helper()
-	u, err := url.Parse(databaseURL)
-	if err != nil {
-		tb.Fatalf("chaos: the database URL does not parse")
-	}
-	var b [4]byte
-	_, _ = rand.Read(b[:])
-	name := "torture_" + hex.EncodeToString(b[:])
-	admin := func(q string) error {
-		ctx, cancel := testenv.CallContext()
-		defer cancel()
-		conn, err := pgx.Connect(ctx, databaseURL)
-		if err != nil {
-			return err
-		}
-		defer conn.Close(ctx)
-		_, err = conn.Exec(ctx, q)
-		return err
-	}
-	if err := admin("CREATE DATABASE " + name); err != nil {
-		tb.Fatalf("chaos: create the run's second database: %v", err)
-	}
-	tb.Cleanup(func() {
-		if err := admin("DROP DATABASE IF EXISTS " + name + " WITH (FORCE)"); err != nil {
-			tb.Logf("chaos: drop database %s: %v", name, err)
-		}
-	})
-	u.Path = "/" + name
-	return u.String()
 }
 
 // fleetPoolConns bounds each relay process's pool per database: three processes and
