@@ -1,6 +1,7 @@
 package chaos
 
 import (
+	"cmp"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -39,17 +40,28 @@ func artifacts(t *testing.T) string {
 	return filepath.Join(dir, strings.ReplaceAll(t.Name(), "/", "_")+"-"+time.Now().UTC().Format("20060102T150405"))
 }
 
-// runAndCheck runs cfg (with the seed and artifacts of the environment), prints its summary
-// line and fails t on any anomaly.
+// duration returns OUTBOX_TORTURE_DURATION (a longer run on demand), else def, or 12 s
+// with -short. A run also goes on until every fault kind was injected.
+func duration(t *testing.T, def time.Duration) time.Duration {
+	if s := os.Getenv("OUTBOX_TORTURE_DURATION"); s != "" {
+		d, err := time.ParseDuration(s)
+		if err != nil || d <= 0 {
+			t.Fatalf("OUTBOX_TORTURE_DURATION=%q: want a positive duration (45s, 10m)", s)
+		}
+		return d
+	}
+	if testing.Short() {
+		return 12 * time.Second
+	}
+	return def
+}
+
+// runAndCheck runs cfg (with the seed, duration and artifacts of the environment), prints
+// its summary line and fails t on any anomaly.
 func runAndCheck(t *testing.T, cfg Config) {
 	cfg.Seed = seed(t)
 	cfg.Artifacts = artifacts(t)
-	if cfg.Duration == 0 {
-		cfg.Duration = 45 * time.Second
-		if testing.Short() {
-			cfg.Duration = 12 * time.Second
-		}
-	}
+	cfg.Duration = duration(t, cmp.Or(cfg.Duration, 30*time.Second))
 	rep := Run(t, cfg)
 	t.Log("timing (figures, not checked):\n" + rep.Timing.Table())
 	t.Log(rep.String())
@@ -87,11 +99,16 @@ func TestTortureFleet(t *testing.T) {
 // reads the slot, the others stand by; on top of every broker's and the database's
 // faults, the stream is cut, its connections terminated, the database restarted, and the
 // slot dropped and invalidated under load. Nothing lost, nothing reordered, as when
-// polling. NATS runs as long as TestTortureNATS; RabbitMQ and Kafka run 20 s (and until
-// every fault kind was injected), to keep the test command's length.
+// polling. NATS runs as long as TestTortureNATS, with 1 and 3 relays; RabbitMQ and Kafka
+// run 20 s (and until every fault kind was injected), with 3 relays only, to keep the
+// test command's length (OUTBOX_TORTURE_FULL=1 runs them with 1 relay too).
 func TestTortureWAL(t *testing.T) {
+	full, _ := strconv.ParseBool(os.Getenv("OUTBOX_TORTURE_FULL"))
 	for _, broker := range []string{"nats", "rabbitmq", "kafka"} {
 		for _, relays := range []int{1, 3} {
+			if broker != "nats" && relays == 1 && !full {
+				continue
+			}
 			t.Run(fmt.Sprintf("%s/relays=%d", broker, relays), func(t *testing.T) {
 				cfg := Config{Broker: broker, Relays: relays, WAL: true}
 				if broker != "nats" {
