@@ -245,7 +245,7 @@ func (o *relayFlags) runFleet(ctx context.Context, inv *invocation) error {
 		return err
 	}
 	f := &fleet{top: o, log: log, entries: entries, members: map[string]*fleetMember{},
-		dbs: map[string]*fleetDB{}, brokers: map[string]*brokers.Opened{}, relayID: fleetRelayID(), ctx: ctx}
+		dbs: map[string]*fleetDB{}, routes: map[string]*fleetRoute{}, relayID: fleetRelayID(), ctx: ctx}
 	// Every route is checked before anything connects.
 	dests := map[string]*brokers.Dest{}
 	for _, e := range entries {
@@ -287,14 +287,15 @@ func (o *relayFlags) runFleet(ctx context.Context, inv *invocation) error {
 			f.closeBrokers()
 			return err
 		}
-		f.brokers[route], f.brokerLabel = opened, d.Broker().Label
+		open := func(ctx context.Context) (*brokers.Opened, error) { return b.open(ctx, d) }
+		f.routes[route], f.brokerLabel = newFleetRoute(ctx, route, opened, open, log), d.Broker().Label
 	}
 	defer f.closeBrokers()
 	defer f.closeDBs()
 	if ready != nil {
 		var checks []readyCheck
-		for _, route := range sortedKeys(f.brokers) {
-			if p, ok := f.brokers[route].Publisher.(outbox.Pinger); ok {
+		for _, route := range sortedKeys(f.routes) {
+			if p, ok := f.routes[route].shared.Publisher.(outbox.Pinger); ok {
 				checks = append(checks, readyCheck{name: "broker", check: p.Ping})
 			}
 		}
@@ -352,7 +353,7 @@ type fleet struct {
 	entries     []fleetEntry
 	reg         *prometheus.Registry // nil without --metrics-addr
 	observers   []outbox.Observer
-	brokers     map[string]*brokers.Opened // by route
+	routes      map[string]*fleetRoute // by route
 	brokerLabel string
 	relayID     string          // every outbox's relay's, unless the file sets relay-id
 	ctx         context.Context // the fleet's: the idle watches run until it ends
@@ -718,8 +719,8 @@ func (f *fleet) closeDBs() {
 }
 
 func (f *fleet) closeBrokers() {
-	for _, b := range f.brokers {
-		b.Close()
+	for _, r := range f.routes {
+		r.close()
 	}
 }
 
@@ -800,10 +801,12 @@ func (f *fleet) runOne(ctx context.Context, m *fleetMember, log *slog.Logger) er
 	var parking atomic.Bool
 	cfg.Observer = parkable{outbox.MultiObserver(observers...), &parking}
 	cfg.ID = cmp.Or(cfg.ID, f.relayID)
-	pub := f.brokers[o.broker.route].Publisher
+	route := f.routes[o.broker.route]
 	if broken.Has(broken.FleetOneRoute) { // canary: every outbox publishes with one route
-		pub = f.brokers[sortedKeys(f.brokers)[0]].Publisher
+		route = f.routes[sortedKeys(f.routes)[0]]
 	}
+	pub, released := route.publisher()
+	defer released()
 	relay, err := outbox.NewRelay(leases.store(), pub, cfg)
 	if err != nil {
 		return relayConfigError(err)

@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/testinfra/testdb"
@@ -293,19 +294,7 @@ lease-ttl: 3s
 			db.Write(t, outbox.Message{Topic: fmt.Sprintf("o%d", o), Key: fmt.Sprintf("k%d", i%keys), Payload: []byte(fmt.Sprint(i))})
 		}
 	}
-	got := streamMessages(t, js, stream, 2*perOutbox)
-	next := map[string]int{} // subject/key -> the payload expected next
-	for _, m := range got {
-		k := m.Subject + "/" + m.Header.Get(outbox.HeaderKey)
-		want := next[k]
-		if want == 0 {
-			want = keyFirst(m.Header.Get(outbox.HeaderKey))
-		}
-		if string(m.Data) != fmt.Sprint(want) {
-			t.Fatalf("%s: payload %s, want %d (out of order or duplicated)", k, m.Data, want)
-		}
-		next[k] = want + keys
-	}
+	checkKeyOrder(t, streamMessages(t, js, stream, 2*perOutbox), keys)
 	// Both processes serve both outboxes.
 	testenv.Await(t, "both processes to hold shards of both outboxes", func() (any, bool) {
 		var missing []string
@@ -325,11 +314,59 @@ lease-ttl: 3s
 	}
 }
 
-// keyFirst is the first payload of key "k<n>" in TestRelayFleetTwoProcesses: n.
-func keyFirst(key string) int {
-	var n int
-	_, _ = fmt.Sscanf(key, "k%d", &n)
-	return n
+// checkKeyOrder checks that got holds, per subject and key "k<n>" of keys, the payloads
+// n, n+keys, n+2*keys ... in that order, each once: message i of an outbox was written
+// with key k<i%keys> and payload i.
+func checkKeyOrder(t *testing.T, got []*jetstream.RawStreamMsg, keys int) {
+	t.Helper()
+	next := map[string]int{} // subject/key -> the payload expected next
+	for _, m := range got {
+		key := m.Header.Get(outbox.HeaderKey)
+		k := m.Subject + "/" + key
+		want, ok := next[k]
+		if !ok {
+			_, _ = fmt.Sscanf(key, "k%d", &want)
+		}
+		if string(m.Data) != fmt.Sprint(want) {
+			t.Fatalf("%s: payload %s, want %d (out of order or duplicated)", k, m.Data, want)
+		}
+		next[k] = want + keys
+	}
+}
+
+// TestRelayFleetBulkLane: two outboxes on one route, one draining a backlog, the other
+// written to meanwhile: the drain's publishes move to a second broker connection (the
+// log says when it opens), and every message of both arrives once, in per-key order,
+// across the two connections. (A relay has one message per key in flight: the backlog
+// has a thousand keys, so that its relay has more in flight than the shared lane takes.)
+func TestRelayFleetBulkLane(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	js := testnats.JetStream(t, "")
+	stream, prefix := natsStream(t, js)
+	second := b.Schema + "_b"
+	dropAtEnd(t, b, second)
+	must(t, 0, b.env, "migrate", "up")
+	must(t, 0, with(b.env, "OUTBOX_SCHEMA", second), "migrate", "up")
+	const backlog, trickle, keys = 5000, 50, 1000
+	big := make([]outbox.Message, backlog)
+	for i := range big {
+		big[i] = outbox.Message{Topic: "big", Key: fmt.Sprintf("k%d", i%keys), Payload: []byte(fmt.Sprint(i))}
+	}
+	b.DB.Write(t, big...)
+	config := fleetConfig(t, prefix, stream, "park-after: -1\n", fmt.Sprintf("  - schemas: %s*\n", b.Schema))
+	log, stop := fleetRelay(t, config)
+	small := &testdb.DB{Pool: b.Pool, Schema: second}
+	for i := range trickle {
+		small.Write(t, outbox.Message{Topic: "small", Key: fmt.Sprintf("k%d", i%keys), Payload: []byte(fmt.Sprint(i))})
+	}
+	checkKeyOrder(t, streamMessages(t, js, stream, backlog+trickle), keys)
+	if !strings.Contains(log.String(), "opened the route's second broker connection") {
+		t.Fatalf("the drain never moved to a second broker connection; log:\n%s", log)
+	}
+	if code := stop(); code != 0 {
+		t.Fatalf("relay exited %d:\n%s", code, log)
+	}
 }
 
 // TestMigrateUpOutboxList: `migrate up` with an outboxes list migrates every outbox of
