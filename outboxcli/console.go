@@ -11,9 +11,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/console"
-	"github.com/outboxkit/outbox/outboxdriver"
 )
 
 // consoleAddrDefault is where `outbox console` listens unless told otherwise: loopback,
@@ -61,7 +59,7 @@ trusted network.`,
 				return err
 			}
 			defer drv.close()
-			stop, err := c.start(ctx, inv, drv, nil, "", log)
+			stop, err := c.start(ctx, inv, console.Config{Admin: drv}, log)
 			if err != nil {
 				return err
 			}
@@ -133,15 +131,14 @@ func (c *consoleFlags) check(ctx context.Context, inv *invocation) error {
 	return nil
 }
 
-// handler returns the console over admin. relayStats and relayID describe the relay
-// that serves it; nil and "" without one.
-func (c *consoleFlags) handler(ctx context.Context, inv *invocation, admin outboxdriver.Admin, relayStats func() outbox.RelayStats, relayID string, log *slog.Logger) (*console.Handler, error) {
+// handler returns the console of what cfg says (Admin, and RelayStats and RelayID when a
+// relay serves it; or a fleet's Outboxes), with the flags' token, log and scrubber.
+func (c *consoleFlags) handler(ctx context.Context, inv *invocation, cfg console.Config, log *slog.Logger) (*console.Handler, error) {
 	if err := c.check(ctx, inv); err != nil {
 		return nil, err
 	}
-	h, err := console.New(console.Config{
-		Admin: admin, RelayStats: relayStats, RelayID: relayID, Token: c.token, Logger: log, Scrub: inv.secrets.scrub,
-	})
+	cfg.Token, cfg.Logger, cfg.Scrub = c.token, log, inv.secrets.scrub
+	h, err := console.New(cfg)
 	if err != nil {
 		return nil, flagError(err, map[string]string{"Token": "http-token"})
 	}
@@ -151,11 +148,11 @@ func (c *consoleFlags) handler(ctx context.Context, inv *invocation, admin outbo
 // start serves the console on --http-addr in the background and returns the function
 // that stops it, waiting up to consoleShutdownGrace for requests under way. With an empty
 // --http-addr it serves nothing and stop does nothing.
-func (c *consoleFlags) start(ctx context.Context, inv *invocation, admin outboxdriver.Admin, relayStats func() outbox.RelayStats, relayID string, log *slog.Logger) (stop func(), err error) {
+func (c *consoleFlags) start(ctx context.Context, inv *invocation, cfg console.Config, log *slog.Logger) (stop func(), err error) {
 	if c.addr == "" {
 		return func() {}, nil
 	}
-	h, err := c.handler(ctx, inv, admin, relayStats, relayID, log)
+	h, err := c.handler(ctx, inv, cfg, log)
 	if err != nil {
 		return nil, err
 	}

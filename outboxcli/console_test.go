@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/console"
 	"github.com/outboxkit/outbox/internal/testinfra/testdb"
 	"github.com/outboxkit/outbox/internal/testinfra/testenv"
 )
@@ -222,7 +223,7 @@ func TestConsoleFlagsServeARelay(t *testing.T) {
 	if err := fs.Parse(nil); err != nil {
 		t.Fatal(err)
 	}
-	stop, err := c.start(ctx, inv, b.driver(t), stats, "relay-7", log)
+	stop, err := c.start(ctx, inv, console.Config{Admin: b.driver(t), RelayStats: stats, RelayID: "relay-7"}, log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -239,7 +240,7 @@ func TestConsoleFlagsServeARelay(t *testing.T) {
 	if err := c.check(ctx, inv); err != nil {
 		t.Fatal(err)
 	}
-	stop, err = c.start(ctx, inv, b.driver(t), stats, "relay-7", log)
+	stop, err = c.start(ctx, inv, console.Config{Admin: b.driver(t), RelayStats: stats, RelayID: "relay-7"}, log)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -28,6 +28,7 @@ import (
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/broken"
 	"github.com/outboxkit/outbox/internal/brokers"
+	"github.com/outboxkit/outbox/internal/console"
 	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/outboxpgx"
 	"github.com/outboxkit/outbox/outboxprom"
@@ -234,8 +235,8 @@ func (o *relayFlags) runFleet(ctx context.Context, inv *invocation) error {
 	if err := checkListenAddr("metrics-addr", o.metricsAddr); err != nil {
 		return err
 	}
-	if o.console.addr != "" {
-		return usageErrorf("--http-addr: the web console serves one outbox: run 'outbox console --outbox NAME' for each")
+	if err := o.console.check(ctx, inv); err != nil {
+		return err
 	}
 	if o.source != "poll" {
 		return usageErrorf("--source: the relays of an outboxes list poll (WAL mode needs a slot per outbox, set up one by one)")
@@ -302,6 +303,12 @@ func (o *relayFlags) runFleet(ctx context.Context, inv *invocation) error {
 		ready.running(f, checks...)
 		defer ready.stopping()
 	}
+
+	stopConsole, err := o.console.start(ctx, inv, console.Config{Outboxes: f.consoleOutboxes}, log)
+	if err != nil {
+		return err
+	}
+	defer stopConsole()
 
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
@@ -903,6 +910,30 @@ func (m *fleetMember) setLeases(l *leaseWatch) {
 	if l != nil {
 		m.state = ""
 	}
+}
+
+// consoleOutboxes lists the outboxes for the web console's overview.
+func (f *fleet) consoleOutboxes() []console.Outbox {
+	f.mu.Lock()
+	members := make([]*fleetMember, 0, len(f.members))
+	for _, m := range f.members {
+		members = append(members, m)
+	}
+	f.mu.Unlock()
+	out := make([]console.Outbox, 0, len(members))
+	for _, m := range members {
+		m.mu.Lock()
+		o := console.Outbox{Name: m.name, RelayID: cmp.Or(m.o.cfg.ID, f.relayID), State: cmp.Or(m.state, "starting")}
+		if m.drv != nil {
+			o.Admin = m.drv
+		}
+		if m.leases != nil {
+			o.State = ""
+		}
+		m.mu.Unlock()
+		out = append(out, o)
+	}
+	return out
 }
 
 // status implements leaseStatus: the fleet is ready when every outbox it serves is.

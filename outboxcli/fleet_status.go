@@ -59,27 +59,10 @@ func statusFleet(ctx context.Context, inv *invocation, base *dbFlags, asJSON boo
 	return nil
 }
 
-// worse orders the overview: outboxes that could not be read, then by warnings, the age
-// of the oldest pending message, and the backlog; above 0 when a is the worse.
+// worse orders the overview (outboxdriver.CompareHealth, then by name); above 0 when a
+// is the worse.
 func worse(a, b fleetStatus) int {
-	if c := cmp.Compare(boolInt(a.Status == nil), boolInt(b.Status == nil)); c != 0 || a.Status == nil {
-		return c
-	}
-	sa, sb := a.Status, b.Status
-	return cmp.Or(
-		cmp.Compare(len(sa.Warnings()), len(sb.Warnings())),
-		cmp.Compare(sa.OldestPendingAge, sb.OldestPendingAge),
-		cmp.Compare(sa.Pending, sb.Pending),
-		cmp.Compare(sa.DeadLastHour, sb.DeadLastHour),
-		strings.Compare(b.Name, a.Name),
-	)
-}
-
-func boolInt(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
+	return cmp.Or(outboxdriver.CompareHealth(a.Status, b.Status), strings.Compare(b.Name, a.Name))
 }
 
 func printFleet(inv *invocation, lines []fleetStatus) error {

@@ -199,7 +199,7 @@ func TestRelayFleetConfigErrors(t *testing.T) {
 		{"bad value", "  - schema: a\n    max-attempts: lots\n", nil, "outbox.yaml:3: --max-attempts"},
 		{"bad schema", "  - schema: 'A-b'\n", nil, "outbox.yaml:2: --schema"},
 		{"not a list", "  schema: a\n", nil, `outbox.yaml:2: key "outboxes": want a list`},
-		{"console", "  - schema: a\n", []string{"--http-addr", "127.0.0.1:0"}, "--http-addr: the web console serves one outbox"},
+		{"console beyond loopback without a token", "  - schema: a\n", []string{"--http-addr", "0.0.0.0:0"}, "is beyond loopback"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
@@ -229,6 +229,7 @@ func TestRelayFleetParksIdleOutboxes(t *testing.T) {
 	stream, prefix := natsStream(t, js)
 	config := fleetConfig(t, prefix, stream, `park-after: 1s
 parked-poll-interval: 1h
+http-addr: 127.0.0.1:0
 `, fmt.Sprintf(`  - schema: %s
     name: solo
 `, b.Schema))
@@ -247,6 +248,14 @@ parked-poll-interval: 1h
 	up := grepLines(metrics, `outbox_relay_up{outbox="solo"`)
 	if code != 200 || up == "" || strings.HasSuffix(up, " 0") {
 		t.Fatalf("parked: readyz %d %q; relay_up: %s", code, ready, grepLines(metrics, "outbox_relay_up{"))
+	}
+	// The web console lists it as parked, and shows its pages.
+	console := listeningURL(stderr.String())
+	if _, _, body := httpGet(t, console); !strings.Contains(body, `<tr data-outbox="solo">`) || !strings.Contains(body, "<td>parked</td>") {
+		t.Errorf("the console's overview of the fleet:\n%s", body)
+	}
+	if code, _, body := httpGet(t, console+"o/solo/"); code != 200 || !strings.Contains(body, `data-stat="outbox">solo<`) {
+		t.Errorf("the console's page of outbox solo: %d\n%s", code, body)
 	}
 
 	// The next write wakes it (a notification: the check for messages due runs hourly).

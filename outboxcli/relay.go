@@ -16,6 +16,7 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/brokers"
+	"github.com/outboxkit/outbox/internal/console"
 	"github.com/outboxkit/outbox/internal/pgsql"
 	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/outboxpgx"
@@ -89,7 +90,9 @@ docs/reference/metrics.md lists the metrics.
 
 With --http-addr the relay also serves the web console (see outbox console --help):
 the outbox's state and its dead letters, with replay and purge. Beyond loopback it
-needs --http-token or --http-token-file.
+needs --http-token or --http-token-file. With an outboxes list, the console's first
+page lists every outbox the process serves, worst first, and each outbox's pages are
+under /o/NAME/.
 
 With --source wal (PostgreSQL) the relay follows the database's log through the slot
 'outbox wal setup' made, and fetches when a transaction that wrote to the outbox
@@ -272,7 +275,7 @@ func (o *relayFlags) run(ctx context.Context, inv *invocation) error {
 	if err != nil {
 		return relayConfigError(err)
 	}
-	stopConsole, err := o.console.start(ctx, inv, drv, relay.Stats, relay.ID(), log)
+	stopConsole, err := o.console.start(ctx, inv, console.Config{Admin: drv, RelayStats: relay.Stats, RelayID: relay.ID()}, log)
 	if err != nil {
 		return err
 	}

@@ -99,6 +99,29 @@ type Status struct {
 	WAL []WALSlotStatus `json:"wal,omitempty"`
 }
 
+// CompareHealth orders outboxes for an overview, worst first when sorted descending:
+// an outbox whose status could not be read (nil) is the worst, then by the number of
+// warnings, the age of the oldest pending message, the backlog and the dead letters of
+// the last hour. It returns above 0 when a is the worse, below 0 when b is, 0 for a tie.
+func CompareHealth(a, b *Status) int {
+	if a == nil || b == nil {
+		return cmp.Compare(boolInt(a == nil), boolInt(b == nil))
+	}
+	return cmp.Or(
+		cmp.Compare(len(a.Warnings()), len(b.Warnings())),
+		cmp.Compare(a.OldestPendingAge, b.OldestPendingAge),
+		cmp.Compare(a.Pending, b.Pending),
+		cmp.Compare(a.DeadLastHour, b.DeadLastHour),
+	)
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
 // Warnings says, one sentence each, what in s needs an operator: due messages that no
 // relay holds a shard for, relays that stopped heartbeating without stopping cleanly, dead
 // letters (and how many came in the last hour, when any did), and WAL-mode slots the relays cannot read. `outbox status` and the console

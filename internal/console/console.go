@@ -27,8 +27,16 @@ const (
 // Config configures a console. Only Admin is required.
 type Config struct {
 	// Admin is the outbox the console shows and acts on (an *outboxpgx.Driver, ...).
-	// Required.
+	// Required, unless Outboxes is set.
 	Admin outboxdriver.Admin
+
+	// Outboxes, set instead of Admin, makes a fleet console: its overview lists the
+	// outboxes Outboxes returns, worst first, and each one's pages (its overview and
+	// dead letters, as a console of that outbox alone has them) are under /o/NAME/. It
+	// is called on every overview and outbox page, and must be safe for concurrent use.
+	// An outbox's charts fill while its page is open: a fleet console samples no outbox
+	// in the background.
+	Outboxes func() []Outbox
 
 	// RelayStats returns the counters of the relay that serves the console: the overview
 	// shows them and derives this relay's throughput from them. Nil (the default) for a
@@ -71,17 +79,25 @@ type Handler struct {
 	pages map[string]*template.Template
 	css   []byte
 
+	*access        // shared by a fleet console with the consoles of its outboxes
+	now     func() time.Time
+	base    string // the path the outbox's pages are under: "" at the root, "/o/NAME" in a fleet console
+	outbox  string // the outbox's name in a fleet console
+	fleet   *fleet // nil but in a fleet console's root handler
+
+	storeRate, relayRate sampler
+	history              history // the overview's charts
+}
+
+// access is what authenticates requests and forms.
+type access struct {
 	key  []byte // signs sessions and the CSRF token: the token, or random bytes without one
 	csrf string // the CSRF token of requests without a session (no token configured)
 	cop  *http.CrossOriginProtection
-	now  func() time.Time
 
 	mu       sync.Mutex
 	revoked  map[string]time.Time     // sessions logged out here -> their expiry
 	failures map[string]*loginBackoff // remote host -> its failed logins
-
-	storeRate, relayRate sampler
-	history              history // the overview's charts
 }
 
 //go:embed templates/*.html static/console.css
@@ -89,8 +105,11 @@ var files embed.FS
 
 // New returns a console for cfg.
 func New(cfg Config) (*Handler, error) {
-	if cfg.Admin == nil {
+	switch {
+	case cfg.Admin == nil && cfg.Outboxes == nil:
 		return nil, &outbox.ConfigError{Field: "Admin", Reason: "required: the store to show (an *outboxpgx.Driver, ...)"}
+	case cfg.Admin != nil && cfg.Outboxes != nil:
+		return nil, &outbox.ConfigError{Field: "Outboxes", Reason: "a console shows one outbox (Admin) or a fleet (Outboxes), not both"}
 	}
 	if cfg.Token != "" && len(cfg.Token) < MinTokenLen {
 		return nil, &outbox.ConfigError{Field: "Token", Reason: fmt.Sprintf("must be at least %d characters (openssl rand -hex 32 makes a good one)", MinTokenLen)}
@@ -106,8 +125,8 @@ func New(cfg Config) (*Handler, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	h := &Handler{cfg: cfg, cop: http.NewCrossOriginProtection(), now: time.Now,
-		revoked: map[string]time.Time{}, failures: map[string]*loginBackoff{}}
+	h := &Handler{cfg: cfg, now: time.Now, access: &access{cop: http.NewCrossOriginProtection(),
+		revoked: map[string]time.Time{}, failures: map[string]*loginBackoff{}}}
 	if cfg.Token != "" {
 		// Derived from the token, the CSRF token and sessions hold across every relay
 		// that serves the console behind one address.
@@ -126,25 +145,45 @@ func New(cfg Config) (*Handler, error) {
 		return nil, err
 	}
 
+	if cfg.Outboxes != nil {
+		h.fleet = &fleet{members: map[string]*Handler{}}
+	}
+	h.routes(true)
+	return h, nil
+}
+
+// routes sets h's mux: an outbox's pages (a single outbox's console, or one outbox's in a
+// fleet console) or the fleet's overview, and with root the pages every console has at
+// its root (login, logout, the style sheet).
+func (h *Handler) routes(root bool) {
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET /{$}", h.overview)
-	mux.HandleFunc("GET /dead", h.deadList)
-	mux.HandleFunc("GET /dead/confirm", h.deadConfirm)
-	mux.HandleFunc("GET /dead/{id}", h.deadShow)
-	mux.HandleFunc("POST /dead/replay", h.deadAct)
-	mux.HandleFunc("POST /dead/purge", h.deadAct)
-	mux.HandleFunc("GET /login", h.loginPage)
-	mux.HandleFunc("POST /login", h.login)
-	mux.HandleFunc("POST /logout", h.logout)
-	mux.HandleFunc("GET /static/console.css", func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "text/css; charset=utf-8")
-		w.Write(h.css)
-	})
+	if h.fleet != nil {
+		mux.HandleFunc("GET /{$}", h.fleetOverview)
+		mux.HandleFunc("GET /o/{name}", func(w http.ResponseWriter, r *http.Request) {
+			http.Redirect(w, r, outboxPath(r.PathValue("name"))+"/", http.StatusMovedPermanently)
+		})
+		mux.HandleFunc("/o/{name}/{rest...}", h.outboxPage)
+	} else {
+		mux.HandleFunc("GET /{$}", h.overview)
+		mux.HandleFunc("GET /dead", h.deadList)
+		mux.HandleFunc("GET /dead/confirm", h.deadConfirm)
+		mux.HandleFunc("GET /dead/{id}", h.deadShow)
+		mux.HandleFunc("POST /dead/replay", h.deadAct)
+		mux.HandleFunc("POST /dead/purge", h.deadAct)
+	}
+	if root {
+		mux.HandleFunc("GET /login", h.loginPage)
+		mux.HandleFunc("POST /login", h.login)
+		mux.HandleFunc("POST /logout", h.logout)
+		mux.HandleFunc("GET /static/console.css", func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "text/css; charset=utf-8")
+			w.Write(h.css)
+		})
+	}
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, http.StatusNotFound, "There is no such page.")
 	})
 	h.mux = mux
-	return h, nil
 }
 
 // ServeHTTP implements http.Handler.
@@ -156,7 +195,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // page is what every template gets: the page's own data and the layout's.
 type page struct {
 	Title   string
-	Nav     string // "overview" or "dead": the highlighted tab
+	Nav     string // "overview", "dead" or "outboxes": the highlighted tab
+	Base    string // the path of the outbox's pages: "" but in a fleet console
+	Outbox  string // the outbox's name in a fleet console; "" on its overview
+	Fleet   bool   // a fleet console's page
 	CSRF    string
 	Logout  bool // logged in with a session cookie: show the log-out button
 	Refresh int  // seconds; 0 for no meta refresh
@@ -166,7 +208,7 @@ type page struct {
 // pageTitles are the titles of the templates, by name.
 var pageTitles = map[string]string{
 	"overview": "Overview", "dead": "Dead letters", "detail": "Dead letter", "confirm": "Confirm",
-	"login": "Log in", "error": "Error",
+	"login": "Log in", "error": "Error", "fleet": "Outboxes",
 }
 
 func parsePages() (map[string]*template.Template, error) {
@@ -188,6 +230,7 @@ func (h *Handler) render(w http.ResponseWriter, r *http.Request, status int, nam
 
 func (h *Handler) renderPage(w http.ResponseWriter, r *http.Request, status int, name string, p page) {
 	p.Title = pageTitles[name]
+	p.Base, p.Outbox, p.Fleet = h.base, h.outbox, h.fleet != nil || h.base != ""
 	p.CSRF = h.csrfFor(r)
 	if h.cfg.Token != "" {
 		if c, err := r.Cookie(sessionCookie); err == nil && h.validSession(c.Value, h.now()) {

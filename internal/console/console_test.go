@@ -52,11 +52,19 @@ func serve(t *testing.T, db *testdb.DB, cfg Config) *testBundle {
 	if err != nil {
 		t.Fatal(err)
 	}
+	b := serveHandler(t, h)
+	b.db = db
+	return b
+}
+
+// serveHandler serves h on an httptest server.
+func serveHandler(t *testing.T, h *Handler) *testBundle {
+	t.Helper()
 	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
 	c := *srv.Client()
 	c.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
-	return &testBundle{db: db, h: h, srv: srv, client: &c}
+	return &testBundle{h: h, srv: srv, client: &c}
 }
 
 type response struct {

@@ -362,7 +362,7 @@ func (h *Handler) deadAct(w http.ResponseWriter, r *http.Request) {
 	back := sel.List.values()
 	back.Set("done", sel.Action)
 	back.Set("n", strconv.Itoa(n))
-	http.Redirect(w, r, "/dead?"+back.Encode(), http.StatusSeeOther)
+	http.Redirect(w, r, h.base+"/dead?"+back.Encode(), http.StatusSeeOther)
 }
 
 // purge deletes the dead letters of f. DeadPurge refuses a filter without a condition,

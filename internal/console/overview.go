@@ -58,6 +58,9 @@ const sampleEvery = 10 * time.Second
 // every sampleEvery until ctx ends, for the throughput the overview shows; page loads add
 // readings too. A failed read is skipped: the next one fills in.
 func (h *Handler) Sample(ctx context.Context) {
+	if h.fleet != nil {
+		return // a fleet console's outboxes are read while their pages are open
+	}
 	t := time.NewTicker(sampleEvery)
 	defer t.Stop()
 	for {
@@ -87,6 +90,7 @@ type overviewData struct {
 	Now       time.Time
 	StoreRate rate
 	Relay     *relayData // nil without a relay
+	Self      string     // the id of the relay serving the console, marked in the relays table
 	Paused    bool       // auto-refresh turned off by ?refresh=off
 	Charts    []chart    // the last hour
 }
@@ -109,7 +113,7 @@ func (h *Handler) overview(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	now := h.now()
-	d := overviewData{Status: st, Now: now, Paused: r.URL.Query().Get("refresh") == "off"}
+	d := overviewData{Status: st, Now: now, Self: h.cfg.RelayID, Paused: r.URL.Query().Get("refresh") == "off"}
 	d.StoreRate.PerSecond, d.StoreRate.Known = h.storeRate.add(now, st.Published)
 	h.history.add(now, st)
 	d.Charts = h.history.charts(now)

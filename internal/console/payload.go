@@ -14,6 +14,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/outboxdriver"
 )
 
 const (
@@ -188,6 +189,15 @@ var funcs = template.FuncMap{
 	},
 	"oneLine":   func(s string) string { return oneLine(s, listErrorLimit) },
 	"perSecond": perSecond,
+	"liveRelays": func(relays []outboxdriver.RelayInfo) int {
+		n := 0
+		for _, r := range relays {
+			if r.Live {
+				n++
+			}
+		}
+		return n
+	},
 	"pendingAge": func(d time.Duration, pending int64) string {
 		if pending == 0 {
 			return "-"
