@@ -79,7 +79,7 @@ type Handler struct {
 	pages map[string]*template.Template
 	css   []byte
 
-	*access        // shared by a fleet console with the consoles of its outboxes
+	*access // shared by a fleet console with the consoles of its outboxes
 	now     func() time.Time
 	base    string // the path the outbox's pages are under: "" at the root, "/o/NAME" in a fleet console
 	outbox  string // the outbox's name in a fleet console
