@@ -288,8 +288,7 @@ func (o *relayFlags) runFleet(ctx context.Context, inv *invocation) error {
 			f.closeBrokers()
 			return err
 		}
-		open := func(ctx context.Context) (*brokers.Opened, error) { return b.open(ctx, d) }
-		f.routes[route], f.brokerLabel = newFleetRoute(ctx, route, opened, open, log), d.Broker().Label
+		f.routes[route], f.brokerLabel = newFleetRoute(ctx, opened), d.Broker().Label
 	}
 	defer f.closeBrokers()
 	defer f.closeDBs()

@@ -343,41 +343,6 @@ func checkKeyOrder(t *testing.T, got []*jetstream.RawStreamMsg, keys int) {
 	}
 }
 
-// TestRelayFleetBulkLane: two outboxes on one route, one draining a backlog, the other
-// written to meanwhile: the drain's publishes move to a second broker connection (the
-// log says when it opens), and every message of both arrives once, in per-key order,
-// across the two connections. (A relay has one message per key in flight: the backlog
-// has a thousand keys, so that its relay has more in flight than the shared lane takes.)
-func TestRelayFleetBulkLane(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
-	js := testnats.JetStream(t, "")
-	stream, prefix := natsStream(t, js)
-	second := b.Schema + "_b"
-	dropAtEnd(t, b, second)
-	must(t, 0, b.env, "migrate", "up")
-	must(t, 0, with(b.env, "OUTBOX_SCHEMA", second), "migrate", "up")
-	const backlog, trickle, keys = 5000, 50, 1000
-	big := make([]outbox.Message, backlog)
-	for i := range big {
-		big[i] = outbox.Message{Topic: "big", Key: fmt.Sprintf("k%d", i%keys), Payload: []byte(fmt.Sprint(i))}
-	}
-	b.DB.Write(t, big...)
-	config := fleetConfig(t, prefix, stream, "park-after: -1\n", fmt.Sprintf("  - schemas: %s*\n", b.Schema))
-	log, stop := fleetRelay(t, config)
-	small := &testdb.DB{Pool: b.Pool, Schema: second}
-	for i := range trickle {
-		small.Write(t, outbox.Message{Topic: "small", Key: fmt.Sprintf("k%d", i%keys), Payload: []byte(fmt.Sprint(i))})
-	}
-	checkKeyOrder(t, streamMessages(t, js, stream, backlog+trickle), keys)
-	if !strings.Contains(log.String(), "opened the route's second broker connection") {
-		t.Fatalf("the drain never moved to a second broker connection; log:\n%s", log)
-	}
-	if code := stop(); code != 0 {
-		t.Fatalf("relay exited %d:\n%s", code, log)
-	}
-}
-
 // TestMigrateUpOutboxList: `migrate up` with an outboxes list migrates every outbox of
 // it, a rule's matching schemas included, goes on past one that fails, exits 1 naming
 // it, and leaves the others at the latest version.

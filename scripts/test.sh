@@ -298,11 +298,12 @@ EOF
 phase "stall canaries" stall_canaries
 # The container image (deploy/Containerfile), built and run against the local servers.
 # podman's default runtime (crun) refuses hybrid cgroup hierarchies, which some machines
-# have; scripts/image.sh runs the image under runc there.
-if command -v podman >/dev/null; then
+# have; scripts/image.sh runs the image under runc there. Installed here, not at set-up:
+# a machine without apt still runs everything else.
+if need_pkg podman podman 2>/dev/null && command -v podman >/dev/null; then
   need_pkg runc runc
   phase "container image" scripts/image.sh --check
 else
-  log "container image: skipped, podman is not installed (apt-get install podman)"
+  log "container image: skipped, podman is not installed and could not be (apt-get install podman)"
   record "container image" "-" "skipped: podman is not installed"
 fi
