@@ -84,6 +84,10 @@ type Timing struct {
 	// returned. Events never delivered have none. Latency.N is 0 when the broker's
 	// read-back gives no arrival times.
 	Latency Dist
+	// Quiet is Latency over the events committed while no fault was in progress (between
+	// a fault's start and its heal), and Faulted over the others: a relay slow in steady
+	// state shows in Quiet, one slow to recover in Faulted.
+	Quiet, Faulted Dist
 	// Kinds is the heal-to-first-arrival per fault kind, sorted by kind: for each healed
 	// fault, the time to the first arrival of any copy at or after its heal, counted from
 	// the heal or, when no committed event was waiting then, from the first commit after
@@ -146,6 +150,16 @@ func Measure(h *History, log *DeliveryLog, faults []FaultSpan) Timing {
 
 	var tm Timing
 	tm.Latency = NewDist(lat)
+	var quiet, faulted []time.Duration
+	for _, w := range waits {
+		during := slices.ContainsFunc(faults, func(f FaultSpan) bool { return !w.commit.Before(f.Start) && w.commit.Before(f.Heal) })
+		if during {
+			faulted = append(faulted, w.arrival.Sub(w.commit))
+		} else {
+			quiet = append(quiet, w.arrival.Sub(w.commit))
+		}
+	}
+	tm.Quiet, tm.Faulted = NewDist(quiet), NewDist(faulted)
 	if len(arrivals) == 0 {
 		return tm // nothing to match heals against: not measured
 	}
@@ -262,6 +276,14 @@ func (tm Timing) Table() string {
 	}
 	fmt.Fprintf(&b, "commit-to-arrival: events=%d p50_ms=%s p99_ms=%s max_ms=%s\n",
 		tm.Latency.N, ms(tm.Latency.P50), ms(tm.Latency.P99), ms(tm.Latency.Max))
+	for _, d := range []struct {
+		name string
+		Dist
+	}{{"committed with no fault in progress", tm.Quiet}, {"committed during a fault", tm.Faulted}} {
+		if d.N > 0 {
+			fmt.Fprintf(&b, "  %s: events=%d p50_ms=%s p99_ms=%s max_ms=%s\n", d.name, d.N, ms(d.P50), ms(d.P99), ms(d.Max))
+		}
+	}
 	if len(tm.Kinds) == 0 {
 		return b.String()
 	}

@@ -169,6 +169,28 @@ func TestMeasureLatency(t *testing.T) {
 	}
 }
 
+// TestMeasureQuietAndFaulted splits commit-to-arrival by whether a fault was in
+// progress at the commit: from its start (included) to its heal (excluded).
+func TestMeasureQuietAndFaulted(t *testing.T) {
+	tl := newTimeline()
+	tl.txn(Committed, false, 100, "before")
+	tl.txn(Committed, false, 1000, "at-start")
+	tl.txn(Committed, false, 1500, "during")
+	tl.txn(Committed, false, 2000, "at-heal")
+	tl.arrive("before", 110)
+	tl.arrive("at-start", 2010)
+	tl.arrive("during", 2020)
+	tl.arrive("at-heal", 2030)
+	tm := Measure(&tl.h, &tl.log, []FaultSpan{tl.fault("db-cut", 1000, 2000, false)})
+	ms := func(v float64) time.Duration { return time.Duration(v * float64(time.Millisecond)) }
+	if want := (Dist{N: 2, P50: ms(10), P99: ms(30), Max: ms(30)}); tm.Quiet != want {
+		t.Errorf("quiet %+v, want %+v", tm.Quiet, want)
+	}
+	if want := (Dist{N: 2, P50: ms(520), P99: ms(1010), Max: ms(1010)}); tm.Faulted != want {
+		t.Errorf("faulted %+v, want %+v", tm.Faulted, want)
+	}
+}
+
 // TestMeasureHeal matches each fault's heal with the first arrival at or after it.
 func TestMeasureHeal(t *testing.T) {
 	// Arrivals (ms): a steady flow until 1000, an outage, then 2300, 2310, 5000, 5001.
