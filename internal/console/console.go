@@ -24,7 +24,7 @@ const (
 	SessionTTLDefault = 12 * time.Hour
 )
 
-// Config configures a console. Only Admin is required.
+// Config configures a console. Only Admin (or, for a fleet, Outboxes) is required.
 type Config struct {
 	// Admin is the outbox the console shows and acts on (an *outboxpgx.Driver, ...).
 	// Required, unless Outboxes is set.

@@ -2,6 +2,8 @@
 // throughput, oldest pending age, topics, relays and their leases) and the dead letters,
 // with filters, a detail view, and replay and purge behind a confirmation step. It is
 // served by `outbox relay --http-addr` and by `outbox console`, over any outboxdriver.Admin.
+// A fleet console (Config.Outboxes: a relay serving an outboxes list) lists its outboxes
+// worst first and serves each one's pages under /o/NAME/, behind one login.
 //
 // The pages are rendered on the server with html/template from files embedded in the
 // binary; there is no JavaScript and no build step. The overview refreshes itself with a
