@@ -26,6 +26,7 @@ func TestConfigValidate(t *testing.T) {
 	}{
 		{"RelayConfig zero", outbox.RelayConfig{}.Validate, ""},
 		{"RelayConfig batch", outbox.RelayConfig{PublishBatchSize: 500, MaxInFlight: 100}.Validate, "PublishBatchSize"},
+		{"RelayConfig small MaxInFlight, default batch", outbox.RelayConfig{MaxInFlight: 100}.Validate, ""},
 		{"RelayConfig WAL heartbeat off", outbox.RelayConfig{WAL: &outbox.WALConfig{Heartbeat: -1}}.Validate, ""},
 		{"RelayConfig WAL heartbeat", outbox.RelayConfig{WAL: &outbox.WALConfig{Heartbeat: -time.Second}}.Validate, "WAL.Heartbeat"},
 		{"WriterConfig zero", outbox.WriterConfig{}.Validate, ""},

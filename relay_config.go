@@ -24,7 +24,8 @@ type RelayConfig struct {
 	MaxInFlight int
 
 	// PublishBatchSize caps the messages of one Publisher.Publish call; up to
-	// MaxInFlight/PublishBatchSize calls run at once. Defaults to 250.
+	// MaxInFlight/PublishBatchSize calls run at once. Defaults to 250, or to MaxInFlight
+	// when that is smaller.
 	PublishBatchSize int
 
 	// PollInterval is how often the relay looks for due messages when nothing wakes it:
@@ -110,7 +111,7 @@ func (c RelayConfig) withDefaults() RelayConfig {
 	}
 	c.BatchSize = cmp.Or(c.BatchSize, BatchSizeDefault)
 	c.MaxInFlight = cmp.Or(c.MaxInFlight, MaxInFlightDefault)
-	c.PublishBatchSize = cmp.Or(c.PublishBatchSize, PublishBatchSizeDefault)
+	c.PublishBatchSize = cmp.Or(c.PublishBatchSize, min(PublishBatchSizeDefault, c.MaxInFlight))
 	c.PollInterval = cmp.Or(c.PollInterval, PollIntervalDefault)
 	c.LeaseTTL = cmp.Or(c.LeaseTTL, LeaseTTLDefault)
 	c.MaxAttempts = cmp.Or(c.MaxAttempts, MaxAttemptsDefault)

@@ -240,6 +240,7 @@ func TestRelayRejectsBadSettingsBeforeConnecting(t *testing.T) {
 		{[]string{"--poll-interval", "fast"}, `--poll-interval: invalid duration "fast"`},
 		{[]string{"--lease-ttl", "100ms"}, "--lease-ttl: must be at least 1s"},
 		{[]string{"--max-in-flight", "10", "--publish-batch-size", "20"}, "--publish-batch-size: 20 is larger than --max-in-flight (10)"},
+		{[]string{"--publish-batch-size", "-1"}, "--publish-batch-size: must be a positive number (or 0 for the default)"},
 		{[]string{"--retry-min-delay", "1m", "--retry-max-delay", "1s"}, "--retry-max-delay: is shorter than --retry-min-delay"},
 		{[]string{"--retention", "-2h"}, "--retention"},
 		{[]string{"--log-format", "xml"}, "--log-format"},
@@ -264,6 +265,17 @@ func TestRelayRejectsBadSettingsBeforeConnecting(t *testing.T) {
 	// A retention of -1 is "forever", not an error: this run gets as far as connecting.
 	if r := cli(t, env, "relay", "--retention", "-1"); r.code != 1 || !strings.Contains(r.stderr, "connect to PostgreSQL") {
 		t.Errorf("relay --retention -1: want a connection failure (exit 1), got %s", r)
+	}
+}
+
+// TestRelaySmallMaxInFlight: --max-in-flight below the publish batch's default of 250,
+// alone, is a valid setting (the batch follows it down): the relay gets as far as
+// connecting.
+func TestRelaySmallMaxInFlight(t *testing.T) {
+	t.Parallel()
+	r := cli(t, map[string]string{"OUTBOX_DATABASE_URL": unreachableDB}, "relay", "--max-in-flight", "100")
+	if r.code != 1 || strings.Contains(r.stderr, "publish-batch-size") {
+		t.Fatalf("want exit 1 (the database is unreachable), not a settings error; got %s", r)
 	}
 }
 

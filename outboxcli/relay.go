@@ -133,7 +133,7 @@ func newRelayFlags(fs *flag.FlagSet) *relayFlags {
 	fs.StringVar(&c.ID, "relay-id", "", "this relay's `id` in leases, logs and outbox status; unique among running relays\n(default hostname-pid-random)")
 	fs.IntVar(&c.BatchSize, "batch-size", outbox.BatchSizeDefault, "read at most `n` messages per fetch")
 	fs.IntVar(&c.MaxInFlight, "max-in-flight", outbox.MaxInFlightDefault, "keep at most `n` messages sent to the broker and not yet confirmed")
-	fs.IntVar(&c.PublishBatchSize, "publish-batch-size", outbox.PublishBatchSizeDefault, "send at most `n` messages per publish call")
+	fs.IntVar(&c.PublishBatchSize, "publish-batch-size", 0, fmt.Sprintf("send at most `n` messages per publish call (default %d, or --max-in-flight when smaller)", outbox.PublishBatchSizeDefault))
 	c.PollInterval = outbox.PollIntervalDefault
 	fs.Var(durationValue{d: &c.PollInterval}, "poll-interval", "look for due messages every `duration` when no notification comes")
 	c.LeaseTTL = outbox.LeaseTTLDefault
@@ -340,7 +340,7 @@ func (o *relayFlags) startServices(ctx context.Context, inv *invocation, broker 
 // "default", which on a command line would only hide a mistake.
 func (o *relayFlags) checkTuning() error {
 	c := o.cfg
-	ints := map[string]int{"batch-size": c.BatchSize, "max-in-flight": c.MaxInFlight, "publish-batch-size": c.PublishBatchSize,
+	ints := map[string]int{"batch-size": c.BatchSize, "max-in-flight": c.MaxInFlight,
 		"max-attempts": c.MaxAttempts, "cleanup-batch": c.CleanupBatch, "rotate-rows": o.db.rotateRows}
 	durations := map[string]time.Duration{"poll-interval": c.PollInterval, "lease-ttl": c.LeaseTTL,
 		"retry-min-delay": c.RetryMinDelay, "retry-max-delay": c.RetryMaxDelay, "publish-timeout": c.PublishTimeout,
@@ -354,6 +354,9 @@ func (o *relayFlags) checkTuning() error {
 		if durations[name] <= 0 {
 			return usageErrorf("--%s: must be a positive duration, not %s", name, durations[name])
 		}
+	}
+	if c.PublishBatchSize < 0 {
+		return usageErrorf("--publish-batch-size: must be a positive number (or 0 for the default), not %d", c.PublishBatchSize)
 	}
 	if c.Retention <= 0 && c.Retention != -1 {
 		return usageErrorf("--retention: must be a positive duration, or -1 to keep published messages forever")
