@@ -73,6 +73,13 @@ const (
 	// fleetPoolConns is a fleet's pool size per database URL when the URL does not set
 	// pool_max_conns: the outboxes of the database share it.
 	fleetPoolConns = 16
+	// fleetConnIdle is how long a fleet's pooled connection may sit idle before it is
+	// closed, unless the URL sets pool_max_conn_idle_time (pgxpool's default is 30
+	// minutes): a database whose outboxes are all parked keeps its listening connection
+	// and the one its parked-poll statement uses, not the pool its relays filled.
+	// fleetHealthCheck is how often the pool looks for such connections.
+	fleetConnIdle    = 30 * time.Second
+	fleetHealthCheck = 10 * time.Second
 	// fleetRetryMax bounds the wait before an outbox that could not be served is tried
 	// again; fleetReconnectMax, when its database could not be reached or did not
 	// answer in time: the outbox is served again within it once the database is back.
@@ -689,8 +696,16 @@ func (f *fleet) db(ctx context.Context, o *relayFlags) (*fleetDB, error) {
 	if err != nil {
 		return nil, err
 	}
-	if t.kind == dbPostgres && !strings.Contains(o.db.url, "pool_max_conns") {
-		t.pg.MaxConns = max(t.pg.MaxConns, fleetPoolConns)
+	if t.kind == dbPostgres {
+		if !strings.Contains(o.db.url, "pool_max_conns") {
+			t.pg.MaxConns = max(t.pg.MaxConns, fleetPoolConns)
+		}
+		if !strings.Contains(o.db.url, "pool_max_conn_idle_time") {
+			t.pg.MaxConnIdleTime = fleetConnIdle
+		}
+		if !strings.Contains(o.db.url, "pool_health_check_period") {
+			t.pg.HealthCheckPeriod = fleetHealthCheck
+		}
 	}
 	s, err := o.db.connect(ctx, t)
 	if err != nil {
