@@ -96,15 +96,34 @@ func (l *loop) maintain(ctx context.Context, m outboxdriver.Maintainer) {
 // and while a retired bucket holds a backlog: the bucket just retired, or drained, is
 // emptied a tenth of a second later rather than a second (until then every full fetch
 // walks its rows published since a snapshot was taken).
+// recycleIdleMax is the longest interval: while the relay published nothing and held no
+// message since the last call, each call waits twice as long as the one before, up to it
+// (an idle outbox's ring has nothing to rotate or reclaim; another relay that publishes
+// recycles it meanwhile). Activity brings the interval back to recycleInterval.
 const (
 	recycleInterval = time.Second
 	recycleDraining = 100 * time.Millisecond
+	recycleIdleMax  = 8 * time.Second
 )
 
-// recycle calls rc at start and every recycleInterval, or recycleDraining.
+// recycleWait returns the wait before the next Recycle call after done, given whether the
+// relay was idle (nothing published, nothing held) since the last call and the wait
+// before it.
+func recycleWait(done outboxdriver.Recycling, idle bool, last time.Duration) time.Duration {
+	switch {
+	case done.Draining || done.Rotated:
+		return recycleDraining
+	case idle:
+		return min(max(2*last, recycleInterval), recycleIdleMax)
+	}
+	return recycleInterval
+}
+
+// recycle calls rc at start and then after recycleWait.
 func (l *loop) recycle(ctx context.Context, rc outboxdriver.Recycler) {
 	t := time.NewTimer(recycleInterval)
 	defer t.Stop()
+	next, lastPublished := recycleInterval, int64(-1)
 	for {
 		began := time.Now()
 		done, err := rc.Recycle(ctx)
@@ -115,10 +134,9 @@ func (l *loop) recycle(ctx context.Context, rc outboxdriver.Recycler) {
 			l.log.Debug("recycled the pending table", "rotated", done.Rotated, "reclaimed", done.Reclaimed, "moved", done.Moved,
 				"elapsed", time.Since(began))
 		}
-		next := recycleInterval
-		if done.Draining || done.Rotated {
-			next = recycleDraining
-		}
+		published, held := l.r.stats.published.Load(), l.r.stats.held.Load()
+		next = recycleWait(done, published == lastPublished && held == 0, next)
+		lastPublished = published
 		t.Reset(next)
 		select {
 		case <-ctx.Done():
