@@ -227,13 +227,15 @@ type loop struct {
 	freeWorkers int
 	outcomes    outcomeBuffer // the broker's answers until the store records them
 
-	leaseBusy    bool
-	leaseAgain   bool      // a round was wanted while one was out: start one when it returns
-	leaseFails   int       // lease rounds failed in a row
-	leaseRetryAt time.Time // after a failed round: the next one, sooner than the renewal tick
-	fetch        fetchPlan
-	outage       *outageGate
-	dests        *destBackoff // the retry delay of messages whose destination is unavailable
+	leaseBusy     bool
+	leaseAgain    bool      // a round was wanted while one was out: start one when it returns
+	leaseFails    int       // lease rounds failed in a row
+	leaseFailedAt time.Time // when the first of them started
+	lastLeaseLog  time.Time // when a failed round was last logged
+	leaseRetryAt  time.Time // after a failed round: the next one, sooner than the renewal tick
+	fetch         fetchPlan
+	outage        *outageGate
+	dests         *destBackoff // the retry delay of messages whose destination is unavailable
 
 	pings        chan error
 	pubResults   chan pubResult
@@ -416,6 +418,9 @@ func (l *loop) run(ctx context.Context) {
 	l.log.Info("relay stopped")
 }
 
+// leaseLogEvery spaces the log lines of lease rounds failing in a row.
+const leaseLogEvery = 10 * time.Second
+
 // renewEvery is how often a relay renews its leases and looks for shards to take: a third
 // of the TTL, and at least every second, so that shards a relay gives back (or a dead
 // relay leaves) find a new owner quickly.
@@ -448,8 +453,16 @@ func (l *loop) onLeases(res leaseResult) {
 		defer l.syncLeases(context.Background(), false) // after this answer is applied
 	}
 	if res.err != nil {
-		l.log.Error("lease renewal failed; sending stops when the leases run out", "err", res.err,
-			"seconds_left", time.Until(l.leases.deadline()).Seconds())
+		// Rounds are retried within a fifth of a second: in an outage, the first failure
+		// and then one line per leaseLogEvery say it.
+		if now := time.Now(); l.leaseFails == 0 || now.Sub(l.lastLeaseLog) >= leaseLogEvery {
+			l.lastLeaseLog = now
+			l.log.Error("lease renewal failed; sending stops when the leases run out", "err", res.err,
+				"seconds_left", time.Until(l.leases.deadline()).Seconds(), "consecutive", l.leaseFails+1)
+		}
+		if l.leaseFails == 0 {
+			l.leaseFailedAt = res.started
+		}
 		l.leases.failed()
 		// Try again soon rather than at the next renewal: after a database outage
 		// longer than the sending margin, sending resumes with the first round that
@@ -458,6 +471,10 @@ func (l *loop) onLeases(res leaseResult) {
 		l.leaseFails++
 		l.leaseRetryAt = res.started.Add(dbRetry(l.leaseFails))
 		return
+	}
+	if l.leaseFails > 0 {
+		l.log.Info("lease renewal succeeded again", "failed_rounds", l.leaseFails,
+			"after", time.Since(l.leaseFailedAt).Round(time.Millisecond))
 	}
 	l.leaseFails, l.leaseRetryAt = 0, time.Time{}
 	c := l.leases.apply(res.state, res.started)

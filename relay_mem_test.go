@@ -826,3 +826,33 @@ func TestMemRelayManyKeysAcrossRelays(t *testing.T) {
 		}
 	})
 }
+
+// TestMemRelayLeaseFailuresLoggedSparingly: lease rounds failing in a row are retried
+// within a fifth of a second; the log says so at the first failure and then once per ten
+// seconds, with the count, not at every round, and says when a round succeeds again.
+func TestMemRelayLeaseFailuresLoggedSparingly(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		b := setupMem(t)
+		store := &cutStore{Store: b.store}
+		var log testenv.Buffer
+		r := b.relayOn(t, context.Background(), store, &outboxtest.Publisher{},
+			outbox.RelayConfig{ID: "r", Logger: slog.New(slog.NewTextHandler(&log, nil))})
+		testenv.Await(t, "the relay to lease every shard", holdsShards(r, 64))
+		store.cut.Store(true)
+		time.Sleep(25 * time.Second)
+		synctest.Wait()
+		failed := strings.Count(log.String(), "lease renewal failed")
+		store.cut.Store(false)
+		testenv.Await(t, "a lease round to succeed again", func() (any, bool) {
+			return log.String(), strings.Contains(log.String(), "lease renewal succeeded again")
+		})
+		// Failures at 0 s (or just after), ~10 s and ~20 s of the cut.
+		if failed != 3 {
+			t.Errorf("%d lines for 25 s of failed lease rounds, want 3 (the first, then one per 10 s):\n%s", failed, log.String())
+		}
+		if !strings.Contains(log.String(), "consecutive=1\n") {
+			t.Errorf("the first failure's line lacks consecutive=1:\n%s", log.String())
+		}
+	})
+}

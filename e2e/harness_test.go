@@ -181,8 +181,9 @@ func (e *env) startRelay(id string) *child {
 // leaseTrouble counts what the relay logged of leases lost so far, each a loss a loaded
 // machine may add to a fault's, with messages in flight that another relay (or the relay
 // itself, under a new token) publishes again:
-//   - a failed renewal: a renewal may take a third of the lease TTL, 1 s with these
-//     tests' short TTL, and after a few failures the leases run out;
+//   - a failed renewal (logged at the first of a run of failures, and once per 10 s
+//     after): a renewal may take a third of the lease TTL, 1 s with these tests' short
+//     TTL, and after a few failures the leases run out;
 //   - a "leases changed" line with shards lost, unless it is a plain give-back: a relay
 //     descheduled past its TTL loses shards without any renewal failing, and this line is
 //     then the only trace. A relay that gives back its excess for a rebalance (nothing
