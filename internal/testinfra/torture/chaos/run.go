@@ -412,11 +412,18 @@ func Run(tb testenv.TB, cfg Config) torture.Report {
 			rep.Examples = append(rep.Examples, res.example)
 		}
 	}
-	rep.Timing = torture.Measure(h, all, faultSpans(nem.Records()))
+	spans := faultSpans(nem.Records())
+	rep.Timing = torture.Measure(h, all, spans)
 	if router != nil {
 		for _, o := range outs {
-			l := torture.Measure(o.hist, o.log, nil).Latency
-			tb.Logf("outbox %s: %d events, commit-to-arrival p50 %s, p99 %s", o.name, o.hist.Events(), l.P50.Round(time.Millisecond), l.P99.Round(time.Millisecond))
+			tm := torture.Measure(o.hist, o.log, spans)
+			ms := func(d time.Duration) time.Duration { return d.Round(time.Millisecond) }
+			line := fmt.Sprintf("outbox %s: %d events, commit-to-arrival p50 %s, p99 %s; committed with no fault in progress p50 %s, p99 %s; heal to first arrival p99 %s",
+				o.name, o.hist.Events(), ms(tm.Latency.P50), ms(tm.Latency.P99), ms(tm.Quiet.P50), ms(tm.Quiet.P99), ms(tm.Heal.P99))
+			if k := slowestHeal(tm.Kinds); k != nil {
+				line += fmt.Sprintf(" (slowest kind %s, %s)", k.Kind, ms(k.Dist.Max))
+			}
+			tb.Logf("%s", line)
 		}
 	}
 	writeJSONL(tb, filepath.Join(dir, "timing.jsonl"), rep.Timing.Faults)
@@ -644,4 +651,16 @@ func walSetup(tb testenv.TB, url, schema string) (slot string) {
 		tb.Fatalf("wal setup: %v", err)
 	}
 	return slot
+}
+
+// slowestHeal returns the blocking fault kind whose heal-to-first-arrival was the longest,
+// or nil when none had one.
+func slowestHeal(kinds []torture.KindTiming) *torture.KindTiming {
+	var worst *torture.KindTiming
+	for i, k := range kinds {
+		if !k.CannotBlock && k.Dist.N > 0 && (worst == nil || k.Dist.Max > worst.Dist.Max) {
+			worst = &kinds[i]
+		}
+	}
+	return worst
 }
