@@ -32,6 +32,7 @@ type memBundle struct {
 	store  *outboxtest.Store
 	w      *outbox.Writer[*outboxtest.Tx]
 	ledger memLedger
+	topic  func(key string) string // the topic of a key's messages; nil: "t"
 }
 
 // setupMem returns an empty store on time.Now: call it inside the bubble, so the store's
@@ -94,6 +95,9 @@ func (b *memBundle) begin(keys ...string) (*memTx, error) {
 		b.ledger.next[k]++
 		mt.events = append(mt.events, ev)
 		msgs[i] = outbox.Message{Topic: "t", Key: k, Payload: []byte(ev.String())}
+		if b.topic != nil {
+			msgs[i].Topic = b.topic(k)
+		}
 	}
 	b.ledger.mu.Unlock()
 	if err := b.w.Write(context.Background(), mt.tx, msgs...); err != nil {

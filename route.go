@@ -158,6 +158,37 @@ func (r *Route) DestinationEscaped(m *Message, escape func(string) string) (stri
 	return b.String(), nil
 }
 
+// Check returns a check for WriterConfig.Check that refuses, at write time, a message
+// this route cannot map (a placeholder's field is empty) or maps to a name that valid
+// rejects: valid returns why the name is not one the broker takes, or "". what names
+// the broker's names in errors ("NATS subject"). The *ValidationError names the field
+// of the route's first placeholder ("Topic" for "events.{topic}").
+func (r *Route) Check(what string, valid func(name string) string) func(*Message) error {
+	field := "Topic"
+	for _, p := range r.parts {
+		if p.field != nil {
+			field = goFieldNames[p.name]
+			break
+		}
+	}
+	return func(m *Message) error {
+		name, err := r.Destination(m)
+		if err != nil {
+			var re *RouteError
+			if errors.As(err, &re) {
+				return &ValidationError{Field: goFieldNames[re.Field], Reason: fmt.Sprintf("required by the route %q", r.template)}
+			}
+			return err
+		}
+		if reason := valid(name); reason != "" {
+			return &ValidationError{Field: field, Reason: fmt.Sprintf("the route %q gives the %s %q: %s", r.template, what, name, reason)}
+		}
+		return nil
+	}
+}
+
+var goFieldNames = map[string]string{"topic": "Topic", "aggregate_type": "AggregateType", "event_type": "EventType", "key": "Key"}
+
 // RouteError is returned for a message that a Route cannot map: a placeholder's field is
 // empty. errors.Is(err, ErrUnroutable) is true.
 type RouteError struct {

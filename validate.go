@@ -4,6 +4,8 @@ import (
 	"cmp"
 	"encoding/json"
 	"fmt"
+	"mime"
+	"net/textproto"
 	"strings"
 	"unicode"
 	"unicode/utf8"
@@ -100,8 +102,8 @@ func (l Limits) prepare(i int, m *Message) error {
 			m.ContentType = ContentTypeBinary
 		}
 	} else {
-		if len(m.ContentType) > maxNameBytes || !utf8.ValidString(m.ContentType) || strings.ContainsFunc(m.ContentType, unicode.IsControl) {
-			return bad("ContentType", "must be a media type of at most %d bytes, without control characters", maxNameBytes)
+		if err := checkMediaType(m.ContentType); err != "" {
+			return bad("ContentType", "%s", err)
 		}
 		if IsJSONContentType(m.ContentType) && !(json.Valid(m.Payload) && utf8.Valid(m.Payload)) {
 			return bad("Payload", "content type %q says JSON but the payload is not valid JSON in UTF-8", m.ContentType)
@@ -113,6 +115,9 @@ func (l Limits) prepare(i int, m *Message) error {
 	size := 0
 	for k, v := range m.Headers {
 		if err := checkHeaderName(k); err != "" {
+			return bad(fmt.Sprintf("Headers[%q]", k), "%s", err)
+		}
+		if err := checkReservedHeader(k); err != "" {
 			return bad(fmt.Sprintf("Headers[%q]", k), "%s", err)
 		}
 		if err := checkHeaderValue(v); err != "" {
@@ -181,6 +186,53 @@ func checkHeaderName(s string) string {
 		if !isTokenChar(s[i]) {
 			return fmt.Sprintf("header name contains %q; use letters, digits and !#$%%&'*+-.^_`|~", s[i])
 		}
+	}
+	return ""
+}
+
+// reservedHeaders are the headers publishers set themselves, by canonical name, and
+// what a message sets instead. A message's own header of one of these names would be
+// overwritten on the wire (or, for Content-Type, contradict its ContentType).
+var reservedHeaders = map[string]string{
+	HeaderID:            "Message.ID",
+	HeaderDedupKey:      "Message.DedupKey",
+	HeaderKey:           "Message.Key",
+	HeaderAggregateType: "Message.AggregateType",
+	HeaderEventType:     "Message.EventType",
+	HeaderTopic:         "Message.Topic",
+	HeaderCreatedAt:     "nothing: the store stamps it",
+	HeaderContentType:   "Message.ContentType",
+	"Idempotency-Key":   "Message.DedupKey (webhooks send it as Idempotency-Key)",
+	"Outbox-Signature":  "nothing: the webhook publisher signs",
+	"Outbox-Headers":    "nothing: the SQS publisher carries the headers in it",
+}
+
+// checkReservedHeader refuses a header a publisher sets itself, and the headers NATS
+// JetStream acts on (Nats-Msg-Id, Nats-Expected-*, Nats-Rollup, Nats-TTL, ...): a
+// message must not steer the broker's deduplication, its stream checks or a purge.
+func checkReservedHeader(name string) string {
+	canon := textproto.CanonicalMIMEHeaderKey(name)
+	if use, ok := reservedHeaders[canon]; ok {
+		return fmt.Sprintf("the publisher sets %s itself; set %s", canon, use)
+	}
+	if strings.HasPrefix(canon, "Nats-") {
+		return "Nats-* headers are instructions to the NATS server (deduplication, stream checks, rollups), never message data"
+	}
+	return ""
+}
+
+// checkMediaType accepts a media type as RFC 9110 writes it, type/subtype with optional
+// parameters ("application/json", "text/plain; charset=utf-8"), of at most 255 bytes.
+func checkMediaType(s string) string {
+	if len(s) > maxNameBytes || !utf8.ValidString(s) || strings.ContainsFunc(s, unicode.IsControl) {
+		return fmt.Sprintf("must be a media type of at most %d bytes, without control characters", maxNameBytes)
+	}
+	mt, _, err := mime.ParseMediaType(s)
+	if err != nil {
+		return fmt.Sprintf("%q is not a media type (type/subtype, then ; parameters): %v", s, err)
+	}
+	if typ, sub, ok := strings.Cut(mt, "/"); !ok || typ == "" || sub == "" || strings.Contains(sub, "/") {
+		return fmt.Sprintf("%q is not a media type: want type/subtype, such as application/json", s)
 	}
 	return ""
 }

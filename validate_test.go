@@ -45,6 +45,22 @@ func TestPrepareDefaults(t *testing.T) {
 	}
 }
 
+// TestPrepareAccepts: media types with parameters and the headers a producer sets for
+// consumers (traceparent, Outbox-Priority, Outbox-Aggregate-Version) pass.
+func TestPrepareAccepts(t *testing.T) {
+	t.Parallel()
+	for _, m := range []Message{
+		{Topic: "t", ContentType: "text/plain; charset=utf-8"},
+		{Topic: "t", ContentType: "application/cloudevents+json; charset=utf-8", Payload: []byte("{}")},
+		{Topic: "t", ContentType: "application/vnd.acme.order.v2+protobuf"},
+		{Topic: "t", Headers: map[string]string{"traceparent": "00-x", "Outbox-Priority": "5", HeaderAggregateVersion: "3", "Natsy": "1"}},
+	} {
+		if err := (Limits{}).Prepare([]Message{m}); err != nil {
+			t.Errorf("%+v refused: %v", m, err)
+		}
+	}
+}
+
 func TestPrepareRejects(t *testing.T) {
 	t.Parallel()
 	long := strings.Repeat("x", 256)
@@ -79,6 +95,17 @@ func TestPrepareRejects(t *testing.T) {
 		{Message{Topic: "t", DeliverAt: time.Date(300000, 1, 1, 0, 0, 0, 0, time.UTC)}, "DeliverAt"},
 		{Message{Topic: "t", DeliverAt: time.Date(-5000, 1, 1, 0, 0, 0, 0, time.UTC)}, "DeliverAt"},
 		{Message{Topic: "t", DeliverAt: time.Date(999, 12, 31, 23, 0, 0, 0, time.UTC)}, "DeliverAt"},
+		{Message{Topic: "t", ContentType: "json"}, "ContentType"},
+		{Message{Topic: "t", ContentType: "application/"}, "ContentType"},
+		{Message{Topic: "t", ContentType: "text/plain; charset"}, "ContentType"},
+		{Message{Topic: "t", ContentType: "a b/c"}, "ContentType"},
+		{Message{Topic: "t", Headers: map[string]string{"Outbox-Id": "x"}}, `Headers["Outbox-Id"]`},
+		{Message{Topic: "t", Headers: map[string]string{"outbox-dedup-key": "x"}}, `Headers["outbox-dedup-key"]`},
+		{Message{Topic: "t", Headers: map[string]string{"Content-Type": "text/plain"}}, `Headers["Content-Type"]`},
+		{Message{Topic: "t", Headers: map[string]string{"Idempotency-Key": "x"}}, `Headers["Idempotency-Key"]`},
+		{Message{Topic: "t", Headers: map[string]string{"Nats-Msg-Id": "x"}}, `Headers["Nats-Msg-Id"]`},
+		{Message{Topic: "t", Headers: map[string]string{"Nats-Rollup": "all"}}, `Headers["Nats-Rollup"]`},
+		{Message{Topic: "t", Headers: map[string]string{"nats-expected-last-sequence": "1"}}, `Headers["nats-expected-last-sequence"]`},
 	}
 	lim := Limits{MaxPayloadBytes: 10, MaxHeaders: 2, MaxHeaderBytes: 50}
 	for _, tc := range cases {

@@ -18,6 +18,14 @@ type WriterConfig struct {
 	// plugin (outboxotel) puts the W3C traceparent of the current span there. It works
 	// on Write's own copy of the message; Headers may be nil and may be set.
 	Inject func(ctx context.Context, m *Message)
+
+	// Check, when set, is called for each message of a Write after it was validated and
+	// its defaults filled, to refuse what the relay's destination could never take: the
+	// broker packages give one for their names (outboxnats.Check: a subject NATS refuses,
+	// such as a wildcard; outboxkafka.Check: a topic name Kafka refuses). A
+	// *ValidationError it returns is passed on with Index set, any other error wrapped
+	// in one; either way nothing is written.
+	Check func(m *Message) error
 }
 
 // Validate checks c as NewWriter does: a *ConfigError names the field at fault.
@@ -30,6 +38,7 @@ type Writer[TTx any] struct {
 	driver outboxdriver.WriteDriver[TTx]
 	limits Limits
 	inject func(context.Context, *Message)
+	check  func(*Message) error
 }
 
 // NewWriter returns a Writer that inserts through driver.
@@ -40,7 +49,7 @@ func NewWriter[TTx any](driver outboxdriver.WriteDriver[TTx], config WriterConfi
 	if err := config.Validate(); err != nil {
 		return nil, err
 	}
-	return &Writer[TTx]{driver: driver, limits: config.Limits.withDefaults(), inject: config.Inject}, nil
+	return &Writer[TTx]{driver: driver, limits: config.Limits.withDefaults(), inject: config.Inject, check: config.Check}, nil
 }
 
 // Write validates msgs and inserts them in tx, in as few statements as the driver can
@@ -72,6 +81,13 @@ func (w *Writer[TTx]) Write(ctx context.Context, tx TTx, msgs ...Message) error 
 	if err := w.limits.Prepare(own); err != nil {
 		return err
 	}
+	if w.check != nil {
+		for i := range own {
+			if err := w.check(&own[i]); err != nil {
+				return checkFailed(i, err)
+			}
+		}
+	}
 	skipped, err := w.driver.Insert(ctx, tx, own)
 	if err != nil {
 		return err
@@ -80,4 +96,15 @@ func (w *Writer[TTx]) Write(ctx context.Context, tx TTx, msgs ...Message) error 
 		return &DuplicateError{DedupKeys: skipped}
 	}
 	return nil
+}
+
+// checkFailed is the *ValidationError of message i, refused by WriterConfig.Check.
+func checkFailed(i int, err error) error {
+	var ve *ValidationError
+	if errors.As(err, &ve) {
+		out := *ve
+		out.Index = i
+		return &out
+	}
+	return &ValidationError{Index: i, Field: "Message", Reason: err.Error()}
 }

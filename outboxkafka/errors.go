@@ -68,6 +68,19 @@ func batchLevel(err error) bool {
 		errors.Is(err, kerr.CorruptMessage)
 }
 
+// Check returns a check for outbox.WriterConfig.Check that refuses at write time the
+// messages whose Kafka topic, by route (the publisher's Config.Route; "" is "{topic}"),
+// Kafka cannot hold: characters other than ASCII letters, digits, '.', '_' and '-', over
+// 249 characters, or one of Kafka's internal topics. The relay would otherwise
+// dead-letter them at their first attempt.
+func Check(route string) (func(*outbox.Message) error, error) {
+	r, err := outbox.ParseRoute(route)
+	if err != nil {
+		return nil, err
+	}
+	return r.Check("Kafka topic", checkTopic), nil
+}
+
 // checkTopic returns why name cannot be a Kafka topic, or "": topic names are 1 to 249
 // ASCII letters, digits, '.', '_' and '-', and neither "." nor "..". Names starting with
 // "__" are Kafka's internal topics (__consumer_offsets, __transaction_state, ...): a

@@ -109,6 +109,19 @@ func apiOutage(e *jetstream.APIError) bool {
 	return e.Code >= 500 || e.Code == 409 || e.Code == 429
 }
 
+// Check returns a check for outbox.WriterConfig.Check that refuses at write time the
+// messages whose subject, by route (the publisher's Config.Route; "" is "{topic}"), no
+// NATS publisher can take: a wildcard token ("orders.>"), an empty token, white space,
+// or a subject reserved for the server's APIs. The relay would otherwise dead-letter
+// them at their first attempt.
+func Check(route string) (func(*outbox.Message) error, error) {
+	r, err := outbox.ParseRoute(route)
+	if err != nil {
+		return nil, err
+	}
+	return r.Check("NATS subject", checkSubject), nil
+}
+
 // checkSubject returns why subject cannot be published to, or "". NATS subjects are
 // dot-separated non-empty tokens without white space; a token "*" or ">" is a wildcard,
 // which subscribers may use but publishers may not.

@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/outboxtest"
 )
 
 // TestClassify pins the error table of the package documentation for errors that the
@@ -122,5 +123,55 @@ func TestRedactURL(t *testing.T) {
 		if got := redactURL(in); got != want {
 			t.Errorf("redactURL(%q) = %q, want %q", in, got, want)
 		}
+	}
+}
+
+// TestCheck: with outboxnats.Check as the writer's check, a message whose subject NATS
+// refuses (a wildcard, a reserved subject, a placeholder's field empty) is refused at
+// write time with its index and field named, and nothing of the call is written.
+func TestCheck(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	check, err := Check("events.{topic}.{event_type}")
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := outboxtest.NewStore(outboxtest.StoreConfig{})
+	w, err := outbox.NewWriter(store, outbox.WriterConfig{Check: check})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		bad   outbox.Message
+		field string
+	}{
+		{outbox.Message{Topic: "orders.>", EventType: "placed"}, "Topic"},
+		{outbox.Message{Topic: "orders", EventType: "*"}, "Topic"},
+		{outbox.Message{Topic: "orders..x", EventType: "placed"}, "Topic"},
+		{outbox.Message{Topic: "orders"}, "EventType"},
+	} {
+		tx := store.Begin()
+		err := w.Write(ctx, tx, outbox.Message{Topic: "orders", EventType: "placed"}, tc.bad)
+		var ve *outbox.ValidationError
+		if !errors.As(err, &ve) || ve.Index != 1 || ve.Field != tc.field {
+			t.Errorf("%+v: got %v, want a ValidationError on message 1 field %s", tc.bad, err, tc.field)
+		}
+		if err := tx.Commit(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if st, err := store.Status(ctx); err != nil || st.Pending != 0 {
+		t.Fatalf("pending after refused writes: %+v, %v; want none", st, err)
+	}
+	tx := store.Begin()
+	if err := w.Write(ctx, tx, outbox.Message{Topic: "orders", EventType: "placed"}); err != nil {
+		t.Fatalf("a valid subject refused: %v", err)
+	}
+	if _, err := Check("{nope}"); !errors.Is(err, outbox.ErrInvalidConfig) {
+		t.Fatalf("Check with an unknown placeholder: %v, want a ConfigError", err)
+	}
+	reserved, _ := Check("$JS.API.{topic}")
+	if err := reserved(&outbox.Message{Topic: "STREAM.DELETE.x"}); err == nil {
+		t.Fatal("a route into the JetStream API accepted at write time")
 	}
 }

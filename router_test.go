@@ -1,0 +1,185 @@
+package outbox_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+
+	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/testinfra/testenv"
+	"github.com/outboxkit/outbox/outboxtest"
+)
+
+func TestRoutingDestination(t *testing.T) {
+	t.Parallel()
+	routing := outbox.Routing{
+		Rules: []outbox.Rule{
+			{Topic: "orders.*", EventType: "refund?", Destination: "audit"},
+			{Topic: "orders.*", Destination: "kafka"},
+			{Headers: map[string]string{"tier": "gold*"}, Destination: "audit"},
+			{AggregateType: "invoice", Destination: "mail"},
+		},
+		Default: "kafka",
+	}
+	if err := routing.Validate("kafka", "audit", "mail"); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		m    outbox.Message
+		want string
+	}{
+		{outbox.Message{Topic: "orders.placed", EventType: "refund1"}, "audit"},
+		{outbox.Message{Topic: "orders.placed", EventType: "refunded"}, "kafka"},
+		{outbox.Message{Topic: "orders.eu.placed"}, "kafka"}, // '*' crosses dots
+		{outbox.Message{Topic: "users", Headers: map[string]string{"tier": "golden"}}, "audit"},
+		{outbox.Message{Topic: "users", Headers: map[string]string{"Tier": "golden"}}, "kafka"},
+		{outbox.Message{Topic: "users", AggregateType: "invoice"}, "mail"},
+		{outbox.Message{Topic: "users"}, "kafka"},
+	} {
+		if got, ok := routing.Destination(&tc.m); !ok || got != tc.want {
+			t.Errorf("%+v: routed to %q (%v), want %q", tc.m, got, ok, tc.want)
+		}
+	}
+	routing.Default = ""
+	if got, ok := routing.Destination(&outbox.Message{Topic: "users"}); ok {
+		t.Errorf("no rule and no default: routed to %q", got)
+	}
+	check := routing.Check(map[string]func(*outbox.Message) error{"mail": func(m *outbox.Message) error {
+		return &outbox.ValidationError{Field: "AggregateType", Reason: "mail refuses it"}
+	}})
+	var ve *outbox.ValidationError
+	if err := check(&outbox.Message{Topic: "users"}); !errors.As(err, &ve) || ve.Field != "Topic" || !strings.Contains(ve.Reason, "no routing rule") {
+		t.Errorf("unroutable at write time: %v", err)
+	}
+	if err := check(&outbox.Message{Topic: "x", AggregateType: "invoice"}); !errors.As(err, &ve) || ve.Field != "AggregateType" {
+		t.Errorf("the destination's check: %v", err)
+	}
+	if err := check(&outbox.Message{Topic: "orders.x"}); err != nil {
+		t.Errorf("a routed message refused: %v", err)
+	}
+}
+
+func TestRoutingValidate(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		r     outbox.Routing
+		field string
+	}{
+		{outbox.Routing{Rules: []outbox.Rule{{Topic: "a"}}}, "Rules[0].Destination"},
+		{outbox.Routing{Rules: []outbox.Rule{{Topic: "a", Destination: "nope"}}}, "Rules[0].Destination"},
+		{outbox.Routing{Rules: []outbox.Rule{{Destination: "a"}, {Topic: "[", Destination: "a"}}}, "Rules[1].Topic"},
+		{outbox.Routing{Rules: []outbox.Rule{{Headers: map[string]string{"x y": "1"}, Destination: "a"}}}, `Rules[0].Headers["x y"]`},
+		{outbox.Routing{Rules: []outbox.Rule{{Headers: map[string]string{"x": "[z"}, Destination: "a"}}}, `Rules[0].Headers["x"]`},
+		{outbox.Routing{Default: "b"}, "Default"},
+	} {
+		var ce *outbox.ConfigError
+		if err := tc.r.Validate("a"); !errors.As(err, &ce) || ce.Field != tc.field {
+			t.Errorf("%+v: %v, want a ConfigError on %s", tc.r, err, tc.field)
+		}
+	}
+	if _, err := outbox.NewRouter(outbox.Routing{Default: "a"}, outbox.Destination{Name: "a", Publisher: &outboxtest.Publisher{}},
+		outbox.Destination{Name: "a", Publisher: &outboxtest.Publisher{}}); !errors.Is(err, outbox.ErrInvalidConfig) {
+		t.Errorf("a destination named twice: %v", err)
+	}
+}
+
+// TestRouterPublish: a batch is split by destination; an outage of one destination is
+// that destination's (a DestinationOutageError, no broker-wide outage), and for a while
+// after it that destination's messages fail without being tried; an unroutable message
+// is a permanent rejection.
+func TestRouterPublish(t *testing.T) {
+	t.Parallel()
+	var down atomic.Bool
+	down.Store(true)
+	a := &outboxtest.Publisher{Fail: func(*outbox.Message) error {
+		if down.Load() {
+			return outbox.Outage(errors.New("connection refused"))
+		}
+		return nil
+	}}
+	b := &outboxtest.Publisher{}
+	r, err := outbox.NewRouter(outbox.Routing{Rules: []outbox.Rule{{Topic: "a.*", Destination: "a"}, {Topic: "b.*", Destination: "b"}}},
+		outbox.Destination{Name: "a", Publisher: a}, outbox.Destination{Name: "b", Publisher: b})
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch := []*outbox.Message{{Topic: "a.x", Key: "1"}, {Topic: "b.x", Key: "2"}, {Topic: "c", Key: "3"}, {Topic: "a.y", Key: "4"}}
+	errs := r.Publish(context.Background(), batch)
+	if len(errs) != 4 || errs[1] != nil {
+		t.Fatalf("errors %v; want b's message confirmed", errs)
+	}
+	for _, i := range []int{0, 3} {
+		if dest, ok := outbox.AsDestinationOutage(errs[i]); !ok || dest != "a" || outbox.IsOutage(errs[i]) {
+			t.Errorf("a's message %d: %v; want an outage of destination a alone", i, errs[i])
+		}
+	}
+	if !outbox.IsPermanent(errs[2]) || !errors.Is(errs[2], outbox.ErrUnroutable) {
+		t.Errorf("unroutable message: %v; want a permanent ErrUnroutable", errs[2])
+	}
+	tried := a.Attempts()
+	errs = r.Publish(context.Background(), batch[:1])
+	if _, ok := outbox.AsDestinationOutage(errs[0]); !ok || a.Attempts() != tried {
+		t.Errorf("right after the outage: %v, %d attempts more; want it failed untried", errs[0], a.Attempts()-tried)
+	}
+	if got := b.Messages(); len(got) != 1 || got[0].Key != "2" {
+		t.Errorf("b got %v", got)
+	}
+}
+
+// TestMemRelayRouterDestinationDown: two destinations; one is down for a while. The
+// other's messages are all published meanwhile, nothing of the down one is dead-lettered
+// or counted as an attempt, and once it is back every message arrives, each key's in
+// write order.
+func TestMemRelayRouterDestinationDown(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		b := setupMem(t)
+		b.topic = func(key string) string { return key[:1] + ".events" }
+		var down atomic.Bool
+		down.Store(true)
+		pa := &outboxtest.Publisher{Fail: func(*outbox.Message) error {
+			if down.Load() {
+				return outbox.Outage(errors.New("test: connection refused"))
+			}
+			return nil
+		}}
+		pb := &outboxtest.Publisher{}
+		router, err := outbox.NewRouter(outbox.Routing{Rules: []outbox.Rule{{Topic: "a.*", Destination: "a"}}, Default: "b"},
+			outbox.Destination{Name: "a", Publisher: pa}, outbox.Destination{Name: "b", Publisher: pb})
+		if err != nil {
+			t.Fatal(err)
+		}
+		keys := append(memKeys("a", 5), memKeys("b", 5)...)
+		b.writeRounds(t, 10, keys)
+		r := b.relay(t, router, outbox.RelayConfig{ID: "r", MaxAttempts: 2, MaxInFlight: 10, PublishBatchSize: 5})
+		testenv.Await(t, "b's 50 messages published while a is down", func() (any, bool) {
+			n := len(pb.Messages())
+			return fmt.Sprintf("%d of 50", n), n == 50
+		})
+		st := b.status(t)
+		if st.Dead != 0 || st.Retrying != 0 || st.Pending != 50 {
+			t.Errorf("while a is down: %+v; want a's 50 pending, no attempt counted, none dead", st)
+		}
+		if s := r.Stats(); s.Outages != 0 {
+			t.Errorf("the relay paused %d times: one destination's outage must not pause the others", s.Outages)
+		}
+		down.Store(false)
+		testenv.Await(t, "a's messages published once it is back", func() (any, bool) {
+			st := b.status(t)
+			return fmt.Sprintf("%d pending", st.Pending), st.Pending == 0
+		})
+		got := append(pa.Messages(), pb.Messages()...)
+		if dups := b.checkHistory(t, got); dups != 0 {
+			t.Errorf("%d duplicates", dups)
+		}
+		for _, m := range pa.Messages() {
+			if !strings.HasPrefix(m.Key, "a") {
+				t.Errorf("%s reached destination a", m.Payload)
+			}
+		}
+	})
+}
