@@ -75,6 +75,28 @@ type configFile struct {
 	applied map[string]configEntry
 	// outboxes is the file's outboxes key, read by `outbox relay` (fleet.go).
 	outboxes []outboxItem
+	// destinations and routing are the file's keys of those names, read by `outbox
+	// relay` (destinations.go).
+	destinations []destItem
+	routing      []ruleItem
+	structured   map[string]bool // the keys of structuredKeys the file has
+}
+
+// structuredKeys are the config file's keys that are no flag: each reads its value into
+// the configFile.
+var structuredKeys = map[string]func(cf *configFile, v *yaml.Node) error{
+	"outboxes": func(cf *configFile, v *yaml.Node) (err error) {
+		cf.outboxes, err = cf.parseOutboxes(v)
+		return err
+	},
+	"destinations": func(cf *configFile, v *yaml.Node) (err error) {
+		cf.destinations, err = cf.parseDestinations(v)
+		return err
+	},
+	"routing": func(cf *configFile, v *yaml.Node) (err error) {
+		cf.routing, err = cf.parseRouting(v)
+		return err
+	},
 }
 
 // outboxItem is one entry of a config file's outboxes list: its keys (fleetKeys) and
@@ -144,7 +166,7 @@ func loadConfig(path string, known map[string]bool) (*configFile, error) {
 }
 
 func parseConfig(path string, raw []byte, known map[string]bool) (*configFile, error) {
-	cf := &configFile{path: path, values: map[string]configEntry{}, applied: map[string]configEntry{}}
+	cf := &configFile{path: path, values: map[string]configEntry{}, applied: map[string]configEntry{}, structured: map[string]bool{}}
 	var doc yaml.Node
 	if err := yaml.Unmarshal(raw, &doc); err != nil {
 		// "yaml: line 3: mapping values are not allowed in this context" becomes
@@ -172,19 +194,21 @@ func parseConfig(path string, raw []byte, known map[string]bool) (*configFile, e
 		if why, ok := notInConfigFile[key]; ok {
 			return nil, usageErrorf("%s: key %q is not allowed in a config file: %s", where, key, why)
 		}
-		if !known[key] && key != "outboxes" {
-			return nil, usageErrorf("%s: unknown key %q: keys are flag names without the dashes (see outbox help)", where, key)
-		}
-		if _, dup := cf.values[key]; dup || key == "outboxes" && cf.outboxes != nil {
-			return nil, usageErrorf("%s: key %q appears twice", where, key)
-		}
-		if key == "outboxes" {
-			items, err := cf.parseOutboxes(v)
-			if err != nil {
+		if structured := structuredKeys[key]; structured != nil {
+			if cf.structured[key] {
+				return nil, usageErrorf("%s: key %q appears twice", where, key)
+			}
+			if err := structured(cf, v); err != nil {
 				return nil, err
 			}
-			cf.outboxes = items
+			cf.structured[key] = true
 			continue
+		}
+		if !known[key] {
+			return nil, usageErrorf("%s: unknown key %q: keys are flag names without the dashes (see outbox help)", where, key)
+		}
+		if _, dup := cf.values[key]; dup {
+			return nil, usageErrorf("%s: key %q appears twice", where, key)
 		}
 		e := configEntry{line: k.Line}
 		switch v.Kind {

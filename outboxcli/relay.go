@@ -32,8 +32,9 @@ const (
 type relayFlags struct {
 	db *dbFlags
 
-	broker  *brokerFlags
-	console *consoleFlags
+	broker      *brokerFlags
+	defaultDest string // --default-destination, with a config file's destinations
+	console     *consoleFlags
 
 	cfg   outbox.RelayConfig
 	grace time.Duration
@@ -162,6 +163,7 @@ func newRelayFlags(fs *flag.FlagSet) *relayFlags {
 
 	o.grace = shutdownGraceDefault
 	fs.Var(durationValue{d: &o.grace}, "shutdown-grace", "on SIGTERM or SIGINT, wait up to this `duration` for messages in flight to be confirmed")
+	fs.StringVar(&o.defaultDest, "default-destination", defaultDestination, "with a config file's destinations and routing: the `destination` of the messages no rule\nmatches (default: --broker's); none dead-letters them")
 	fs.StringVar(&o.logFormat, "log-format", "text", "log `format`: text or json")
 	fs.StringVar(&o.logLevel, "log-level", "info", "log `level`: debug, info, warn or error")
 	fs.StringVar(&o.metricsAddr, "metrics-addr", "", "serve /metrics, /healthz and /readyz on this `address` (:9187, 127.0.0.1:9187); none when empty")
@@ -200,6 +202,10 @@ func (o *relayFlags) run(ctx context.Context, inv *invocation) error {
 	if err != nil {
 		return err
 	}
+	dests, err := o.checkDestinations(inv, log, dest)
+	if err != nil {
+		return err
+	}
 	switch o.source {
 	case "poll":
 	case "wal":
@@ -231,7 +237,11 @@ func (o *relayFlags) run(ctx context.Context, inv *invocation) error {
 		o.cfg.Observer = outbox.MultiObserver(o.cfg.Observer, obs)
 	}
 	if reg != nil {
-		o.cfg.Observer = outbox.MultiObserver(o.cfg.Observer, outboxprom.New(outboxprom.Config{Registerer: reg, Broker: dest.Broker().Label}))
+		label := dest.Broker().Label
+		if dests != nil {
+			label = dests.label()
+		}
+		o.cfg.Observer = outbox.MultiObserver(o.cfg.Observer, outboxprom.New(outboxprom.Config{Registerer: reg, Broker: label}))
 	}
 
 	where := []any{"database", redactDSN(o.db.url), "prefix", o.db.prefix}
@@ -248,14 +258,29 @@ func (o *relayFlags) run(ctx context.Context, inv *invocation) error {
 		return err
 	}
 
-	log.Info("connecting to the broker", "broker", dest.Broker().Name, "url", brokers.Redact(o.broker.url), "route", o.broker.route)
-	broker, err := o.broker.open(ctx, dest)
-	if err != nil {
-		return err
-	}
-	defer broker.Close()
-	if broker.CheckTopics != nil {
-		checkPendingTopics(ctx, log, drv, broker)
+	var pub outbox.Publisher
+	var pinger outbox.Pinger // the broker's, for /readyz: none with several destinations
+	if dests != nil {
+		router, closeAll, err := dests.open(ctx, log)
+		if err != nil {
+			return err
+		}
+		defer closeAll()
+		log.Info("publishing by the routing rules", "destinations", router.Destinations(), "rules", len(dests.routing.Rules),
+			"default_destination", o.defaultDest)
+		pub = router
+	} else {
+		log.Info("connecting to the broker", "broker", dest.Broker().Name, "url", brokers.Redact(o.broker.url), "route", o.broker.route)
+		broker, err := o.broker.open(ctx, dest)
+		if err != nil {
+			return err
+		}
+		defer broker.Close()
+		if broker.CheckTopics != nil {
+			checkPendingTopics(ctx, log, drv, broker)
+		}
+		pub = broker.Publisher
+		pinger, _ = broker.Publisher.(outbox.Pinger)
 	}
 
 	var store outboxdriver.Store = drv.storeDriver
@@ -264,14 +289,14 @@ func (o *relayFlags) run(ctx context.Context, inv *invocation) error {
 		leases := newLeaseWatch(drv.storeDriver, o.cfg.LeaseTTL)
 		store = leases.store()
 		checks := []readyCheck{{name: "database", check: drv.ping}}
-		if p, ok := broker.Publisher.(outbox.Pinger); ok {
-			checks = append(checks, readyCheck{name: "broker", check: p.Ping})
+		if pinger != nil {
+			checks = append(checks, readyCheck{name: "broker", check: pinger.Ping})
 		}
 		ready.running(leases, checks...)
 		defer ready.stopping()
 	}
 
-	relay, err := outbox.NewRelay(store, broker.Publisher, o.cfg)
+	relay, err := outbox.NewRelay(store, pub, o.cfg)
 	if err != nil {
 		return relayConfigError(err)
 	}

@@ -172,6 +172,16 @@ func Config(root *Command, forbidden map[string]string, outboxKeys []string) []b
 	}
 	b.WriteString(".\n")
 
+	b.WriteString("\n## Destinations and routing\n\nWith a `destinations` key (a mapping of names to settings) and a " +
+		"`routing` key (a list of rules), one `outbox relay` of one outbox publishes to several brokers " +
+		"(docs/operations.md, \"Several destinations\"). A destination takes `broker` (required), `route`, the " +
+		"`broker-tls-*` keys and its broker's own keys, as the flags of the same names; `--broker` is the " +
+		"destination `default`. A rule takes `topic`, `aggregate-type`, `event-type` (exact values or globs), " +
+		"`headers` (a mapping of names to values or globs) and `destination`; the first rule that matches " +
+		"a message names its destination, and a message no rule matches goes to `default-destination`.\n\n```yaml\n" +
+		"broker: nats://nats-1:4222\ndestinations:\n  audit:\n    broker: amqp://relay@rabbit:5672/\n" +
+		"    rabbitmq-exchange: audit\nrouting:\n  - topic: \"payments.*\"\n    destination: audit\n```\n")
+
 	// The other commands' keys, each once, with the commands that read it.
 	type use struct {
 		flag  Flag

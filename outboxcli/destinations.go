@@ -1,0 +1,299 @@
+package outboxcli
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/brokers"
+)
+
+// A config file's destinations and routing keys give one relay several brokers:
+//
+//	broker: nats://127.0.0.1:4222        # the destination named "default"
+//	destinations:
+//	  audit:
+//	    broker: amqp://guest:guest@127.0.0.1:5672/
+//	    route: audit.{topic}
+//	    rabbitmq-exchange: audit
+//	routing:
+//	  - topic: "audit.*"
+//	    destination: audit
+//
+// Each destination takes the settings --broker does (broker, route, the --broker-tls-*
+// files and its broker's own settings); the rules are tried in order, and a message
+// that none matches goes to --default-destination.
+
+// defaultDestination is the destination --broker and its flags describe.
+const defaultDestination = "default"
+
+// destItem is one entry of the destinations key.
+type destItem struct {
+	name   string
+	line   int
+	values map[string]configEntry
+}
+
+// ruleItem is one entry of the routing key.
+type ruleItem struct {
+	line int
+	rule outbox.Rule
+}
+
+// parseDestinations reads the destinations key: a mapping of names to settings.
+func (cf *configFile) parseDestinations(v *yaml.Node) ([]destItem, error) {
+	if v.Kind != yaml.MappingNode || len(v.Content) == 0 {
+		return nil, usageErrorf("%s: key \"destinations\": want a mapping of names to settings (audit: {broker: amqp://...})", cf.at(v.Line))
+	}
+	var items []destItem
+	for i := 0; i+1 < len(v.Content); i += 2 {
+		k, val := v.Content[i], v.Content[i+1]
+		name := k.Value
+		where := cf.at(k.Line)
+		switch {
+		case k.Kind != yaml.ScalarNode || !validFleetName(name):
+			return nil, usageErrorf("%s: destination %q: want a name of letters, digits and . _ - (it appears in logs and metrics)", where, name)
+		case name == defaultDestination || name == "none":
+			return nil, usageErrorf("%s: destination %q: the name is reserved (default is --broker's destination; none sends nowhere)", where, name)
+		case slices.ContainsFunc(items, func(d destItem) bool { return d.name == name }):
+			return nil, usageErrorf("%s: destination %q appears twice", where, name)
+		case val.Kind != yaml.MappingNode || len(val.Content) == 0:
+			return nil, usageErrorf("%s: destination %q: want a mapping of settings (broker: nats://..., route: ...)", where, name)
+		}
+		d := destItem{name: name, line: k.Line, values: map[string]configEntry{}}
+		for j := 0; j+1 < len(val.Content); j += 2 {
+			sk, sv := val.Content[j], val.Content[j+1]
+			if _, dup := d.values[sk.Value]; dup {
+				return nil, usageErrorf("%s: key %q appears twice in destination %q", cf.at(sk.Line), sk.Value, name)
+			}
+			e := configEntry{line: sk.Line}
+			switch sv.Kind {
+			case yaml.ScalarNode:
+				e.values, e.lines = []string{sv.Value}, []int{sv.Line}
+			case yaml.SequenceNode:
+				for _, item := range sv.Content {
+					if item.Kind != yaml.ScalarNode {
+						return nil, usageErrorf("%s: key %q: a list may hold only plain values", cf.at(item.Line), sk.Value)
+					}
+					e.values, e.lines = append(e.values, item.Value), append(e.lines, item.Line)
+				}
+			}
+			if sk.Kind != yaml.ScalarNode || len(e.values) == 0 || sv.Tag == "!!null" {
+				return nil, usageErrorf("%s: destination %q: key %q: want a plain value or a list", cf.at(sk.Line), name, sk.Value)
+			}
+			d.values[sk.Value] = e
+		}
+		if _, ok := d.values["broker"]; !ok {
+			return nil, usageErrorf("%s: destination %q: broker is required (its URL: %s)", where, name, brokers.Examples())
+		}
+		items = append(items, d)
+	}
+	return items, nil
+}
+
+// ruleKeys are the keys of a routing rule.
+var ruleKeys = []string{"topic", "aggregate-type", "event-type", "headers", "destination"}
+
+// parseRouting reads the routing key: a list of rules.
+func (cf *configFile) parseRouting(v *yaml.Node) ([]ruleItem, error) {
+	if v.Kind != yaml.SequenceNode || len(v.Content) == 0 {
+		return nil, usageErrorf("%s: key \"routing\": want a list of rules (- topic: \"audit.*\"\n  destination: audit)", cf.at(v.Line))
+	}
+	var items []ruleItem
+	for _, item := range v.Content {
+		if item.Kind != yaml.MappingNode || len(item.Content) == 0 {
+			return nil, usageErrorf("%s: a rule is a mapping (topic: \"audit.*\", destination: audit)", cf.at(item.Line))
+		}
+		r := ruleItem{line: item.Line}
+		seen := map[string]bool{}
+		for i := 0; i+1 < len(item.Content); i += 2 {
+			k, val := item.Content[i], item.Content[i+1]
+			where := cf.at(k.Line)
+			if !slices.Contains(ruleKeys, k.Value) {
+				return nil, usageErrorf("%s: a rule has no key %q: it takes %s", where, k.Value, strings.Join(ruleKeys, ", "))
+			}
+			if seen[k.Value] {
+				return nil, usageErrorf("%s: key %q appears twice in one rule", where, k.Value)
+			}
+			seen[k.Value] = true
+			if k.Value == "headers" {
+				if val.Kind != yaml.MappingNode || len(val.Content) == 0 {
+					return nil, usageErrorf("%s: headers: want a mapping of header names to values or globs", where)
+				}
+				r.rule.Headers = map[string]string{}
+				for j := 0; j+1 < len(val.Content); j += 2 {
+					hk, hv := val.Content[j], val.Content[j+1]
+					if hk.Kind != yaml.ScalarNode || hv.Kind != yaml.ScalarNode || hv.Tag == "!!null" {
+						return nil, usageErrorf("%s: headers: want plain names and values", cf.at(hk.Line))
+					}
+					r.rule.Headers[hk.Value] = hv.Value
+				}
+				continue
+			}
+			if val.Kind != yaml.ScalarNode || val.Tag == "!!null" {
+				return nil, usageErrorf("%s: key %q: want a plain value", where, k.Value)
+			}
+			switch k.Value {
+			case "topic":
+				r.rule.Topic = val.Value
+			case "aggregate-type":
+				r.rule.AggregateType = val.Value
+			case "event-type":
+				r.rule.EventType = val.Value
+			case "destination":
+				r.rule.Destination = val.Value
+			}
+		}
+		if r.rule.Destination == "" {
+			return nil, usageErrorf("%s: a rule needs a destination", cf.at(item.Line))
+		}
+		items = append(items, r)
+	}
+	return items, nil
+}
+
+// destinations are a relay's checked destinations and its routing, ready to open.
+type destinations struct {
+	names   []string
+	urls    []string
+	dests   []*brokers.Dest
+	routing outbox.Routing
+}
+
+// checkDestinations checks the config file's destinations and routing, before anything
+// connects; def is --broker's, checked already. It returns nil when the file names
+// none: the relay publishes to --broker alone.
+func (o *relayFlags) checkDestinations(inv *invocation, log *slog.Logger, def *brokers.Dest) (*destinations, error) {
+	cf := inv.config
+	if cf == nil || cf.destinations == nil && cf.routing == nil {
+		if o.defaultDest != defaultDestination {
+			return nil, usageErrorf("--default-destination: only used with a config file's destinations and routing")
+		}
+		return nil, nil
+	}
+	ds := &destinations{}
+	// --broker's destination is opened when something sends to it.
+	if o.defaultDest == defaultDestination || slices.ContainsFunc(cf.routing, func(r ruleItem) bool { return r.rule.Destination == defaultDestination }) {
+		ds.names, ds.urls, ds.dests = []string{defaultDestination}, []string{o.broker.url}, []*brokers.Dest{def}
+	}
+	for _, item := range cf.destinations {
+		d, err := o.checkDestination(inv, log, item)
+		if err != nil {
+			return nil, usageErrorf("%s: destination %q: %s", cf.at(item.line), item.name, strings.TrimPrefix(err.Error(), "outbox: "))
+		}
+		ds.names, ds.urls, ds.dests = append(ds.names, item.name), append(ds.urls, item.values["broker"].values[0]), append(ds.dests, d)
+	}
+	for _, r := range cf.routing {
+		ds.routing.Rules = append(ds.routing.Rules, r.rule)
+	}
+	if o.defaultDest != "none" {
+		ds.routing.Default = o.defaultDest
+	}
+	if err := ds.routing.Validate(ds.names...); err != nil {
+		if ce, ok := err.(*outbox.ConfigError); ok {
+			var i int
+			if _, scanErr := fmt.Sscanf(ce.Field, "Rules[%d]", &i); scanErr == nil && i < len(cf.routing) {
+				return nil, usageErrorf("%s: routing rule %d: %s: %s", cf.at(cf.routing[i].line), i+1, ruleKey(ce.Field), ce.Reason)
+			}
+			return nil, usageErrorf("--default-destination: %s", ce.Reason)
+		}
+		return nil, err
+	}
+	return ds, nil
+}
+
+// ruleKey is the config file's key for a field of an outbox.Rule in a ConfigError
+// ("Rules[0].EventType" -> "event-type", "Rules[0].Headers[\"x\"]" -> "headers: \"x\"").
+func ruleKey(field string) string {
+	_, f, _ := strings.Cut(field, "].")
+	if h, ok := strings.CutPrefix(f, "Headers["); ok {
+		return "headers: " + strings.TrimSuffix(h, "]")
+	}
+	return map[string]string{"Topic": "topic", "AggregateType": "aggregate-type", "EventType": "event-type", "Destination": "destination"}[f]
+}
+
+// checkDestination checks one entry of the destinations key as --broker and its flags
+// are checked.
+func (o *relayFlags) checkDestination(inv *invocation, log *slog.Logger, item destItem) (*brokers.Dest, error) {
+	url := item.values["broker"].values[0]
+	inv.secrets.addBroker(url)
+	k, err := brokers.ForURL(url)
+	if err != nil {
+		return nil, err
+	}
+	fs := flag.NewFlagSet(item.name, flag.ContinueOnError)
+	var tlsFiles brokers.TLSFiles
+	tlsFiles.Flags(fs)
+	opts := k.Flags(fs)
+	route := outbox.RouteTopic
+	options := map[string][]string{}
+	for _, key := range sortedKeys(item.values) {
+		e := item.values[key]
+		switch {
+		case key == "broker":
+		case key == "route":
+			route = e.values[0]
+		case strings.HasPrefix(key, "broker-tls-"):
+			if fs.Lookup(key) == nil || len(e.values) != 1 {
+				return nil, fmt.Errorf("--%s: no such TLS setting, or more than one value", key)
+			}
+			if err := fs.Set(key, e.values[0]); err != nil {
+				return nil, fmt.Errorf("--%s: %v", key, err)
+			}
+		default:
+			options[key] = e.values
+		}
+	}
+	tls, err := tlsFiles.Config()
+	if err != nil {
+		return nil, err
+	}
+	return opts.Check(url, brokers.Settings{Route: route, TLS: tls, Log: log.With("destination", item.name),
+		Secrets: brokerSecretsOf{inv.secrets}, Options: options})
+}
+
+// label is the broker label of the relay's metrics: the destinations' kinds, "amqp,nats".
+func (ds *destinations) label() string {
+	var labels []string
+	for _, d := range ds.dests {
+		if !slices.Contains(labels, d.Broker().Label) {
+			labels = append(labels, d.Broker().Label)
+		}
+	}
+	slices.Sort(labels)
+	return strings.Join(labels, ",")
+}
+
+// open connects to every destination and returns the router over them and what closes
+// them all.
+func (ds *destinations) open(ctx context.Context, log *slog.Logger) (pub *outbox.Router, closeAll func(), err error) {
+	var opened []*brokers.Opened
+	closeAll = func() {
+		for _, b := range opened {
+			b.Close()
+		}
+	}
+	var dests []outbox.Destination
+	for i, d := range ds.dests {
+		log.Info("connecting to a destination", "destination", ds.names[i], "broker", d.Broker().Name, "url", brokers.Redact(ds.urls[i]))
+		b, err := d.Open(ctx)
+		if err != nil {
+			closeAll()
+			return nil, nil, fmt.Errorf("destination %q: connect to %s at %s: %w", ds.names[i], d.Broker().Name, brokers.Redact(ds.urls[i]), brokerUsage(err))
+		}
+		opened = append(opened, b)
+		dests = append(dests, outbox.Destination{Name: ds.names[i], Publisher: b.Publisher})
+	}
+	router, err := outbox.NewRouter(ds.routing, dests...)
+	if err != nil {
+		closeAll()
+		return nil, nil, err
+	}
+	return router, closeAll, nil
+}
