@@ -60,6 +60,9 @@ type inHand struct {
 type item struct {
 	m     *Message
 	token int64 // lease token of m's shard when m was fetched
+	// dest is m's destination, with a Router of several (routed: looked up).
+	dest   string
+	routed bool
 }
 
 type lane struct {
@@ -185,6 +188,12 @@ func (h *hand) readyLen() int { return len(h.ready) }
 // and marks them in flight. Lanes it passes over as unsendable leave ready: a lease
 // round (requeue) or dropUnsent deals with them.
 func (h *hand) takeReady(n int, sendable func(shard int) bool) []*item {
+	return h.takeReadyIf(n, sendable, nil)
+}
+
+// takeReadyIf is takeReady of the heads allow accepts (nil: all); the lanes whose head
+// it refuses stay ready, in their place.
+func (h *hand) takeReadyIf(n int, sendable func(shard int) bool, allow func(*item) bool) []*item {
 	batch := make([]*item, 0, min(n, len(h.ready)))
 	rest := h.ready[:0]
 	for i, ln := range h.ready {
@@ -192,10 +201,15 @@ func (h *hand) takeReady(n int, sendable func(shard int) bool) []*item {
 			rest = append(rest, h.ready[i:]...)
 			break
 		}
-		ln.queued = false
 		if ln.inFlight || ln.failed || len(ln.queue) == 0 || h.lanes[ln.key] != ln || !sendable(ln.shard) {
+			ln.queued = false
 			continue
 		}
+		if allow != nil && !allow(ln.queue[0]) {
+			rest = append(rest, ln)
+			continue
+		}
+		ln.queued = false
 		ln.inFlight = true
 		batch = append(batch, ln.queue[0])
 	}

@@ -179,6 +179,7 @@ func (r *Relay) Run(ctx context.Context, grace time.Duration) error {
 const keyFloors = 4096
 
 type pubResult struct {
+	dest  string // the batch's destination, with a Router of several
 	items []*item
 	msgs  []*Message // the messages of items, as published
 	errs  []error
@@ -226,6 +227,14 @@ type loop struct {
 	inFlight    int
 	freeWorkers int
 	outcomes    outcomeBuffer // the broker's answers until the store records them
+
+	// With a Router of several destinations, each batch goes to one destination, and no
+	// destination takes more than its share of the publish workers and of MaxInFlight
+	// (destCaps), so that a slow one leaves room to the others.
+	destOf                          func(*Message) string
+	destWorkers                     map[string]int
+	destInFlight                    map[string]int
+	destMaxWorkers, destMaxInFlight int
 
 	leaseBusy     bool
 	leaseAgain    bool      // a round was wanted while one was out: start one when it returns
@@ -278,8 +287,26 @@ func newLoop(r *Relay) *loop {
 	if _, ok := r.store.(outboxdriver.Listener); ok {
 		l.gate, l.gateAsks = &wakeGate{}, make(chan struct{}, 1)
 	}
+	if rt, ok := r.pub.(*Router); ok && len(rt.order) > 1 {
+		l.destOf = rt.destinationOf
+		l.destWorkers, l.destInFlight = map[string]int{}, map[string]int{}
+		l.destMaxWorkers, l.destMaxInFlight = destCaps(l.freeWorkers, r.cfg.MaxInFlight, r.cfg.PublishBatchSize)
+	}
 	l.src = newFetchSource(l)
 	return l
+}
+
+// destCaps returns how many of the relay's publish workers, and how much of its
+// MaxInFlight, one destination of several may take: three quarters, and never the last
+// worker (one is enough when there is one), nor less than a batch.
+func destCaps(workers, maxInFlight, batch int) (maxWorkers, inFlight int) {
+	maxWorkers = workers * 3 / 4
+	if workers > 1 {
+		maxWorkers = min(max(maxWorkers, 1), workers-1)
+	} else {
+		maxWorkers = 1
+	}
+	return maxWorkers, max(maxInFlight*3/4, batch)
 }
 
 func (l *loop) run(ctx context.Context) {
@@ -519,17 +546,43 @@ func (l *loop) dispatch(ctx context.Context) {
 	for l.freeWorkers > 0 && l.hand.readyLen() > 0 && l.inFlight+l.outcomes.inHand() < l.cfg.MaxInFlight {
 		// Lanes whose shard is not sendable are passed over: lost or draining shards are
 		// dropped by the lease round (dropUnsent), lapsed leases re-queued by the next one.
-		batch := l.hand.takeReady(min(l.cfg.PublishBatchSize, l.cfg.MaxInFlight-l.inFlight-l.outcomes.inHand()), l.sendable)
+		n := min(l.cfg.PublishBatchSize, l.cfg.MaxInFlight-l.inFlight-l.outcomes.inHand())
+		var dest string
+		var allow func(*item) bool
+		if l.destOf != nil {
+			chosen := false
+			allow = func(it *item) bool {
+				if !it.routed {
+					it.dest, it.routed = l.destOf(it.m), true
+				}
+				d := it.dest
+				if !chosen {
+					if l.destWorkers[d] >= l.destMaxWorkers || l.destInFlight[d] >= l.destMaxInFlight {
+						return false
+					}
+					dest, chosen = d, true
+				}
+				if d != dest || l.destInFlight[d] >= l.destMaxInFlight {
+					return false
+				}
+				l.destInFlight[d]++
+				return true
+			}
+		}
+		batch := l.hand.takeReadyIf(n, l.sendable, allow)
 		if len(batch) == 0 {
 			return
 		}
+		if l.destOf != nil {
+			l.destWorkers[dest]++
+		}
 		l.inFlight += len(batch)
 		l.freeWorkers--
-		go l.publish(ctx, batch)
+		go l.publish(ctx, dest, batch)
 	}
 }
 
-func (l *loop) publish(ctx context.Context, batch []*item) {
+func (l *loop) publish(ctx context.Context, dest string, batch []*item) {
 	msgs := make([]*Message, len(batch))
 	for i, it := range batch {
 		msgs[i] = it.m
@@ -551,13 +604,17 @@ func (l *loop) publish(ctx context.Context, batch []*item) {
 			errs[i] = Outage(err) // unknown outcome: send again, count no attempt
 		}
 	}
-	l.pubResults <- pubResult{items: batch, msgs: msgs, errs: errs, start: start, took: took}
+	l.pubResults <- pubResult{dest: dest, items: batch, msgs: msgs, errs: errs, start: start, took: took}
 }
 
 func (l *loop) onPublished(res pubResult) {
 	l.cfg.Observer.PublishDone(PublishEvent{Batch: res.msgs, Errs: res.errs, Start: res.start, Took: res.took})
 	l.freeWorkers++
 	l.inFlight -= len(res.items)
+	if l.destOf != nil {
+		l.destWorkers[res.dest]--
+		l.destInFlight[res.dest] -= len(res.items)
+	}
 	outage := false
 	confirmed := 0
 	for i, it := range res.items {

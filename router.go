@@ -138,6 +138,11 @@ type Destination struct {
 // destination's messages at once rather than wait for the publish timeout. An
 // unroutable message is rejected as Permanent: the relay dead-letters it with the
 // reason.
+//
+// A relay whose publisher is a Router of several destinations sends each batch to one
+// destination, and lets no destination take more than three quarters of its publish
+// workers (MaxInFlight / PublishBatchSize) and of MaxInFlight, so that a slow
+// destination leaves room to the others.
 type Router struct {
 	routing Routing
 	dests   map[string]*routerDest
@@ -295,6 +300,13 @@ func (d *routerDest) publish(ctx context.Context, batch []*Message, idx []int) [
 // make the relay pause every destination.
 func (d *routerDest) outageError(text string) error {
 	return DestinationOutage(d.name, errors.New(text))
+}
+
+// destinationOf returns the name of m's destination, "" when m is unroutable: the
+// relay sends each batch to one destination.
+func (r *Router) destinationOf(m *Message) string {
+	name, _ := r.routing.Destination(m)
+	return name
 }
 
 // Destinations returns the destinations' names, in the order given to NewRouter.

@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
+	"time"
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/testinfra/testenv"
@@ -180,6 +181,62 @@ func TestMemRelayRouterDestinationDown(t *testing.T) {
 			if !strings.HasPrefix(m.Key, "a") {
 				t.Errorf("%s reached destination a", m.Payload)
 			}
+		}
+	})
+}
+
+// stuckPublisher holds every Publish until release is closed, then confirms.
+type stuckPublisher struct {
+	outboxtest.Publisher
+	release chan struct{}
+	calls   atomic.Int64
+}
+
+func (p *stuckPublisher) Publish(ctx context.Context, batch []*outbox.Message) []error {
+	p.calls.Add(1)
+	select {
+	case <-p.release:
+		return p.Publisher.Publish(ctx, batch)
+	case <-ctx.Done():
+		errs := make([]error, len(batch))
+		for i := range errs {
+			errs[i] = outbox.Outage(ctx.Err())
+		}
+		return errs
+	}
+}
+
+// TestMemRelayRouterDestinationStuck: one destination takes its time (every publish
+// hangs until the test lets it go, shorter than the publish timeout); the other's
+// messages are all published meanwhile. A relay that sent both in one batch, or let
+// the slow one take every publish worker, would hold them back.
+func TestMemRelayRouterDestinationStuck(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		b := setupMem(t)
+		b.topic = func(key string) string { return key[:1] + ".events" }
+		slow := &stuckPublisher{release: make(chan struct{})}
+		fast := &outboxtest.Publisher{}
+		router, err := outbox.NewRouter(outbox.Routing{Rules: []outbox.Rule{{Topic: "a.*", Destination: "a"}}, Default: "b"},
+			outbox.Destination{Name: "a", Publisher: slow}, outbox.Destination{Name: "b", Publisher: fast})
+		if err != nil {
+			t.Fatal(err)
+		}
+		keys := append(memKeys("a", 40), memKeys("b", 40)...)
+		b.writeRounds(t, 5, keys)
+		b.relay(t, router, outbox.RelayConfig{ID: "r", MaxInFlight: 40, PublishBatchSize: 5, PublishTimeout: time.Hour})
+		testenv.Await(t, "b's 200 messages published while a is stuck", func() (any, bool) {
+			n := len(fast.Messages())
+			return fmt.Sprintf("%d of 200, %d calls to a", n, slow.calls.Load()), n == 200
+		})
+		close(slow.release)
+		testenv.Await(t, "a's messages published once it goes on", func() (any, bool) {
+			st := b.status(t)
+			return fmt.Sprintf("%d pending", st.Pending), st.Pending == 0
+		})
+		got := append(slow.Messages(), fast.Messages()...)
+		if dups := b.checkHistory(t, got); dups != 0 {
+			t.Errorf("%d duplicates", dups)
 		}
 	})
 }
