@@ -448,8 +448,13 @@ func fleetRelayID() string {
 	return fmt.Sprintf("%s-%d-%s", cmp.Or(host, "relay"), os.Getpid(), hex.EncodeToString(b[:]))
 }
 
-// errParked ends a relay's run that the fleet stopped because its outbox was idle.
-var errParked = errors.New("parked")
+// errParked ends a relay's run that the fleet stopped because its outbox was idle;
+// errStandby one it stopped because another process's relay serves the outbox and this
+// one had little to do.
+var (
+	errParked  = errors.New("parked")
+	errStandby = errors.New("standby")
+)
 
 // parkable passes every event on but the stop of a relay the fleet parks: the relay
 // of a parked outbox counts as up (outbox_relay_up 1), as it wakes when a message comes.
@@ -754,14 +759,29 @@ func (f *fleet) serve(ctx context.Context, m *fleetMember) {
 	// A PostgreSQL outbox starts parked when outboxes park: its relay runs once it has
 	// something to publish, so that a fleet of idle outboxes starts without a relay, and
 	// a LISTEN connection, each.
-	park, ran := f.top.parkAfter > 0, false
+	park, standby, ran := f.top.parkAfter > 0, false, false
 	for failures := 0; ; failures++ {
 		started := time.Now()
 		var err error
-		if park {
+		if standby {
+			var help bool
+			if help, err = f.standby(ctx, m, log); err == nil && ctx.Err() != nil {
+				return
+			}
+			standby, park = false, err == nil && !help
+		}
+		if park && err == nil {
 			var woken bool
 			if woken, err = f.parked(ctx, m, log, ran); err == nil && !woken {
 				return // ctx ended
+			}
+			if err == nil {
+				// Woken: unless another process's relay serves the outbox already.
+				if standby, err = f.servedElsewhere(ctx, m); err == nil && standby {
+					log.Info("outbox woken, but another process's relay serves it: standing by")
+					failures = -1
+					continue
+				}
 			}
 		}
 		if err == nil {
@@ -769,13 +789,18 @@ func (f *fleet) serve(ctx context.Context, m *fleetMember) {
 			ran = true
 		}
 		if ctx.Err() != nil {
-			if err != nil && !errors.Is(err, context.Canceled) && !errors.Is(err, errParked) {
+			if err != nil && !errors.Is(err, context.Canceled) && !errors.Is(err, errParked) && !errors.Is(err, errStandby) {
 				log.Error("outbox relay stopped", "err", err)
 			}
 			return
 		}
 		if errors.Is(err, errParked) {
 			park, failures = true, -1
+			continue
+		}
+		if errors.Is(err, errStandby) {
+			log.Info("another process's relay serves the outbox too, and this one had little to do: relay stopped, standing by")
+			standby, failures = true, -1
 			continue
 		}
 		park = park && f.top.parkAfter > 0 && !ran // a failure while parked: park again
@@ -848,6 +873,7 @@ func (f *fleet) runOne(ctx context.Context, m *fleetMember, log *slog.Logger) er
 	tick := time.NewTicker(max(f.top.parkAfter/6, time.Second))
 	defer tick.Stop()
 	last, since := relay.Stats(), time.Now()
+	heldBefore := true // the first tick counts as busy
 	for {
 		select {
 		case err := <-done:
@@ -857,6 +883,18 @@ func (f *fleet) runOne(ctx context.Context, m *fleetMember, log *slog.Logger) er
 			// nothing held (a relay paused by an outage holds what it fetched).
 			st := relay.Stats()
 			held := st.Held > 0
+			// Another process's relay serves the outbox too, and this one, which is not
+			// the outbox's first (it does not hold shard 0), held nothing at two ticks in
+			// a row: leave the outbox to it, and stand by.
+			if light := !held && !heldBefore; light && leases.sharedNotFirst() {
+				parking.Store(true)
+				stop()
+				if err := <-done; err != nil {
+					return err
+				}
+				return errStandby
+			}
+			heldBefore = held
 			st.Shards, st.Held = 0, 0
 			if st != last || held {
 				last, since = st, now
@@ -908,6 +946,52 @@ func (f *fleet) parked(ctx context.Context, m *fleetMember, log *slog.Logger, ra
 	case <-db.idle.Add(pg):
 		log.Info("outbox woken: relay starting")
 		return true, nil
+	}
+}
+
+// standbyHelpAfter is how long a message may wait, due and first of its key, in an
+// outbox another process serves before a process standing by starts its relay too, to
+// help with the backlog (or to take over from a relay that stopped publishing).
+const standbyHelpAfter = 5 * time.Second
+
+// servedElsewhere reports whether another process's relay serves m's outbox now: a
+// woken outbox is then left to it.
+func (f *fleet) servedElsewhere(ctx context.Context, m *fleetMember) (bool, error) {
+	pg, ok := m.driver().(*outboxpgx.Driver)
+	if !ok || f.top.parkAfter <= 0 {
+		return false, nil
+	}
+	others, _, err := pg.Served(ctx, cmp.Or(m.o.cfg.ID, f.relayID), standbyHelpAfter)
+	return others > 0, err
+}
+
+// standby waits while another process's relay serves m's outbox, looking every
+// --parked-poll-interval: help when a message has waited longer than standbyHelpAfter
+// (the relay should start: the outbox has a backlog, or its relay stopped publishing),
+// or park when no relay is live any more (the watch then wakes the outbox as a parked
+// one). It holds no connection and no gate meanwhile, so the outbox's writers notify
+// only for the relay that serves it.
+func (f *fleet) standby(ctx context.Context, m *fleetMember, log *slog.Logger) (help bool, err error) {
+	m.setState("standby: served by another process")
+	pg := m.driver().(*outboxpgx.Driver)
+	tick := time.NewTicker(f.top.parkedPoll)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return false, nil
+		case <-tick.C:
+		}
+		others, waiting, err := pg.Served(ctx, cmp.Or(m.o.cfg.ID, f.relayID), standbyHelpAfter)
+		switch {
+		case err != nil:
+			return false, err
+		case waiting:
+			log.Info("outbox has messages waiting: relay starting beside the other processes'", "waited", standbyHelpAfter)
+			return true, nil
+		case others == 0:
+			return false, nil
+		}
 	}
 }
 

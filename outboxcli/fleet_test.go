@@ -664,3 +664,83 @@ func TestRelayFleetMetricsBound(t *testing.T) {
 		return fmt.Sprintf("outboxes with series %v; fleet lines:\n%s", labels, grepLines(metrics, "outbox_fleet_")), ok
 	})
 }
+
+// TestRelayFleetStandby: two processes serve three outboxes that trickle. Once settled,
+// each outbox is served by one relay, which holds every shard: the other process stands
+// by, costing the outbox's writers no notification. When a process stops, the other
+// takes its outboxes over, and every message is published once, in order.
+func TestRelayFleetStandby(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	js := testnats.JetStream(t, "")
+	stream, prefix := natsStream(t, js)
+	schemas := []string{b.Schema, b.Schema + "_b", b.Schema + "_c"}
+	dropAtEnd(t, b, schemas[1:]...)
+	var dbs []*testdb.DB
+	for _, s := range schemas {
+		must(t, 0, with(b.env, "OUTBOX_SCHEMA", s), "migrate", "up")
+		dbs = append(dbs, &testdb.DB{Pool: b.Pool, Schema: s})
+	}
+	config := fleetConfig(t, prefix, stream, `poll-interval: 50ms
+lease-ttl: 3s
+park-after: 6s
+parked-poll-interval: 200ms
+`, fmt.Sprintf(`  - schemas: %s*
+`, b.Schema))
+	var logs [2]*syncBuffer
+	var stops [2]func() int
+	for i := range logs {
+		logs[i], stops[i] = fleetRelay(t, config)
+	}
+	sent := 0
+	trickle := func() {
+		for o, db := range dbs {
+			db.Write(t, outbox.Message{Topic: fmt.Sprintf("o%d", o), Key: "k0", Payload: []byte(fmt.Sprint(sent))})
+		}
+		sent++
+	}
+	served := func() (seen []string, one bool) {
+		one = true
+		for _, s := range schemas {
+			st := statusJSON(t, &testBundle{env: with(b.env, "OUTBOX_SCHEMA", s)})
+			var live []string
+			for _, r := range st.Relays {
+				if r.Live {
+					live = append(live, r.ID)
+				}
+			}
+			slices.Sort(live) // the same set must read the same: a stall is no change
+			seen = append(seen, fmt.Sprintf("%s: live %v, %d shards leased", s, live, st.ShardsLeased))
+			one = one && len(live) == 1 && st.ShardsLeased == 64
+		}
+		return seen, one
+	}
+	testenv.Await(t, "each outbox served by one relay holding every shard", func() (any, bool) {
+		trickle()
+		return served()
+	})
+	standby := 0
+	for i := range logs {
+		standby += strings.Count(logs[i].String(), `standing by`)
+	}
+	if standby == 0 {
+		t.Errorf("no process logged standing by:\n%s\n%s", lastLines(logs[0].String(), 20), lastLines(logs[1].String(), 20))
+	}
+
+	if code := stops[0](); code != 0 {
+		t.Fatalf("relay 0 exited %d", code)
+	}
+	testenv.Await(t, "the other process to serve every outbox", func() (any, bool) {
+		trickle()
+		return served()
+	})
+	checkKeyOrder(t, streamMessages(t, js, stream, len(schemas)*sent), 1)
+	if code := stops[1](); code != 0 {
+		t.Fatalf("relay 1 exited %d", code)
+	}
+	for i := range logs {
+		if strings.Contains(logs[i].String(), `"level":"ERROR"`) {
+			t.Errorf("process %d logged an error:\n%s", i, logs[i].String())
+		}
+	}
+}

@@ -301,6 +301,23 @@ func (w *leaseWatch) SyncLeases(ctx context.Context, req outboxdriver.LeaseReque
 	return st, err
 }
 
+// sharedNotFirst reports whether, at the last lease round, another relay was live and
+// this one did not hold shard 0: of the relays that share an outbox, the holder of
+// shard 0 keeps it when the others have little to do.
+func (w *leaseWatch) sharedNotFirst() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.synced.IsZero() || w.state.Live < 2 {
+		return false
+	}
+	for _, l := range w.state.Held {
+		if l.Shard == 0 {
+			return false
+		}
+	}
+	return true
+}
+
 // status says whether the lease rounds make the relay ready: ok, a key that changes
 // when the reason does (for logging changes), and a line for /readyz.
 func (w *leaseWatch) status() (ok bool, key, text string) {

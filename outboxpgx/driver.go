@@ -250,6 +250,23 @@ func (d *Driver) Recycle(ctx context.Context) (outboxdriver.Recycling, error) {
 	return r, nil
 }
 
+// Served returns how many live relays other than self the outbox has, and whether a
+// message has waited longer than waited while it could be sent (due, and first of its
+// key): for a process serving many outboxes that leaves this one to another process's
+// relay, and takes over when none is live or helps when messages wait.
+func (d *Driver) Served(ctx context.Context, self string, waited time.Duration) (others int, waiting bool, err error) {
+	if err := d.needPool(); err != nil {
+		return 0, false, err
+	}
+	_, err = onConn(ctx, d, func(c *pgxpool.Conn) (struct{}, error) {
+		return struct{}{}, c.QueryRow(ctx, d.names.Served(), self, waited.Milliseconds()).Scan(&others, &waiting)
+	})
+	if err != nil {
+		return 0, false, fmt.Errorf("served: %w", err)
+	}
+	return others, waiting, nil
+}
+
 // Partitions returns the UTC days of published history that have a partition, oldest
 // first (none before migration 3).
 func (d *Driver) Partitions(ctx context.Context) ([]time.Time, error) {

@@ -389,6 +389,16 @@ func (n *Names) AnyDue() string {
 	return n.r(`EXISTS (SELECT 1 FROM {{outbox}} o WHERE o.next_attempt_at <= now() OR o.next_attempt_at = o.created_at)`)
 }
 
+// Served returns the number of live relays other than $1 and whether a message has
+// waited longer than $2 milliseconds while it could be sent: due, and first of its key
+// (a later message of a key waits for the key's head by design). A process of a fleet
+// that leaves the outbox to another's relay asks it, to take over or help.
+func (n *Names) Served() string {
+	return n.r(`SELECT (SELECT count(*) FROM {{relays}} WHERE expires_at > now() AND id <> $1),
+    EXISTS (SELECT 1 FROM {{outbox}} o WHERE o.next_attempt_at <= now() - $2 * interval '1 millisecond'
+        AND (o.key = '' OR NOT EXISTS (SELECT 1 FROM {{outbox}} p WHERE p.key = o.key AND p.seq < o.seq)))`)
+}
+
 // SchemaVersion reads the highest schema version applied.
 func (n *Names) SchemaVersion() string {
 	return `SELECT coalesce(max(version), 0) FROM ` + n.Migrations
