@@ -390,7 +390,7 @@ type fleetMember struct {
 
 	mu     sync.Mutex
 	leases *leaseWatch // of the relay running now; nil between runs
-	state  string      // why it is not served, between runs ("parked": idle)
+	state  string      // why it is not served, between runs: stateParked, stateStandby, or an error
 	drv    storeDriver // made on first use (fleet.driver)
 }
 
@@ -447,6 +447,13 @@ func fleetRelayID() string {
 	_, _ = rand.Read(b[:])
 	return fmt.Sprintf("%s-%d-%s", cmp.Or(host, "relay"), os.Getpid(), hex.EncodeToString(b[:]))
 }
+
+// The states of an outbox whose relay does not run in this process, but which is served:
+// parked (idle: the watch wakes it) or standing by (another process's relay serves it).
+const (
+	stateParked  = "parked"
+	stateStandby = "standby"
+)
 
 // errParked ends a relay's run that the fleet stopped because its outbox was idle;
 // errStandby one it stopped because another process's relay serves the outbox and this
@@ -623,7 +630,7 @@ type fleetCollector struct{ f *fleet }
 
 var (
 	fleetOutboxesDesc = prometheus.NewDesc("outbox_fleet_outboxes",
-		"Outboxes this process serves from its outboxes list, by state: running (its relay runs), parked (idle, watched), not_served (connecting, or failing and tried again).",
+		"Outboxes this process serves from its outboxes list, by state: running (its relay runs), parked (idle, watched), standby (another process's relay serves it), not_served (connecting, or failing and tried again).",
 		[]string{"state"}, nil)
 	fleetUnmeteredDesc = prometheus.NewDesc("outbox_fleet_outboxes_without_metrics",
 		"Outboxes this process serves without series of their own, past --metrics-max-outboxes.", nil, nil)
@@ -641,13 +648,13 @@ func (c fleetCollector) Collect(ch chan<- prometheus.Metric) {
 		members = append(members, m)
 	}
 	c.f.mu.Unlock()
-	counts := map[string]int{"running": 0, "parked": 0, "not_served": 0}
+	counts := map[string]int{"running": 0, stateParked: 0, stateStandby: 0, "not_served": 0}
 	unmetered := 0
 	for _, m := range members {
 		m.mu.Lock()
 		switch {
-		case m.state == "parked":
-			counts["parked"]++
+		case m.state == stateParked || m.state == stateStandby:
+			counts[m.state]++
 		case m.leases != nil:
 			counts["running"]++
 		default:
@@ -937,7 +944,7 @@ func (f *fleet) parked(ctx context.Context, m *fleetMember, log *slog.Logger, ra
 	if ran {
 		log.Info("outbox idle: relay parked until a message comes", "park_after", f.top.parkAfter)
 	}
-	m.setState("parked")
+	m.setState(stateParked)
 	pg := drv.(*outboxpgx.Driver)
 	select {
 	case <-ctx.Done():
@@ -949,10 +956,14 @@ func (f *fleet) parked(ctx context.Context, m *fleetMember, log *slog.Logger, ra
 	}
 }
 
-// standbyHelpAfter is how long a message may wait, due and first of its key, in an
-// outbox another process serves before a process standing by starts its relay too, to
-// help with the backlog (or to take over from a relay that stopped publishing).
-const standbyHelpAfter = 5 * time.Second
+// A process standing by for an outbox starts its relay beside the other process's when
+// standbyHelpBacklog messages that could be sent have waited standbyHelpAfter:
+// a backlog more relays drain faster. A few late messages are no reason: when the
+// machine or the database is what is slow, more relays make it slower.
+const (
+	standbyHelpAfter   = time.Second
+	standbyHelpBacklog = 1000
+)
 
 // servedElsewhere reports whether another process's relay serves m's outbox now: a
 // woken outbox is then left to it.
@@ -961,18 +972,17 @@ func (f *fleet) servedElsewhere(ctx context.Context, m *fleetMember) (bool, erro
 	if !ok || f.top.parkAfter <= 0 {
 		return false, nil
 	}
-	others, _, err := pg.Served(ctx, cmp.Or(m.o.cfg.ID, f.relayID), standbyHelpAfter)
+	others, _, err := pg.Served(ctx, cmp.Or(m.o.cfg.ID, f.relayID), standbyHelpAfter, standbyHelpBacklog)
 	return others > 0, err
 }
 
 // standby waits while another process's relay serves m's outbox, looking every
-// --parked-poll-interval: help when a message has waited longer than standbyHelpAfter
-// (the relay should start: the outbox has a backlog, or its relay stopped publishing),
-// or park when no relay is live any more (the watch then wakes the outbox as a parked
+// --parked-poll-interval: help when a backlog waits (standbyHelpBacklog), or park when
+// no relay is live any more (the watch then wakes the outbox as a parked
 // one). It holds no connection and no gate meanwhile, so the outbox's writers notify
 // only for the relay that serves it.
 func (f *fleet) standby(ctx context.Context, m *fleetMember, log *slog.Logger) (help bool, err error) {
-	m.setState("standby: served by another process")
+	m.setState(stateStandby)
 	pg := m.driver().(*outboxpgx.Driver)
 	tick := time.NewTicker(f.top.parkedPoll)
 	defer tick.Stop()
@@ -982,12 +992,12 @@ func (f *fleet) standby(ctx context.Context, m *fleetMember, log *slog.Logger) (
 			return false, nil
 		case <-tick.C:
 		}
-		others, waiting, err := pg.Served(ctx, cmp.Or(m.o.cfg.ID, f.relayID), standbyHelpAfter)
+		others, waiting, err := pg.Served(ctx, cmp.Or(m.o.cfg.ID, f.relayID), standbyHelpAfter, standbyHelpBacklog)
 		switch {
 		case err != nil:
 			return false, err
 		case waiting:
-			log.Info("outbox has messages waiting: relay starting beside the other processes'", "waited", standbyHelpAfter)
+			log.Info("outbox has a backlog: relay starting beside the other processes'", "backlog", standbyHelpBacklog, "waited", standbyHelpAfter)
 			return true, nil
 		case others == 0:
 			return false, nil
@@ -1051,7 +1061,7 @@ func (f *fleet) status() (ok bool, key, text string) {
 		m.mu.Lock()
 		leases, state := m.leases, m.state
 		m.mu.Unlock()
-		if state == "parked" {
+		if state == stateParked || state == stateStandby {
 			continue
 		}
 		if leases != nil {

@@ -251,15 +251,16 @@ func (d *Driver) Recycle(ctx context.Context) (outboxdriver.Recycling, error) {
 }
 
 // Served returns how many live relays other than self the outbox has, and whether a
-// message has waited longer than waited while it could be sent (due, and first of its
-// key): for a process serving many outboxes that leaves this one to another process's
-// relay, and takes over when none is live or helps when messages wait.
-func (d *Driver) Served(ctx context.Context, self string, waited time.Duration) (others int, waiting bool, err error) {
+// backlog waits: at least backlog messages that have waited longer than waited while
+// they could be sent (due, and not behind a message of their key that is not). It is for a process serving many
+// outboxes that leaves this one to another process's relay: it takes over when none is
+// live, and helps with a backlog.
+func (d *Driver) Served(ctx context.Context, self string, waited time.Duration, backlog int) (others int, waiting bool, err error) {
 	if err := d.needPool(); err != nil {
 		return 0, false, err
 	}
 	_, err = onConn(ctx, d, func(c *pgxpool.Conn) (struct{}, error) {
-		return struct{}{}, c.QueryRow(ctx, d.names.Served(), self, waited.Milliseconds()).Scan(&others, &waiting)
+		return struct{}{}, c.QueryRow(ctx, d.names.Served(), self, waited.Milliseconds(), max(backlog, 1)).Scan(&others, &waiting)
 	})
 	if err != nil {
 		return 0, false, fmt.Errorf("served: %w", err)
