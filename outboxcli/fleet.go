@@ -8,6 +8,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"log/slog"
 	"net"
 	"os"
@@ -771,11 +772,11 @@ func (f *fleet) serve(ctx context.Context, m *fleetMember) {
 		started := time.Now()
 		var err error
 		if standby {
-			var help bool
-			if help, err = f.standby(ctx, m, log); err == nil && ctx.Err() != nil {
+			var run bool
+			if run, err = f.standby(ctx, m, log); err == nil && ctx.Err() != nil {
 				return
 			}
-			standby, park = false, err == nil && !help
+			standby, park = false, err == nil && !run
 		}
 		if park && err == nil {
 			var woken bool
@@ -856,7 +857,7 @@ func (f *fleet) runOne(ctx context.Context, m *fleetMember, log *slog.Logger) er
 	}
 	var parking atomic.Bool
 	cfg.Observer = parkable{outbox.MultiObserver(observers...), &parking}
-	cfg.ID = cmp.Or(cfg.ID, f.relayID)
+	cfg.ID = f.memberRelayID(m)
 	route := f.routes[o.broker.route]
 	if broken.Has(broken.FleetOneRoute) { // canary: every outbox publishes with one route
 		route = f.routes[sortedKeys(f.routes)[0]]
@@ -890,10 +891,10 @@ func (f *fleet) runOne(ctx context.Context, m *fleetMember, log *slog.Logger) er
 			// nothing held (a relay paused by an outage holds what it fetched).
 			st := relay.Stats()
 			held := st.Held > 0
-			// Another process's relay serves the outbox too, and this one, which is not
-			// the outbox's first (it does not hold shard 0), held nothing at two ticks in
-			// a row: leave the outbox to it, and stand by.
-			if light := !held && !heldBefore; light && leases.sharedNotFirst() {
+			// Another process's relay serves the outbox too, this one held nothing at two
+			// ticks in a row, and it is not the outbox's preferred relay: leave the
+			// outbox to the others, and stand by.
+			if light := !held && !heldBefore; light && leases.shared() && !f.preferredNow(ctx, m, drv) {
 				parking.Store(true)
 				stop()
 				if err := <-done; err != nil {
@@ -965,25 +966,67 @@ const (
 	standbyHelpBacklog = 1000
 )
 
-// servedElsewhere reports whether another process's relay serves m's outbox now: a
-// woken outbox is then left to it.
+// servedElsewhere reports whether another process's relay serves m's outbox now and
+// this process should leave it to it: a woken outbox is then left to it, unless this
+// process is the outbox's preferred one (preferred), which starts its relay beside the
+// other's, and the other stands by once the outbox is quiet.
 func (f *fleet) servedElsewhere(ctx context.Context, m *fleetMember) (bool, error) {
 	pg, ok := m.driver().(*outboxpgx.Driver)
 	if !ok || f.top.parkAfter <= 0 {
 		return false, nil
 	}
-	others, _, err := pg.Served(ctx, cmp.Or(m.o.cfg.ID, f.relayID), standbyHelpAfter, standbyHelpBacklog)
-	return others > 0, err
+	self := f.memberRelayID(m)
+	others, _, err := pg.Served(ctx, self, standbyHelpAfter, standbyHelpBacklog)
+	return len(others) > 0 && !preferred(m.name, self, others), err
+}
+
+// preferredNow reports whether m's relay is the preferred one among the outbox's live
+// relays now; true when that cannot be told (the relay keeps running).
+func (f *fleet) preferredNow(ctx context.Context, m *fleetMember, drv storeDriver) bool {
+	pg, ok := drv.(*outboxpgx.Driver)
+	if !ok {
+		return true
+	}
+	self := f.memberRelayID(m)
+	others, _, err := pg.Served(ctx, self, standbyHelpAfter, standbyHelpBacklog)
+	return err != nil || preferred(m.name, self, others)
+}
+
+// memberRelayID is the id of m's relay: the process's, unless its settings name one.
+func (f *fleet) memberRelayID(m *fleetMember) string { return cmp.Or(m.o.cfg.ID, f.relayID) }
+
+// preferred reports whether relay self ranks above every relay of others for the
+// outbox named name, by rendezvous hashing: each (outbox, relay) pair has a score, and
+// the highest wins. Every process computes the same ranking from the same live relays,
+// a relay's share of the outboxes is fair, and a process that joins or leaves moves
+// only the outboxes it wins or held.
+func preferred(name, self string, others []string) bool {
+	score := func(id string) uint64 {
+		h := fnv.New64a()
+		_, _ = h.Write([]byte(name))
+		_, _ = h.Write([]byte{0})
+		_, _ = h.Write([]byte(id))
+		return h.Sum64()
+	}
+	mine := score(self)
+	for _, o := range others {
+		if s := score(o); s > mine || s == mine && o > self {
+			return false
+		}
+	}
+	return true
 }
 
 // standby waits while another process's relay serves m's outbox, looking every
-// --parked-poll-interval: help when a backlog waits (standbyHelpBacklog), or park when
-// no relay is live any more (the watch then wakes the outbox as a parked
-// one). It holds no connection and no gate meanwhile, so the outbox's writers notify
-// only for the relay that serves it.
-func (f *fleet) standby(ctx context.Context, m *fleetMember, log *slog.Logger) (help bool, err error) {
+// --parked-poll-interval: run (true) when a backlog waits (standbyHelpBacklog) or this
+// process has become the outbox's preferred one (a process that served it left, or
+// this one joined), or park (false) when no relay is live any more (the watch then wakes
+// the outbox as a parked one). It holds no connection and no gate meanwhile, so the
+// outbox's writers notify only for the relay that serves it.
+func (f *fleet) standby(ctx context.Context, m *fleetMember, log *slog.Logger) (run bool, err error) {
 	m.setState(stateStandby)
 	pg := m.driver().(*outboxpgx.Driver)
+	self := f.memberRelayID(m)
 	tick := time.NewTicker(f.top.parkedPoll)
 	defer tick.Stop()
 	for {
@@ -992,15 +1035,18 @@ func (f *fleet) standby(ctx context.Context, m *fleetMember, log *slog.Logger) (
 			return false, nil
 		case <-tick.C:
 		}
-		others, waiting, err := pg.Served(ctx, cmp.Or(m.o.cfg.ID, f.relayID), standbyHelpAfter, standbyHelpBacklog)
+		others, waiting, err := pg.Served(ctx, self, standbyHelpAfter, standbyHelpBacklog)
 		switch {
 		case err != nil:
 			return false, err
+		case len(others) == 0:
+			return false, nil
 		case waiting:
 			log.Info("outbox has a backlog: relay starting beside the other processes'", "backlog", standbyHelpBacklog, "waited", standbyHelpAfter)
 			return true, nil
-		case others == 0:
-			return false, nil
+		case preferred(m.name, self, others):
+			log.Info("this process is the outbox's preferred one: relay starting, the other processes' will stand by", "others", others)
+			return true, nil
 		}
 	}
 }

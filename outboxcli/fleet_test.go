@@ -34,7 +34,16 @@ import (
 // latest).
 func fleetRelay(t *testing.T, config string) (log *syncBuffer, stop func() int) {
 	t.Helper()
+	return fleetRelayAs(t, config, "")
+}
+
+// fleetRelayAs is fleetRelay with --relay-id id (none when empty).
+func fleetRelayAs(t *testing.T, config, id string) (log *syncBuffer, stop func() int) {
+	t.Helper()
 	env := map[string]string{"OUTBOX_DATABASE_URL": testdb.URL()}
+	if id != "" {
+		env["OUTBOX_RELAY_ID"] = id
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	log = &syncBuffer{}
 	done := make(chan int, 1)
@@ -675,10 +684,11 @@ park-after: 6s
 parked-poll-interval: 200ms
 `, fmt.Sprintf(`  - schemas: %s*
 `, b.Schema))
+	ids := []string{"p0", "p1"}
 	var logs [2]*syncBuffer
 	var stops [2]func() int
 	for i := range logs {
-		logs[i], stops[i] = fleetRelay(t, config)
+		logs[i], stops[i] = fleetRelayAs(t, config, ids[i])
 	}
 	sent := 0
 	trickle := func() {
@@ -687,7 +697,9 @@ parked-poll-interval: 200ms
 		}
 		sent++
 	}
-	served := func() (seen []string, one bool) {
+	// served reports whether each outbox is served by one relay, the preferred one of
+	// the processes running (ids), holding every shard.
+	served := func(ids ...string) (seen []string, one bool) {
 		one = true
 		for _, s := range schemas {
 			st := statusJSON(t, &testBundle{env: with(b.env, "OUTBOX_SCHEMA", s)})
@@ -699,13 +711,19 @@ parked-poll-interval: 200ms
 			}
 			slices.Sort(live) // the same set must read the same: a stall is no change
 			seen = append(seen, fmt.Sprintf("%s: live %v, %d shards leased", s, live, st.ShardsLeased))
-			one = one && len(live) == 1 && st.ShardsLeased == 64
+			want := ""
+			for _, id := range ids {
+				if preferred(testdbName(t)+"."+s, id, slices.DeleteFunc(slices.Clone(ids), func(o string) bool { return o == id })) {
+					want = id
+				}
+			}
+			one = one && slices.Equal(live, []string{want}) && st.ShardsLeased == 64
 		}
 		return seen, one
 	}
-	testenv.Await(t, "each outbox served by one relay holding every shard", func() (any, bool) {
+	testenv.Await(t, "each outbox served by its preferred relay alone, holding every shard", func() (any, bool) {
 		trickle()
-		return served()
+		return served(ids...)
 	})
 	// Standing by is being served: ready, and counted as such.
 	standby := ""
@@ -749,7 +767,13 @@ parked-poll-interval: 200ms
 	}
 	testenv.Await(t, "the other process to serve every outbox", func() (any, bool) {
 		trickle()
-		return served()
+		return served(ids[1])
+	})
+	// Started again, the first process takes back the outboxes it is preferred for.
+	logs[0], stops[0] = fleetRelayAs(t, config, ids[0])
+	testenv.Await(t, "the outboxes shared again between the two", func() (any, bool) {
+		trickle()
+		return served(ids...)
 	})
 	var trickled, backlogged []*jetstream.RawStreamMsg
 	for _, m := range streamMessages(t, js, stream, len(schemas)*sent+backlog) {
@@ -764,9 +788,41 @@ parked-poll-interval: 200ms
 	if code := stops[1](); code != 0 {
 		t.Fatalf("relay 1 exited %d", code)
 	}
+	if code := stops[0](); code != 0 {
+		t.Fatalf("relay 0 exited %d", code)
+	}
 	for i := range logs {
 		if strings.Contains(logs[i].String(), `"level":"ERROR"`) {
 			t.Errorf("process %d logged an error:\n%s", i, logs[i].String())
+		}
+	}
+}
+
+// TestPreferred: rendezvous hashing gives each of three relays a fair share of 3,000
+// outboxes, and when one leaves only its outboxes move.
+func TestPreferred(t *testing.T) {
+	t.Parallel()
+	ids := []string{"host-a-1-abc", "host-b-7-def", "host-c-3-012"}
+	winner := func(name string, ids []string) string {
+		for _, id := range ids {
+			if preferred(name, id, slices.DeleteFunc(slices.Clone(ids), func(o string) bool { return o == id })) {
+				return id
+			}
+		}
+		return ""
+	}
+	count := map[string]int{}
+	for i := range 3000 {
+		name := fmt.Sprintf("app.tenant_%05d", i)
+		w := winner(name, ids)
+		count[w]++
+		if w2 := winner(name, ids[:2]); w != ids[2] && w2 != w {
+			t.Fatalf("%s moved from %s to %s when %s left", name, w, w2, ids[2])
+		}
+	}
+	for _, id := range ids {
+		if n := count[id]; n < 850 || n > 1150 {
+			t.Errorf("%s is preferred for %d of 3,000 outboxes: %v", id, n, count)
 		}
 	}
 }

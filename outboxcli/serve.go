@@ -301,21 +301,11 @@ func (w *leaseWatch) SyncLeases(ctx context.Context, req outboxdriver.LeaseReque
 	return st, err
 }
 
-// sharedNotFirst reports whether, at the last lease round, another relay was live and
-// this one did not hold shard 0: of the relays that share an outbox, the holder of
-// shard 0 keeps it when the others have little to do.
-func (w *leaseWatch) sharedNotFirst() bool {
+// shared reports whether, at the last lease round, another relay of the outbox was live.
+func (w *leaseWatch) shared() bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.synced.IsZero() || w.state.Live < 2 {
-		return false
-	}
-	for _, l := range w.state.Held {
-		if l.Shard == 0 {
-			return false
-		}
-	}
-	return true
+	return !w.synced.IsZero() && w.state.Live > 1
 }
 
 // status says whether the lease rounds make the relay ready: ok, a key that changes

@@ -250,20 +250,20 @@ func (d *Driver) Recycle(ctx context.Context) (outboxdriver.Recycling, error) {
 	return r, nil
 }
 
-// Served returns how many live relays other than self the outbox has, and whether a
+// Served returns the ids of the outbox's live relays other than self, and whether a
 // backlog waits: at least backlog messages that have waited longer than waited while
-// they could be sent (due, and not behind a message of their key that is not). It is for a process serving many
-// outboxes that leaves this one to another process's relay: it takes over when none is
-// live, and helps with a backlog.
-func (d *Driver) Served(ctx context.Context, self string, waited time.Duration, backlog int) (others int, waiting bool, err error) {
+// they could be sent (due, and not behind a message of their key that is not). It is
+// for a process serving many outboxes that leaves this one to another process's relay:
+// it takes over when none is live, and helps with a backlog.
+func (d *Driver) Served(ctx context.Context, self string, waited time.Duration, backlog int) (others []string, waiting bool, err error) {
 	if err := d.needPool(); err != nil {
-		return 0, false, err
+		return nil, false, err
 	}
 	_, err = onConn(ctx, d, func(c *pgxpool.Conn) (struct{}, error) {
 		return struct{}{}, c.QueryRow(ctx, d.names.Served(), self, waited.Milliseconds(), max(backlog, 1)).Scan(&others, &waiting)
 	})
 	if err != nil {
-		return 0, false, fmt.Errorf("served: %w", err)
+		return nil, false, fmt.Errorf("served: %w", err)
 	}
 	return others, waiting, nil
 }

@@ -389,14 +389,14 @@ func (n *Names) AnyDue() string {
 	return n.r(`EXISTS (SELECT 1 FROM {{outbox}} o WHERE o.next_attempt_at <= now() OR o.next_attempt_at = o.created_at)`)
 }
 
-// Served returns the number of live relays other than $1 and whether at least $3
+// Served returns the live relays other than $1 and whether at least $3
 // messages have waited longer than $2 milliseconds while they could be sent: due, and
 // not behind a message of their key that is not (a delayed message, or one waiting for
 // its retry, holds its key's later ones back by design). A
 // process of a fleet that leaves the outbox to another's relay asks it, to take over or
 // help with a backlog.
 func (n *Names) Served() string {
-	return n.r(`SELECT (SELECT count(*) FROM {{relays}} WHERE expires_at > now() AND id <> $1),
+	return n.r(`SELECT (SELECT coalesce(array_agg(id ORDER BY id), '{}') FROM {{relays}} WHERE expires_at > now() AND id <> $1),
     (SELECT count(*) FROM (SELECT 1 FROM {{outbox}} o WHERE o.next_attempt_at <= now() - $2 * interval '1 millisecond'
         AND (o.key = '' OR NOT EXISTS (SELECT 1 FROM {{outbox}} p WHERE p.key = o.key AND p.seq < o.seq
             AND p.next_attempt_at > p.created_at AND p.next_attempt_at > now())) LIMIT $3) w) >= $3`)
