@@ -785,7 +785,7 @@ func (f *fleet) serve(ctx context.Context, m *fleetMember) {
 			}
 			if err == nil {
 				// Woken: unless another process's relay serves the outbox already.
-				if standby, err = f.servedElsewhere(ctx, m); err == nil && standby {
+				if standby, err = f.leaveToOthers(ctx, m); err == nil && standby {
 					log.Info("outbox woken, but another process's relay serves it: standing by")
 					failures = -1
 					continue
@@ -894,13 +894,15 @@ func (f *fleet) runOne(ctx context.Context, m *fleetMember, log *slog.Logger) er
 			// Another process's relay serves the outbox too, this one held nothing at two
 			// ticks in a row, and it is not the outbox's preferred relay: leave the
 			// outbox to the others, and stand by.
-			if light := !held && !heldBefore; light && leases.shared() && !f.preferredNow(ctx, m, drv) {
-				parking.Store(true)
-				stop()
-				if err := <-done; err != nil {
-					return err
+			if light := !held && !heldBefore; light && leases.shared() {
+				if leave, err := f.leaveToOthers(ctx, m); err == nil && leave {
+					parking.Store(true)
+					stop()
+					if err := <-done; err != nil {
+						return err
+					}
+					return errStandby
 				}
-				return errStandby
 			}
 			heldBefore = held
 			st.Shards, st.Held = 0, 0
@@ -966,30 +968,20 @@ const (
 	standbyHelpBacklog = 1000
 )
 
-// servedElsewhere reports whether another process's relay serves m's outbox now and
-// this process should leave it to it: a woken outbox is then left to it, unless this
-// process is the outbox's preferred one (preferred), which starts its relay beside the
-// other's, and the other stands by once the outbox is quiet.
-func (f *fleet) servedElsewhere(ctx context.Context, m *fleetMember) (bool, error) {
+// leaveToOthers reports whether another process's relay serves m's outbox now and ranks
+// above this process's for it (preferred): this process then stands by. A woken outbox
+// asks it, and a running relay that has little to do beside another.
+func (f *fleet) leaveToOthers(ctx context.Context, m *fleetMember) (bool, error) {
 	pg, ok := m.driver().(*outboxpgx.Driver)
-	if !ok || f.top.parkAfter <= 0 {
+	if !ok {
 		return false, nil
 	}
 	self := f.memberRelayID(m)
 	others, _, err := pg.Served(ctx, self, standbyHelpAfter, standbyHelpBacklog)
-	return len(others) > 0 && !preferred(m.name, self, others), err
-}
-
-// preferredNow reports whether m's relay is the preferred one among the outbox's live
-// relays now; true when that cannot be told (the relay keeps running).
-func (f *fleet) preferredNow(ctx context.Context, m *fleetMember, drv storeDriver) bool {
-	pg, ok := drv.(*outboxpgx.Driver)
-	if !ok {
-		return true
+	if err != nil {
+		return false, err
 	}
-	self := f.memberRelayID(m)
-	others, _, err := pg.Served(ctx, self, standbyHelpAfter, standbyHelpBacklog)
-	return err != nil || preferred(m.name, self, others)
+	return len(others) > 0 && !preferred(m.name, self, others), nil
 }
 
 // memberRelayID is the id of m's relay: the process's, unless its settings name one.
