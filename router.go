@@ -214,6 +214,16 @@ func (r *Router) Publish(ctx context.Context, batch []*Message) []error {
 		d := r.dests[name]
 		groups[d] = append(groups[d], i)
 	}
+	if len(groups) == 1 { // a relay's batch: one destination
+		for d, idx := range groups {
+			for j, err := range d.publish(ctx, batch, idx) {
+				if err != nil {
+					fail(idx[j], err)
+				}
+			}
+		}
+		return errs
+	}
 	type answer struct {
 		idx  []int
 		errs []error

@@ -151,8 +151,13 @@ func TestRelayDestinationsConfigErrors(t *testing.T) {
 			t.Errorf("%q:\nstderr %s\nwant %q", tc.config, r.stderr, tc.want)
 		}
 	}
-	path := writeFile(t, "outbox.yaml", "outboxes:\n  - schema: a\ndestinations:\n  audit:\n    broker: nats://x\n")
-	if r := must(t, 2, env, "relay", "--config", path); !strings.Contains(r.stderr, "destinations and routing serve a relay of one outbox") {
-		t.Errorf("a fleet with destinations: %s", r.stderr)
+	for _, config := range []string{
+		"outboxes:\n  - schema: a\ndestinations:\n  audit:\n    broker: nats://x\n",
+		"outboxes:\n  - schema: a\ndefault-destination: none\n",
+	} {
+		path := writeFile(t, "outbox.yaml", config)
+		if r := must(t, 2, env, "relay", "--config", path); !strings.Contains(r.stderr, "destinations and routing serve a relay of one outbox") {
+			t.Errorf("a fleet with %q: %s", config, r.stderr)
+		}
 	}
 }

@@ -249,7 +249,7 @@ func (o *relayFlags) runFleet(ctx context.Context, inv *invocation) error {
 	if o.source != "poll" {
 		return usageErrorf("--source: the relays of an outboxes list poll (WAL mode needs a slot per outbox, set up one by one)")
 	}
-	if cf := inv.config; cf.destinations != nil || cf.routing != nil {
+	if cf := inv.config; cf.destinations != nil || cf.routing != nil || o.defaultDest != defaultDestination {
 		return usageErrorf("%s: destinations and routing serve a relay of one outbox; the outboxes of a list publish to --broker, each by its route", cf.path)
 	}
 	entries, err := fleetEntries(inv)
