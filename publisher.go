@@ -1,6 +1,9 @@
 package outbox
 
-import "context"
+import (
+	"context"
+	"fmt"
+)
 
 // Publisher sends messages to a broker. Every broker adapter (outboxnats, ...) and the
 // in-memory publisher of outboxtest implement it.
@@ -42,4 +45,24 @@ type Reconnector interface {
 	// publisher connects to the broker again. It is called once; values sent while nobody
 	// listens may be dropped, but not the last one.
 	Reconnected() <-chan struct{}
+}
+
+// publishAll calls pub.Publish and returns one result per message of batch, or nil: a
+// publisher that answers with another number of results has failed the whole batch with
+// an unknown outcome, an outage.
+func publishAll(ctx context.Context, pub Publisher, batch []*Message) []error {
+	errs := pub.Publish(ctx, batch)
+	if errs != nil && len(errs) != len(batch) {
+		return failAll(len(batch), Outage(fmt.Errorf("outbox: publisher returned %d results for %d messages", len(errs), len(batch))))
+	}
+	return errs
+}
+
+// failAll returns the results of n messages that all failed with err.
+func failAll(n int, err error) []error {
+	errs := make([]error, n)
+	for i := range errs {
+		errs[i] = err
+	}
+	return errs
 }

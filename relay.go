@@ -589,16 +589,9 @@ func (l *loop) publish(ctx context.Context, dest string, batch []*item) {
 	}
 	pctx, cancel := context.WithTimeout(ctx, l.cfg.PublishTimeout)
 	start := time.Now()
-	errs := l.r.pub.Publish(pctx, msgs)
+	errs := publishAll(pctx, l.r.pub, msgs)
 	took := time.Since(start)
 	cancel()
-	if errs != nil && len(errs) != len(batch) {
-		err := fmt.Errorf("outbox: publisher returned %d results for %d messages", len(errs), len(batch))
-		errs = make([]error, len(batch))
-		for i := range errs {
-			errs[i] = Outage(err)
-		}
-	}
 	for i, err := range errs {
 		if err != nil && !IsUnavailable(err) && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)) {
 			errs[i] = Outage(err) // unknown outcome: send again, count no attempt

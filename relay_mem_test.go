@@ -844,7 +844,7 @@ func TestMemRelayLeaseFailuresLoggedSparingly(t *testing.T) {
 			outbox.RelayConfig{ID: "r", Logger: slog.New(slog.NewTextHandler(&log, nil))})
 		testenv.Await(t, "the relay to lease every shard", holdsShards(r, 64))
 		store.cut.Store(true)
-		time.Sleep(25 * time.Second)
+		time.Sleep(25 * time.Second) // the bubble's clock: no wall time passes
 		synctest.Wait()
 		failed := strings.Count(log.String(), "lease renewal failed")
 		store.cut.Store(false)

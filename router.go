@@ -214,23 +214,17 @@ func (r *Router) Publish(ctx context.Context, batch []*Message) []error {
 		d := r.dests[name]
 		groups[d] = append(groups[d], i)
 	}
-	if len(groups) == 1 { // a relay's batch: one destination
-		for d, idx := range groups {
-			for j, err := range d.publish(ctx, batch, idx) {
-				if err != nil {
-					fail(idx[j], err)
-				}
-			}
-		}
-		return errs
-	}
 	type answer struct {
 		idx  []int
 		errs []error
 	}
 	answers := make(chan answer, len(groups))
 	for d, idx := range groups {
-		go func() { answers <- answer{idx, d.publish(ctx, batch, idx)} }()
+		if len(groups) == 1 { // a relay's batch: one destination, no goroutine
+			answers <- answer{idx, d.publish(ctx, batch, idx)}
+		} else {
+			go func() { answers <- answer{idx, d.publish(ctx, batch, idx)} }()
+		}
 	}
 	for range groups {
 		a := <-answers
@@ -255,25 +249,13 @@ func (d *routerDest) publish(ctx context.Context, batch []*Message, idx []int) [
 	down, lastErr := time.Now().Before(d.until), d.lastErr
 	d.mu.Unlock()
 	if down {
-		err := d.outageError(lastErr + " (not tried: the destination failed recently)")
-		errs := make([]error, len(idx))
-		for j := range errs {
-			errs[j] = err
-		}
-		return errs
+		return failAll(len(idx), d.outageError(lastErr+" (not tried: the destination failed recently)"))
 	}
 	sub := make([]*Message, len(idx))
 	for j, i := range idx {
 		sub[j] = batch[i]
 	}
-	errs := d.pub.Publish(ctx, sub)
-	if errs != nil && len(errs) != len(sub) {
-		err := Outage(fmt.Errorf("publisher returned %d results for %d messages", len(errs), len(sub)))
-		errs = make([]error, len(sub))
-		for j := range errs {
-			errs[j] = err
-		}
-	}
+	errs := publishAll(ctx, d.pub, sub)
 	confirmed, outage := errs == nil, ""
 	for _, err := range errs {
 		switch {

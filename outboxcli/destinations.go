@@ -72,20 +72,12 @@ func (cf *configFile) parseDestinations(v *yaml.Node) ([]destItem, error) {
 			if _, dup := d.values[sk.Value]; dup {
 				return nil, usageErrorf("%s: key %q appears twice in destination %q", cf.at(sk.Line), sk.Value, name)
 			}
-			e := configEntry{line: sk.Line}
-			switch sv.Kind {
-			case yaml.ScalarNode:
-				e.values, e.lines = []string{sv.Value}, []int{sv.Line}
-			case yaml.SequenceNode:
-				for _, item := range sv.Content {
-					if item.Kind != yaml.ScalarNode {
-						return nil, usageErrorf("%s: key %q: a list may hold only plain values", cf.at(item.Line), sk.Value)
-					}
-					e.values, e.lines = append(e.values, item.Value), append(e.lines, item.Line)
-				}
+			if sk.Kind != yaml.ScalarNode {
+				return nil, usageErrorf("%s: destination %q: keys are setting names", cf.at(sk.Line), name)
 			}
-			if sk.Kind != yaml.ScalarNode || len(e.values) == 0 || sv.Tag == "!!null" {
-				return nil, usageErrorf("%s: destination %q: key %q: want a plain value or a list", cf.at(sk.Line), name, sk.Value)
+			e, err := cf.entry(sk.Value, sk, sv)
+			if err != nil {
+				return nil, err
 			}
 			d.values[sk.Value] = e
 		}

@@ -711,13 +711,7 @@ parked-poll-interval: 200ms
 			}
 			slices.Sort(live) // the same set must read the same: a stall is no change
 			seen = append(seen, fmt.Sprintf("%s: live %v, %d shards leased", s, live, st.ShardsLeased))
-			want := ""
-			for _, id := range ids {
-				if preferred(testdbName(t)+"."+s, id, slices.DeleteFunc(slices.Clone(ids), func(o string) bool { return o == id })) {
-					want = id
-				}
-			}
-			one = one && slices.Equal(live, []string{want}) && st.ShardsLeased == 64
+			one = one && slices.Equal(live, []string{preferredOf(testdbName(t)+"."+s, ids)}) && st.ShardsLeased == 64
 		}
 		return seen, one
 	}
@@ -798,25 +792,27 @@ parked-poll-interval: 200ms
 	}
 }
 
+// preferredOf returns the relay of ids preferred for the outbox named name.
+func preferredOf(name string, ids []string) string {
+	for _, id := range ids {
+		if preferred(name, id, slices.DeleteFunc(slices.Clone(ids), func(o string) bool { return o == id })) {
+			return id
+		}
+	}
+	return ""
+}
+
 // TestPreferred: rendezvous hashing gives each of three relays a fair share of 3,000
 // outboxes, and when one leaves only its outboxes move.
 func TestPreferred(t *testing.T) {
 	t.Parallel()
 	ids := []string{"host-a-1-abc", "host-b-7-def", "host-c-3-012"}
-	winner := func(name string, ids []string) string {
-		for _, id := range ids {
-			if preferred(name, id, slices.DeleteFunc(slices.Clone(ids), func(o string) bool { return o == id })) {
-				return id
-			}
-		}
-		return ""
-	}
 	count := map[string]int{}
 	for i := range 3000 {
 		name := fmt.Sprintf("app.tenant_%05d", i)
-		w := winner(name, ids)
+		w := preferredOf(name, ids)
 		count[w]++
-		if w2 := winner(name, ids[:2]); w != ids[2] && w2 != w {
+		if w2 := preferredOf(name, ids[:2]); w != ids[2] && w2 != w {
 			t.Fatalf("%s moved from %s to %s when %s left", name, w, w2, ids[2])
 		}
 	}

@@ -210,29 +210,39 @@ func parseConfig(path string, raw []byte, known map[string]bool) (*configFile, e
 		if _, dup := cf.values[key]; dup {
 			return nil, usageErrorf("%s: key %q appears twice", where, key)
 		}
-		e := configEntry{line: k.Line}
-		switch v.Kind {
-		case yaml.ScalarNode:
-			if v.Tag == "!!null" {
-				return nil, usageErrorf("%s: key %q has no value", where, key)
-			}
-			e.values, e.lines = []string{v.Value}, []int{v.Line}
-		case yaml.SequenceNode:
-			for _, item := range v.Content {
-				if item.Kind != yaml.ScalarNode {
-					return nil, usageErrorf("%s: key %q: a list may hold only plain values", cf.at(item.Line), key)
-				}
-				e.values, e.lines = append(e.values, item.Value), append(e.lines, item.Line)
-			}
-			if len(e.values) == 0 {
-				return nil, usageErrorf("%s: key %q has an empty list", where, key)
-			}
-		default:
-			return nil, usageErrorf("%s: key %q: want a plain value or a list", where, key)
+		e, err := cf.entry(key, k, v)
+		if err != nil {
+			return nil, err
 		}
 		cf.values[key] = e
 	}
 	return cf, nil
+}
+
+// entry reads the value v of key (at k): a plain value or a non-empty list of them.
+func (cf *configFile) entry(key string, k, v *yaml.Node) (configEntry, error) {
+	where := cf.at(k.Line)
+	e := configEntry{line: k.Line}
+	switch v.Kind {
+	case yaml.ScalarNode:
+		if v.Tag == "!!null" {
+			return e, usageErrorf("%s: key %q has no value", where, key)
+		}
+		e.values, e.lines = []string{v.Value}, []int{v.Line}
+	case yaml.SequenceNode:
+		for _, item := range v.Content {
+			if item.Kind != yaml.ScalarNode {
+				return e, usageErrorf("%s: key %q: a list may hold only plain values", cf.at(item.Line), key)
+			}
+			e.values, e.lines = append(e.values, item.Value), append(e.lines, item.Line)
+		}
+		if len(e.values) == 0 {
+			return e, usageErrorf("%s: key %q has an empty list", where, key)
+		}
+	default:
+		return e, usageErrorf("%s: key %q: want a plain value or a list", where, key)
+	}
+	return e, nil
 }
 
 // parseOutboxes reads the outboxes key: a list of mappings whose keys are fleetKeys.
