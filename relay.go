@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -236,6 +237,8 @@ type loop struct {
 	destInFlight                    map[string]int
 	destMaxWorkers, destMaxInFlight int
 
+	givingWay string // the relays this one gives way to (LeaseState.GiveWay), by id: logged on change
+
 	leaseBusy     bool
 	leaseAgain    bool      // a round was wanted while one was out: start one when it returns
 	leaseFails    int       // lease rounds failed in a row
@@ -311,7 +314,7 @@ func destCaps(workers, maxInFlight, batch int) (maxWorkers, inFlight int) {
 
 func (l *loop) run(ctx context.Context) {
 	l.log.Info("relay starting", "batch_size", l.cfg.BatchSize, "max_in_flight", l.cfg.MaxInFlight,
-		"lease_ttl", l.cfg.LeaseTTL, "poll_interval", l.cfg.PollInterval, "max_attempts", l.cfg.MaxAttempts)
+		"lease_ttl", l.cfg.LeaseTTL, "poll_interval", l.cfg.PollInterval, "max_attempts", l.cfg.MaxAttempts, "fingerprint", l.cfg.Fingerprint)
 	l.cfg.Observer.Running(RunningEvent{RelayID: l.cfg.ID, Running: true})
 	defer l.cfg.Observer.Running(RunningEvent{RelayID: l.cfg.ID})
 	var bg sync.WaitGroup
@@ -459,7 +462,11 @@ func (l *loop) syncLeases(ctx context.Context, final bool) {
 	if l.leaseBusy {
 		return
 	}
-	req := l.leases.request(outboxdriver.LeaseRequest{RelayID: l.cfg.ID, Hostname: l.hostname, PID: os.Getpid(), TTL: l.cfg.LeaseTTL}, final, l.hand.idle)
+	req := l.leases.request(outboxdriver.LeaseRequest{RelayID: l.cfg.ID, Hostname: l.hostname, PID: os.Getpid(), TTL: l.cfg.LeaseTTL,
+		Fingerprint: l.cfg.Fingerprint}, final, l.hand.idle)
+	if ds, ok := l.r.pub.(destinationStater); ok && !final {
+		req.Destinations = ds.DestinationStates()
+	}
 	started := time.Now()
 	l.src.leaseRequest(&req, final, started)
 	l.leaseBusy = true
@@ -504,6 +511,7 @@ func (l *loop) onLeases(res leaseResult) {
 			"after", time.Since(l.leaseFailedAt).Round(time.Millisecond))
 	}
 	l.leaseFails, l.leaseRetryAt = 0, time.Time{}
+	l.logGiveWay(res.state)
 	c := l.leases.apply(res.state, res.started)
 	if !l.stopping {
 		l.src.leased(res.state, res.started)
@@ -528,6 +536,29 @@ func (l *loop) onLeases(res leaseResult) {
 	}
 	// Lanes skipped while the leases had lapsed locally become sendable again.
 	l.hand.requeue(l.sendable)
+}
+
+// destinationStater is a publisher of several destinations (Router): a relay records
+// their states with its heartbeat.
+type destinationStater interface {
+	DestinationStates() []outboxdriver.DestinationState
+}
+
+// logGiveWay says when the relay starts or stops giving way to relays of another
+// fingerprint (LeaseState.GiveWay).
+func (l *loop) logGiveWay(st outboxdriver.LeaseState) {
+	ids, fps := st.GiveWayTo()
+	key := strings.Join(ids, ",")
+	if key == l.givingWay {
+		return
+	}
+	l.givingWay = key
+	if key == "" {
+		l.log.Info("no relay of another destinations and routing holds shards now: this relay takes its share")
+		return
+	}
+	l.log.Warn("taking no shards: relays of other destinations and routing hold them; this relay waits until they stop (a rolling change of the routing), else compare their configuration with this one's",
+		"relays", key, "their_fingerprints", strings.Join(fps, ","), "fingerprint", l.cfg.Fingerprint)
 }
 
 // sendable reports whether messages of shard may be sent now.

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"time"
+	"unicode/utf8"
 )
 
 // RelayConfig configures a Relay. The zero value is usable: every field has a default.
@@ -15,6 +16,14 @@ type RelayConfig struct {
 	// ID names this relay in leases, logs and `outbox status`. It must be unique among
 	// running relays. Defaults to hostname-pid-random.
 	ID string
+
+	// Fingerprint identifies where this relay sends messages: any text that changes
+	// whenever its destinations or routing change (the outbox daemon uses a hash of
+	// them), at most 200 bytes. Relays of one outbox whose fingerprints differ never hold
+	// shards at the same time: a relay whose fingerprint differs from those of the relays
+	// holding shards takes none until they have all stopped, and says so in its log.
+	// Empty, the default: the relay states none and shares the shards with every relay.
+	Fingerprint string
 
 	// BatchSize is how many messages one fetch reads. Defaults to 1000.
 	BatchSize int
@@ -179,6 +188,10 @@ func (c RelayConfig) validate() error {
 		return &ConfigError{Field: "OutageMaxDelay", Reason: "is shorter than OutageMinDelay"}
 	case len(c.ID) > 200:
 		return &ConfigError{Field: "ID", Reason: "longer than 200 bytes"}
+	case len(c.Fingerprint) > 200:
+		return &ConfigError{Field: "Fingerprint", Reason: "longer than 200 bytes"}
+	case !utf8.ValidString(c.Fingerprint):
+		return &ConfigError{Field: "Fingerprint", Reason: "not valid UTF-8"}
 	case c.WAL != nil && c.WAL.SafetyPoll < 0 && c.WAL.SafetyPoll != -1:
 		return &ConfigError{Field: "WAL.SafetyPoll", Reason: "must be positive, or -1 for none"}
 	case c.WAL != nil && c.WAL.Heartbeat < 0 && c.WAL.Heartbeat != -1:

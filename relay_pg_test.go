@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -113,6 +114,15 @@ func TestRelayScaleOut(t *testing.T) {
 				// and this test counts duplicates: the TTL is far above any stall.
 				rs = append(rs, b.relay(t, nil, pub, outbox.RelayConfig{ID: fmt.Sprintf("r%d", i), LeaseTTL: time.Minute}))
 			}
+			// The relays share the shards before the writes: else a fast machine drains
+			// everything through the first relay before the others' rounds take a share.
+			testenv.Await(t, "every relay to hold a share of the shards", func() (any, bool) {
+				var held []int64
+				for _, r := range rs {
+					held = append(held, r.Stats().Shards)
+				}
+				return fmt.Sprint(held), !slices.Contains(held, 0)
+			})
 			// Writers own disjoint keys, so each key's writes are serialized as an
 			// application holding the aggregate's lock would serialize them.
 			var wg sync.WaitGroup

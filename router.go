@@ -7,7 +7,10 @@ import (
 	"path"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
+
+	"github.com/outboxkit/outbox/outboxdriver"
 )
 
 // A Rule sends the messages it matches to a destination. Each condition set must hold;
@@ -164,6 +167,66 @@ type routerDest struct {
 	streak  int       // outages in a row
 	until   time.Time // messages fail at once before this
 	lastErr string    // the outage's error text
+	up      bool      // no outage since a message last reached it (or it reconnected)
+	since   time.Time // when up last changed; the router's creation before
+
+	published, failed, deferred atomic.Int64
+}
+
+// DestinationStats are the state and counters of one of a Router's destinations.
+type DestinationStats struct {
+	Name string
+	// Up is false from an outage of the destination until a message reaches it again,
+	// or its publisher reports it is connected again (Reconnector).
+	Up        bool
+	Since     time.Time // when Up last changed; the Router's creation before
+	Published int64     // messages it confirmed
+	Failed    int64     // messages it rejected (attempts counted toward MaxAttempts)
+	Deferred  int64     // messages held back by its outages, no attempt counted
+}
+
+// Stats returns the state and counters of each destination, in the order given to
+// NewRouter.
+func (r *Router) Stats() []DestinationStats {
+	out := make([]DestinationStats, 0, len(r.order))
+	for _, name := range r.order {
+		d := r.dests[name]
+		d.mu.Lock()
+		d.reconnected()
+		up, since := d.up, d.since
+		d.mu.Unlock()
+		out = append(out, DestinationStats{Name: name, Up: up, Since: since,
+			Published: d.published.Load(), Failed: d.failed.Load(), Deferred: d.deferred.Load()})
+	}
+	return out
+}
+
+// DestinationStates returns the state of each destination: what a relay records with
+// its heartbeat, for outbox status and the console.
+func (r *Router) DestinationStates() []outboxdriver.DestinationState {
+	var out []outboxdriver.DestinationState
+	for _, s := range r.Stats() {
+		out = append(out, outboxdriver.DestinationState{Name: s.Name, Up: s.Up, Since: s.Since})
+	}
+	return out
+}
+
+// reconnected ends the backoff when the publisher reported it is connected again. The
+// caller holds d.mu.
+func (d *routerDest) reconnected() {
+	select {
+	case <-d.back:
+		d.until = time.Time{}
+		d.setUp(true)
+	default:
+	}
+}
+
+// setUp records the destination's state. The caller holds d.mu.
+func (d *routerDest) setUp(up bool) {
+	if d.up != up {
+		d.up, d.since = up, time.Now()
+	}
 }
 
 // NewRouter returns a Router over dests with routing. Destination names must be unique
@@ -179,7 +242,7 @@ func NewRouter(routing Routing, dests ...Destination) (*Router, error) {
 		case r.dests[d.Name] != nil:
 			return nil, &ConfigError{Field: fmt.Sprintf("Destinations[%d].Name", i), Reason: fmt.Sprintf("%q is given twice", d.Name)}
 		}
-		rd := &routerDest{name: d.Name, pub: d.Publisher}
+		rd := &routerDest{name: d.Name, pub: d.Publisher, up: true, since: time.Now()}
 		if rc, ok := d.Publisher.(Reconnector); ok {
 			rd.back = rc.Reconnected()
 		}
@@ -241,14 +304,11 @@ func (r *Router) Publish(ctx context.Context, batch []*Message) []error {
 // confirmed), an outage made the destination's own.
 func (d *routerDest) publish(ctx context.Context, batch []*Message, idx []int) []error {
 	d.mu.Lock()
-	select {
-	case <-d.back: // connected again: the backoff ends
-		d.until = time.Time{}
-	default:
-	}
+	d.reconnected()
 	down, lastErr := time.Now().Before(d.until), d.lastErr
 	d.mu.Unlock()
 	if down {
+		d.deferred.Add(int64(len(idx)))
 		return failAll(len(idx), d.outageError(lastErr+" (not tried: the destination failed recently)"))
 	}
 	sub := make([]*Message, len(idx))
@@ -270,18 +330,30 @@ func (d *routerDest) publish(ctx context.Context, batch []*Message, idx []int) [
 	case outage != "":
 		d.streak++
 		d.until, d.lastErr = time.Now().Add(backoff(d.streak, RouterOutageMin, RouterOutageMax)), outage
+		d.setUp(false)
 	case confirmed:
 		d.streak, d.until = 0, time.Time{}
+		d.setUp(true)
 	}
 	d.mu.Unlock()
+	if errs == nil {
+		d.published.Add(int64(len(idx)))
+		return nil
+	}
 	for j, err := range errs {
 		if err == nil {
+			d.published.Add(1)
 			continue
 		}
 		if IsOutage(err) {
 			errs[j] = d.outageError(err.Error())
 		} else if dest, ok := AsDestinationOutage(err); ok {
 			errs[j] = DestinationOutage(d.name+"/"+dest, err)
+		}
+		if _, ok := AsDestinationOutage(errs[j]); ok {
+			d.deferred.Add(1)
+		} else {
+			d.failed.Add(1)
 		}
 	}
 	return errs

@@ -168,11 +168,29 @@ func TestMemRelayRouterDestinationDown(t *testing.T) {
 		if s := r.Stats(); s.Outages != 0 {
 			t.Errorf("the relay paused %d times: one destination's outage must not pause the others", s.Outages)
 		}
+		// Each destination's state and counters, in the router and, from the relay's
+		// next lease round, in the store's status.
+		ds := router.Stats()
+		if len(ds) != 2 || ds[0].Name != "a" || ds[0].Up || ds[0].Published != 0 || ds[0].Failed != 0 || ds[0].Deferred == 0 ||
+			ds[1].Name != "b" || !ds[1].Up || ds[1].Published != 50 || ds[1].Deferred != 0 {
+			t.Errorf("router stats while a is down: %+v", ds)
+		}
+		testenv.Await(t, "the status to show a down and b up", func() (any, bool) {
+			rs := b.status(t).Relays
+			if len(rs) != 1 {
+				return rs, false
+			}
+			d := rs[0].Destinations
+			return d, len(d) == 2 && d[0].Name == "a" && !d[0].Up && d[1].Name == "b" && d[1].Up
+		})
 		down.Store(false)
 		testenv.Await(t, "a's messages published once it is back", func() (any, bool) {
 			st := b.status(t)
 			return fmt.Sprintf("%d pending", st.Pending), st.Pending == 0
 		})
+		if ds := router.Stats(); !ds[0].Up || ds[0].Published != 50 || !ds[0].Since.After(ds[1].Since) {
+			t.Errorf("router stats once a is back: %+v; want a up since after b's start", ds)
+		}
 		got := append(pa.Messages(), pb.Messages()...)
 		if dups := b.checkHistory(t, got); dups != 0 {
 			t.Errorf("%d duplicates", dups)

@@ -2,6 +2,9 @@ package outboxcli
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -154,6 +157,7 @@ func (cf *configFile) parseRouting(v *yaml.Node) ([]ruleItem, error) {
 type destinations struct {
 	names   []string
 	urls    []string
+	routes  []string
 	dests   []*brokers.Dest
 	routing outbox.Routing
 }
@@ -172,14 +176,18 @@ func (o *relayFlags) checkDestinations(inv *invocation, log *slog.Logger, def *b
 	ds := &destinations{}
 	// --broker's destination is opened when something sends to it.
 	if o.defaultDest == defaultDestination || slices.ContainsFunc(cf.routing, func(r ruleItem) bool { return r.rule.Destination == defaultDestination }) {
-		ds.names, ds.urls, ds.dests = []string{defaultDestination}, []string{o.broker.url}, []*brokers.Dest{def}
+		ds.names, ds.urls, ds.routes, ds.dests = []string{defaultDestination}, []string{o.broker.url}, []string{o.broker.route}, []*brokers.Dest{def}
 	}
 	for _, item := range cf.destinations {
 		d, err := o.checkDestination(inv, log, item)
 		if err != nil {
 			return nil, usageErrorf("%s: destination %q: %s", cf.at(item.line), item.name, strings.TrimPrefix(err.Error(), "outbox: "))
 		}
-		ds.names, ds.urls, ds.dests = append(ds.names, item.name), append(ds.urls, item.values["broker"].values[0]), append(ds.dests, d)
+		route := outbox.RouteTopic
+		if e, ok := item.values["route"]; ok {
+			route = e.values[0]
+		}
+		ds.names, ds.urls, ds.routes, ds.dests = append(ds.names, item.name), append(ds.urls, item.values["broker"].values[0]), append(ds.routes, route), append(ds.dests, d)
 	}
 	for _, r := range cf.routing {
 		ds.routing.Rules = append(ds.routing.Rules, r.rule)
@@ -250,6 +258,32 @@ func (o *relayFlags) checkDestination(inv *invocation, log *slog.Logger, item de
 		Secrets: brokerSecretsOf{inv.secrets}, Options: options})
 }
 
+// fingerprint identifies where a relay sends messages (outbox.RelayConfig.Fingerprint):
+// a short hash of each destination's name, broker kind, address without credentials
+// and route, and of the routing rules. Relays of one outbox whose fingerprints differ
+// never hold shards at the same time. ds is nil for a relay that publishes to --broker
+// alone, a broker of kind label. Other broker settings are not part of it.
+func (o *relayFlags) fingerprint(label string, ds *destinations) string {
+	type destination struct{ Name, Broker, URL, Route string }
+	var v struct {
+		Destinations []destination
+		Rules        []outbox.Rule
+		Default      string
+	}
+	if ds == nil {
+		v.Destinations = []destination{{defaultDestination, label, brokers.Redact(o.broker.url), o.broker.route}}
+		v.Default = defaultDestination
+	} else {
+		for i, name := range ds.names {
+			v.Destinations = append(v.Destinations, destination{name, ds.dests[i].Broker().Label, brokers.Redact(ds.urls[i]), ds.routes[i]})
+		}
+		v.Rules, v.Default = ds.routing.Rules, ds.routing.Default
+	}
+	b, _ := json.Marshal(v) // (strings, slices and maps of strings: it cannot fail)
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:6])
+}
+
 // label is the broker label of the relay's metrics: the destinations' kinds, "amqp,nats".
 func (ds *destinations) label() string {
 	var labels []string
@@ -262,9 +296,9 @@ func (ds *destinations) label() string {
 	return strings.Join(labels, ",")
 }
 
-// open connects to every destination and returns the router over them and what closes
-// them all.
-func (ds *destinations) open(ctx context.Context, log *slog.Logger) (pub *outbox.Router, closeAll func(), err error) {
+// open connects to every destination and returns the router over them, a /readyz check
+// of each destination whose publisher can be pinged, and what closes them all.
+func (ds *destinations) open(ctx context.Context, log *slog.Logger) (pub *outbox.Router, checks []readyCheck, closeAll func(), err error) {
 	var opened []*brokers.Opened
 	closeAll = func() {
 		for _, b := range opened {
@@ -277,15 +311,18 @@ func (ds *destinations) open(ctx context.Context, log *slog.Logger) (pub *outbox
 		b, err := d.Open(ctx)
 		if err != nil {
 			closeAll()
-			return nil, nil, fmt.Errorf("destination %q: connect to %s at %s: %w", ds.names[i], d.Broker().Name, brokers.Redact(ds.urls[i]), brokerUsage(err))
+			return nil, nil, nil, fmt.Errorf("destination %q: connect to %s at %s: %w", ds.names[i], d.Broker().Name, brokers.Redact(ds.urls[i]), brokerUsage(err))
 		}
 		opened = append(opened, b)
+		if p, ok := b.Publisher.(outbox.Pinger); ok {
+			checks = append(checks, readyCheck{name: "destination " + ds.names[i], check: p.Ping})
+		}
 		dests = append(dests, outbox.Destination{Name: ds.names[i], Publisher: b.Publisher})
 	}
 	router, err := outbox.NewRouter(ds.routing, dests...)
 	if err != nil {
 		closeAll()
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
-	return router, closeAll, nil
+	return router, checks, closeAll, nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/url"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -11,6 +12,7 @@ import (
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/testinfra/testenv"
 	"github.com/outboxkit/outbox/internal/testinfra/testnats"
+	"github.com/outboxkit/outbox/outboxdriver"
 )
 
 // TestRelayDestinations: one relay, two destinations (NATS, --broker's, and RabbitMQ,
@@ -61,7 +63,7 @@ routing:
 	done := make(chan int, 1)
 	env := with(b.env, "OUTBOX_POLL_INTERVAL", "50ms")
 	go func() {
-		done <- run(ctx, []string{"relay", "--config", config, "--log-format", "json"},
+		done <- run(ctx, []string{"relay", "--config", config, "--log-format", "json", "--metrics-addr", "127.0.0.1:0", "--relay-id", "routed"},
 			func(k string) string { return env[k] }, &stdout, &stderr)
 	}()
 
@@ -92,6 +94,26 @@ routing:
 	slices.Sort(bodies) // two keys: no order between them
 	if want := []string{`orders.placed {"n":2}`, `orders.x {"n":3}`}; strings.Join(bodies, "|") != strings.Join(want, "|") {
 		t.Errorf("RabbitMQ got %q, want %q", bodies, want)
+	}
+	// Each destination's counters and state: in /metrics, /readyz (which pings both) and
+	// outbox status (from the relay's heartbeat).
+	addr := regexp.MustCompile(`"msg":"serving metrics and health checks","addr":"([^"]+)"`).FindStringSubmatch(stderr.String())
+	if addr == nil {
+		t.Fatalf("no metrics address in the log:\n%s", stderr.String())
+	}
+	testenv.Await(t, "both destinations' counters in /metrics", func() (any, bool) {
+		_, body := opsGet(t, "http://"+addr[1]+"/metrics")
+		lines := grepLines(body, "outbox_destination_")
+		return lines, strings.Contains(body, `outbox_destination_published_total{destination="audit",relay="routed"} 2`) &&
+			strings.Contains(body, `outbox_destination_published_total{destination="default",relay="routed"} 2`) &&
+			strings.Contains(body, `outbox_destination_up{destination="audit",relay="routed"} 1`)
+	})
+	testenv.Await(t, "/readyz ready", func() (any, bool) {
+		code, body := opsGet(t, "http://"+addr[1]+"/readyz")
+		return fmt.Sprintf("%d %q", code, body), code == 200
+	})
+	if r := must(t, 0, b.env, "status"); !strings.Contains(r.stdout, "default up, audit up") {
+		t.Errorf("outbox status does not show the destinations:\n%s", r.stdout)
 	}
 	cancel()
 	if code := testenv.AwaitRecv(t, "the relay to stop after its context ended", done); code != 0 {
@@ -159,5 +181,84 @@ func TestRelayDestinationsConfigErrors(t *testing.T) {
 		if r := must(t, 2, env, "relay", "--config", path); !strings.Contains(r.stderr, "destinations and routing serve a relay of one outbox") {
 			t.Errorf("a fleet with %q: %s", config, r.stderr)
 		}
+	}
+}
+
+// TestRelayRoutingFingerprint, as a new user would meet it: a second relay started on
+// the outbox with another broker takes no shard from the running one, and says why in
+// its log, /readyz and outbox status; once the first stops, it takes every shard.
+func TestRelayRoutingFingerprint(t *testing.T) {
+	t.Parallel()
+	b := migrated(t)
+	js := testnats.JetStream(t, "")
+	stream, prefix := natsStream(t, js)
+	env := with(b.env, "OUTBOX_LEASE_TTL", "3s")
+	start := func(ctx context.Context, stderr *syncBuffer, args ...string) chan int {
+		done := make(chan int, 1)
+		go func() {
+			var stdout syncBuffer
+			done <- run(ctx, append([]string{"relay", "--log-format", "json"}, args...), func(k string) string { return env[k] }, &stdout, stderr)
+		}()
+		return done
+	}
+	relayShards := func(st outboxdriver.Status, id string) (int, string, bool) {
+		for _, r := range st.Relays {
+			if r.ID == id && r.Live {
+				return r.Shards, r.Fingerprint, true
+			}
+		}
+		return 0, "", false
+	}
+
+	ctxA, stopA := context.WithCancel(context.Background())
+	defer stopA()
+	var logA syncBuffer
+	doneA := start(ctxA, &logA, "--relay-id", "nats-relay", "--broker", testnats.URL(), "--route", prefix+"{topic}", "--nats-create-stream", stream)
+	testenv.Await(t, "the first relay to hold every shard", func() (any, bool) {
+		n, _, _ := relayShards(statusJSON(t, b), "nats-relay")
+		return fmt.Sprintf("%d shards", n), n == 64
+	})
+
+	ctxB, stopB := context.WithCancel(context.Background())
+	defer stopB()
+	var logB syncBuffer
+	doneB := start(ctxB, &logB, "--relay-id", "redis-relay", "--broker", "redis://"+redisAddr(), "--metrics-addr", "127.0.0.1:0")
+	var fpA, fpB string
+	testenv.Await(t, "the second relay to state its fingerprint and wait", func() (any, bool) {
+		st := statusJSON(t, b)
+		nA, a, _ := relayShards(st, "nats-relay")
+		nB, bFP, live := relayShards(st, "redis-relay")
+		fpA, fpB = a, bFP
+		return fmt.Sprintf("nats-relay %d shards (%s), redis-relay live %v %d shards (%s)", nA, a, live, nB, bFP),
+			live && nA == 64 && nB == 0 && a != "" && bFP != "" && a != bFP
+	})
+	testenv.AwaitCond(t, "the second relay's log to say why it waits", func() bool {
+		return strings.Contains(logB.String(), "taking no shards") && strings.Contains(logB.String(), fpA)
+	})
+	addr := regexp.MustCompile(`"msg":"serving metrics and health checks","addr":"([^"]+)"`).FindStringSubmatch(logB.String())
+	if addr == nil {
+		t.Fatalf("no metrics address in the log:\n%s", logB.String())
+	}
+	if code, body := opsGet(t, "http://"+addr[1]+"/readyz"); code != 200 || !strings.Contains(body, "standby: relays nats-relay hold the shards under other destinations and routing") {
+		t.Errorf("/readyz of the waiting relay: %d %q", code, body)
+	}
+	if _, body := opsGet(t, "http://"+addr[1]+"/metrics"); !strings.Contains(body, "outbox_relay_routings 2") {
+		t.Errorf("/metrics lacks outbox_relay_routings 2:\n%s", grepLines(body, "outbox_relay"))
+	}
+	if r := must(t, 0, b.env, "status"); !strings.Contains(r.stdout, "relays redis-relay take no shards") || !strings.Contains(r.stdout, fpB) {
+		t.Errorf("outbox status does not warn of the waiting relay:\n%s", r)
+	}
+
+	stopA()
+	if code := testenv.AwaitRecv(t, "the first relay to stop", doneA); code != 0 {
+		t.Fatalf("first relay exited %d\n%s", code, logA.String())
+	}
+	testenv.Await(t, "the second relay to take every shard", func() (any, bool) {
+		n, _, _ := relayShards(statusJSON(t, b), "redis-relay")
+		return fmt.Sprintf("%d shards", n), n == 64
+	})
+	stopB()
+	if code := testenv.AwaitRecv(t, "the second relay to stop", doneB); code != 0 {
+		t.Fatalf("second relay exited %d\n%s", code, logB.String())
 	}
 }

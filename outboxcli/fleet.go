@@ -842,6 +842,7 @@ func (f *fleet) runOne(ctx context.Context, m *fleetMember, log *slog.Logger) er
 	}
 	cfg := o.cfg
 	cfg.Logger = log
+	cfg.Fingerprint = o.fingerprint(f.brokerLabel, nil)
 	observers := append([]outbox.Observer(nil), f.observers...)
 	var store outboxdriver.Store = drv
 	if pg, ok := drv.(*outboxpgx.Driver); ok && db.idle != nil {

@@ -85,8 +85,9 @@ of it: a subject, a routing key, a topic, a stream, a queue or a URL path.
 
 With --metrics-addr the relay serves, on that address, /metrics (Prometheus: the
 relay's work and the outbox's backlog), /healthz (200 while the process runs) and
-/readyz (200 once the database and the broker answer and a lease round has given the
-relay its share of the shards; 503 with the reason otherwise, and from the signal on).
+/readyz (200 once the database and the broker, or every destination, answer and a lease
+round has given the relay its share of the shards; 503 with the reason otherwise, and
+from the signal on).
 docs/reference/metrics.md lists the metrics.
 
 With --http-addr the relay also serves the web console (see outbox console --help):
@@ -224,6 +225,7 @@ func (o *relayFlags) run(ctx context.Context, inv *invocation) error {
 		return usageErrorf("--source: want poll or wal, not %q", o.source)
 	}
 	o.cfg.Logger = log
+	o.cfg.Fingerprint = o.fingerprint(dest.Broker().Label, dests)
 	if err := o.cfg.Validate(); err != nil {
 		return relayConfigError(err)
 	}
@@ -259,9 +261,12 @@ func (o *relayFlags) run(ctx context.Context, inv *invocation) error {
 	}
 
 	var pub outbox.Publisher
-	var pinger outbox.Pinger // the broker's, for /readyz: none with several destinations
+	var router *outbox.Router
+	checks := []readyCheck{{name: "database", check: drv.ping}}
 	if dests != nil {
-		router, closeAll, err := dests.open(ctx, log)
+		var destChecks []readyCheck
+		var closeAll func()
+		router, destChecks, closeAll, err = dests.open(ctx, log)
 		if err != nil {
 			return err
 		}
@@ -269,6 +274,7 @@ func (o *relayFlags) run(ctx context.Context, inv *invocation) error {
 		log.Info("publishing by the routing rules", "destinations", router.Destinations(), "rules", len(dests.routing.Rules),
 			"default_destination", o.defaultDest)
 		pub = router
+		checks = append(checks, destChecks...)
 	} else {
 		log.Info("connecting to the broker", "broker", dest.Broker().Name, "url", brokers.Redact(o.broker.url), "route", o.broker.route)
 		broker, err := o.broker.open(ctx, dest)
@@ -280,7 +286,9 @@ func (o *relayFlags) run(ctx context.Context, inv *invocation) error {
 			checkPendingTopics(ctx, log, drv, broker)
 		}
 		pub = broker.Publisher
-		pinger, _ = broker.Publisher.(outbox.Pinger)
+		if p, ok := broker.Publisher.(outbox.Pinger); ok {
+			checks = append(checks, readyCheck{name: "broker", check: p.Ping})
+		}
 	}
 
 	var store outboxdriver.Store = drv.storeDriver
@@ -288,10 +296,6 @@ func (o *relayFlags) run(ctx context.Context, inv *invocation) error {
 		reg.MustRegister(outboxprom.NewStatusCollector(drv, outboxprom.StatusConfig{Logger: log}))
 		leases := newLeaseWatch(drv.storeDriver, o.cfg.LeaseTTL)
 		store = leases.store()
-		checks := []readyCheck{{name: "database", check: drv.ping}}
-		if pinger != nil {
-			checks = append(checks, readyCheck{name: "broker", check: pinger.Ping})
-		}
 		ready.running(leases, checks...)
 		defer ready.stopping()
 	}
@@ -299,6 +303,9 @@ func (o *relayFlags) run(ctx context.Context, inv *invocation) error {
 	relay, err := outbox.NewRelay(store, pub, o.cfg)
 	if err != nil {
 		return relayConfigError(err)
+	}
+	if reg != nil && router != nil {
+		reg.MustRegister(outboxprom.NewDestinationCollector(router.Stats, outboxprom.DestinationConfig{Relay: relay.ID()}))
 	}
 	stopConsole, err := o.console.start(ctx, inv, console.Config{Admin: drv, RelayStats: relay.Stats, RelayID: relay.ID()}, log)
 	if err != nil {

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -128,12 +129,15 @@ const readyTimeout = 2 * time.Second
 //     stops ("stopping", from the signal on, while it drains);
 //   - the database answers a ping;
 //   - the broker answers a ping, when the publisher can be pinged (outbox.Pinger: every
-//     broker of the CLI);
+//     broker of the CLI); with several destinations, each destination does;
 //   - its last lease round succeeded less than --lease-ttl ago. A round takes every free
 //     or expired shard up to the relay's fair share, so after one the relay holds its
 //     share of what is free: some shards, or none when the other relays hold them all (a
 //     standby, when there are more relays than shards to go round; ready too, so that a
-//     rollout of more replicas than shards completes).
+//     rollout of more replicas than shards completes). A relay whose destinations and
+//     routing differ from those of the relays holding shards takes none until they stop
+//     (outboxdriver.LeaseState.GiveWay): a standby too, so that a rolling change of the
+//     routing completes, with the reason in its answer.
 //
 // The answer is 200 or 503 with one line of plain text; the errors behind a 503 go to
 // the log when readiness changes, never to the response. It is safe for concurrent use.
@@ -323,6 +327,10 @@ func (w *leaseWatch) status() (ok bool, key, text string) {
 			w.now().Sub(w.synced).Round(time.Second), w.ttl)
 	}
 	st := w.state
+	if ids, fps := st.GiveWayTo(); len(ids) > 0 {
+		return true, "give-way:" + strings.Join(ids, ","), fmt.Sprintf("standby: relays %s hold the shards under other destinations and routing (fingerprint %s); this relay takes them once those stop",
+			strings.Join(ids, ", "), strings.Join(fps, ", "))
+	}
 	if len(st.Held) == 0 {
 		return true, "standby", fmt.Sprintf("standby: every shard is leased by the other relays (%d live relays, %d shards)", st.Live, st.Shards)
 	}

@@ -279,6 +279,9 @@ func TestReadiness(t *testing.T) {
 	expect(200, "ready: holds 32 of 64 shards (fair share 32, 2 live relays)\n")
 	set(now, 0, 70, 1, false)
 	expect(200, "ready: standby: every shard is leased by the other relays (70 live relays, 64 shards)\n")
+	set(now, 0, 1, 0, false)
+	w.state.GiveWay = []outboxdriver.Peer{{ID: "old-1", Fingerprint: "f-old", Holds: true}, {ID: "old-2", Fingerprint: "f-old", Holds: true}}
+	expect(200, "ready: standby: relays old-1, old-2 hold the shards under other destinations and routing (fingerprint f-old); this relay takes them once those stop\n")
 	set(now.Add(-15*time.Second), 32, 2, 32, false)
 	expect(200, "ready: holds 32 of 64 shards (fair share 32, 2 live relays)\n")
 	set(now.Add(-16*time.Second), 32, 2, 32, false)

@@ -1,6 +1,7 @@
 package outboxcli
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"flag"
@@ -122,12 +123,29 @@ func printStatus(w io.Writer, st outboxdriver.Status, postgres bool, now time.Ti
 		return nil
 	}
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "RELAY\tHOST\tPID\tLIVE\tSHARDS\tSTARTED\tLAST HEARTBEAT")
+	fmt.Fprintln(tw, "RELAY\tHOST\tPID\tLIVE\tSHARDS\tROUTING\tSTARTED\tLAST HEARTBEAT\tDESTINATIONS")
 	for _, r := range st.Relays {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%d\t%s\t%s ago\n", r.ID, r.Hostname, r.PID, yesNo(r.Live), r.Shards,
-			r.StartedAt.Local().Format(time.DateTime), roundAge(now.Sub(r.HeartbeatAt)))
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%d\t%s\t%s\t%s ago\t%s\n", r.ID, r.Hostname, r.PID, yesNo(r.Live), r.Shards, cmp.Or(r.Fingerprint, "-"),
+			r.StartedAt.Local().Format(time.DateTime), roundAge(now.Sub(r.HeartbeatAt)), destinationStates(r.Destinations, now))
 	}
 	return tw.Flush()
+}
+
+// destinationStates renders a relay's destinations for the relay table: "default up,
+// audit down 2m", or "-" for a relay of one broker.
+func destinationStates(ds []outboxdriver.DestinationState, now time.Time) string {
+	if len(ds) == 0 {
+		return "-"
+	}
+	var parts []string
+	for _, d := range ds {
+		if d.Up {
+			parts = append(parts, d.Name+" up")
+		} else {
+			parts = append(parts, d.Name+" down "+roundAge(now.Sub(d.Since)))
+		}
+	}
+	return strings.Join(parts, ", ")
 }
 
 func age(d time.Duration, pending int64) string {

@@ -3,6 +3,7 @@ package outboxdriver
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -137,6 +138,9 @@ func (s Status) Warnings() []string {
 				r.ID, r.Hostname, r.PID, r.HeartbeatAt.UTC().Format(time.RFC3339)))
 		}
 	}
+	if w1 := s.routingWarning(); w1 != "" {
+		w = append(w, w1)
+	}
 	switch {
 	case s.DeadLastHour > 0:
 		w = append(w, fmt.Sprintf("%s dead-lettered in the last hour (%s in all): a destination or a consumer may be refusing them; list them with outbox dead list --since 1h, then replay or purge them",
@@ -153,6 +157,37 @@ func (s Status) Warnings() []string {
 		}
 	}
 	return w
+}
+
+// routingWarning says when the live relays state different fingerprints: the relays
+// of one wait for those of the other to stop (LeaseState.Share), during a rolling change
+// of the routing or because they are configured differently.
+func (s Status) routingWarning() string {
+	var fps, idle []string
+	holding := map[string]bool{} // fingerprints under which a relay holds shards
+	for _, r := range s.Relays {
+		if r.Live && r.Fingerprint != "" {
+			if !slices.Contains(fps, r.Fingerprint) {
+				fps = append(fps, r.Fingerprint)
+			}
+			holding[r.Fingerprint] = holding[r.Fingerprint] || r.Shards > 0
+		}
+	}
+	if len(fps) < 2 {
+		return ""
+	}
+	for _, r := range s.Relays {
+		if r.Live && r.Fingerprint != "" && !holding[r.Fingerprint] {
+			idle = append(idle, r.ID)
+		}
+	}
+	waiting := "relays " + strings.Join(idle, ", ") + " take no shards"
+	if len(idle) == 0 {
+		waiting = "relays of each hold shards until their next lease rounds settle on one"
+	}
+	return fmt.Sprintf("the live relays state %d different destinations and routings (fingerprints %s); %s until every relay of the routing in use stops: "+
+		"a rolling change of the routing in progress, or relays configured differently",
+		len(fps), strings.Join(fps, ", "), waiting)
 }
 
 // AddTopics appends topics to s.Topics, sorted by topic, and adds them up into s's
@@ -244,6 +279,38 @@ type RelayInfo struct {
 	HeartbeatAt time.Time `json:"heartbeat_at"`
 	Live        bool      `json:"live"`
 	Shards      int       `json:"shards"`
+	// Fingerprint identifies the relay's destinations and routing
+	// (LeaseRequest.Fingerprint); empty when it stated none.
+	Fingerprint string `json:"fingerprint,omitempty"`
+	// Destinations is the state of each of the relay's destinations at its last
+	// heartbeat (LeaseRequest.Destinations); empty for a relay of one broker.
+	Destinations []DestinationState `json:"destinations,omitempty"`
+}
+
+// EncodeDestinations renders a relay's destination states for a store's text column:
+// JSON, of as many of the first MaxDestinationStates as fit in 4,000 bytes; empty for
+// none.
+func EncodeDestinations(ds []DestinationState) string {
+	for n := min(len(ds), MaxDestinationStates); n > 0; n-- {
+		b, err := json.Marshal(ds[:n])
+		if err != nil { // (strings, booleans and times: it cannot fail)
+			return ""
+		}
+		if len(b) <= 4000 {
+			return string(b)
+		}
+	}
+	return ""
+}
+
+// DecodeDestinations reads what EncodeDestinations wrote: nil for empty text, or text
+// that does not parse (a store's column is not the place to fail a status read).
+func DecodeDestinations(text string) []DestinationState {
+	var ds []DestinationState
+	if text == "" || json.Unmarshal([]byte(text), &ds) != nil {
+		return nil
+	}
+	return ds
 }
 
 // DeadFilter selects dead letters. Zero fields match everything; set fields must all

@@ -2,6 +2,7 @@ package outboxdriver
 
 import (
 	"context"
+	"slices"
 	"time"
 
 	"github.com/outboxkit/outbox/outboxtype"
@@ -184,7 +185,30 @@ type LeaseRequest struct {
 	// Slot, for a relay in WAL mode (a Streamer's store), asks for the lease of the
 	// slot's reader: one relay at a time reads a slot, the others stand by.
 	Slot *SlotLease
+	// Fingerprint identifies where the relay sends messages: its destinations and
+	// routing (outbox.RelayConfig.Fingerprint). The store records it with the heartbeat,
+	// and relays whose fingerprints differ never hold shards at the same time
+	// (LeaseState.Share). Empty: the relay states none, and agrees with every relay.
+	Fingerprint string
+	// Destinations is the state of each of the relay's destinations (a Router's), which
+	// the store records with the heartbeat for Status; empty for a relay of one broker.
+	// A store records the first MaxDestinationStates.
+	Destinations []DestinationState
 }
+
+// DestinationState is the state of one of a relay's destinations at its last heartbeat.
+type DestinationState struct {
+	Name string `json:"name"`
+	// Up is false from an outage of the destination (its publisher reported one) until
+	// a message reaches it again or its publisher reports it is connected again.
+	Up bool `json:"up"`
+	// Since is when Up last changed, by the relay's clock; the relay's start before
+	// any change.
+	Since time.Time `json:"since"`
+}
+
+// MaxDestinationStates is how many destination states a store records per relay.
+const MaxDestinationStates = 32
 
 // SlotLease is a WAL-mode relay's part of a lease round (docs/design-wal.md, §4). A
 // relay reads the slot only while it holds the lease, under its token; the lease is
@@ -203,8 +227,14 @@ type SlotLease struct {
 type LeaseState struct {
 	Held   []Lease // every lease the relay holds now, renewed for TTL
 	Shards int     // total number of shards
-	Live   int     // relays with an unexpired heartbeat, this one included
-	Target int     // this relay's fair share of shards
+	// Live is the number of relays with an unexpired heartbeat that share the shards with
+	// this one, this one included: those whose fingerprint differs are not counted.
+	Live   int
+	Target int // this relay's fair share of shards
+	// GiveWay, when not empty, lists the live relays that hold shards under another
+	// fingerprint, to which this relay gives way: its Target is 0, it takes no shard and
+	// gives back those it holds. Empty when it agrees with every shard holder.
+	GiveWay []Peer
 	// SlotToken is the slot reader's lease the relay holds after the round (under
 	// LeaseRequest.Slot), 0 if another relay holds it or there is no such slot. While
 	// the holder streams and every live relay is in WAL mode, the holder's Target is
@@ -219,11 +249,59 @@ type LeaseState struct {
 	SlotBeatErr error
 }
 
-// FairShare is the number of shards a relay may hold when Live relays share Shards:
-// what a store sets Target to.
+// FairShare is the number of shards a relay may hold when Live relays share Shards.
 func (s LeaseState) FairShare() int {
 	live := max(s.Live, 1)
 	return (s.Shards + live - 1) / live
+}
+
+// Peer is a live relay whose fingerprint differs from that of the relay in a lease
+// round (both are set): what a store reads for Share.
+type Peer struct {
+	ID          string
+	Fingerprint string
+	Holds       bool // it holds a shard lease
+}
+
+// Share sets Target, and GiveWay, once a store has counted the shards and the live
+// relays (Live, every one of them) and read the differing peers of the round's relay,
+// whose fingerprint is fingerprint and which holds shards when holding (after renewal
+// and adoption):
+//
+//   - the differing peers do not share the shards: Live counts them out;
+//   - the relay gives way (Target 0, GiveWay listing them) to the differing peers that
+//     hold shards, when it holds none, or when their fingerprint sorts before its own:
+//     two routings that took shards at the same moment settle on the earlier-sorting
+//     one at their next rounds;
+//   - otherwise Target is the fair share.
+//
+// So the relays of a new routing wait until every relay of the old one has stopped or
+// expired, and never publish beside them.
+func (s *LeaseState) Share(fingerprint string, holding bool, differing []Peer) {
+	s.Live -= len(differing)
+	s.GiveWay = nil
+	for _, p := range differing {
+		if p.Holds && (!holding || p.Fingerprint < fingerprint) {
+			s.GiveWay = append(s.GiveWay, p)
+		}
+	}
+	if len(s.GiveWay) > 0 {
+		s.Target = 0
+		return
+	}
+	s.Target = s.FairShare()
+}
+
+// GiveWayTo returns the ids of the relays in GiveWay and their fingerprints, each once,
+// in order: what a relay's log and readiness say.
+func (s LeaseState) GiveWayTo() (ids, fingerprints []string) {
+	for _, p := range s.GiveWay {
+		ids = append(ids, p.ID)
+		if !slices.Contains(fingerprints, p.Fingerprint) {
+			fingerprints = append(fingerprints, p.Fingerprint)
+		}
+	}
+	return ids, fingerprints
 }
 
 // FetchRequest is the input of Store.Fetch.

@@ -53,6 +53,16 @@
 // event, the WAL series with a WAL-mode relay's first stream news; the others exist from
 // the relay's start, at zero.
 //
+// # Metrics of a relay's destinations (DestinationCollector)
+//
+// For a relay whose publisher is an outbox.Router, read from Router.Stats on each scrape.
+//
+//	Metric                                  Type     Labels              Meaning
+//	outbox_destination_up                   gauge    relay, destination  1 while up, 0 from an outage until a message reaches it again or it reconnects
+//	outbox_destination_published_total      counter  relay, destination  messages it confirmed
+//	outbox_destination_failed_total         counter  relay, destination  messages it rejected (an attempt counted)
+//	outbox_destination_deferred_total       counter  relay, destination  messages held back by its outages, no attempt counted
+//
 // # Metrics of the outbox (StatusCollector)
 //
 // Read with outboxdriver.Admin.Status when scraped; the same figures on every relay of an
@@ -66,6 +76,7 @@
 //	outbox_dead                             gauge  topic   dead-lettered messages
 //	outbox_oldest_pending_age_seconds       gauge  topic   age of the oldest pending message, from its created_at, in database time
 //	outbox_relays_live                      gauge  -       relays with an unexpired heartbeat
+//	outbox_relay_routings                   gauge  -       different destinations-and-routing fingerprints among the live relays
 //	outbox_shards                           gauge  -       shards the outbox is divided into
 //	outbox_shards_leased                    gauge  -       shards with an unexpired lease
 //	outbox_partitions                       gauge  -       daily partitions of the published history (PostgreSQL)

@@ -31,6 +31,10 @@ func TestReferenceDocs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	dests, err := destinationReference()
+	if err != nil {
+		t.Fatal(err)
+	}
 	page := refdocs.Metrics([]refdocs.MetricSet{
 		{
 			Title: "The relay's work (outboxprom.Metrics)",
@@ -38,6 +42,12 @@ func TestReferenceDocs(t *testing.T) {
 				"`topic` is the message's topic (at most Config.MaxTopics of them, the rest as `" + OtherTopic + "`); " +
 				"`broker` is Config.Broker.",
 			Metrics: relay,
+		},
+		{
+			Title: "A relay's destinations (outboxprom.DestinationCollector)",
+			Intro: "Read from an outbox.Router's Stats on each scrape, for a relay with several destinations " +
+				"(`outbox relay` with a config file's `destinations`): `relay` is the relay's ID, `destination` the destination's name.",
+			Metrics: dests,
 		},
 		{
 			Title: "The outbox's state (outboxprom.StatusCollector)",
@@ -86,6 +96,16 @@ func statusReference() ([]refdocs.Metric, error) {
 	}, nil)
 	reg := prometheus.NewRegistry()
 	c := NewStatusCollector(admin, StatusConfig{})
+	reg.MustRegister(c)
+	return gather(reg, []prometheus.Collector{c})
+}
+
+// destinationReference returns the metrics a DestinationCollector reports.
+func destinationReference() ([]refdocs.Metric, error) {
+	reg := prometheus.NewRegistry()
+	c := NewDestinationCollector(func() []outbox.DestinationStats {
+		return []outbox.DestinationStats{{Name: "audit", Up: true, Published: 1}}
+	}, DestinationConfig{Relay: "relay-1"})
 	reg.MustRegister(c)
 	return gather(reg, []prometheus.Collector{c})
 }

@@ -58,7 +58,8 @@ type StatusCollector struct {
 	now   func() time.Time
 
 	up, pending, due, retrying, dead, oldest *prometheus.Desc
-	relaysLive, shards, shardsLeased         *prometheus.Desc
+	relaysLive, routings                     *prometheus.Desc
+	shards, shardsLeased                     *prometheus.Desc
 	partitions, daysAhead, oldestTx          *prometheus.Desc
 	ringRotations, ringRows                  *prometheus.Desc
 	walSource, walExists, walActive          *prometheus.Desc
@@ -90,6 +91,7 @@ func NewStatusCollector(admin outboxdriver.Admin, c StatusConfig) *StatusCollect
 		dead:          desc("dead", "Dead-lettered messages.", "topic"),
 		oldest:        desc("oldest_pending_age_seconds", "Age of the oldest pending message, from its created_at, in database time (0 when none is pending).", "topic"),
 		relaysLive:    desc("relays_live", "Relays with an unexpired heartbeat."),
+		routings:      desc("relay_routings", "Different fingerprints of destinations and routing among the live relays that state one: above 1, the relays of one routing take no shards until those of the other stop (a rolling change of the routing, or relays configured differently)."),
 		shards:        desc("shards", "Shards the outbox is divided into."),
 		shardsLeased:  desc("shards_leased", "Shards with an unexpired lease."),
 		partitions:    desc("partitions", "Daily partitions of the published history (PostgreSQL; absent for a store without them)."),
@@ -109,7 +111,7 @@ func NewStatusCollector(admin outboxdriver.Admin, c StatusConfig) *StatusCollect
 
 // Describe implements prometheus.Collector.
 func (s *StatusCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{s.up, s.pending, s.due, s.retrying, s.dead, s.oldest, s.relaysLive, s.shards, s.shardsLeased,
+	for _, d := range []*prometheus.Desc{s.up, s.pending, s.due, s.retrying, s.dead, s.oldest, s.relaysLive, s.routings, s.shards, s.shardsLeased,
 		s.partitions, s.daysAhead, s.oldestTx, s.ringRotations, s.ringRows,
 		s.walSource, s.walExists, s.walActive, s.walStatus, s.walLag, s.walRetained, s.walSafe} {
 		ch <- d
@@ -139,13 +141,17 @@ func (s *StatusCollector) Collect(ch chan<- prometheus.Metric) {
 		gauge(s.dead, float64(t.Dead))
 		gauge(s.oldest, t.OldestPendingAge.Seconds())
 	}
-	live := 0
+	live, routings := 0, map[string]bool{}
 	for _, r := range st.Relays {
 		if r.Live {
 			live++
+			if r.Fingerprint != "" {
+				routings[r.Fingerprint] = true
+			}
 		}
 	}
 	ch <- prometheus.MustNewConstMetric(s.relaysLive, prometheus.GaugeValue, float64(live))
+	ch <- prometheus.MustNewConstMetric(s.routings, prometheus.GaugeValue, float64(len(routings)))
 	ch <- prometheus.MustNewConstMetric(s.shards, prometheus.GaugeValue, float64(st.Shards))
 	ch <- prometheus.MustNewConstMetric(s.shardsLeased, prometheus.GaugeValue, float64(st.ShardsLeased))
 	ch <- prometheus.MustNewConstMetric(s.oldestTx, prometheus.GaugeValue, st.OldestTransactionAge.Seconds())

@@ -106,7 +106,7 @@ func TestStatusCollectorFailure(t *testing.T) {
 	t.Parallel()
 	admin := &fakeAdmin{st: outboxdriver.Status{
 		Topics: []outboxdriver.TopicStatus{{Topic: "orders", Pending: 3, Due: 2, Retrying: 1, Dead: 4, OldestPendingAge: 90 * time.Second}},
-		Relays: []outboxdriver.RelayInfo{{ID: "a", Live: true}, {ID: "b"}, {ID: "c", Live: true}},
+		Relays: []outboxdriver.RelayInfo{{ID: "a", Live: true, Fingerprint: "f1"}, {ID: "b", Fingerprint: "f3"}, {ID: "c", Live: true, Fingerprint: "f2"}, {ID: "d", Live: true}},
 		Shards: 64, ShardsLeased: 60,
 		Partitions:           &outboxdriver.PartitionStatus{Count: 9, DaysAhead: 6},
 		OldestTransactionAge: 42 * time.Second,
@@ -116,7 +116,7 @@ func TestStatusCollectorFailure(t *testing.T) {
 	orders := map[string]string{"topic": "orders"}
 	for name, want := range map[string]float64{
 		"outbox_status_up": 1, "outbox_pending": 3, "outbox_due": 2, "outbox_retrying": 1, "outbox_dead": 4,
-		"outbox_oldest_pending_age_seconds": 90, "outbox_relays_live": 2, "outbox_shards": 64, "outbox_shards_leased": 60,
+		"outbox_oldest_pending_age_seconds": 90, "outbox_relays_live": 3, "outbox_relay_routings": 2, "outbox_shards": 64, "outbox_shards_leased": 60,
 		"outbox_partitions": 9, "outbox_partition_days_ahead": 6, "outbox_oldest_transaction_age_seconds": 42,
 	} {
 		labels := orders

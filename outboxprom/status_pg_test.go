@@ -85,8 +85,8 @@ outbox_status_up 1
 	for _, mf := range mfs {
 		n += len(mf.GetMetric())
 	}
-	if n != 2*5+9 {
-		t.Fatalf("%d series, want 5 per topic and 9 others", n)
+	if n != 2*5+10 {
+		t.Fatalf("%d series, want 5 per topic and 10 others", n)
 	}
 	if p, ahead := value(t, reg, "outbox_partitions", nil), value(t, reg, "outbox_partition_days_ahead", nil); p != 8 || ahead != 7 {
 		t.Fatalf("outbox_partitions %v, outbox_partition_days_ahead %v; want 8 and 7 after the migration", p, ahead)

@@ -19,11 +19,13 @@ type lease struct {
 
 // relayRow is a relay's heartbeat.
 type relayRow struct {
-	hostname  string
-	pid       int
-	started   time.Time
-	heartbeat time.Time
-	expires   time.Time
+	hostname    string
+	pid         int
+	fingerprint string
+	dests       []outboxdriver.DestinationState
+	started     time.Time
+	heartbeat   time.Time
+	expires     time.Time
 }
 
 // forgetRelaysAfter is how long after its heartbeat expired a relay stays in Status, as
@@ -34,7 +36,8 @@ const forgetRelaysAfter = time.Hour
 // transaction: release req.Release, then, unless req.TTL is not positive (the relay
 // leaves), heartbeat, renew req.Held for TTL, adopt the relay's other unexpired leases
 // when req.Adopt is set, and take free or expired shards, lowest first, up to the fair
-// share (ceil(shards / live relays)). Every change of owner, and every adoption, draws a
+// share (ceil(shards / live relays)), or none while relays of another fingerprint hold
+// shards (LeaseState.Share). Every change of owner, and every adoption, draws a
 // new token from one counter, so a token is never reused and fences its predecessors.
 // It returns the relay's unexpired leases among those it presented, adopted and took.
 // WAL mode's slot lease (req.Slot) is not modelled: SlotToken stays 0.
@@ -62,8 +65,9 @@ func (s *Store) SyncLeases(ctx context.Context, req outboxdriver.LeaseRequest) (
 		gained = s.adopt(req.RelayID, req.Held, now, until)
 	}
 	st := outboxdriver.LeaseState{Shards: len(s.leases), Live: s.live(now)}
-	st.Target = st.FairShare()
-	if want := st.Target - len(s.heldOf(req.RelayID, req.Held, gained, now)); want > 0 {
+	held := len(s.heldOf(req.RelayID, req.Held, gained, now))
+	st.Share(req.Fingerprint, held > 0, s.differing(req, now))
+	if want := st.Target - held; want > 0 {
 		gained = append(gained, s.take(req.RelayID, want, now, until)...)
 	}
 	st.Held = s.heldOf(req.RelayID, req.Held, gained, now)
@@ -92,7 +96,8 @@ func (s *Store) heartbeat(req outboxdriver.LeaseRequest, now time.Time) {
 		r = &relayRow{started: now}
 		s.relays[req.RelayID] = r
 	}
-	r.hostname, r.pid, r.heartbeat, r.expires = req.Hostname, req.PID, now, now.Add(req.TTL)
+	r.hostname, r.pid, r.fingerprint, r.heartbeat, r.expires = req.Hostname, req.PID, req.Fingerprint, now, now.Add(req.TTL)
+	r.dests = outboxdriver.DecodeDestinations(outboxdriver.EncodeDestinations(req.Destinations)) // as a database keeps them
 	for id, r := range s.relays {
 		if r.expires.Before(now.Add(-forgetRelaysAfter)) {
 			delete(s.relays, id)
@@ -160,13 +165,35 @@ func (s *Store) live(now time.Time) int {
 	return n
 }
 
+// differing returns the live relays other than req's whose fingerprint differs from
+// req's, both being set, in id order.
+func (s *Store) differing(req outboxdriver.LeaseRequest, now time.Time) []outboxdriver.Peer {
+	var out []outboxdriver.Peer
+	if req.Fingerprint == "" {
+		return nil
+	}
+	for id, r := range s.relays {
+		if id == req.RelayID || !r.expires.After(now) || r.fingerprint == "" || r.fingerprint == req.Fingerprint {
+			continue
+		}
+		out = append(out, outboxdriver.Peer{ID: id, Fingerprint: r.fingerprint, Holds: s.holdsAny(id, now)})
+	}
+	slices.SortFunc(out, func(a, b outboxdriver.Peer) int { return cmp.Compare(a.ID, b.ID) })
+	return out
+}
+
+// holdsAny reports whether relayID holds an unexpired lease at now.
+func (s *Store) holdsAny(relayID string, now time.Time) bool {
+	return slices.ContainsFunc(s.leases[:], func(l lease) bool { return l.owner == relayID && l.expires.After(now) })
+}
+
 // relayInfos returns the relays Status shows, in start order, each with the shards it
 // holds unexpired leases on.
 func (s *Store) relayInfos(now time.Time) []outboxdriver.RelayInfo {
 	out := []outboxdriver.RelayInfo{}
 	for id, r := range s.relays {
 		info := outboxdriver.RelayInfo{ID: id, Hostname: r.hostname, PID: r.pid, StartedAt: r.started,
-			HeartbeatAt: r.heartbeat, Live: r.expires.After(now)}
+			HeartbeatAt: r.heartbeat, Live: r.expires.After(now), Fingerprint: r.fingerprint, Destinations: r.dests}
 		for _, l := range s.leases {
 			if l.owner == id && l.expires.After(now) {
 				info.Shards++

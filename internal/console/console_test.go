@@ -204,6 +204,27 @@ func TestOverviewShowsRelaysAndLeases(t *testing.T) {
 	}
 }
 
+// TestOverviewShowsRoutingAndDestinations: a relay's fingerprint and the state of each
+// of its destinations, as its last heartbeat recorded them.
+func TestOverviewShowsRoutingAndDestinations(t *testing.T) {
+	t.Parallel()
+	db := testdb.Migrated(t)
+	down := time.Now().Add(-3 * time.Minute)
+	if _, err := db.Driver.SyncLeases(testenv.Context(t), outboxdriver.LeaseRequest{RelayID: "routed-relay", Hostname: "h", PID: 1, TTL: time.Minute,
+		Fingerprint: "0a1b2c3d4e5f", Destinations: []outboxdriver.DestinationState{
+			{Name: "default", Up: true, Since: down}, {Name: "audit", Since: down}}}); err != nil {
+		t.Fatal(err)
+	}
+	b := serve(t, db, Config{})
+	body := b.mustGet(t, "/")
+	for _, want := range []string{`0a1b2c3d4e5f`, `<span data-destination="default">default <span class="ok">up</span></span>`,
+		`<span data-destination="audit">audit <span class="error-text">down</span> since 3m`} {
+		if !strings.Contains(body, want) {
+			t.Errorf("overview lacks %s:\n%s", want, body)
+		}
+	}
+}
+
 func TestSamplerRate(t *testing.T) {
 	t.Parallel()
 	var s sampler

@@ -90,11 +90,14 @@ func PublishedEstimate(relTuples, liveTuples int64) (estimate int64, ok bool) {
 }
 
 // StatusRelays returns the relays of the relays table (expired ones are kept about an
-// hour) in start order: id, hostname, pid, started_at, heartbeat_at, live, and the number
-// of shards each holds a lease on while live (a lease lives by its owner's heartbeat).
+// hour) in start order: id, hostname, pid, started_at, heartbeat_at, live, the number
+// of shards each holds a lease on while live (a lease lives by its owner's heartbeat),
+// its fingerprint and its destinations' states (empty before schema version 8, which the
+// row's JSON form lets the query read without the columns).
 func (n *Names) StatusRelays() string {
 	return n.r(`SELECT r.id, r.hostname, r.pid, r.started_at, r.heartbeat_at, r.expires_at > now(),
-       CASE WHEN r.expires_at > now() THEN (SELECT count(*) FROM {{leases}} l WHERE l.owner = r.id) ELSE 0 END::int
+       CASE WHEN r.expires_at > now() THEN (SELECT count(*) FROM {{leases}} l WHERE l.owner = r.id) ELSE 0 END::int,
+       coalesce(to_jsonb(r) ->> 'fingerprint', ''), coalesce(to_jsonb(r) ->> 'destinations', '')
 FROM {{relays}} r
 ORDER BY r.started_at, r.id`)
 }
@@ -372,7 +375,9 @@ func (n *Names) publishedCount(ctx context.Context, q Querier, st *outboxdriver.
 func (n *Names) relayStatus(ctx context.Context, q Querier, st *outboxdriver.Status) error {
 	relays, err := Collect(ctx, q, n.StatusRelays(), nil, func(r Row) (outboxdriver.RelayInfo, error) {
 		var ri outboxdriver.RelayInfo
-		err := r.Scan(&ri.ID, &ri.Hostname, &ri.PID, &ri.StartedAt, &ri.HeartbeatAt, &ri.Live, &ri.Shards)
+		var dests string
+		err := r.Scan(&ri.ID, &ri.Hostname, &ri.PID, &ri.StartedAt, &ri.HeartbeatAt, &ri.Live, &ri.Shards, &ri.Fingerprint, &dests)
+		ri.Destinations = outboxdriver.DecodeDestinations(dests)
 		return ri, err
 	})
 	if err != nil {

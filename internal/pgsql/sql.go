@@ -306,6 +306,21 @@ func (n *Names) LeaseHeartbeat() string {
 ON CONFLICT (id) DO UPDATE SET heartbeat_at = now(), expires_at = excluded.expires_at, hostname = excluded.hostname, pid = excluded.pid`)
 }
 
+// LeaseFingerprint records the relay's ($1) fingerprint ($2) and destination states
+// ($3), when they changed (a row version fewer per round while a long transaction keeps
+// vacuum from removing them), and returns the live relays whose fingerprint differs from
+// it, both being set: id, fingerprint, and whether each holds a lease
+// (outboxdriver.Peer). It needs schema version 8. (The query reads the snapshot from
+// before the update, in which the relay's row is excluded anyway.)
+func (n *Names) LeaseFingerprint() string {
+	return n.lease(`WITH mine AS (UPDATE {{relays}} SET fingerprint = $2, destinations = $3
+    WHERE id = $1 AND (fingerprint, destinations) IS DISTINCT FROM ($2, $3))
+SELECT r.id, r.fingerprint, EXISTS (SELECT 1 FROM {{leases}} l WHERE l.owner = r.id)
+FROM {{relays}} r
+WHERE r.expires_at > now() AND r.id <> $1 AND r.fingerprint <> '' AND r.fingerprint <> $2
+ORDER BY r.id`)
+}
+
 func (n *Names) LeaseForgetRelay() string { return n.lease(`DELETE FROM {{relays}} WHERE id = $1`) }
 
 // LeasePruneRelays deletes the relays gone for an hour that own no lease: while a relay

@@ -159,7 +159,9 @@ func CompleteError(err error) error {
 
 // SyncLeases implements outboxdriver.Store in one transaction: release, heartbeat (which
 // renews every lease the relay holds: a lease is live while its owner's heartbeat is),
-// prune the relays gone for an hour, adopt, then take shards up to the fair share.
+// prune the relays gone for an hour, record the fingerprint and the destinations' states
+// and read the relays that differ, adopt, then take shards up to the fair share (none while relays of another
+// fingerprint hold shards: LeaseState.Share).
 func (db *DB) SyncLeases(ctx context.Context, req outboxdriver.LeaseRequest) (outboxdriver.LeaseState, error) {
 	if err := db.ready(); err != nil {
 		return outboxdriver.LeaseState{}, err
@@ -200,6 +202,20 @@ func (db *DB) SyncLeases(ctx context.Context, req outboxdriver.LeaseRequest) (ou
 		if err := q.Exec(ctx, n.LeasePruneRelays()); err != nil {
 			return err
 		}
+		var differing []outboxdriver.Peer
+		if req.Fingerprint != "" || len(req.Destinations) > 0 {
+			args := []any{req.RelayID, req.Fingerprint, outboxdriver.EncodeDestinations(req.Destinations)}
+			_, err := optionalPart(ctx, q, func() (err error) {
+				differing, err = Collect(ctx, q, n.LeaseFingerprint(), args, func(r Row) (outboxdriver.Peer, error) {
+					var p outboxdriver.Peer
+					return p, r.Scan(&p.ID, &p.Fingerprint, &p.Holds)
+				})
+				return err
+			})
+			if err != nil {
+				return err
+			}
+		}
 		// The relay's leases are the ones it presents, the adopted and the taken: a
 		// lease of its ID under another token is an earlier process's, and without Adopt
 		// it is not the relay's to learn (two processes sharing an ID would take each
@@ -219,13 +235,21 @@ func (db *DB) SyncLeases(ctx context.Context, req outboxdriver.LeaseRequest) (ou
 		if err := q.QueryRow(ctx, n.LeaseCounts(), nil, &st.Shards, &st.Live); err != nil {
 			return err
 		}
-		st.Target = st.FairShare()
+		st.Share(req.Fingerprint, len(held) > 0, differing)
 		var expired expiredOwners
-		if req.Slot != nil {
+		switch {
+		case req.Slot != nil && len(st.GiveWay) > 0:
+			// Giving way, the relay reads no slot either.
+			if req.Slot.Token != 0 && !slotRelease {
+				if err := q.Exec(ctx, n.WALLeaseRelease(), req.RelayID, n.WALSlot(req.Slot.Slot), req.Slot.Token); err != nil {
+					return err
+				}
+			}
+		case req.Slot != nil:
 			if err := db.syncSlot(ctx, q, req, &expired, &st); err != nil {
 				return err
 			}
-		} else if req.Adopt {
+		case req.Adopt:
 			if err := db.markPolling(ctx, q, req.RelayID); err != nil {
 				return err
 			}
@@ -290,7 +314,7 @@ func (db *DB) syncSlot(ctx context.Context, q Querier, req outboxdriver.LeaseReq
 	if err != nil {
 		return err
 	}
-	missing, err := withoutVersion5(ctx, q, func() error {
+	missing, err := optionalPart(ctx, q, func() error {
 		if err := q.Exec(ctx, n.WALLeaseMode(), req.RelayID); err != nil {
 			return err
 		}
@@ -351,25 +375,27 @@ func (db *DB) syncSlot(ctx context.Context, q Querier, req outboxdriver.LeaseReq
 // so, and while it does the slot's reader holds every shard and this relay none. An
 // outbox before schema version 5 has no mode column.
 func (db *DB) markPolling(ctx context.Context, q Querier, relayID string) error {
-	_, err := withoutVersion5(ctx, q, func() error { return q.Exec(ctx, db.names.WALLeasePoll(), relayID) })
+	_, err := optionalPart(ctx, q, func() error { return q.Exec(ctx, db.names.WALLeasePoll(), relayID) })
 	return err
 }
 
-// withoutVersion5 runs fn, WAL mode's part of a lease round, under a savepoint: on an
-// outbox before schema version 5 (an undefined table or column) it undoes fn and reports
-// missing, without an error, so that the round goes on and the relay polls.
-func withoutVersion5(ctx context.Context, q Querier, fn func() error) (missing bool, err error) {
-	if err := q.Exec(ctx, "SAVEPOINT outbox_wal"); err != nil {
+// optionalPart runs fn, a part of a lease round that needs a deferrable migration (WAL
+// mode's bookkeeping, version 5; the relays' fingerprints, version 8), under a
+// savepoint: on an outbox without it (an undefined table or column) it undoes fn and
+// reports missing, without an error, so that the round goes on without that part (the
+// relay polls; it compares no fingerprints).
+func optionalPart(ctx context.Context, q Querier, fn func() error) (missing bool, err error) {
+	if err := q.Exec(ctx, "SAVEPOINT outbox_optional"); err != nil {
 		return false, err
 	}
 	err = fn()
 	if state := SQLState(err); state == "42P01" || state == "42703" { // undefined table or column
-		return true, q.Exec(ctx, "ROLLBACK TO SAVEPOINT outbox_wal")
+		return true, q.Exec(ctx, "ROLLBACK TO SAVEPOINT outbox_optional")
 	}
 	if err != nil {
 		return false, err
 	}
-	return false, q.Exec(ctx, "RELEASE SAVEPOINT outbox_wal")
+	return false, q.Exec(ctx, "RELEASE SAVEPOINT outbox_optional")
 }
 
 // walBeat writes the slot reader's heartbeat under a savepoint of its own: a failure

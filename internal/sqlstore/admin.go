@@ -132,12 +132,14 @@ func (s *Store) relayStatus(ctx context.Context, tx Querier, st *outboxdriver.St
 		var ri outboxdriver.RelayInfo
 		var started, beat int64
 		var live int
-		err := r.Scan(&ri.ID, &ri.Hostname, &ri.PID, &started, &beat, &live, &ri.Shards)
+		var dests string
+		err := r.Scan(&ri.ID, &ri.Hostname, &ri.PID, &started, &beat, &live, &ri.Shards, &ri.Fingerprint, &dests)
+		ri.Destinations = outboxdriver.DecodeDestinations(dests)
 		ri.StartedAt, ri.HeartbeatAt, ri.Live = time.UnixMicro(started), time.UnixMicro(beat), live == 1
 		return ri, err
 	}, s.sql(`SELECT r.id, r.hostname, r.pid, `+s.d.ToMicros("r.started_at")+`, `+s.d.ToMicros("r.heartbeat_at")+`,
        CASE WHEN r.expires_at > {{now}} THEN 1 ELSE 0 END,
-       (SELECT COUNT(*) FROM {{leases}} l WHERE l.owner = r.id AND l.expires_at > {{now}})
+       (SELECT COUNT(*) FROM {{leases}} l WHERE l.owner = r.id AND l.expires_at > {{now}}), r.fingerprint, r.destinations
 FROM {{relays}} r
 ORDER BY r.started_at, r.id`))
 	if err != nil {

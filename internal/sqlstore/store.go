@@ -345,8 +345,9 @@ func cleanError(s string) string {
 }
 
 // SyncLeases implements outboxdriver.Store in one write transaction (IMMEDIATE in SQLite,
-// READ COMMITTED in MySQL): release, heartbeat, renew, count, and take free or expired
-// shards up to the fair share. MySQL takes free shards with FOR UPDATE SKIP LOCKED, so
+// READ COMMITTED in MySQL): release, heartbeat, renew, count, read the relays of other
+// fingerprints, and take free or expired shards up to the fair share (none while
+// relays of another fingerprint hold shards: LeaseState.Share). MySQL takes free shards with FOR UPDATE SKIP LOCKED, so
 // concurrent relays pass each other by.
 //
 // A lease's token grows by one each time its shard changes owner, so a token is unique
@@ -369,9 +370,10 @@ func (s *Store) SyncLeases(ctx context.Context, req outboxdriver.LeaseRequest) (
 			return err
 		}
 		expires := s.d.AddMicros("{{now}}", "?")
-		q := s.sql(`INSERT INTO {{relays}} (id, hostname, pid, started_at, heartbeat_at, expires_at) VALUES (?, ?, ?, {{now}}, {{now}}, ` + expires + `)` +
-			s.d.OnConflictUpdate("id") + `heartbeat_at = {{now}}, expires_at = ` + expires + `, hostname = ?, pid = ?`)
-		if _, err := tx.ExecContext(ctx, q, req.RelayID, req.Hostname, req.PID, ttl, ttl, req.Hostname, req.PID); err != nil {
+		dests := outboxdriver.EncodeDestinations(req.Destinations)
+		q := s.sql(`INSERT INTO {{relays}} (id, hostname, pid, fingerprint, destinations, started_at, heartbeat_at, expires_at) VALUES (?, ?, ?, ?, ?, {{now}}, {{now}}, ` + expires + `)` +
+			s.d.OnConflictUpdate("id") + `heartbeat_at = {{now}}, expires_at = ` + expires + `, hostname = ?, pid = ?, fingerprint = ?, destinations = ?`)
+		if _, err := tx.ExecContext(ctx, q, req.RelayID, req.Hostname, req.PID, req.Fingerprint, dests, ttl, ttl, req.Hostname, req.PID, req.Fingerprint, dests); err != nil {
 			return fmt.Errorf("heartbeat: %w", err)
 		}
 		// Relays gone for an hour are forgotten; until then Status shows them as not live.
@@ -416,7 +418,21 @@ func (s *Store) SyncLeases(ctx context.Context, req outboxdriver.LeaseRequest) (
 		if err != nil {
 			return fmt.Errorf("count relays: %w", err)
 		}
-		st.Target = st.FairShare()
+		var differing []outboxdriver.Peer
+		if req.Fingerprint != "" {
+			differing, err = collect(ctx, tx, func(r *sql.Rows) (outboxdriver.Peer, error) {
+				var p outboxdriver.Peer
+				var holds int
+				err := r.Scan(&p.ID, &p.Fingerprint, &holds)
+				p.Holds = holds > 0
+				return p, err
+			}, s.sql(`SELECT r.id, r.fingerprint, (SELECT COUNT(*) FROM {{leases}} l WHERE l.owner = r.id AND l.expires_at > {{now}})
+FROM {{relays}} r WHERE r.expires_at > {{now}} AND r.id <> ? AND r.fingerprint <> '' AND r.fingerprint <> ? ORDER BY r.id`), req.RelayID, req.Fingerprint)
+			if err != nil {
+				return fmt.Errorf("read the relays' fingerprints: %w", err)
+			}
+		}
+		st.Share(req.Fingerprint, len(held) > 0, differing)
 		if want := st.Target - len(held); want > 0 {
 			// Free or expired shards; in MySQL SKIP LOCKED passes over rows another
 			// relay is renewing or taking, instead of queueing behind it.

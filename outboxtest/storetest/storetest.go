@@ -20,6 +20,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -56,6 +57,8 @@ func Run(t *testing.T, open func(t *testing.T) Outbox) {
 		{"FetchOnlyHeldShards", fetchOnlyHeldShards},
 		{"FetchContinuation", fetchContinuation},
 		{"LeasesFairShare", leasesFairShare},
+		{"LeasesOfOneFingerprint", leasesOfOneFingerprint},
+		{"RelayDestinationStates", relayDestinationStates},
 		{"LeaseTakeoverInDatabaseTime", leaseTakeover},
 		{"LeaseAdoptionFencesEarlierProcess", leaseAdoption},
 		{"FencedComplete", fencedComplete},
@@ -347,6 +350,109 @@ func leasesFairShare(t *testing.T, o Outbox) {
 	b = sync(t, o, "b", ttl, b.Held, nil)
 	if b.Live != 1 || len(b.Held) != b.Shards {
 		t.Fatalf("after a left, b holds %d of %d (live %d)", len(b.Held), b.Shards, b.Live)
+	}
+}
+
+// syncAs is sync for a relay that states a fingerprint.
+func syncAs(t *testing.T, o Outbox, relay, fingerprint string, held, release []outboxdriver.Lease) outboxdriver.LeaseState {
+	t.Helper()
+	ctx, cancel := testenv.CallContext()
+	defer cancel()
+	st, err := o.Store.SyncLeases(ctx, outboxdriver.LeaseRequest{RelayID: relay, Hostname: "test", PID: 1, TTL: ttl,
+		Held: held, Release: release, Fingerprint: fingerprint})
+	if err != nil {
+		t.Fatalf("SyncLeases(%s): %v", relay, err)
+	}
+	return st
+}
+
+// leasesOfOneFingerprint: relays whose fingerprints differ never share the shards. A
+// relay of another fingerprint takes none while the holders live, and takes them all
+// once they left; two fingerprints that both hold shards settle on the earlier-sorting.
+func leasesOfOneFingerprint(t *testing.T, o Outbox) {
+	a := syncAs(t, o, "a", "fp-old", nil, nil)
+	if len(a.Held) != a.Shards || len(a.GiveWay) != 0 {
+		t.Fatalf("a lone relay got %+v, want every shard", a)
+	}
+	b := syncAs(t, o, "b", "fp-new", nil, nil)
+	if len(b.Held) != 0 || b.Target != 0 || len(b.GiveWay) != 1 || b.GiveWay[0] != (outboxdriver.Peer{ID: "a", Fingerprint: "fp-old", Holds: true}) {
+		t.Fatalf("a relay of another fingerprint got %+v, want no shard and GiveWay naming a", b)
+	}
+	if a = syncAs(t, o, "a", "fp-old", a.Held, nil); len(a.Held) != a.Shards || a.Live != 1 || a.Target != a.Shards {
+		t.Fatalf("beside a differing relay, a got %+v, want every shard and live 1 (b does not share)", a)
+	}
+	st := status(t, o)
+	if !slices.ContainsFunc(st.Relays, func(r outboxdriver.RelayInfo) bool { return r.ID == "b" && r.Fingerprint == "fp-new" }) {
+		t.Fatalf("status relays %+v lack b's fingerprint", st.Relays)
+	}
+	if w := strings.Join(st.Warnings(), "\n"); !strings.Contains(w, "relays b take no shards") {
+		t.Fatalf("status warnings %q do not name b as waiting", w)
+	}
+	// A relay stating no fingerprint agrees with both.
+	if c := syncAs(t, o, "c", "", nil, nil); len(c.GiveWay) != 0 || c.Live != 3 {
+		t.Fatalf("a relay without fingerprint got %+v, want no GiveWay and every relay live", c)
+	}
+	sync(t, o, "c", 0, nil, nil)
+
+	// a leaves: b takes every shard.
+	sync(t, o, "a", 0, nil, a.Held)
+	if b = syncAs(t, o, "b", "fp-new", nil, nil); len(b.Held) != b.Shards || len(b.GiveWay) != 0 {
+		t.Fatalf("once a left, b got %+v, want every shard", b)
+	}
+
+	// d holds half the shards under no fingerprint, then states one that sorts before
+	// b's: both hold shards, and b gives way.
+	syncAs(t, o, "d", "", nil, nil)
+	half := b.Held[:b.Shards/2]
+	b = syncAs(t, o, "b", "fp-new", b.Held[b.Shards/2:], half)
+	d := syncAs(t, o, "d", "", nil, nil)
+	if len(d.Held) != len(half) {
+		t.Fatalf("d took %d shards, want the %d b released", len(d.Held), len(half))
+	}
+	if d = syncAs(t, o, "d", "fp-a", d.Held, nil); len(d.GiveWay) != 0 || d.Target != d.Shards {
+		t.Fatalf("d, whose fingerprint sorts first, got %+v, want to keep its shards and a target of all", d)
+	}
+	if b = syncAs(t, o, "b", "fp-new", b.Held, nil); b.Target != 0 || len(b.GiveWay) != 1 || b.GiveWay[0].ID != "d" || len(b.Held) == 0 {
+		t.Fatalf("b, whose fingerprint sorts after d's, got %+v, want target 0 and GiveWay naming d (its leases held until it drains them)", b)
+	}
+}
+
+// relayDestinationStates: the states of a relay's destinations, given with its lease
+// rounds, are what Status shows of it, the latest round's.
+func relayDestinationStates(t *testing.T, o Outbox) {
+	since := time.Date(2030, 1, 2, 3, 4, 5, 600_000_000, time.UTC)
+	round := func(ds []outboxdriver.DestinationState) {
+		t.Helper()
+		ctx, cancel := testenv.CallContext()
+		defer cancel()
+		if _, err := o.Store.SyncLeases(ctx, outboxdriver.LeaseRequest{RelayID: "a", Hostname: "test", PID: 1, TTL: ttl,
+			Fingerprint: "fp", Destinations: ds}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	shown := func() []outboxdriver.DestinationState {
+		t.Helper()
+		for _, r := range status(t, o).Relays {
+			if r.ID == "a" {
+				return r.Destinations
+			}
+		}
+		t.Fatal("relay a not in status")
+		return nil
+	}
+	round([]outboxdriver.DestinationState{{Name: "default", Up: true, Since: since}, {Name: "audit", Since: since.Add(time.Minute)}})
+	got := shown()
+	if len(got) != 2 || got[0].Name != "default" || !got[0].Up || !got[0].Since.Equal(since) ||
+		got[1].Name != "audit" || got[1].Up || !got[1].Since.Equal(since.Add(time.Minute)) {
+		t.Fatalf("status shows destinations %+v", got)
+	}
+	round([]outboxdriver.DestinationState{{Name: "default", Up: true, Since: since}, {Name: "audit", Up: true, Since: since.Add(time.Hour)}})
+	if got := shown(); len(got) != 2 || !got[1].Up || !got[1].Since.Equal(since.Add(time.Hour)) {
+		t.Fatalf("after the next round status shows %+v", got)
+	}
+	round(nil)
+	if got := shown(); len(got) != 0 {
+		t.Fatalf("a round without destinations left %+v", got)
 	}
 }
 

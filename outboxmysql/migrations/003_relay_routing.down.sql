@@ -1,0 +1,2 @@
+ALTER TABLE {{.Relays}} DROP COLUMN destinations;
+ALTER TABLE {{.Relays}} DROP COLUMN fingerprint;
