@@ -27,6 +27,7 @@ const (
 	HeaderTopic         = outboxtype.HeaderTopic
 	HeaderCreatedAt     = outboxtype.HeaderCreatedAt // RFC 3339 with nanoseconds, UTC
 	HeaderContentType   = outboxtype.HeaderContentType
+	HeaderReplay        = outboxtype.HeaderReplay // on messages a replay publishes: the replay's name
 )
 
 // ContentTypeJSON is given to payloads that are valid JSON when the caller sets no

@@ -205,6 +205,7 @@ var reservedHeaders = map[string]string{
 	"Idempotency-Key":   "Message.DedupKey (webhooks send it as Idempotency-Key)",
 	"Outbox-Signature":  "nothing: the webhook publisher signs",
 	"Outbox-Headers":    "nothing: the SQS publisher carries the headers in it",
+	HeaderReplay:        "nothing: a replay (outbox replay) marks the messages it publishes again",
 }
 
 // checkReservedHeader refuses a header a publisher sets itself, and the headers NATS

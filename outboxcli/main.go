@@ -41,6 +41,7 @@ var commands = []*command{
 	partitionsCommand,
 	walCommand,
 	deadCommand,
+	replayCommand,
 	consoleCommand,
 	natsCommand,
 	rabbitmqCommand,

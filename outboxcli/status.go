@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -12,6 +13,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/outboxkit/outbox/internal/pgsql"
 	"github.com/outboxkit/outbox/outboxdriver"
 )
 
@@ -47,6 +49,11 @@ full.`,
 			st, err := drv.Status(ctx)
 			if err != nil {
 				return err
+			}
+			if jobs, ok := drv.storeDriver.(outboxdriver.ReplayJobs); ok {
+				if st.Replays, err = jobs.Replays(ctx); err != nil && !errors.Is(err, pgsql.ErrNoReplayTable) {
+					return err
+				}
 			}
 			if *asJSON {
 				return writeJSON(inv.stdout, st)
@@ -111,6 +118,23 @@ func printStatus(w io.Writer, st outboxdriver.Status, postgres bool, now time.Ti
 		fmt.Fprintln(tw, "TOPIC\tPENDING\tDUE\tRETRYING\tDEAD\tOLDEST PENDING")
 		for _, t := range st.Topics {
 			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%s\n", t.Topic, t.Pending, t.Due, t.Retrying, t.Dead, age(t.OldestPendingAge, t.Pending))
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+	}
+
+	if len(st.Replays) > 0 {
+		fmt.Fprintln(w)
+		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "REPLAY\tSTATE\tDESTINATION\tSENT\tFAILED\tOF\tPUBLISHED UP TO\tUPDATED")
+		for i, j := range st.Replays {
+			if i == 10 {
+				fmt.Fprintf(tw, "(and %d more)\n", len(st.Replays)-i)
+				break
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%s\t%s ago\n", j.Name, j.State, j.Destination, j.Sent, j.Failed, j.Total,
+				j.Cursor.UTC().Format(time.RFC3339), roundAge(now.Sub(j.UpdatedAt)))
 		}
 		if err := tw.Flush(); err != nil {
 			return err

@@ -98,6 +98,9 @@ type Status struct {
 	// WAL describes the replication slots WAL mode reads (PostgreSQL, schema version 5,
 	// after 'outbox wal setup'); empty when there are none.
 	WAL []WALSlotStatus `json:"wal,omitempty"`
+	// Replays are the replay jobs recorded (ReplayJobs), the most recently updated first;
+	// Status leaves it empty, and outbox status fills it in.
+	Replays []ReplayJob `json:"replays,omitempty"`
 }
 
 // CompareHealth orders outboxes for an overview, worst first when sorted descending:
@@ -140,6 +143,12 @@ func (s Status) Warnings() []string {
 	}
 	if w1 := s.routingWarning(); w1 != "" {
 		w = append(w, w1)
+	}
+	for _, j := range s.Replays {
+		if j.State == ReplayFailed || j.State == ReplayStopped {
+			w = append(w, fmt.Sprintf("replay %s %s after %d of %d messages (%s): run outbox replay --name %s to go on",
+				j.Name, j.State, j.Sent+j.Failed, j.Total, cmp.Or(j.Error, "interrupted"), j.Name))
+		}
 	}
 	switch {
 	case s.DeadLastHour > 0:

@@ -66,6 +66,7 @@ type Store struct {
 	leases  [sqlstore.Shards]lease
 	relays  map[string]*relayRow
 	open    map[*Tx]struct{} // top-level transactions not yet ended
+	replays map[string]outboxdriver.ReplayJob
 }
 
 var (

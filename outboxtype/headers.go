@@ -14,6 +14,9 @@ const (
 	HeaderTopic         = "Outbox-Topic"
 	HeaderCreatedAt     = "Outbox-Created-At" // RFC 3339 with nanoseconds, UTC
 	HeaderContentType   = "Content-Type"
+	// HeaderReplay marks a message published again by a replay (outbox replay): its
+	// value is the replay's name. Only a replay sets it.
+	HeaderReplay = "Outbox-Replay"
 )
 
 // DedupID returns the value publishers send as the broker's deduplication id: DedupKey,

@@ -97,6 +97,7 @@ type Names struct {
 	// The pending ring (migration 4): the table naming the current bucket, and the
 	// function that reads it (the bucket column's default).
 	Ring, BucketFunc string
+	Replays          string // replay jobs (migration 9)
 	SchemaLiteral    string // the schema as an SQL string literal
 	Trigger          string // not schema-qualified
 	Channel          string // NOTIFY channel, raw text
@@ -133,6 +134,7 @@ func NewNames(c Config) (*Names, error) {
 		PublishedLegacy: q("outbox_published_legacy"),
 		Ring:            q("outbox_ring"),
 		BucketFunc:      q("outbox_current_bucket"),
+		Replays:         q("outbox_replays"),
 		SchemaLiteral:   literal(schema),
 		Versions:        q("outbox_versions"),
 		Migrations:      q("outbox_migrations"),

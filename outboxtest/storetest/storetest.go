@@ -59,6 +59,8 @@ func Run(t *testing.T, open func(t *testing.T) Outbox) {
 		{"LeasesFairShare", leasesFairShare},
 		{"LeasesOfOneFingerprint", leasesOfOneFingerprint},
 		{"RelayDestinationStates", relayDestinationStates},
+		{"HistoryInPublicationOrder", historyInPublicationOrder},
+		{"ReplayJobsRecorded", replayJobsRecorded},
 		{"LeaseTakeoverInDatabaseTime", leaseTakeover},
 		{"LeaseAdoptionFencesEarlierProcess", leaseAdoption},
 		{"FencedComplete", fencedComplete},
@@ -453,6 +455,117 @@ func relayDestinationStates(t *testing.T, o Outbox) {
 	round(nil)
 	if got := shown(); len(got) != 0 {
 		t.Fatalf("a round without destinations left %+v", got)
+	}
+}
+
+// historyInPublicationOrder (a store that reads its history, outboxdriver.HistoryReader):
+// the published messages a filter selects, in the order of publication, the limit's
+// extra row saying a span holds more, and the count.
+func historyInPublicationOrder(t *testing.T, o Outbox) {
+	h, ok := o.Store.(outboxdriver.HistoryReader)
+	if !ok {
+		t.Skipf("%T reads no history", o.Store)
+	}
+	ctx, cancel := testenv.CallContext()
+	defer cancel()
+	start := time.Now().Add(-time.Minute)
+	var ms []outbox.Message
+	for i, topic := range []string{"orders.placed", "orders.paid", "billing", "orders_x"} {
+		for k := range 3 {
+			ms = append(ms, outbox.Message{Topic: topic, Key: fmt.Sprintf("k%d", k), AggregateType: []string{"order", "invoice"}[k%2],
+				Payload: fmt.Appendf(nil, `{"n":%d}`, i*3+k)})
+		}
+	}
+	write(t, o, ms)
+	a := sync(t, o, "a", ttl, nil, nil)
+	got := fetch(t, o, "a", a.Held, outboxdriver.FetchRequest{})
+	if len(got) != len(ms) {
+		t.Fatalf("fetched %d of %d", len(got), len(ms))
+	}
+	// Published in two rounds: the later seqs first.
+	complete(t, o, "a", published(t, o, a.Held, got[6:]...))
+	time.Sleep(2 * time.Millisecond) // two publication times (the stores keep microseconds): time, not work
+	complete(t, o, "a", published(t, o, a.Held, got[:6]...))
+	end := time.Now().Add(time.Minute)
+
+	all, err := h.History(ctx, outboxdriver.HistoryFilter{Since: start, Until: end}, start, end, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(all) != len(ms) {
+		t.Fatalf("history holds %d messages, want %d", len(all), len(ms))
+	}
+	for i := 1; i < len(all); i++ {
+		p, q := all[i-1], all[i]
+		if q.PublishedAt.Before(p.PublishedAt) || q.PublishedAt.Equal(p.PublishedAt) && q.Seq < p.Seq {
+			t.Fatalf("history out of publication order at %d: %d at %v after %d at %v", i, q.Seq, q.PublishedAt, p.Seq, p.PublishedAt)
+		}
+		if q.ID.IsZero() || len(q.Payload) == 0 || q.Topic == "" {
+			t.Fatalf("history row %d incomplete: %+v", i, q.Message)
+		}
+	}
+	if !all[0].PublishedAt.Equal(all[5].PublishedAt) || all[0].Seq != got[6].Seq {
+		t.Errorf("the first round's messages do not come first: %d at %v", all[0].Seq, all[0].PublishedAt)
+	}
+	for _, tc := range []struct {
+		f    outboxdriver.HistoryFilter
+		want int
+	}{
+		{outboxdriver.HistoryFilter{Topic: "orders.*"}, 6},
+		{outboxdriver.HistoryFilter{Topic: "orders?x"}, 3}, // ? is one character; _ in the topic is no wildcard
+		{outboxdriver.HistoryFilter{Topic: "orders_*"}, 3},
+		{outboxdriver.HistoryFilter{Topic: "billing", Key: "k1"}, 1},
+		{outboxdriver.HistoryFilter{AggregateType: "invoice"}, 4},
+	} {
+		tc.f.Since, tc.f.Until = start, end
+		rows, err := h.History(ctx, tc.f, start, end, 100)
+		n, first, cerr := h.CountHistory(ctx, tc.f)
+		if err != nil || cerr != nil || len(rows) != tc.want || n != int64(tc.want) || first.IsZero() {
+			t.Errorf("%+v: %d rows (%v), count %d first %v (%v); want %d", tc.f, len(rows), err, n, first, cerr, tc.want)
+		}
+	}
+	// limit+1 rows say the span holds more.
+	if rows, err := h.History(ctx, outboxdriver.HistoryFilter{Since: start, Until: end}, start, end, 4); err != nil || len(rows) != 5 {
+		t.Errorf("limit 4: %d rows, %v; want 5", len(rows), err)
+	}
+	if n, _, err := h.CountHistory(ctx, outboxdriver.HistoryFilter{Since: end, Until: end.Add(time.Hour)}); err != nil || n != 0 {
+		t.Errorf("count of an empty range: %d, %v", n, err)
+	}
+}
+
+// replayJobsRecorded (a store that records replay jobs, outboxdriver.ReplayJobs): a job
+// saved is read back as saved, updated in place, listed, and an unknown name is
+// ErrNoReplay.
+func replayJobsRecorded(t *testing.T, o Outbox) {
+	jobs, ok := o.Store.(outboxdriver.ReplayJobs)
+	if !ok {
+		t.Skipf("%T records no replay jobs", o.Store)
+	}
+	ctx, cancel := testenv.CallContext()
+	defer cancel()
+	since := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
+	j := outboxdriver.ReplayJob{Name: "backfill", Destination: "audit", State: outboxdriver.ReplayRunning, Total: 10, Sent: 4,
+		Cursor: since.Add(time.Hour), Filter: outboxdriver.HistoryFilter{Since: since, Until: since.Add(24 * time.Hour), Topic: "orders.*", Key: "k"}}
+	if err := jobs.SaveReplay(ctx, j); err != nil {
+		t.Fatal(err)
+	}
+	j.State, j.Sent, j.Failed, j.Error = outboxdriver.ReplayFailed, 7, 1, "destination down"
+	if err := jobs.SaveReplay(ctx, j); err != nil {
+		t.Fatal(err)
+	}
+	got, err := jobs.Replay(ctx, "backfill")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.State != j.State || got.Sent != 7 || got.Failed != 1 || got.Error != j.Error || !got.Cursor.Equal(j.Cursor) ||
+		!got.Filter.Since.Equal(since) || got.Filter.Topic != "orders.*" || got.Destination != "audit" || got.StartedAt.IsZero() {
+		t.Errorf("read back %+v, want %+v", got, j)
+	}
+	if all, err := jobs.Replays(ctx); err != nil || len(all) != 1 || all[0].Name != "backfill" {
+		t.Errorf("Replays: %+v, %v", all, err)
+	}
+	if _, err := jobs.Replay(ctx, "nope"); !errors.Is(err, outboxdriver.ErrNoReplay) {
+		t.Errorf("unknown replay: %v, want ErrNoReplay", err)
 	}
 }
 
