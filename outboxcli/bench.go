@@ -45,6 +45,15 @@ with --writers):
      pool). On SQLite it shows whether the relay gets its turns at the one write lock,
      and has no reference (no naive_* keys, no writer_x): its single writer is its own
      case. outbox bench --db sqlite --writers 8 --duration -1s.
+With --destination2 URL, the backlog is drained three times more, after phase 2: to a
+destination on --broker alone (dest1_eps), to one on the second broker alone
+(dest2_eps), and to both through routing rules, half the events each (dests_eps);
+dests_x = dests_eps over the slower of the two alone.
+With --replay N (PostgreSQL), N messages are seeded into the published history after
+phase 3, and the live latency at --rate is measured for --duration right before and
+while 'outbox replay' publishes them again (at --replay-rate, its --max-rate): replay_eps
+is the replay's rate, replay_base_p99_ms and replay_p99_ms the live p99 without and
+with it, replay_p99_x the second over the first.
 With --pin-xmin, phases 1 to 3 run a second time with a snapshot held open in the bench's
 database (PostgreSQL: REPEATABLE READ, which pins the xmin horizon; MySQL: a consistent
 snapshot, which holds back purge; SQLite: a read transaction, which holds back
@@ -90,6 +99,9 @@ during the drain (drain_trickle_p99_ms; fair_p99_x is the second over the first)
 		fs.DurationVar(&cfg.Duration, "duration", 10*time.Second, "length of the latency phase (-1s skips it)")
 		fs.IntVar(&cfg.Writers, "writers", 0, "writers committing at full speed while the relays publish, in a fourth phase,\nagainst a naive outbox table's rate (0: no such phase)")
 		fs.DurationVar(&cfg.WritersDuration, "writers-duration", 10*time.Second, "length of the writers phase; the naive table's reference takes as long again,\nhalf before it and half after")
+		fs.IntVar(&cfg.Replay, "replay", 0, "PostgreSQL: seed `n` messages of published history, and measure the live latency at --rate\nfor --duration before and while outbox replay publishes them again (0: no such phase)")
+		fs.StringVar(&cfg.Broker2URL, "destination2", "", "a second broker `URL`: drain the backlog to a destination on each broker alone, then to both\nthrough routing rules, half the events each (none when empty)")
+		fs.Float64Var(&cfg.ReplayRate, "replay-rate", 0, "with --replay: the replay's --max-rate (`n` messages per second; 0: its default)")
 		fs.IntVar(&cfg.Runs, "runs", 1, "raw + drain measurements to take; the figures are their medians")
 		fs.BoolVar(&cfg.PinXmin, "pin-xmin", false, "measure the drain and latency phases again with a snapshot held open in the\nbench's database (a long transaction), and report them as pinned_*")
 		fs.IntVar(&cfg.RotateRows, "rotate-rows", 0, "PostgreSQL: the pending ring's bucket size (`n` messages; default the store's, 2000)")

@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"strings"
 
@@ -45,8 +46,9 @@ type destItem struct {
 
 // ruleItem is one entry of the routing key.
 type ruleItem struct {
-	line int
-	rule outbox.Rule
+	line  int
+	rule  outbox.Rule
+	route string // the rule's own route template; empty: its destination's
 }
 
 // parseDestinations reads the destinations key: a mapping of names to settings.
@@ -93,7 +95,7 @@ func (cf *configFile) parseDestinations(v *yaml.Node) ([]destItem, error) {
 }
 
 // ruleKeys are the keys of a routing rule.
-var ruleKeys = []string{"topic", "aggregate-type", "event-type", "headers", "destination"}
+var ruleKeys = []string{"topic", "aggregate-type", "event-type", "headers", "destination", "route"}
 
 // parseRouting reads the routing key: a list of rules.
 func (cf *configFile) parseRouting(v *yaml.Node) ([]ruleItem, error) {
@@ -143,6 +145,8 @@ func (cf *configFile) parseRouting(v *yaml.Node) ([]ruleItem, error) {
 				r.rule.EventType = val.Value
 			case "destination":
 				r.rule.Destination = val.Value
+			case "route":
+				r.route = val.Value
 			}
 		}
 		if r.rule.Destination == "" {
@@ -205,7 +209,43 @@ func (o *relayFlags) checkDestinations(inv *invocation, log *slog.Logger, def *b
 		}
 		return nil, err
 	}
+	// A rule with a route of its own sends to its destination's broker under that route:
+	// a destination of its own, DEST@ruleN, with the destination's settings.
+	for i, r := range cf.routing {
+		if r.route == "" {
+			continue
+		}
+		d, url, err := o.checkRouteOf(inv, log, r.rule.Destination, r.route)
+		if err != nil {
+			msg := strings.TrimPrefix(strings.TrimPrefix(err.Error(), "outbox: "), "--route: ")
+			return nil, usageErrorf("%s: routing rule %d: route: %s", cf.at(r.line), i+1, msg)
+		}
+		name := fmt.Sprintf("%s@rule%d", r.rule.Destination, i+1)
+		ds.names, ds.urls, ds.routes, ds.dests = append(ds.names, name), append(ds.urls, url), append(ds.routes, r.route), append(ds.dests, d)
+		ds.routing.Rules[i].Destination = name
+	}
 	return ds, nil
+}
+
+// checkRouteOf checks the destination named dest (--broker's for default) with route
+// instead of its own, and returns it and its URL.
+func (o *relayFlags) checkRouteOf(inv *invocation, log *slog.Logger, dest, route string) (*brokers.Dest, string, error) {
+	if dest == defaultDestination {
+		b := *o.broker
+		b.route = route
+		d, err := b.check(log, inv.secrets)
+		return d, b.url, err
+	}
+	for _, item := range inv.config.destinations {
+		if item.name != dest {
+			continue
+		}
+		values := maps.Clone(item.values)
+		values["route"] = configEntry{values: []string{route}}
+		d, err := o.checkDestination(inv, log, destItem{name: dest, line: item.line, values: values})
+		return d, item.values["broker"].values[0], err
+	}
+	return nil, "", fmt.Errorf("unknown destination %q", dest) // (Validate checked the names)
 }
 
 // ruleKey is the config file's key for a field of an outbox.Rule in a ConfigError

@@ -17,7 +17,8 @@ import (
 
 // TestRelayDestinations: one relay, two destinations (NATS, --broker's, and RabbitMQ,
 // named audit in the config file): each message reaches the destination its routing rule
-// names, a message no rule matches goes to the default, and with the default set to none
+// names (under the rule's own route when it has one), a message no rule matches goes to
+// the default, and with the default set to none
 // such a message is dead-lettered with the reason. RabbitMQ's password, given in the
 // destination's URL, never appears in the log.
 func TestRelayDestinations(t *testing.T) {
@@ -45,6 +46,7 @@ routing:
   - topic: "orders.*"
     event-type: "order.refunded"
     destination: audit
+    route: "orders.refunds.{event_type}"
   - headers: {audit: "yes"}
     destination: audit
 `, testnats.URL(), prefix, stream, u.String(), exchange, topology))
@@ -92,7 +94,7 @@ routing:
 		t.Fatalf("%v; relay log:\n%s", err, stderr.String())
 	}
 	slices.Sort(bodies) // two keys: no order between them
-	if want := []string{`orders.placed {"n":2}`, `orders.x {"n":3}`}; strings.Join(bodies, "|") != strings.Join(want, "|") {
+	if want := []string{`orders.refunds.order.refunded {"n":2}`, `orders.x {"n":3}`}; strings.Join(bodies, "|") != strings.Join(want, "|") {
 		t.Errorf("RabbitMQ got %q, want %q", bodies, want)
 	}
 	// Each destination's counters and state: in /metrics, /readyz (which pings both) and
@@ -104,7 +106,8 @@ routing:
 	testenv.Await(t, "both destinations' counters in /metrics", func() (any, bool) {
 		_, body := opsGet(t, "http://"+addr[1]+"/metrics")
 		lines := grepLines(body, "outbox_destination_")
-		return lines, strings.Contains(body, `outbox_destination_published_total{destination="audit",relay="routed"} 2`) &&
+		return lines, strings.Contains(body, `outbox_destination_published_total{destination="audit",relay="routed"} 1`) &&
+			strings.Contains(body, `outbox_destination_published_total{destination="audit@rule1",relay="routed"} 1`) &&
 			strings.Contains(body, `outbox_destination_published_total{destination="default",relay="routed"} 2`) &&
 			strings.Contains(body, `outbox_destination_up{destination="audit",relay="routed"} 1`)
 	})
@@ -112,7 +115,7 @@ routing:
 		code, body := opsGet(t, "http://"+addr[1]+"/readyz")
 		return fmt.Sprintf("%d %q", code, body), code == 200
 	})
-	if r := must(t, 0, b.env, "status"); !strings.Contains(r.stdout, "default up, audit up") {
+	if r := must(t, 0, b.env, "status"); !strings.Contains(r.stdout, "default up, audit up, audit@rule1 up") {
 		t.Errorf("outbox status does not show the destinations:\n%s", r.stdout)
 	}
 	cancel()
@@ -163,6 +166,7 @@ func TestRelayDestinationsConfigErrors(t *testing.T) {
 		{"destinations:\n  audit:\n    broker: nats://x\nrouting:\n  - topic: a\n    destination: audti\n", "outbox.yaml:5: routing rule 1: destination: unknown destination \"audti\""},
 		{"destinations:\n  audit:\n    broker: nats://x\nrouting:\n  - topic: \"[a\"\n    destination: audit\n", "routing rule 1: topic: \"[a\" is not a valid glob"},
 		{"routing:\n  - topic: a\n", "outbox.yaml:2: a rule needs a destination"},
+		{"destinations:\n  audit:\n    broker: nats://x\nrouting:\n  - topic: a\n    destination: audit\n    route: \"{nope}\"\n", "outbox.yaml:5: routing rule 1: route: \"{nope}\": unknown placeholder {nope}"},
 		{"routing:\n  - queue: a\n    destination: default\n", "a rule has no key \"queue\""},
 		{"destinations:\n  audit:\n    broker: nats://x\ndefault-destination: nope\n", "--default-destination: unknown destination \"nope\""},
 		{"default-destination: none\n", "--default-destination: only used with a config file's destinations"},

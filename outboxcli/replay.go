@@ -28,9 +28,9 @@ destinations (see outbox relay --help).
 Each message keeps its ID, dedup key and headers, and gains the header Outbox-Replay
 with the replay's name, so consumers that deduplicate skip what they processed and can
 tell a replay from live traffic. A key's messages go in the order they were first
-published. Live traffic goes first: while at least --live-backlog messages of the
-outbox have waited over a second for a relay, the replay pauses. --max-rate caps the
-messages per second.
+published. Live traffic goes first: the replay sends at most --max-rate messages a
+second (1,000 by default), and pauses while at least --live-backlog messages of the
+outbox have waited over a second for a relay.
 
 A replay is recorded in the outbox (PostgreSQL, schema version 9) under --name (by
 default replay-<time>): how far it got, which outbox status shows. Interrupted (Ctrl-C,
@@ -49,7 +49,7 @@ default). Replay reads PostgreSQL's history; MySQL and SQLite are not supported 
 		fs.StringVar(&o.filter.AggregateType, "aggregate-type", "", "only messages of this aggregate `type`")
 		fs.StringVar(&o.destination, "destination", defaultDestination, "send to this `destination` of the config file (default: --broker's)")
 		fs.StringVar(&o.name, "name", "", "the replay's `name`: its record, and the Outbox-Replay header; run again with it to go on\n(default replay-<time>)")
-		fs.Float64Var(&o.rate, "max-rate", 0, "publish at most `n` messages per second (default: no cap)")
+		fs.Float64Var(&o.rate, "max-rate", outbox.ReplayRateDefault, "publish at most `n` messages per second, so that live traffic keeps its share; -1 for no cap")
 		fs.IntVar(&o.liveBacklog, "live-backlog", 100, "pause while at least `n` live messages have waited over a second; -1 never pauses")
 		fs.IntVar(&o.batch, "publish-batch-size", 250, "publish at most `n` messages per publish call")
 		fs.BoolVar(&o.dryRun, "dry-run", false, "count the messages the replay would send, and send nothing")
@@ -106,8 +106,8 @@ func (o *replayFlags) run(ctx context.Context, inv *invocation, fs *flag.FlagSet
 	if err != nil {
 		return err
 	}
-	if o.rate < 0 || o.batch < 1 || o.liveBacklog < -1 {
-		return usageErrorf("--max-rate must not be negative, --publish-batch-size must be positive, --live-backlog at least -1")
+	if o.rate <= 0 && o.rate != -1 || o.batch < 1 || o.liveBacklog < -1 {
+		return usageErrorf("--max-rate must be positive or -1, --publish-batch-size positive, --live-backlog at least -1")
 	}
 	filterGiven := !o.since.t.IsZero() || !o.until.t.IsZero() || o.filter != (outboxdriver.HistoryFilter{})
 	o.filter.Since, o.filter.Until = o.since.t, o.until.t

@@ -53,6 +53,16 @@ type Config struct {
 	// WritersDuration is the length of the writers phase (the reference takes as long
 	// again). Defaults to 10s.
 	WritersDuration time.Duration
+	// Replay, when positive, adds the replay phase (PostgreSQL): that many messages are
+	// seeded into the published history, and the live latency at Rate is measured for
+	// Duration right before outbox.Replay publishes them again and while it does.
+	Replay int
+	// ReplayRate is the replay's ReplayConfig.Rate (0: outbox.Replay's default).
+	ReplayRate float64
+	// Broker2URL, when set, adds the destinations phase: the same backlog drained to a
+	// destination on BrokerURL alone, to one on Broker2URL alone, and to both through an
+	// outbox.Router, half the events to each.
+	Broker2URL string
 	// PinXmin, when set, measures the drain and latency phases a second time with a
 	// snapshot held open in the bench's database for their whole length (PostgreSQL: a
 	// REPEATABLE READ transaction, which pins the xmin horizon so vacuum removes nothing;
@@ -121,6 +131,8 @@ type Phases struct {
 	LatencyEvents int
 	RSSMiB        float64 // peak resident memory while the relays drained
 	Writers       *WritersPhase
+	Replay        *ReplayPhase
+	Destinations  *DestinationsPhase
 	// Extra are the latency phases at Config.ExtraRates.
 	Extra []RateLatency
 	// Server is what the relays cost the PostgreSQL server, when the bench can see its
@@ -201,6 +213,13 @@ func (r Result) String() string {
 		if w.NaiveEPS > 0 {
 			line += fmt.Sprintf(" naive_commit_p50_ms=%s naive_commit_p99_ms=%s", ms(w.NaiveCommitP50), ms(w.NaiveCommitP99))
 		}
+	}
+	if d := r.Destinations; d != nil {
+		line += fmt.Sprintf(" dest1_eps=%.0f dest2_eps=%.0f dests_eps=%.0f dests_x=%.2f", d.EPS1, d.EPS2, d.EPS, d.X())
+	}
+	if rp := r.Replay; rp != nil {
+		line += fmt.Sprintf(" replay=%d replay_eps=%.0f replay_s=%.1f replay_paused=%t replay_base_p50_ms=%s replay_base_p99_ms=%s replay_p50_ms=%s replay_p99_ms=%s replay_p99_x=%.2f",
+			rp.History, rp.ReplayEPS, rp.ReplaySeconds, rp.Paused, ms(rp.BaseP50), ms(rp.BaseP99), ms(rp.P50), ms(rp.P99), rp.X())
 	}
 	if p := r.Pinned; p != nil {
 		line += fmt.Sprintf(" pinned_eps=%.0f pinned_raw_eps=%.0f pinned_ratio=%.2f pinned_p50_ms=%s pinned_p95_ms=%s pinned_p99_ms=%s pinned_eps_x=%.2f pinned_p99_x=%.2f",
@@ -450,7 +469,7 @@ func (m *measurer) phases(ctx context.Context, label string) (Phases, error) {
 
 		// Phase 2: drain a backlog with the relays.
 		say("%swriting a backlog of %d events over %d keys", label, cfg.Events, cfg.Keys)
-		if err := writeBacklog(ctx, m.db, cfg, m.payload, say); err != nil {
+		if err := writeBacklog(ctx, m.db, cfg, m.payload, nil, say); err != nil {
 			return ph, err
 		}
 		if err := m.db.settle(ctx); err != nil {
@@ -528,6 +547,28 @@ func (m *measurer) phases(ctx context.Context, label string) (Phases, error) {
 				ph.Extra = append(ph.Extra, r)
 			}
 		}
+	}
+
+	// Phase 2b: two destinations.
+	if cfg.Broker2URL != "" {
+		dp, err := m.destinationsPhase(ctx)
+		if err != nil {
+			return ph, err
+		}
+		ph.Destinations = dp
+	}
+
+	// Phase 3a: live traffic beside a replay of the history.
+	if cfg.Replay > 0 {
+		pg, ok := m.db.(*postgres)
+		if !ok {
+			return ph, errors.New("bench: --replay reads PostgreSQL's published history: it needs --db postgres")
+		}
+		rp, err := m.replayPhase(ctx, pg)
+		if err != nil {
+			return ph, err
+		}
+		ph.Replay = rp
 	}
 
 	// Phase 3b: the statements of relays with nothing to publish.
@@ -804,9 +845,14 @@ type relaySet struct {
 }
 
 func startRelays(ctx context.Context, cfg Config, target Target, db database, dest, tag string, confirmed *confirmLog) (*relaySet, error) {
+	return startRelaysWith(ctx, cfg, db, tag, confirmed, func() (outbox.Publisher, func(), error) { return openPublisher(ctx, target, dest) })
+}
+
+// startRelaysWith starts cfg.Relays relays, each with a publisher of its own from open.
+func startRelaysWith(ctx context.Context, cfg Config, db database, tag string, confirmed *confirmLog, open func() (outbox.Publisher, func(), error)) (*relaySet, error) {
 	rs := &relaySet{}
 	for i := 0; i < cfg.Relays; i++ {
-		pub, closePub, err := openPublisher(ctx, target, dest)
+		pub, closePub, err := open()
 		if err != nil {
 			rs.stop(ctx)
 			return nil, err
@@ -908,8 +954,12 @@ func rawPublish(ctx context.Context, target Target, dest string, payload []byte,
 	return float64(n) / time.Since(start).Seconds(), nil
 }
 
-// writeBacklog commits cfg.Events events in transactions of 5,000, two writers at once.
-func writeBacklog(ctx context.Context, db database, cfg Config, payload []byte, say func(string, ...any)) error {
+// writeBacklog commits cfg.Events events in transactions of 5,000, two writers at once;
+// the i-th event's topic is topic(i), or "orders" when topic is nil.
+func writeBacklog(ctx context.Context, db database, cfg Config, payload []byte, topic func(int) string, say func(string, ...any)) error {
+	if topic == nil {
+		topic = func(int) string { return "orders" }
+	}
 	const per = 5_000
 	var next, done atomic.Int64
 	var wg sync.WaitGroup
@@ -927,7 +977,7 @@ func writeBacklog(ctx context.Context, db database, cfg Config, payload []byte, 
 				to := min(from+per, cfg.Events)
 				msgs := make([]outbox.Message, 0, to-from)
 				for i := from; i < to; i++ {
-					msgs = append(msgs, backlogMessage("orders", i, cfg.Keys, payload))
+					msgs = append(msgs, backlogMessage(topic(i), i, cfg.Keys, payload))
 				}
 				err := db.write(ctx, msgs)
 				if err != nil {

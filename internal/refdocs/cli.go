@@ -177,7 +177,8 @@ func Config(root *Command, forbidden map[string]string, outboxKeys []string) []b
 		"(docs/operations.md, \"Several destinations\"). A destination takes `broker` (required), `route`, the " +
 		"`broker-tls-*` keys and its broker's own keys, as the flags of the same names; `--broker` is the " +
 		"destination `default`. A rule takes `topic`, `aggregate-type`, `event-type` (exact values or globs), " +
-		"`headers` (a mapping of names to values or globs) and `destination`; the first rule that matches " +
+		"`headers` (a mapping of names to values or globs), `destination`, and `route` (a route template for the " +
+		"messages it matches, instead of the destination's); the first rule that matches " +
 		"a message names its destination, and a message no rule matches goes to `default-destination`.\n\n```yaml\n" +
 		"broker: nats://nats-1:4222\ndestinations:\n  audit:\n    broker: amqp://relay@rabbit:5672/\n" +
 		"    rabbitmq-exchange: audit\nrouting:\n  - topic: \"payments.*\"\n    destination: audit\n```\n")
