@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/outboxkit/outbox/internal/broken"
 	"github.com/outboxkit/outbox/outboxdriver"
 )
 
@@ -90,6 +91,9 @@ func (rule *Rule) matches(m *Message) bool {
 		}
 		ok, _ := path.Match(glob, s) // validated: ErrBadPattern cannot happen
 		return ok
+	}
+	if broken.Has(broken.RouteTopicOnly) { // canary: the other conditions ignored
+		return match(rule.Topic, m.Topic)
 	}
 	if !match(rule.Topic, m.Topic) || !match(rule.AggregateType, m.AggregateType) || !match(rule.EventType, m.EventType) {
 		return false

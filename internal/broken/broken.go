@@ -55,6 +55,10 @@ const (
 	// FleetOneRoute makes a relay serving an outboxes list publish every outbox's
 	// messages with the first route's publisher: they reach another outbox's destination.
 	FleetOneRoute Bug = "fleet-one-route"
+	// RouteTopicOnly makes a routing rule match on the topic alone, ignoring its
+	// aggregate type, event type and headers: messages reach another destination than
+	// the one their rule names.
+	RouteTopicOnly Bug = "route-topic-only"
 )
 
 // EnvVar names the environment variable that lists the bugs to switch on, separated by

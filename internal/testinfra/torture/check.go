@@ -54,6 +54,12 @@ type Report struct {
 	// that wrote them, or from a destination of no outbox (filled by the runner, in runs
 	// of several outboxes).
 	Crossed int
+	// Misrouted counts copies read back from another destination than the one their
+	// key's routing rule names (filled by the runner, in runs of several destinations).
+	Misrouted int
+	// Destinations is the number of destinations the relays route to (0: one); with
+	// several, String prints it and Misrouted.
+	Destinations int
 	// SlotAhead counts transactions that WAL mode's slot acknowledged while one of their
 	// messages was not recorded yet (filled by the runner's slot audit, in WAL runs with
 	// one relay).
@@ -95,7 +101,7 @@ func (r Report) DupWithinBound() bool { return r.Dup <= r.DupBound }
 // injected poison dead, and recovery time and RSS within their limits.
 func (r Report) OK() bool {
 	return r.Unresolved == 0 && r.Lost == 0 && r.Phantom == 0 && r.Order == 0 && r.Mismatch == 0 &&
-		r.DupWithinBound() && r.DeadUnexpected == 0 && r.PoisonAlive == 0 && r.LeaseSteals == 0 && r.SlotAhead == 0 && r.Crossed == 0 &&
+		r.DupWithinBound() && r.DeadUnexpected == 0 && r.PoisonAlive == 0 && r.LeaseSteals == 0 && r.SlotAhead == 0 && r.Crossed == 0 && r.Misrouted == 0 &&
 		(r.Bounds.MaxRecoverySeconds == 0 || r.RecoverySeconds <= r.Bounds.MaxRecoverySeconds) &&
 		(r.Bounds.MaxRSSMiB == 0 || r.RSSMiB <= r.Bounds.MaxRSSMiB)
 }
@@ -116,6 +122,9 @@ func (r Report) String() string {
 	b.WriteString(r.Timing.fields())
 	if r.Outboxes > 1 {
 		fmt.Fprintf(&b, " outboxes=%d crossed=%d", r.Outboxes, r.Crossed)
+	}
+	if r.Destinations > 1 {
+		fmt.Fprintf(&b, " destinations=%d misrouted=%d", r.Destinations, r.Misrouted)
 	}
 	if r.Unresolved > 0 {
 		fmt.Fprintf(&b, " unresolved=%d", r.Unresolved)
@@ -164,6 +173,7 @@ func (r *Report) Add(o Report) {
 	r.LeaseSteals += o.LeaseSteals
 	r.SlotAhead += o.SlotAhead
 	r.Crossed += o.Crossed
+	r.Misrouted += o.Misrouted
 	for _, ex := range o.Examples {
 		r.example("%s", ex)
 	}

@@ -88,6 +88,9 @@ type WorkloadConfig struct {
 	MaxTxns int
 	// Topic of every event. Defaults to "torture".
 	Topic string
+	// AggregateType, when set, gives the aggregate type of a key's events (routing rules
+	// can send keys to different destinations by it). Default: "torture" for every key.
+	AggregateType func(key string) string
 	// Seed makes the writers' choices (keys, sizes, rollbacks, long and poison events,
 	// filler) replay: writer i draws from PCG(Seed, i). Event ids are fresh UUIDv7s and
 	// the interleaving of writers is the scheduler's, so a replay is the same workload,
@@ -406,6 +409,9 @@ func (w *Workload) txn(ctx context.Context, conn *pgx.Conn, writer int, p txnPla
 		}
 		m := outbox.Message{ID: id, Topic: w.cfg.Topic, Key: p.key, AggregateType: "torture", EventType: "torture.event",
 			Payload: body, ContentType: outbox.ContentTypeJSON}
+		if w.cfg.AggregateType != nil {
+			m.AggregateType = w.cfg.AggregateType(p.key)
+		}
 		if p.poison[j] {
 			m.Headers = map[string]string{PoisonHeader: "1"}
 		}

@@ -114,6 +114,14 @@ func TestCanaries(t *testing.T) {
 		cfg:    Config{Relays: 2, Outboxes: 3, Kinds: []string{KindPGSnapshot}},
 		want:   "copies in another outbox's destination",
 		caught: func(r torture.Report) bool { return r.Crossed > 0 },
+	}, {
+		// A routing rule on the aggregate type matches every message: the keys NATS
+		// should get reach RabbitMQ. No fault is needed.
+		bug:    broken.RouteTopicOnly,
+		cfg:    Config{Broker: "destinations", Relays: 1, Kinds: []string{KindPGSnapshot}},
+		want:   "copies in another destination than their rule names",
+		caught: func(r torture.Report) bool { return r.Misrouted > 0 },
+		runs:   1,
 	}} {
 		t.Run(string(c.bug), func(t *testing.T) {
 			// A run catches a canary only if its faults happen to make the bug bite (a

@@ -119,3 +119,15 @@ func TestTortureWAL(t *testing.T) {
 		}
 	}
 }
+
+// TestTortureDestinations runs 3 relay processes that publish through routing rules to
+// two destinations, a private NATS JetStream server (the even keys) and a private
+// RabbitMQ node (the odd keys, by their aggregate type), while the nemesis injects each
+// one's faults (restarts, cuts, RabbitMQ's unbind) besides the relays' and the
+// database's. Besides the checks of every run: every copy is in the destination its
+// key's rule names (misrouted=0). That one destination's outage holds back only its own
+// messages is checked on the in-memory store (TestMemRelayRouterDestinationDown), where
+// it does not depend on timing.
+func TestTortureDestinations(t *testing.T) {
+	runAndCheck(t, Config{Broker: "destinations", Relays: 3, PrivatePostgres: true, Duration: 20 * time.Second})
+}

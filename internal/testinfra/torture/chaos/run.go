@@ -230,6 +230,9 @@ func Run(tb testenv.TB, cfg Config) torture.Report {
 			wcfg.Writers, wcfg.Rate = max(2, cfg.Writers/len(outs)), fleetRate(cfg.Rate, i, len(outs))
 			wcfg.PoisonShare, wcfg.Seed = 0, cfg.Seed+uint64(i)
 		}
+		if r, ok := broker.(keyRouter); ok {
+			wcfg.AggregateType = r.AggregateType
+		}
 		if o.wl, err = torture.StartWorkload(ctx, wcfg, o.hist); err != nil {
 			tb.Fatal(err)
 		}
@@ -369,6 +372,9 @@ func Run(tb testenv.TB, cfg Config) torture.Report {
 	} else {
 		outs[0].log = all
 	}
+	if r, ok := broker.(keyRouter); ok {
+		checkRouted(all, r, &crossed)
+	}
 	h := &torture.History{} // every outbox's, for the timing figures and the artifacts
 	var rep torture.Report
 	for i, o := range outs {
@@ -392,6 +398,7 @@ func Run(tb testenv.TB, cfg Config) torture.Report {
 		}
 	}
 	rep.Add(crossed)
+	rep.Destinations = crossed.Destinations
 	var peak int64
 	for _, r := range rs {
 		peak = max(peak, r.peakKiB())
