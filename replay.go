@@ -74,8 +74,8 @@ type ReplayProgress struct {
 
 // ReplayRateDefault is ReplayConfig.Rate's default, in messages per second: on a
 // two-core machine running PostgreSQL, NATS and a relay at 1,000 events a second, a
-// replay at this rate left the live p99 within 1.3x of its value without one
-// (docs/benchmarks.md).
+// replay of 1,000,000 messages at this rate left the live p99 at 1.42x its value
+// without one (docs/benchmarks.md).
 const ReplayRateDefault = 1000
 
 // The span of history a replay reads at once: at most replaySpanRows messages; the span

@@ -45,7 +45,7 @@ with --writers):
      pool). On SQLite it shows whether the relay gets its turns at the one write lock,
      and has no reference (no naive_* keys, no writer_x): its single writer is its own
      case. outbox bench --db sqlite --writers 8 --duration -1s.
-With --destination2 URL, the backlog is drained three times more, after phase 2: to a
+With --destination2 URL, the backlog is drained three times more, at the end: to a
 destination on --broker alone (dest1_eps), to one on the second broker alone
 (dest2_eps), and to both through routing rules, half the events each (dests_eps);
 dests_x = dests_eps over the slower of the two alone.

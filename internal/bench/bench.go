@@ -549,15 +549,6 @@ func (m *measurer) phases(ctx context.Context, label string) (Phases, error) {
 		}
 	}
 
-	// Phase 2b: two destinations.
-	if cfg.Broker2URL != "" {
-		dp, err := m.destinationsPhase(ctx)
-		if err != nil {
-			return ph, err
-		}
-		ph.Destinations = dp
-	}
-
 	// Phase 3a: live traffic beside a replay of the history.
 	if cfg.Replay > 0 {
 		pg, ok := m.db.(*postgres)
@@ -596,6 +587,20 @@ func (m *measurer) phases(ctx context.Context, label string) (Phases, error) {
 			label, w.Events, w.WriterEPS, w.RelayEPS, w.RelayEPS/max(w.WriterEPS, 1e-9), float64(w.CatchUp)/float64(time.Millisecond), float64(w.P99)/float64(time.Millisecond),
 			msText(w.CommitP50), msText(w.CommitP99), naive)
 		ph.Writers = w
+	}
+
+	// Phase 5: two destinations, with relays of its own (the drain's would take a share
+	// of the shards and publish to the drain's destination).
+	if cfg.Broker2URL != "" {
+		if running != nil {
+			running.stop(ctx)
+			running = nil
+		}
+		dp, err := m.destinationsPhase(ctx)
+		if err != nil {
+			return ph, err
+		}
+		ph.Destinations = dp
 	}
 	return ph, nil
 }
