@@ -60,7 +60,7 @@ default). Replay reads PostgreSQL's history; MySQL and SQLite are not supported 
 			if err := noArgs(args); err != nil {
 				return err
 			}
-			return o.run(ctx, inv, fs)
+			return o.run(ctx, inv)
 		}
 	},
 }
@@ -101,7 +101,7 @@ type replayResult struct {
 	Cursor      time.Time                  `json:"cursor,omitzero"`
 }
 
-func (o *replayFlags) run(ctx context.Context, inv *invocation, fs *flag.FlagSet) error {
+func (o *replayFlags) run(ctx context.Context, inv *invocation) error {
 	log, err := newLogger(inv.stderr, o.logFormat, o.logLevel)
 	if err != nil {
 		return err
@@ -124,6 +124,9 @@ func (o *replayFlags) run(ctx context.Context, inv *invocation, fs *flag.FlagSet
 	dests, err := o.checkDestinations(inv, log)
 	if err != nil {
 		return err
+	}
+	if !slices.Contains(dests.names, o.destination) {
+		return usageErrorf("--destination %s: no such destination; the config file and --broker name %s", o.destination, strings.Join(dests.names, ", "))
 	}
 
 	drv, err := o.db.openMigrated(ctx, "outbox replay")

@@ -104,4 +104,7 @@ func TestReplay(t *testing.T) {
 	if r := must(t, 2, b.env, "replay", "--broker", testnats.URL()); !strings.Contains(r.stderr, "--since is required") {
 		t.Errorf("no time range: %s", r)
 	}
+	if r := must(t, 2, b.env, "replay", "--since", "1h", "--broker", testnats.URL(), "--destination", "audit"); !strings.Contains(r.stderr, "--destination audit: no such destination") {
+		t.Errorf("an unknown destination: %s", r)
+	}
 }
