@@ -336,6 +336,17 @@ func (ds *destinations) label() string {
 	return strings.Join(labels, ",")
 }
 
+// openOne connects to the i-th destination.
+func (ds *destinations) openOne(ctx context.Context, log *slog.Logger, i int) (*brokers.Opened, error) {
+	d := ds.dests[i]
+	log.Info("connecting to a destination", "destination", ds.names[i], "broker", d.Broker().Name, "url", brokers.Redact(ds.urls[i]))
+	b, err := d.Open(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("destination %q: connect to %s at %s: %w", ds.names[i], d.Broker().Name, brokers.Redact(ds.urls[i]), brokerUsage(err))
+	}
+	return b, nil
+}
+
 // open connects to every destination and returns the router over them, a /readyz check
 // of each destination whose publisher can be pinged, and what closes them all.
 func (ds *destinations) open(ctx context.Context, log *slog.Logger) (pub *outbox.Router, checks []readyCheck, closeAll func(), err error) {
@@ -346,12 +357,11 @@ func (ds *destinations) open(ctx context.Context, log *slog.Logger) (pub *outbox
 		}
 	}
 	var dests []outbox.Destination
-	for i, d := range ds.dests {
-		log.Info("connecting to a destination", "destination", ds.names[i], "broker", d.Broker().Name, "url", brokers.Redact(ds.urls[i]))
-		b, err := d.Open(ctx)
+	for i := range ds.dests {
+		b, err := ds.openOne(ctx, log, i)
 		if err != nil {
 			closeAll()
-			return nil, nil, nil, fmt.Errorf("destination %q: connect to %s at %s: %w", ds.names[i], d.Broker().Name, brokers.Redact(ds.urls[i]), brokerUsage(err))
+			return nil, nil, nil, err
 		}
 		opened = append(opened, b)
 		if p, ok := b.Publisher.(outbox.Pinger); ok {

@@ -126,7 +126,7 @@ func (o *replayFlags) run(ctx context.Context, inv *invocation) error {
 		return err
 	}
 	if !slices.Contains(dests.names, o.destination) {
-		return usageErrorf("--destination %s: no such destination; the config file and --broker name %s", o.destination, strings.Join(dests.names, ", "))
+		return noDestination(o.destination, dests)
 	}
 
 	drv, err := o.db.openMigrated(ctx, "outbox replay")
@@ -181,11 +181,16 @@ func (o *replayFlags) run(ctx context.Context, inv *invocation) error {
 		fmt.Fprintf(inv.stdout, "would replay %d messages (%s) to destination %s\n", total, describeFilter(job.Filter), job.Destination)
 		return nil
 	}
-	pub, closePub, err := dests.open(ctx, log, job.Destination)
+	i := slices.Index(dests.names, job.Destination) // a resumed replay's recorded destination
+	if i < 0 {
+		return noDestination(job.Destination, dests)
+	}
+	opened, err := dests.openOne(ctx, log, i)
 	if err != nil {
 		return err
 	}
-	defer closePub()
+	defer opened.Close()
+	pub := opened.Publisher
 	job.Total = total
 	if err := store.SaveReplay(ctx, job); err != nil {
 		return err
@@ -279,41 +284,23 @@ func describeFilter(f outboxdriver.HistoryFilter) string {
 	return strings.Join(parts, ", ")
 }
 
-// replayDestinations are the destinations a replay may send to: --broker's, and the
+// checkDestinations returns the destinations a replay may send to: --broker's, and the
 // config file's, checked as outbox relay checks them.
-type replayDestinations struct {
-	names []string
-	urls  []string
-	dests []*brokers.Dest
-}
-
-func (o *replayFlags) checkDestinations(inv *invocation, log *slog.Logger) (*replayDestinations, error) {
+func (o *replayFlags) checkDestinations(inv *invocation, log *slog.Logger) (*destinations, error) {
 	def, err := o.broker.check(log, inv.secrets)
 	if err != nil {
 		return nil, err
 	}
 	rf := &relayFlags{db: o.db, broker: o.broker, defaultDest: defaultDestination}
 	ds, err := rf.checkDestinations(inv, log, def)
-	if err != nil {
-		return nil, err
+	if ds == nil && err == nil {
+		ds = &destinations{names: []string{defaultDestination}, urls: []string{o.broker.url}, routes: []string{o.broker.route}, dests: []*brokers.Dest{def}}
 	}
-	if ds == nil {
-		return &replayDestinations{names: []string{defaultDestination}, urls: []string{o.broker.url}, dests: []*brokers.Dest{def}}, nil
-	}
-	return &replayDestinations{names: ds.names, urls: ds.urls, dests: ds.dests}, nil
+	return ds, err
 }
 
-// open connects to the destination name.
-func (rd *replayDestinations) open(ctx context.Context, log *slog.Logger, name string) (outbox.Publisher, func(), error) {
-	i := slices.Index(rd.names, name)
-	if i < 0 {
-		return nil, nil, usageErrorf("--destination %s: no such destination; the config file and --broker name %s", name, strings.Join(rd.names, ", "))
-	}
-	d := rd.dests[i]
-	log.Info("connecting to the destination", "destination", name, "broker", d.Broker().Name, "url", brokers.Redact(rd.urls[i]))
-	b, err := d.Open(ctx)
-	if err != nil {
-		return nil, nil, fmt.Errorf("destination %q: connect to %s at %s: %w", name, d.Broker().Name, brokers.Redact(rd.urls[i]), brokerUsage(err))
-	}
-	return b.Publisher, b.Close, nil
+// noDestination is the error of a --destination that neither the config file nor
+// --broker names.
+func noDestination(name string, ds *destinations) error {
+	return usageErrorf("--destination %s: no such destination; the config file and --broker name %s", name, strings.Join(ds.names, ", "))
 }

@@ -172,18 +172,16 @@ func (s Status) Warnings() []string {
 // of one wait for those of the other to stop (LeaseState.Share), during a rolling change
 // of the routing or because they are configured differently.
 func (s Status) routingWarning() string {
-	var fps, idle []string
-	holding := map[string]bool{} // fingerprints under which a relay holds shards
-	for _, r := range s.Relays {
-		if r.Live && r.Fingerprint != "" {
-			if !slices.Contains(fps, r.Fingerprint) {
-				fps = append(fps, r.Fingerprint)
-			}
-			holding[r.Fingerprint] = holding[r.Fingerprint] || r.Shards > 0
-		}
-	}
+	fps := s.Fingerprints()
 	if len(fps) < 2 {
 		return ""
+	}
+	var idle []string
+	holding := map[string]bool{} // fingerprints under which a relay holds shards
+	for _, r := range s.Relays {
+		if r.Live && r.Shards > 0 {
+			holding[r.Fingerprint] = true
+		}
 	}
 	for _, r := range s.Relays {
 		if r.Live && r.Fingerprint != "" && !holding[r.Fingerprint] {
@@ -197,6 +195,19 @@ func (s Status) routingWarning() string {
 	return fmt.Sprintf("the live relays state %d different destinations and routings (fingerprints %s); %s until every relay of the routing in use stops: "+
 		"a rolling change of the routing in progress, or relays configured differently",
 		len(fps), strings.Join(fps, ", "), waiting)
+}
+
+// Fingerprints returns the fingerprints the live relays state (RelayInfo.Fingerprint),
+// each once, in the order of Relays: more than one says that the relays of one routing
+// wait for those of another to stop.
+func (s Status) Fingerprints() []string {
+	var fps []string
+	for _, r := range s.Relays {
+		if r.Live && r.Fingerprint != "" && !slices.Contains(fps, r.Fingerprint) {
+			fps = append(fps, r.Fingerprint)
+		}
+	}
+	return fps
 }
 
 // AddTopics appends topics to s.Topics, sorted by topic, and adds them up into s's

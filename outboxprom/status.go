@@ -141,17 +141,14 @@ func (s *StatusCollector) Collect(ch chan<- prometheus.Metric) {
 		gauge(s.dead, float64(t.Dead))
 		gauge(s.oldest, t.OldestPendingAge.Seconds())
 	}
-	live, routings := 0, map[string]bool{}
+	live := 0
 	for _, r := range st.Relays {
 		if r.Live {
 			live++
-			if r.Fingerprint != "" {
-				routings[r.Fingerprint] = true
-			}
 		}
 	}
 	ch <- prometheus.MustNewConstMetric(s.relaysLive, prometheus.GaugeValue, float64(live))
-	ch <- prometheus.MustNewConstMetric(s.routings, prometheus.GaugeValue, float64(len(routings)))
+	ch <- prometheus.MustNewConstMetric(s.routings, prometheus.GaugeValue, float64(len(st.Fingerprints())))
 	ch <- prometheus.MustNewConstMetric(s.shards, prometheus.GaugeValue, float64(st.Shards))
 	ch <- prometheus.MustNewConstMetric(s.shardsLeased, prometheus.GaugeValue, float64(st.ShardsLeased))
 	ch <- prometheus.MustNewConstMetric(s.oldestTx, prometheus.GaugeValue, st.OldestTransactionAge.Seconds())
