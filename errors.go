@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+
+	"github.com/outboxkit/outbox/outboxdriver"
 )
 
 // ErrInvalidMessage is matched (errors.Is) by every *ValidationError.
@@ -127,3 +129,9 @@ func IsOutage(err error) bool {
 	var o interface{ Outage() bool }
 	return errors.As(err, &o) && o.Outage()
 }
+
+// ErrNoPriorities is matched (errors.Is) by the error of a Write that gives a message a
+// Priority the store cannot keep: a PostgreSQL outbox before schema version 10 (run
+// outbox migrate up), or a MySQL or SQLite one. The database may have refused the
+// statement: roll the transaction back, as after any database error.
+var ErrNoPriorities = outboxdriver.ErrNoPriorities

@@ -31,6 +31,15 @@ type fetchPlan struct {
 	lastFull   time.Time // when the last full fetch started
 	retryAt    time.Time // after a failed fetch: no fetch before it
 	failures   int       // fetches failed in a row
+
+	// Priority fetches (the store keeps priorities) read a backlog's higher-priority
+	// messages ahead of it: while the fetches come back full, a priority fetch goes
+	// first at least every fullFetchEvery, and at once again while the last one came
+	// back full. It neither reads nor moves the cursor: what it brings into hand is
+	// excluded from full fetches, and ignored when a continuation returns it again.
+	prio     bool
+	prioMore bool      // the last priority fetch came back full
+	prioLast time.Time // when the last priority fetch started
 }
 
 // next says whether to fetch at now, given room for that many messages in hand against
@@ -47,6 +56,20 @@ func (p *fetchPlan) next(now time.Time, room, batch int) (fetch, full bool, afte
 	}
 	return true, false, p.cursor
 }
+
+// nextPriority says whether the fetch to send at now, with room for that many messages
+// in hand against a batch size, is a priority fetch. The loop calls priorityStarted when
+// it sends it.
+func (p *fetchPlan) nextPriority(now time.Time, room, batch int) bool {
+	return p.prio && p.moreLikely && room >= batch/2 && !now.Before(p.retryAt) &&
+		(p.prioMore || now.Sub(p.prioLast) >= fullFetchEvery)
+}
+
+// priorityStarted records a priority fetch sent at now.
+func (p *fetchPlan) priorityStarted(now time.Time) { p.prioLast = now }
+
+// priorityDone records a priority fetch's answer: whether it came back full.
+func (p *fetchPlan) priorityDone(full bool) { p.prioMore = full }
 
 // started records a fetch sent at now.
 func (p *fetchPlan) started(full bool, now time.Time) {

@@ -204,6 +204,7 @@ type fetchResult struct {
 	err     error
 	took    time.Duration
 	done    func(fetchResult) // the fetch source's, after the hand took the rows (fetchRun)
+	prio    bool              // a priority fetch (fetchPlan.nextPriority)
 }
 
 type leaseResult struct {
@@ -260,7 +261,8 @@ type loop struct {
 	gate         *wakeGate     // when to ask for the gate (gate.go); nil when the store cannot listen
 	gateAsks     chan struct{} // the asks, to the listener
 
-	src fetchSource // where news of messages to fetch comes from (source.go)
+	src  fetchSource                  // where news of messages to fetch comes from (source.go)
+	prio outboxdriver.PriorityFetcher // the store's, when it keeps priorities and the relay polls
 
 	stopping bool // asked to stop: draining what is in hand
 
@@ -296,6 +298,9 @@ func newLoop(r *Relay) *loop {
 		l.destMaxWorkers, l.destMaxInFlight = destCaps(l.freeWorkers, r.cfg.MaxInFlight, r.cfg.PublishBatchSize)
 	}
 	l.src = newFetchSource(l)
+	if r.cfg.WAL == nil { // WAL mode reads in the log's order
+		l.prio, l.fetch.prio = r.store.(outboxdriver.PriorityFetcher)
+	}
 	return l
 }
 
@@ -942,6 +947,10 @@ func (l *loop) startFetch(ctx context.Context) {
 	if l.hand.fetchRunning() || !now.Before(l.leases.deadline()) {
 		return
 	}
+	if l.fetch.nextPriority(now, room, l.cfg.BatchSize) {
+		l.startPriorityFetch(ctx, room, now)
+		return
+	}
 	ok, full, after := l.fetch.next(now, room, l.cfg.BatchSize)
 	if !ok {
 		return
@@ -963,37 +972,64 @@ func (l *loop) startFetch(ctx context.Context) {
 		req.After = after
 		req.Keys, req.KeySeqs = l.floors.bounds(l.hand.held(), l.fetch.backlog())
 	}
+	l.runFetch(ctx, req, false, l.src.fetch(req))
+}
+
+// startPriorityFetch reads a backlog's higher-priority messages ahead of it (fetchPlan's
+// prio). Like a full fetch it excludes what is in hand, and like a continuation it sends
+// the keys held and their floors: the store takes a message only if its key has no
+// earlier pending message the relay has not handled, so the key's order holds.
+func (l *loop) startPriorityFetch(ctx context.Context, room int, now time.Time) {
+	req := &outboxdriver.FetchRequest{RelayID: l.cfg.ID, Limit: min(room, l.cfg.BatchSize), Leases: l.leases.active()}
+	if len(req.Leases) == 0 {
+		return
+	}
+	l.fetch.priorityStarted(now)
+	req.Exclude = l.hand.seqs()
+	req.Keys, req.KeySeqs = l.floors.bounds(l.hand.held(), true)
+	l.runFetch(ctx, req, true, func(ctx context.Context) ([]*Message, func(fetchResult), error) {
+		msgs, err := l.prio.FetchPriority(ctx, *req)
+		return msgs, nil, err
+	})
+}
+
+// runFetch runs fetch, for req, on a goroutine of its own, and hands its result to the
+// loop.
+func (l *loop) runFetch(ctx context.Context, req *outboxdriver.FetchRequest, prio bool, fetch fetchRun) {
 	l.hand.fetchStarted()
-	fetch := l.src.fetch(req)
 	go func() {
 		fctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		start := time.Now()
 		msgs, done, err := fetch(fctx)
 		cancel()
-		l.fetches <- fetchResult{req: req, fetched: msgs, err: err, took: time.Since(start), done: done}
+		l.fetches <- fetchResult{req: req, fetched: msgs, err: err, took: time.Since(start), done: done, prio: prio}
 	}()
 }
 
 func (l *loop) onFetch(ctx context.Context, res fetchResult) {
 	l.cfg.Observer.FetchDone(FetchEvent{Messages: len(res.fetched), Took: res.took, Err: res.err})
-	if res.err != nil {
+	switch {
+	case res.err != nil && res.prio:
+		l.hand.fetched(nil, nil)
+		l.fetch.priorityDone(false)
+		if errors.Is(res.err, outboxdriver.ErrNoPriorities) {
+			l.fetch.prio = false
+			l.log.Info("priorities off: reading the backlog in seq order alone", "reason", res.err)
+			return
+		}
+		l.log.Error("fetch by priority failed", "err", res.err)
+		return
+	case res.err != nil:
 		l.hand.fetched(nil, nil)
 		l.log.Error("fetch failed", "err", res.err)
 		l.fetch.failed(time.Now())
 		return
 	}
-	var top int64
-	for _, m := range res.fetched {
-		top = max(top, m.Seq)
-	}
 	full := len(res.fetched) == res.req.Limit
-	l.fetch.done(top, full, res.req.After)
-	if g := l.gate; !full && g != nil && l.src.polling() {
-		if len(res.fetched) > 0 {
-			g.found(time.Now())
-		} else if g.short() {
-			l.askGate()
-		}
+	if res.prio {
+		l.fetch.priorityDone(full)
+	} else {
+		l.fetched(res, full)
 	}
 	tokens := make(map[int]int64, len(res.req.Leases))
 	for _, ls := range res.req.Leases {
@@ -1009,6 +1045,23 @@ func (l *loop) onFetch(ctx context.Context, res fetchResult) {
 	})
 	if res.done != nil {
 		res.done(res)
+	}
+}
+
+// fetched moves the fetch plan on after a fetch (not a priority fetch) that came back
+// full or not, and tells the gate what it found.
+func (l *loop) fetched(res fetchResult, full bool) {
+	var top int64
+	for _, m := range res.fetched {
+		top = max(top, m.Seq)
+	}
+	l.fetch.done(top, full, res.req.After)
+	if g := l.gate; !full && g != nil && l.src.polling() {
+		if len(res.fetched) > 0 {
+			g.found(time.Now())
+		} else if g.short() {
+			l.askGate()
+		}
 	}
 }
 

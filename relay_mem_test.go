@@ -860,3 +860,56 @@ func TestMemRelayLeaseFailuresLoggedSparingly(t *testing.T) {
 		}
 	})
 }
+
+// TestMemRelayPriorities: a backlog's higher-priority messages are published ahead of it,
+// while every key's order holds: a critical message of a key with an older ordinary
+// message waits for it, and one behind a message waiting for its retry waits for that.
+func TestMemRelayPriorities(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		b := setupMem(t)
+		w, err := outbox.NewWriter(b.store, outbox.WriterConfig{Priorities: map[string]int{"critical": 5}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		b.w = w
+		rejected := false // the Publisher calls Fail under its lock
+		pub := &outboxtest.Publisher{Fail: func(m *outbox.Message) error {
+			if ev, _ := memEventOf(m); ev == (memEvent{"slow", 0}) && !rejected {
+				rejected = true
+				return errors.New("test: rejected once")
+			}
+			return nil
+		}}
+
+		// The backlog: ordinary messages of 200 keys, "mix" and "slow" among them;
+		// then critical ones, of keys of their own and of "mix" and "slow".
+		background := memKeys("bg", 200)
+		b.mustWrite(t, "slow", "mix")
+		b.writeRounds(t, 10, background)
+		b.topic = func(string) string { return "critical" }
+		critical := memKeys("crit", 50)
+		b.writeRounds(t, 2, append(critical, "mix", "slow"))
+
+		cfg := outbox.RelayConfig{PollInterval: 50 * time.Millisecond, RetryMinDelay: time.Second, RetryMaxDelay: time.Second,
+			BatchSize: 50, MaxInFlight: 20, PublishBatchSize: 10}
+		b.relay(t, pub, cfg)
+		b.awaitPublished(t, pub)
+		got := pub.Messages()
+		if dups := b.checkHistory(t, got); dups != 0 {
+			t.Errorf("%d duplicates; with no lease lost, none is expected", dups)
+		}
+		// The critical messages of keys of their own go ahead of the backlog: all of
+		// them within its first quarter (a batch of ordinary ones was fetched before the
+		// backlog was known, and the hand's ordinary messages go first).
+		last := -1
+		for i := range got {
+			if strings.HasPrefix(got[i].Key, "crit") {
+				last = i
+			}
+		}
+		if quarter := len(got) / 4; last < 0 || last >= quarter {
+			t.Errorf("the last critical message was confirmed %d-th of %d; want within the first %d", last+1, len(got), quarter)
+		}
+	})
+}

@@ -35,6 +35,8 @@ const (
 const (
 	ContentTypeJSON   = outboxtype.ContentTypeJSON
 	ContentTypeBinary = outboxtype.ContentTypeBinary
+	// MaxPriority is the highest Message.Priority.
+	MaxPriority = outboxtype.MaxPriority
 )
 
 var (

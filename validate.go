@@ -133,6 +133,9 @@ func (l Limits) prepare(i int, m *Message) error {
 			return bad("DeliverAt", "year %d is outside 1000-9999, the range every store can hold", y)
 		}
 	}
+	if m.Priority < 0 || m.Priority > MaxPriority {
+		return bad("Priority", "%d is outside 0-%d", m.Priority, MaxPriority)
+	}
 	switch {
 	case m.DedupKey != "":
 		if err := checkName(m.DedupKey, true); err != "" {

@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"errors"
+	"fmt"
 	"maps"
 
 	"github.com/outboxkit/outbox/outboxdriver"
@@ -26,10 +27,29 @@ type WriterConfig struct {
 	// *ValidationError it returns is passed on with Index set, any other error wrapped
 	// in one; either way nothing is written.
 	Check func(m *Message) error
+
+	// Priorities gives the messages of a topic a default Message.Priority, for those
+	// written with none (0): {"payments": 5} puts payments ahead of a backlog of other
+	// topics. Values run from 1 to MaxPriority.
+	Priorities map[string]int
 }
 
 // Validate checks c as NewWriter does: a *ConfigError names the field at fault.
-func (c WriterConfig) Validate() error { return c.Limits.validate() }
+func (c WriterConfig) Validate() error {
+	if err := c.Limits.validate(); err != nil {
+		return err
+	}
+	for topic, p := range c.Priorities {
+		field := fmt.Sprintf("Priorities[%q]", topic)
+		if topic == "" {
+			return &ConfigError{Field: field, Reason: "the topic must not be empty"}
+		}
+		if p < 1 || p > MaxPriority {
+			return &ConfigError{Field: field, Reason: fmt.Sprintf("%d is outside 1-%d", p, MaxPriority)}
+		}
+	}
+	return nil
+}
 
 // Writer writes messages in the caller's transaction: the messages exist if and only if
 // that transaction commits. It is safe for concurrent use; the transactions passed to it
@@ -39,6 +59,7 @@ type Writer[TTx any] struct {
 	limits Limits
 	inject func(context.Context, *Message)
 	check  func(*Message) error
+	prio   map[string]int
 }
 
 // NewWriter returns a Writer that inserts through driver.
@@ -49,7 +70,8 @@ func NewWriter[TTx any](driver outboxdriver.WriteDriver[TTx], config WriterConfi
 	if err := config.Validate(); err != nil {
 		return nil, err
 	}
-	return &Writer[TTx]{driver: driver, limits: config.Limits.withDefaults(), inject: config.Inject, check: config.Check}, nil
+	return &Writer[TTx]{driver: driver, limits: config.Limits.withDefaults(), inject: config.Inject, check: config.Check,
+		prio: maps.Clone(config.Priorities)}, nil
 }
 
 // Write validates msgs and inserts them in tx, in as few statements as the driver can
@@ -76,6 +98,13 @@ func (w *Writer[TTx]) Write(ctx context.Context, tx TTx, msgs ...Message) error 
 			// The caller's Headers map stays the caller's.
 			own[i].Headers = maps.Clone(own[i].Headers)
 			w.inject(ctx, &own[i])
+		}
+	}
+	if len(w.prio) > 0 {
+		for i := range own {
+			if own[i].Priority == 0 {
+				own[i].Priority = w.prio[own[i].Topic]
+			}
 		}
 	}
 	if err := w.limits.Prepare(own); err != nil {

@@ -266,13 +266,14 @@ func newLeaseWatch(s outboxdriver.Store, ttl time.Duration) *leaseWatch {
 }
 
 // store returns w as the relay's store, with the optional interfaces of the store it
-// wraps (LISTEN, maintenance and the pending ring: PostgreSQL's driver has all three,
-// the other stores none).
+// wraps (LISTEN, maintenance, the pending ring and priorities: PostgreSQL's driver has
+// them all, the other stores none).
 func (w *leaseWatch) store() outboxdriver.Store {
 	type polling interface {
 		outboxdriver.Listener
 		outboxdriver.Maintainer
 		outboxdriver.Recycler
+		outboxdriver.PriorityFetcher
 	}
 	type full interface { // PostgreSQL through pgx: WAL mode too
 		polling

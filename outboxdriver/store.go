@@ -2,6 +2,7 @@ package outboxdriver
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"time"
 
@@ -43,6 +44,27 @@ type Store interface {
 	// done for now.
 	DeletePublished(ctx context.Context, olderThan time.Duration, limit int) (int, error)
 }
+
+// PriorityFetcher is implemented by stores that keep Message.Priority: the relay reads
+// higher-priority messages ahead of a backlog with FetchPriority.
+type PriorityFetcher interface {
+	// FetchPriority returns up to req.Limit due messages with a priority above 0 of the
+	// shards whose leases req lists (and that the relay still holds), highest priority
+	// first and in Seq order within one, skipping req.Exclude. A message is returned
+	// only if its key has no earlier pending message that the relay has not handled:
+	// of the key Keys[i], the relay has handled the messages up to KeySeqs[i] and those
+	// in Exclude; of other keys, those in Exclude. So a key's order holds whatever the
+	// priorities of its messages, and a key's message waits behind an earlier one that
+	// waits (a retry backing off, or a delayed message). After is not used.
+	//
+	// It returns an error wrapping ErrNoPriorities when the store's schema cannot keep
+	// priorities yet (a migration to apply): the relay then reads in Seq order alone.
+	FetchPriority(ctx context.Context, req FetchRequest) ([]*outboxtype.Message, error)
+}
+
+// ErrNoPriorities says a store keeps no priorities: its schema is behind (on PostgreSQL,
+// before version 10), or the store has none.
+var ErrNoPriorities = errors.New("the outbox keeps no message priorities")
 
 // Maintainer is implemented by stores whose tables need upkeep beyond deleting old rows:
 // the PostgreSQL stores keep the published history in daily partitions, created days

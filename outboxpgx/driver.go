@@ -61,7 +61,7 @@ type Driver struct {
 	stalls *stallWatch  // follows the relay's statements; nil without a pool
 	left   leftSessions // listening sessions closed by Listen, which the server may keep
 
-	insertSQL, insertOneSQL, insertFreshSQL, fetchSQL, fetchAfterSQL, completeSQL string
+	insertSQL, insertPrioSQL, insertOneSQL, insertFreshSQL, fetchSQL, fetchAfterSQL, fetchPrioSQL, completeSQL string
 }
 
 // shared is the logic the Driver shares with outboxsql, over its pool.
@@ -93,7 +93,9 @@ func New(pool *pgxpool.Pool, config Config) (*Driver, error) {
 	}
 	d := &Driver{
 		pool: pool, names: names, left: leftSessions{m: map[uint32]time.Time{}},
-		insertSQL:      names.InsertUnnest(),
+		insertSQL:      names.InsertUnnest(false),
+		insertPrioSQL:  names.InsertUnnest(true),
+		fetchPrioSQL:   names.FetchPriority(),
 		insertOneSQL:   names.InsertOne(),
 		insertFreshSQL: names.InsertFresh(),
 		fetchSQL:       names.Fetch(),
@@ -119,7 +121,8 @@ func (d *Driver) Insert(ctx context.Context, tx pgx.Tx, msgs []outbox.Message) (
 	if tx == nil {
 		return nil, errors.New("outboxpgx: nil transaction: Write must run inside the caller's transaction")
 	}
-	if len(msgs) == 1 {
+	prio := pgsql.HasPriority(msgs)
+	if len(msgs) == 1 && !prio {
 		return d.insertOne(ctx, tx, &msgs[0])
 	}
 	n := len(msgs)
@@ -137,13 +140,22 @@ func (d *Driver) Insert(ctx context.Context, tx pgx.Tx, msgs []outbox.Message) (
 			return nil, err
 		}
 	}
-	rows, err := tx.Query(ctx, d.insertSQL, ids, topics, keys, aggs, types, cts, payloads, headers, dedups, deliver)
+	args := []any{ids, topics, keys, aggs, types, cts, payloads, headers, dedups, deliver}
+	q := d.insertSQL
+	if prio {
+		prios := make([]int16, n)
+		for i := range msgs {
+			prios[i] = int16(msgs[i].Priority)
+		}
+		args, q = append(args, prios), d.insertPrioSQL
+	}
+	rows, err := tx.Query(ctx, q, args...)
 	if err != nil {
-		return nil, fmt.Errorf("outbox insert: %w", err)
+		return nil, pgsql.InsertError(err, prio)
 	}
 	written, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
-		return nil, fmt.Errorf("outbox insert: %w", err)
+		return nil, pgsql.InsertError(err, prio)
 	}
 	return pgsql.SkippedKeys(msgs, written), nil
 }
@@ -160,6 +172,25 @@ func (d *Driver) Fetch(ctx context.Context, req outboxdriver.FetchRequest) ([]*o
 	msgs, err := queryNoJIT(ctx, d, scanMessage, sql, args...)
 	if err != nil {
 		return nil, fmt.Errorf("fetch: %w", err)
+	}
+	return msgs, nil
+}
+
+// FetchPriority implements outboxdriver.PriorityFetcher (schema version 10).
+func (d *Driver) FetchPriority(ctx context.Context, req outboxdriver.FetchRequest) ([]*outbox.Message, error) {
+	if err := d.needPool(); err != nil {
+		return nil, err
+	}
+	exclude, limit, held, err := pgsql.PriorityFetchArgs(req)
+	if err != nil {
+		return nil, err
+	}
+	msgs, err := queryNoJIT(ctx, d, func(row pgx.CollectableRow) (*outbox.Message, error) {
+		m := &outbox.Message{}
+		return m, pgsql.ScanMessage(row, m, &m.Priority)
+	}, d.fetchPrioSQL, req.RelayID, leasedShards(req.Leases), exclude, limit, held)
+	if err != nil {
+		return nil, pgsql.PriorityFetchError(err)
 	}
 	return msgs, nil
 }

@@ -64,11 +64,17 @@ func (d *Driver) FetchSnapshot(ctx context.Context, req outboxdriver.FetchReques
 
 // fetchStatement returns the statement and arguments of Fetch and FetchSnapshot for req:
 // a continuation (req.After) or a full fetch.
-func (d *Driver) fetchStatement(req outboxdriver.FetchRequest) (string, []any, error) {
-	shards := make([]int16, len(req.Leases))
-	for i, l := range req.Leases {
+// leasedShards returns the shards of leases, as the fetch statements take them.
+func leasedShards(leases []outboxdriver.Lease) []int16 {
+	shards := make([]int16, len(leases))
+	for i, l := range leases {
 		shards[i] = int16(l.Shard)
 	}
+	return shards
+}
+
+func (d *Driver) fetchStatement(req outboxdriver.FetchRequest) (string, []any, error) {
+	shards := leasedShards(req.Leases)
 	if req.After > 0 {
 		held, err := pgsql.HeldKeys(req.Held())
 		if err != nil {

@@ -64,7 +64,7 @@ type Driver struct {
 	db    *sql.DB
 	names *pgsql.Names
 
-	fetchSQL, fetchAfterSQL, completeSQL, insertFreshSQL string
+	fetchSQL, fetchAfterSQL, fetchPrioSQL, completeSQL, insertFreshSQL string
 
 	// insertCache holds INSERT texts by row count, built on first use, for 1..cachedRows
 	// and maxRows rows.
@@ -101,6 +101,7 @@ func New(db *sql.DB, config Config) (*Driver, error) {
 		db: db, names: names,
 		fetchSQL:       names.Fetch(),
 		fetchAfterSQL:  names.FetchAfter(),
+		fetchPrioSQL:   names.FetchPriority(),
 		completeSQL:    names.Complete(),
 		insertFreshSQL: names.InsertFresh(),
 	}
@@ -116,19 +117,23 @@ func (d *Driver) needDB() error {
 	return nil
 }
 
-// insertSQL returns the INSERT text for msgs.
-func (d *Driver) insertSQL(msgs []outbox.Message) string {
+// insertSQL returns the INSERT text for msgs, which have a priority when prio is set
+// (those are rare enough to go uncached).
+func (d *Driver) insertSQL(msgs []outbox.Message, prio bool) string {
+	if prio {
+		return d.names.InsertValues(len(msgs), true)
+	}
 	if len(msgs) == 1 && msgs[0].DedupKey == "" {
 		return d.insertFreshSQL // the same parameters as one row of InsertValues
 	}
 	rows := len(msgs)
 	if rows > cachedRows && rows != maxRows {
-		return d.names.InsertValues(rows)
+		return d.names.InsertValues(rows, false)
 	}
 	if q, ok := d.insertCache.Load(rows); ok {
 		return q.(string)
 	}
-	q := d.names.InsertValues(rows)
+	q := d.names.InsertValues(rows, false)
 	if rows == 1 {
 		q = d.names.InsertOne() // the same parameters as one row of InsertValues
 	}
@@ -145,9 +150,14 @@ func (d *Driver) Insert(ctx context.Context, tx *sql.Tx, msgs []outbox.Message) 
 		return nil, errors.New("outboxsql: nil transaction: Write must run inside the caller's transaction (db.BeginTx)")
 	}
 	var written []string
-	args := make([]any, 0, min(len(msgs), maxRows)*pgsql.InsertValuesColumns)
-	for start := 0; start < len(msgs); start += maxRows {
-		chunk := msgs[start:min(start+maxRows, len(msgs))]
+	prio, per, cols := pgsql.HasPriority(msgs), maxRows, pgsql.InsertValuesColumns
+	if prio {
+		cols++
+		per = maxParams / cols
+	}
+	args := make([]any, 0, min(len(msgs), per)*cols)
+	for start := 0; start < len(msgs); start += per {
+		chunk := msgs[start:min(start+per, len(msgs))]
 		args = args[:0]
 		for i := range chunk {
 			m := &chunk[i]
@@ -166,10 +176,13 @@ func (d *Driver) Insert(ctx context.Context, tx *sql.Tx, msgs []outbox.Message) 
 			// Column order of pgsql.InsertValues.
 			args = append(args, m.ID.String(), m.Topic, m.Key, m.AggregateType, m.EventType, m.ContentType,
 				payload, headers, m.DedupKey, deliverAt)
+			if prio {
+				args = append(args, m.Priority)
+			}
 		}
 		var err error
-		if written, err = d.insertChunk(ctx, tx, d.insertSQL(chunk), args, written); err != nil {
-			return nil, fmt.Errorf("outbox insert: %w", err)
+		if written, err = d.insertChunk(ctx, tx, d.insertSQL(chunk, prio), args, written); err != nil {
+			return nil, pgsql.InsertError(err, prio)
 		}
 	}
 	return pgsql.SkippedKeys(msgs, written), nil

@@ -47,6 +47,30 @@ func (d *Driver) Fetch(ctx context.Context, req outboxdriver.FetchRequest) ([]*o
 	return msgs, nil
 }
 
+// FetchPriority implements outboxdriver.PriorityFetcher (schema version 10).
+func (d *Driver) FetchPriority(ctx context.Context, req outboxdriver.FetchRequest) ([]*outbox.Message, error) {
+	if err := d.needDB(); err != nil {
+		return nil, err
+	}
+	shards := make([]int, len(req.Leases))
+	for i, l := range req.Leases {
+		shards[i] = l.Shard
+	}
+	exclude, limit, held, err := pgsql.PriorityFetchArgs(req)
+	if err != nil {
+		return nil, err
+	}
+	args := []any{req.RelayID, pgsql.IntArray(shards), pgsql.IntArray(exclude), limit, held}
+	msgs, err := queryNoJIT(ctx, d.db, d.fetchPrioSQL, args, func(r pgsql.Row) (*outbox.Message, error) {
+		m := &outbox.Message{}
+		return m, pgsql.ScanMessage(r, m, &m.Priority)
+	})
+	if err != nil {
+		return nil, pgsql.PriorityFetchError(err)
+	}
+	return msgs, nil
+}
+
 // queryNoJIT runs one relay statement with JIT compilation off, in a transaction of its
 // own: BEGIN, SET LOCAL jit = off, the statement, COMMIT.
 //

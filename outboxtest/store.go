@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/broken"
 	"github.com/outboxkit/outbox/internal/pgsql"
 	"github.com/outboxkit/outbox/internal/sqlstore"
 	"github.com/outboxkit/outbox/outboxdriver"
@@ -208,6 +209,47 @@ func (s *Store) Fetch(ctx context.Context, req outboxdriver.FetchRequest) ([]*ou
 		if len(out) == req.Limit {
 			break
 		}
+	}
+	return out, nil
+}
+
+// FetchPriority implements outboxdriver.PriorityFetcher: due messages with a priority
+// above 0, highest first and in seq order within one, of the shards whose leases req
+// lists and the relay still holds, skipping req.Exclude, and a message only if its key
+// has no earlier pending message that the relay has not handled (held up to req.Held,
+// or in req.Exclude), whether due or not.
+func (s *Store) FetchPriority(ctx context.Context, req outboxdriver.FetchRequest) ([]*outbox.Message, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if len(req.Leases) == 0 || req.Limit <= 0 {
+		return nil, nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.clock()
+	shards := s.leased(req.RelayID, req.Leases, now)
+	exclude := make(map[int64]bool, len(req.Exclude))
+	for _, seq := range req.Exclude {
+		exclude[seq] = true
+	}
+	held := req.Held()
+	blocked := map[string]bool{} // keys with a pending row the relay has not handled, so far
+	var found []*row
+	for _, r := range s.pending {
+		k := r.msg.Key
+		if r.msg.Priority > 0 && shards[r.msg.Shard] && r.due(now) && !exclude[r.msg.Seq] && (k == "" || !blocked[k]) {
+			found = append(found, r)
+		}
+		if k != "" && !exclude[r.msg.Seq] && r.msg.Seq > held[k] && !broken.Has(broken.PriorityOvertakes) {
+			blocked[k] = true
+		}
+	}
+	slices.SortStableFunc(found, func(a, b *row) int { return b.msg.Priority - a.msg.Priority })
+	out := make([]*outbox.Message, 0, min(len(found), req.Limit))
+	for _, r := range found[:min(len(found), req.Limit)] {
+		m := clone(r.msg)
+		out = append(out, &m)
 	}
 	return out, nil
 }

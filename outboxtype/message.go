@@ -52,6 +52,14 @@ type Message struct {
 	// transaction commits. A delayed message holds back later messages of its key.
 	DeliverAt time.Time
 
+	// Priority orders the relay's backlog: with messages waiting, those of a higher
+	// priority are published first, from 0 (the default) to MaxPriority. A key's order
+	// still holds: a message waits for the earlier messages of its key whatever their
+	// priority, so give critical messages keys of their own (docs/design.md,
+	// "Priorities"). Stores from outbox schema version 10 on PostgreSQL (version 4 on
+	// MySQL and SQLite) keep it; it is not carried to the broker.
+	Priority int
+
 	// ---- filled by the store when the relay reads the message ----
 
 	// Seq is the store's position of the message: increasing in insert order.
@@ -65,6 +73,9 @@ type Message struct {
 	// LastError is the error of the last rejected attempt, if any.
 	LastError string
 }
+
+// MaxPriority is the highest Message.Priority.
+const MaxPriority = 9
 
 // ContentTypeJSON is the content type given to payloads that are valid JSON when the
 // caller sets none.

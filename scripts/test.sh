@@ -255,7 +255,7 @@ phase "torture canaries" gotest canaries -tags outbox_broken -count=1 -timeout 2
 # must make at least one of them fail, with no database involved.
 mem_canaries() {
   local bug rc=0
-  for bug in mark-before-confirm no-key-gate cursor-polling; do
+  for bug in mark-before-confirm no-key-gate cursor-polling priority-overtakes; do
     # The whole output first: under pipefail, grep -q ending the pipe early would fail it.
     local out
     out=$(OUTBOX_BROKEN=$bug go test -tags outbox_broken -count=1 -run '^TestMemRelay' . 2>&1 || true)

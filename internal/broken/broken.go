@@ -59,6 +59,9 @@ const (
 	// aggregate type, event type and headers: messages reach another destination than
 	// the one their rule names.
 	RouteTopicOnly Bug = "route-topic-only"
+	// PriorityOvertakes lets a priority fetch take a message whose key has an earlier
+	// pending message the relay does not hold: it overtakes that message.
+	PriorityOvertakes Bug = "priority-overtakes"
 )
 
 // EnvVar names the environment variable that lists the bugs to switch on, separated by

@@ -28,8 +28,9 @@ type MigrationStatus struct {
 // without which every wake-up fetches in full, version 7 (the wake gate), without
 // which writers notify on every commit and the relay takes no gate, version 8 (the
 // relays' fingerprints), without which relays do not compare their routing, and version
-// 9 (replay jobs), which only outbox replay needs.
-var deferrable = map[int]bool{3: true, 4: true, 5: true, 6: true, 7: true, 8: true, 9: true}
+// 9 (replay jobs), which only outbox replay needs, and version 10 (priorities), without
+// which the relay reads in seq order alone and writers refuse a priority.
+var deferrable = map[int]bool{3: true, 4: true, 5: true, 6: true, 7: true, 8: true, 9: true, 10: true}
 
 // downDrops returns what reverting each migration deletes: the migrations whose down
 // migration drops tables holding data. (Reverting 3 and 4 copies their rows back.)

@@ -206,8 +206,19 @@ func (n *Names) reclaim(ctx context.Context, inTx InTx, b int) (reclaimed, error
 		// of the bucket, and undo it all if that is more than the limit after all. The
 		// copies are seen by others only at commit, when b is empty. Count the rows due
 		// now (neither retried nor delayed), which are about to be published.
-		move := `WITH m AS (INSERT INTO ` + n.Outbox + ` (` + pendingColumns + `, bucket) OVERRIDING SYSTEM VALUE
-SELECT ` + pendingColumns + `, $1 FROM ` + bucket + ` ORDER BY seq RETURNING next_attempt_at, created_at)
+		// Priorities go along from schema version 10 on, which may have been applied
+		// since the relay started.
+		var prio bool
+		if err := q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = $1::regclass
+    AND attname = 'priority' AND NOT attisdropped)`, []any{n.Outbox}, &prio); err != nil {
+			return err
+		}
+		cols := pendingColumns
+		if prio {
+			cols += ", priority"
+		}
+		move := `WITH m AS (INSERT INTO ` + n.Outbox + ` (` + cols + `, bucket) OVERRIDING SYSTEM VALUE
+SELECT ` + cols + `, $1 FROM ` + bucket + ` ORDER BY seq RETURNING next_attempt_at, created_at)
 SELECT count(*)::int, (count(*) FILTER (WHERE next_attempt_at <= now() OR next_attempt_at = created_at))::int FROM m`
 		if broken.Has(broken.TruncateStragglers) {
 			move = `SELECT 0, 0 WHERE $1::int IS NOT NULL` // canary: the pending rows are not moved
@@ -276,5 +287,6 @@ FROM `+n.Ring+` FOR UPDATE`, []any{n.Outbox}, &current, &taken); err != nil || (
 var errTooManyToMove = errors.New("too many pending rows to move")
 
 // pendingColumns are the pending table's columns a move copies: all but the generated
-// shard (computed again from the same key and id) and the bucket.
+// shard (computed again from the same key and id), the bucket, and the priority (schema
+// version 10), which a move adds when the table has it.
 const pendingColumns = "seq, id, topic, key, aggregate_type, event_type, content_type, payload, headers, dedup_key, created_at, next_attempt_at, attempts, last_error"

@@ -36,13 +36,21 @@ func (n *Names) r(s string) string {
 
 // insertFrom inserts the messages of the relation m (columns id, topic, key,
 // aggregate_type, event_type, content_type, payload, headers (text), dedup_key,
-// deliver_at, ord) in ord order. A message's dedup key is claimed in the dedup table
-// first; a message whose key is taken, by an earlier message of the same call or by any
-// message still kept, is skipped. ON CONFLICT DO NOTHING waits for a concurrent
-// transaction that holds the same key and inserts if that one rolls back. An empty
-// dedup_key marks a message whose id was generated for it: its id's text is its dedup
-// key, unclaimed, because no other message can hold it. Returns the dedup keys written.
-func (n *Names) insertFrom(m string) string {
+// deliver_at, ord, and priority when prio is set) in ord order. A message's dedup key is
+// claimed in the dedup table first; a message whose key is taken, by an earlier message
+// of the same call or by any message still kept, is skipped. ON CONFLICT DO NOTHING
+// waits for a concurrent transaction that holds the same key and inserts if that one
+// rolls back. An empty dedup_key marks a message whose id was generated for it: its id's
+// text is its dedup key, unclaimed, because no other message can hold it. Returns the
+// dedup keys written.
+//
+// Only statements for messages with a priority name the priority column (schema version
+// 10): the others cost nothing more, and run on an older schema.
+func (n *Names) insertFrom(m string, prio bool) string {
+	cols, vals := "", ""
+	if prio {
+		cols, vals = ", priority", ", m.priority"
+	}
 	return n.r(`WITH m AS (` + m + `),
 firsts AS (
     SELECT DISTINCT ON (dedup_key) dedup_key, ord FROM m WHERE dedup_key <> '' ORDER BY dedup_key, ord
@@ -51,10 +59,10 @@ firsts AS (
     ON CONFLICT (dedup_key) DO NOTHING
     RETURNING dedup_key
 )
-INSERT INTO {{outbox}} (id, topic, key, aggregate_type, event_type, content_type, payload, headers, dedup_key, next_attempt_at)
+INSERT INTO {{outbox}} (id, topic, key, aggregate_type, event_type, content_type, payload, headers, dedup_key, next_attempt_at` + cols + `)
 SELECT m.id, m.topic, m.key, m.aggregate_type, m.event_type, m.content_type, m.payload, m.headers::jsonb,
        CASE WHEN m.dedup_key = '' THEN m.id::text ELSE m.dedup_key END,
-       CASE WHEN m.deliver_at IS NULL THEN now() ELSE greatest(now(), m.deliver_at) END
+       CASE WHEN m.deliver_at IS NULL THEN now() ELSE greatest(now(), m.deliver_at) END` + vals + `
 FROM m
 WHERE m.dedup_key = ''
    OR (m.ord IN (SELECT ord FROM firsts) AND m.dedup_key IN (SELECT dedup_key FROM claimed))
@@ -62,10 +70,15 @@ ORDER BY m.ord
 RETURNING dedup_key`)
 }
 
-// InsertUnnest inserts messages passed as parallel arrays ($1..$10), in array order.
-func (n *Names) InsertUnnest() string {
+// InsertUnnest inserts messages passed as parallel arrays ($1..$10, and $11 their
+// priorities when prio is set), in array order.
+func (n *Names) InsertUnnest(prio bool) string {
+	if prio {
+		return n.insertFrom(`SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::bytea[], $8::text[], $9::text[], $10::timestamptz[], $11::smallint[])
+     WITH ORDINALITY AS u(id, topic, key, aggregate_type, event_type, content_type, payload, headers, dedup_key, deliver_at, priority, ord)`, true)
+	}
 	return n.insertFrom(`SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::bytea[], $8::text[], $9::text[], $10::timestamptz[])
-     WITH ORDINALITY AS u(id, topic, key, aggregate_type, event_type, content_type, payload, headers, dedup_key, deliver_at, ord)`)
+     WITH ORDINALITY AS u(id, topic, key, aggregate_type, event_type, content_type, payload, headers, dedup_key, deliver_at, ord)`, false)
 }
 
 // InsertOne inserts one message ($1..$10 as one row of InsertValues, $9 a dedup key that
@@ -96,12 +109,17 @@ VALUES ($1::uuid, $2::text, $3::text, $4::text, $5::text, $6::text, $7::bytea, $
 RETURNING dedup_key`)
 }
 
-// InsertValuesColumns is the number of parameters per row of InsertValues.
+// InsertValuesColumns is the number of parameters per row of InsertValues, without a
+// priority (the eleventh, when prio is set).
 const InsertValuesColumns = 10
 
 // InsertValues inserts rows messages with plain placeholders, for database/sql drivers
 // that cannot bind arrays.
-func (n *Names) InsertValues(rows int) string {
+func (n *Names) InsertValues(rows int, prio bool) string {
+	cols := InsertValuesColumns
+	if prio {
+		cols++
+	}
 	var b strings.Builder
 	b.WriteString(`SELECT * FROM (VALUES `)
 	p := 1
@@ -110,7 +128,7 @@ func (n *Names) InsertValues(rows int) string {
 			b.WriteString(", ")
 		}
 		b.WriteString("(")
-		for c := 0; c < InsertValuesColumns; c++ {
+		for c := 0; c < cols; c++ {
 			ph := "$" + strconv.Itoa(p)
 			switch c {
 			case 0:
@@ -119,6 +137,8 @@ func (n *Names) InsertValues(rows int) string {
 				ph += "::bytea"
 			case 9:
 				ph += "::timestamptz"
+			case 10:
+				ph += "::smallint"
 			default:
 				ph += "::text"
 			}
@@ -127,8 +147,12 @@ func (n *Names) InsertValues(rows int) string {
 		}
 		b.WriteString(strconv.Itoa(i+1) + ")")
 	}
-	b.WriteString(`) AS v(id, topic, key, aggregate_type, event_type, content_type, payload, headers, dedup_key, deliver_at, ord)`)
-	return n.insertFrom(b.String())
+	if prio {
+		b.WriteString(`) AS v(id, topic, key, aggregate_type, event_type, content_type, payload, headers, dedup_key, deliver_at, priority, ord)`)
+	} else {
+		b.WriteString(`) AS v(id, topic, key, aggregate_type, event_type, content_type, payload, headers, dedup_key, deliver_at, ord)`)
+	}
+	return n.insertFrom(b.String(), prio)
 }
 
 // Fetch returns due pending messages of the relay's unexpired shards in seq order. $1
@@ -165,6 +189,31 @@ func (n *Names) FetchAfter() string {
   AND (o.key = '' OR NOT EXISTS (
         SELECT 1 FROM {{outbox}} e WHERE e.key = o.key AND e.seq <= $3
           AND e.seq > coalesce(($5::jsonb ->> o.key)::bigint, 0)))`)
+}
+
+// FetchPriority returns due messages with a priority above 0 of the relay's unexpired
+// shards, highest priority first, then in seq order (outboxdriver.PriorityFetcher), with
+// their priority last. $1 relay id, $2 shards, $3 seqs the relay holds, $4 limit, $5 the
+// keys it holds (HeldKeys). A row is taken only if its key has no earlier pending row that
+// the relay does not hold: one probe of the key index per row, from the key's held seq
+// up. That also holds a key back behind its waiting rows (a retry, a delay), which are
+// pending and never in hand.
+func (n *Names) FetchPriority() string {
+	gate := `o.key = ''`
+	if broken.Has(broken.PriorityOvertakes) {
+		gate = `$5::jsonb IS NOT NULL` // canary: no key's earlier messages looked for
+	}
+	return n.r(`SELECT ` + ReadColumns("o.") + `, o.priority
+FROM {{outbox}} o
+WHERE o.priority > 0
+  AND (o.next_attempt_at <= now() OR o.next_attempt_at = o.created_at)
+  AND o.shard = ANY(ARRAY(SELECT l.shard FROM {{leases}} l WHERE l.owner = $1 AND l.shard = ANY($2::smallint[])))
+  AND o.seq NOT IN (SELECT unnest($3::bigint[]))
+  AND (` + gate + ` OR NOT EXISTS (
+        SELECT 1 FROM {{outbox}} e WHERE e.key = o.key AND e.seq < o.seq
+          AND e.seq > coalesce(($5::jsonb ->> o.key)::bigint, 0) AND e.seq <> ALL($3::bigint[])))
+ORDER BY o.priority DESC, o.seq
+LIMIT $4`)
 }
 
 // HeldKeys renders the keys a relay holds (FetchRequest.Held), for FetchAfter's $5: a

@@ -2,8 +2,11 @@ package pgsql
 
 import (
 	"encoding/json"
+	"errors"
+	"fmt"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/outboxdriver"
 )
 
 // SkippedKeys returns the dedup keys of msgs that are not in written (the keys an insert
@@ -37,4 +40,49 @@ func EncodeHeaders(h map[string]string) (string, error) {
 	}
 	b, err := json.Marshal(h)
 	return string(b), err
+}
+
+// HasPriority reports whether any of msgs has a priority: its insert must name the
+// priority column (InsertUnnest, InsertValues).
+func HasPriority(msgs []outbox.Message) bool {
+	for i := range msgs {
+		if msgs[i].Priority != 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// InsertError wraps err, a failed insert's: with the outboxdriver.ErrNoPriorities it
+// means when the insert named the priority column (prio) and the column is not there.
+func InsertError(err error, prio bool) error {
+	if prio && undefinedColumn(err) {
+		return fmt.Errorf("outbox insert: %w before schema version 10: run outbox migrate up (%w)", outboxdriver.ErrNoPriorities, err)
+	}
+	return fmt.Errorf("outbox insert: %w", err)
+}
+
+// PriorityFetchArgs returns FetchPriority's parameters after the relay id and the
+// shards: the seqs the relay holds, the limit, and the keys it holds.
+func PriorityFetchArgs(req outboxdriver.FetchRequest) (exclude []int64, limit int, held string, err error) {
+	exclude = req.Exclude
+	if exclude == nil {
+		exclude = []int64{}
+	}
+	held, err = HeldKeys(req.Held())
+	return exclude, req.Limit, held, err
+}
+
+// PriorityFetchError wraps err, a failed FetchPriority's: with the
+// outboxdriver.ErrNoPriorities it means when the outbox has no priority column yet.
+func PriorityFetchError(err error) error {
+	if undefinedColumn(err) {
+		return fmt.Errorf("fetch by priority: %w before schema version 10 (%w)", outboxdriver.ErrNoPriorities, err)
+	}
+	return fmt.Errorf("fetch by priority: %w", err)
+}
+
+func undefinedColumn(err error) bool {
+	var pe interface{ SQLState() string }
+	return errors.As(err, &pe) && pe.SQLState() == "42703"
 }

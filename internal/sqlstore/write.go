@@ -9,10 +9,15 @@ import (
 	"strings"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/outboxdriver"
 )
 
 // insertParams is the number of placeholders per message of the INSERT into the outbox.
 const insertParams = 11
+
+// errNoPriorities refuses a message with a priority: the MySQL and SQLite stores do not
+// keep them yet.
+var errNoPriorities = fmt.Errorf("%w on MySQL and SQLite yet", outboxdriver.ErrNoPriorities)
 
 // maxChunkBytes bounds the payload and header bytes of one INSERT statement. MySQL
 // refuses a packet over max_allowed_packet (16 MiB by default on MariaDB, 4 MiB on old
@@ -48,6 +53,11 @@ const maxChunkBytes = 2 << 20
 func (s *Store) Insert(ctx context.Context, tx Querier, msgs []outbox.Message) ([]string, error) {
 	if tx == nil {
 		return nil, fmt.Errorf("%s: %w", s.d.Package, errNilTx)
+	}
+	for i := range msgs {
+		if msgs[i].Priority != 0 {
+			return nil, fmt.Errorf("%s: message %d: %w", s.d.Package, i, errNoPriorities)
+		}
 	}
 	claim := rand.Int64()
 	seen := make(map[string]bool, len(msgs)) // dedup keys this call has claimed or tried

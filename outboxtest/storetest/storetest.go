@@ -56,6 +56,7 @@ func Run(t *testing.T, open func(t *testing.T) Outbox) {
 		{"FetchOrderAndLimit", fetchOrderAndLimit},
 		{"FetchOnlyHeldShards", fetchOnlyHeldShards},
 		{"FetchContinuation", fetchContinuation},
+		{"FetchPriority", fetchPriority},
 		{"LeasesFairShare", leasesFairShare},
 		{"LeasesOfOneFingerprint", leasesOfOneFingerprint},
 		{"RelayDestinationStates", relayDestinationStates},
@@ -322,6 +323,78 @@ func fetchContinuation(t *testing.T, o Outbox) {
 	}
 	if got := fetch(t, o, "r1", st.Held, outboxdriver.FetchRequest{After: cursor, Keys: k2, KeySeqs: []int64{cursor}}); len(got) != 1 || string(got[0].Payload) != `{"newest":true}` {
 		t.Fatalf("continuation with every older k2 message held returned %v, want the newest", payloads(got))
+	}
+}
+
+// fetchPriority: a priority fetch returns the messages with a priority, highest first,
+// but never one whose key has an earlier pending message the relay has not handled (in
+// Exclude, or held up to Keys/KeySeqs): an ordinary one, or one delayed. A store that
+// keeps no priorities refuses them at write time with outbox.ErrNoPriorities.
+func fetchPriority(t *testing.T, o Outbox) {
+	pm := func(key, name string, prio int) outbox.Message {
+		return outbox.Message{Topic: "t", Key: key, Priority: prio, Payload: []byte(name)}
+	}
+	in := []outbox.Message{pm("a", "a0", 0), pm("b", "b0", 0), pm("c", "c3", 3), pm("a", "a7", 7), pm("", "none1", 1),
+		pm("e", "e0-delayed", 0), pm("e", "e9", 9)}
+	in[5].DeliverAt = time.Now().Add(time.Hour)
+	pf, ok := o.Store.(outboxdriver.PriorityFetcher)
+	if !ok {
+		ctx, cancel := testenv.CallContext()
+		defer cancel()
+		if err := o.Write(ctx, in, false); !errors.Is(err, outbox.ErrNoPriorities) {
+			t.Fatalf("writing priorities to a store that keeps none: %v, want ErrNoPriorities", err)
+		}
+		t.Skip("the store keeps no priorities")
+	}
+	write(t, o, in)
+	write(t, o, []outbox.Message{pm("f", "f2", 2)}) // a write of one message
+	st := sync(t, o, "r1", ttl, nil, nil)
+	seqOrder := fetch(t, o, "r1", st.Held, outboxdriver.FetchRequest{})
+	if want := `["a0" "b0" "c3" "a7" "none1" "f2"]`; fmt.Sprintf("%q", payloads(seqOrder)) != want {
+		t.Fatalf("Fetch returned %q, want %s: in seq order, whatever the priorities", payloads(seqOrder), want)
+	}
+	a0 := seqOrder[0].Seq
+	byPriority := func(req outboxdriver.FetchRequest) string {
+		t.Helper()
+		req.RelayID, req.Leases = "r1", st.Held
+		if req.Limit == 0 {
+			req.Limit = 100
+		}
+		ctx, cancel := testenv.CallContext()
+		defer cancel()
+		got, err := pf.FetchPriority(ctx, req)
+		if err != nil {
+			t.Fatalf("FetchPriority: %v", err)
+		}
+		for _, m := range got {
+			if m.Priority == 0 {
+				t.Errorf("FetchPriority returned %s without its priority", m.Payload)
+			}
+		}
+		return fmt.Sprintf("%q", payloads(got))
+	}
+	for _, c := range []struct {
+		what string
+		req  outboxdriver.FetchRequest
+		want string
+	}{
+		{"nothing held: a7 waits for a0, e9 for the delayed e0", outboxdriver.FetchRequest{}, `["c3" "f2" "none1"]`},
+		{"a0 in hand", outboxdriver.FetchRequest{Exclude: []int64{a0}}, `["a7" "c3" "f2" "none1"]`},
+		{"a held up to a0", outboxdriver.FetchRequest{Keys: []string{"a"}, KeySeqs: []int64{a0}}, `["a7" "c3" "f2" "none1"]`},
+		{"limit", outboxdriver.FetchRequest{Exclude: []int64{a0}, Limit: 2}, `["a7" "c3"]`},
+		{"c3 in hand", outboxdriver.FetchRequest{Exclude: []int64{seqOrder[2].Seq}}, `["f2" "none1"]`},
+	} {
+		if got := byPriority(c.req); got != c.want {
+			t.Errorf("%s: FetchPriority returned %s, want %s", c.what, got, c.want)
+		}
+	}
+	if other := sync(t, o, "r2", ttl, nil, nil); len(other.Held) != 0 {
+		t.Fatalf("r2 took %d shards while r1 holds them all", len(other.Held))
+	}
+	ctx, cancel := testenv.CallContext()
+	defer cancel()
+	if got, err := pf.FetchPriority(ctx, outboxdriver.FetchRequest{RelayID: "r2", Leases: st.Held, Limit: 100}); err != nil || len(got) != 0 {
+		t.Fatalf("FetchPriority for a relay holding none of the leases: %q, %v; want nothing", payloads(got), err)
 	}
 }
 
