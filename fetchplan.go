@@ -58,10 +58,13 @@ func (p *fetchPlan) next(now time.Time, room, batch int) (fetch, full bool, afte
 }
 
 // nextPriority says whether the fetch to send at now, with room for that many messages
-// in hand against a batch size, is a priority fetch. The loop calls priorityStarted when
-// it sends it.
-func (p *fetchPlan) nextPriority(now time.Time, room, batch int) bool {
-	return p.prio && p.moreLikely && room >= batch/2 && !now.Before(p.retryAt) &&
+// in hand against a batch size, and that many with a priority in hand already, is a
+// priority fetch. Messages with a priority take at most about a batch of the hand: a
+// key's messages go one at a time, so more of a few keys' would keep the rest of the
+// backlog waiting without reaching the broker any sooner. The loop calls
+// priorityStarted when it sends it.
+func (p *fetchPlan) nextPriority(now time.Time, room, batch, prioritized int) bool {
+	return p.prio && p.moreLikely && room >= batch/2 && prioritized < batch && !now.Before(p.retryAt) &&
 		(p.prioMore || now.Sub(p.prioLast) >= fullFetchEvery)
 }
 

@@ -19,8 +19,9 @@ import (
 //     (dropLane), or, if its failed head's failure recorded, as one of the lane's dropped;
 //   - a lane's queue holds its key's messages in seq order, and only its head is ever in
 //     flight (lane.inFlight); a lane with a head in flight is not removed;
-//   - a lane is in ready at most once (lane.queued); ready may hold lanes no longer
-//     sendable, emptied or replaced, and takeReady skips them;
+//   - a lane is in ready or urgent (ready lanes whose head has a priority, sent first)
+//     at most once (lane.queued); both may hold lanes no longer sendable, emptied or
+//     replaced, and takeReady skips them;
 //   - a failed lane holds only its head, whose failure is being recorded, and the seqs it
 //     dropped (still in known); no row of its key is admitted until failureRecorded.
 //
@@ -42,8 +43,10 @@ import (
 type hand struct {
 	lanes    map[string]*lane
 	ready    []*lane
+	urgent   []*lane          // ready lanes whose head has a priority, sent first
 	known    map[int64]inHand // every message in hand (queued, in flight, awaiting record) by seq
 	perShard map[int]int      // messages in hand per shard
+	prio     int              // messages in hand with a priority
 
 	fetching bool
 	taint    map[string]bool // keys released while a fetch ran
@@ -55,6 +58,7 @@ type hand struct {
 type inHand struct {
 	shard int
 	key   string
+	prio  bool // it has a priority
 }
 
 type item struct {
@@ -93,6 +97,9 @@ func laneKey(m *Message) string {
 
 // size is the number of messages in hand.
 func (h *hand) size() int { return len(h.known) }
+
+// prioritized is the number of messages in hand with a priority.
+func (h *hand) prioritized() int { return h.prio }
 
 // idle reports whether no message of shard is in hand.
 func (h *hand) idle(shard int) bool { return h.perShard[shard] == 0 }
@@ -173,7 +180,10 @@ func (h *hand) fetched(msgs []*Message, admit func(m *Message) (token int64, ok 
 			h.lanes[key] = ln
 		}
 		ln.queue = append(ln.queue, &item{m: m, token: token})
-		h.known[m.Seq] = inHand{shard: m.Shard, key: m.Key}
+		h.known[m.Seq] = inHand{shard: m.Shard, key: m.Key, prio: m.Priority > 0}
+		if m.Priority > 0 {
+			h.prio++
+		}
 		h.perShard[m.Shard]++
 		if !ln.inFlight {
 			h.enqueue(ln)
@@ -182,7 +192,7 @@ func (h *hand) fetched(msgs []*Message, admit func(m *Message) (token int64, ok 
 }
 
 // readyLen is the number of lanes that may have a head to send.
-func (h *hand) readyLen() int { return len(h.ready) }
+func (h *hand) readyLen() int { return len(h.urgent) + len(h.ready) }
 
 // takeReady returns up to n heads of ready lanes whose shard is sendable, one per key,
 // and marks them in flight. Lanes it passes over as unsendable leave ready: a lease
@@ -192,13 +202,21 @@ func (h *hand) takeReady(n int, sendable func(shard int) bool) []*item {
 }
 
 // takeReadyIf is takeReady of the heads allow accepts (nil: all); the lanes whose head
-// it refuses stay ready, in their place.
+// it refuses stay ready, in their place. Lanes whose head has a priority go first.
 func (h *hand) takeReadyIf(n int, sendable func(shard int) bool, allow func(*item) bool) []*item {
-	batch := make([]*item, 0, min(n, len(h.ready)))
-	rest := h.ready[:0]
-	for i, ln := range h.ready {
+	batch := make([]*item, 0, min(n, h.readyLen()))
+	batch, h.urgent = h.take(batch, n, h.urgent, sendable, allow)
+	batch, h.ready = h.take(batch, n, h.ready, sendable, allow)
+	return batch
+}
+
+// take appends to batch, up to n, the heads of the lanes of ready (h.ready or h.urgent)
+// that takeReadyIf takes, and returns the lanes left ready.
+func (h *hand) take(batch []*item, n int, ready []*lane, sendable func(shard int) bool, allow func(*item) bool) ([]*item, []*lane) {
+	rest := ready[:0]
+	for i, ln := range ready {
 		if len(batch) == n {
-			rest = append(rest, h.ready[i:]...)
+			rest = append(rest, ready[i:]...)
 			break
 		}
 		if ln.inFlight || ln.failed || len(ln.queue) == 0 || h.lanes[ln.key] != ln || !sendable(ln.shard) {
@@ -213,9 +231,8 @@ func (h *hand) takeReadyIf(n int, sendable func(shard int) bool, allow func(*ite
 		ln.inFlight = true
 		batch = append(batch, ln.queue[0])
 	}
-	clear(h.ready[len(rest):])
-	h.ready = rest
-	return batch
+	clear(ready[len(rest):])
+	return batch, rest
 }
 
 // confirmed pops it, its lane's head, which the broker confirmed, and queues the next
@@ -274,8 +291,13 @@ func (h *hand) requeue(sendable func(shard int) bool) {
 }
 
 func (h *hand) enqueue(ln *lane) {
-	if !ln.queued {
-		ln.queued = true
+	if ln.queued {
+		return
+	}
+	ln.queued = true
+	if len(ln.queue) > 0 && ln.queue[0].m.Priority > 0 {
+		h.urgent = append(h.urgent, ln)
+	} else {
 		h.ready = append(h.ready, ln)
 	}
 }
@@ -329,6 +351,9 @@ func (h *hand) settle(seq int64) (key string) {
 func (h *hand) forget(seq int64) {
 	if m, ok := h.known[seq]; ok {
 		delete(h.known, seq)
+		if m.prio {
+			h.prio--
+		}
 		if h.perShard[m.shard]--; h.perShard[m.shard] <= 0 {
 			delete(h.perShard, m.shard)
 		}

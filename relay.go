@@ -947,7 +947,7 @@ func (l *loop) startFetch(ctx context.Context) {
 	if l.hand.fetchRunning() || !now.Before(l.leases.deadline()) {
 		return
 	}
-	if l.fetch.nextPriority(now, room, l.cfg.BatchSize) {
+	if l.fetch.nextPriority(now, room, l.cfg.BatchSize, l.hand.prioritized()) {
 		l.startPriorityFetch(ctx, room, now)
 		return
 	}

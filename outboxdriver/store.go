@@ -51,11 +51,14 @@ type PriorityFetcher interface {
 	// FetchPriority returns up to req.Limit due messages with a priority above 0 of the
 	// shards whose leases req lists (and that the relay still holds), highest priority
 	// first and in Seq order within one, skipping req.Exclude. A message is returned
-	// only if its key has no earlier pending message that the relay has not handled:
-	// of the key Keys[i], the relay has handled the messages up to KeySeqs[i] and those
-	// in Exclude; of other keys, those in Exclude. So a key's order holds whatever the
-	// priorities of its messages, and a key's message waits behind an earlier one that
-	// waits (a retry backing off, or a delayed message). After is not used.
+	// only if every earlier pending message of its key that the relay has not handled
+	// is due and of the same priority (and so returned ahead of it, limit permitting):
+	// of the key Keys[i], the relay has handled the messages up to KeySeqs[i]; of other
+	// keys, none (a message in Exclude above them still holds its key back: the store
+	// need not look). So a key's order holds whatever the
+	// priorities of its messages, a key's message waits behind an earlier one that
+	// waits (a retry backing off, or a delayed message), and a key whose messages have
+	// one priority is read whole. After is not used.
 	//
 	// It returns an error wrapping ErrNoPriorities when the store's schema cannot keep
 	// priorities yet (a migration to apply): the relay then reads in Seq order alone.

@@ -215,9 +215,9 @@ func (s *Store) Fetch(ctx context.Context, req outboxdriver.FetchRequest) ([]*ou
 
 // FetchPriority implements outboxdriver.PriorityFetcher: due messages with a priority
 // above 0, highest first and in seq order within one, of the shards whose leases req
-// lists and the relay still holds, skipping req.Exclude, and a message only if its key
-// has no earlier pending message that the relay has not handled (held up to req.Held,
-// or in req.Exclude), whether due or not.
+// lists and the relay still holds, skipping req.Exclude, and a message only if every
+// earlier pending message of its key that the relay has not handled (held up to
+// req.Held) is due and of the same priority.
 func (s *Store) FetchPriority(ctx context.Context, req outboxdriver.FetchRequest) ([]*outbox.Message, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -234,15 +234,25 @@ func (s *Store) FetchPriority(ctx context.Context, req outboxdriver.FetchRequest
 		exclude[seq] = true
 	}
 	held := req.Held()
-	blocked := map[string]bool{} // keys with a pending row the relay has not handled, so far
+	// Per key, the rows so far that the relay has not handled: when all are due, their
+	// one priority; -1 when they are not all due or of one priority.
+	unhandled := map[string]int{}
 	var found []*row
 	for _, r := range s.pending {
-		k := r.msg.Key
-		if r.msg.Priority > 0 && shards[r.msg.Shard] && r.due(now) && !exclude[r.msg.Seq] && (k == "" || !blocked[k]) {
+		k, p := r.msg.Key, r.msg.Priority
+		before, seen := unhandled[k]
+		if p > 0 && shards[r.msg.Shard] && r.due(now) && !exclude[r.msg.Seq] &&
+			(k == "" || !seen || before == p || broken.Has(broken.PriorityOvertakes)) {
 			found = append(found, r)
 		}
-		if k != "" && !exclude[r.msg.Seq] && r.msg.Seq > held[k] && !broken.Has(broken.PriorityOvertakes) {
-			blocked[k] = true
+		if k == "" || r.msg.Seq <= held[k] {
+			continue
+		}
+		switch {
+		case !r.due(now) || (seen && before != p):
+			unhandled[k] = -1
+		case !seen:
+			unhandled[k] = p
 		}
 	}
 	slices.SortStableFunc(found, func(a, b *row) int { return b.msg.Priority - a.msg.Priority })

@@ -59,6 +59,10 @@ type Config struct {
 	Replay int
 	// ReplayRate is the replay's ReplayConfig.Rate (0: outbox.Replay's default).
 	ReplayRate float64
+	// Critical, when positive, adds the critical phase: a backlog of Events in which
+	// that fraction of the messages, spread through it, are of topic "payments" on keys
+	// of their own, drained once as it is and once with those messages given a priority.
+	Critical float64
 	// Broker2URL, when set, adds the destinations phase: the same backlog drained to a
 	// destination on BrokerURL alone, to one on Broker2URL alone, and to both through an
 	// outbox.Router, half the events to each.
@@ -133,6 +137,7 @@ type Phases struct {
 	Writers       *WritersPhase
 	Replay        *ReplayPhase
 	Destinations  *DestinationsPhase
+	Critical      *CriticalPhase
 	// Extra are the latency phases at Config.ExtraRates.
 	Extra []RateLatency
 	// Server is what the relays cost the PostgreSQL server, when the bench can see its
@@ -216,6 +221,10 @@ func (r Result) String() string {
 	}
 	if d := r.Destinations; d != nil {
 		line += fmt.Sprintf(" dest1_eps=%.0f dest2_eps=%.0f dests_eps=%.0f dests_x=%.2f", d.EPS1, d.EPS2, d.EPS, d.X())
+	}
+	if c := r.Critical; c != nil {
+		line += fmt.Sprintf(" critical=%g critical_msgs=%d critical_x=%.3f critical_base_x=%.3f critical_eps=%.0f critical_base_eps=%.0f critical_eps_x=%.2f",
+			c.Fraction, c.Messages, c.X, c.BaseX, c.EPS, c.BaseEPS, c.EPSX())
 	}
 	if rp := r.Replay; rp != nil {
 		line += fmt.Sprintf(" replay=%d replay_eps=%.0f replay_s=%.1f replay_paused=%t replay_base_p50_ms=%s replay_base_p99_ms=%s replay_p50_ms=%s replay_p99_ms=%s replay_p99_x=%.2f",
@@ -306,6 +315,10 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		}
 	}
 	switch {
+	case cfg.Critical < 0 || cfg.Critical >= 1:
+		return Result{}, errors.New("bench: the critical fraction must lie between 0 and 1")
+	case cfg.Critical > 0 && cfg.DB != DBPostgres:
+		return Result{}, errors.New("bench: --critical needs priorities, which the PostgreSQL store keeps: --db postgres")
 	case cfg.Source != SourcePoll && cfg.Source != SourceWAL:
 		return Result{}, fmt.Errorf("bench: unknown source %q: want %s or %s", cfg.Source, SourcePoll, SourceWAL)
 	case cfg.Source == SourceWAL && cfg.DB != DBPostgres:
@@ -601,6 +614,19 @@ func (m *measurer) phases(ctx context.Context, label string) (Phases, error) {
 			return ph, err
 		}
 		ph.Destinations = dp
+	}
+
+	// Phase 6: a backlog with critical messages in it, with relays of its own.
+	if cfg.Critical > 0 {
+		if running != nil {
+			running.stop(ctx)
+			running = nil
+		}
+		cp, err := m.criticalPhase(ctx)
+		if err != nil {
+			return ph, err
+		}
+		ph.Critical = cp
 	}
 	return ph, nil
 }
@@ -960,11 +986,8 @@ func rawPublish(ctx context.Context, target Target, dest string, payload []byte,
 }
 
 // writeBacklog commits cfg.Events events in transactions of 5,000, two writers at once;
-// the i-th event's topic is topic(i), or "orders" when topic is nil.
-func writeBacklog(ctx context.Context, db database, cfg Config, payload []byte, topic func(int) string, say func(string, ...any)) error {
-	if topic == nil {
-		topic = func(int) string { return "orders" }
-	}
+// shape, when not nil, changes the i-th event (of topic "orders" and key k<i mod keys>).
+func writeBacklog(ctx context.Context, db database, cfg Config, payload []byte, shape func(i int, m *outbox.Message), say func(string, ...any)) error {
 	const per = 5_000
 	var next, done atomic.Int64
 	var wg sync.WaitGroup
@@ -982,7 +1005,10 @@ func writeBacklog(ctx context.Context, db database, cfg Config, payload []byte, 
 				to := min(from+per, cfg.Events)
 				msgs := make([]outbox.Message, 0, to-from)
 				for i := from; i < to; i++ {
-					msgs = append(msgs, backlogMessage(topic(i), i, cfg.Keys, payload))
+					msgs = append(msgs, backlogMessage("orders", i, cfg.Keys, payload))
+					if shape != nil {
+						shape(i, &msgs[len(msgs)-1])
+					}
 				}
 				err := db.write(ctx, msgs)
 				if err != nil {

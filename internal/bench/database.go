@@ -236,12 +236,21 @@ func (p *postgres) settle(ctx context.Context) error {
 // behind (dead rows, a history to vacuum, WAL to checkpoint) is then not cleaned up
 // during the next mode's, which would charge it to that mode.
 func (p *postgres) quiesce(ctx context.Context) error {
-	s := pgx.Identifier{p.schema}.Sanitize()
-	if _, err := p.pool.Exec(ctx, `VACUUM (ANALYZE) `+s+`.outbox, `+s+`.outbox_published`); err != nil {
-		return fmt.Errorf("vacuum: %w", err)
+	if err := p.vacuum(ctx); err != nil {
+		return err
 	}
 	if _, err := p.pool.Exec(ctx, `CHECKPOINT`); err != nil {
 		return fmt.Errorf("checkpoint: %w", err)
+	}
+	return nil
+}
+
+// vacuum vacuums the outbox's tables: the dead rows of a drain are then not walked by
+// the next drain's fetches.
+func (p *postgres) vacuum(ctx context.Context) error {
+	s := pgx.Identifier{p.schema}.Sanitize()
+	if _, err := p.pool.Exec(ctx, `VACUUM (ANALYZE) `+s+`.outbox, `+s+`.outbox_published`); err != nil {
+		return fmt.Errorf("vacuum: %w", err)
 	}
 	return nil
 }

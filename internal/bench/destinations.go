@@ -36,7 +36,7 @@ func (m *measurer) destinationsPhase(ctx context.Context) (*DestinationsPhase, e
 		return nil, err
 	}
 	defer drop2()
-	halves := func(i int) string { return []string{"orders", "audit"}[i%2] }
+	halves := func(i int, m *outbox.Message) { m.Topic = []string{"orders", "audit"}[i%2] }
 
 	run := 0
 	drain := func(label string, open func() (outbox.Publisher, func(), error)) (float64, error) {

@@ -327,15 +327,18 @@ func fetchContinuation(t *testing.T, o Outbox) {
 }
 
 // fetchPriority: a priority fetch returns the messages with a priority, highest first,
-// but never one whose key has an earlier pending message the relay has not handled (in
-// Exclude, or held up to Keys/KeySeqs): an ordinary one, or one delayed. A store that
-// keeps no priorities refuses them at write time with outbox.ErrNoPriorities.
+// each only behind earlier messages of its key that the relay handled (held up to
+// Keys/KeySeqs) or that are due and of its priority: a key of one priority
+// comes whole, a message behind an ordinary one, one of another priority or one delayed
+// waits. A store that keeps no priorities refuses them at write time with
+// outbox.ErrNoPriorities.
 func fetchPriority(t *testing.T, o Outbox) {
 	pm := func(key, name string, prio int) outbox.Message {
 		return outbox.Message{Topic: "t", Key: key, Priority: prio, Payload: []byte(name)}
 	}
 	in := []outbox.Message{pm("a", "a0", 0), pm("b", "b0", 0), pm("c", "c3", 3), pm("a", "a7", 7), pm("", "none1", 1),
-		pm("e", "e0-delayed", 0), pm("e", "e9", 9)}
+		pm("e", "e0-delayed", 0), pm("e", "e9", 9), pm("g", "g3a", 3), pm("g", "g3b", 3),
+		pm("h", "h5", 5), pm("h", "h3", 3), pm("h", "h5b", 5)}
 	in[5].DeliverAt = time.Now().Add(time.Hour)
 	pf, ok := o.Store.(outboxdriver.PriorityFetcher)
 	if !ok {
@@ -350,10 +353,19 @@ func fetchPriority(t *testing.T, o Outbox) {
 	write(t, o, []outbox.Message{pm("f", "f2", 2)}) // a write of one message
 	st := sync(t, o, "r1", ttl, nil, nil)
 	seqOrder := fetch(t, o, "r1", st.Held, outboxdriver.FetchRequest{})
-	if want := `["a0" "b0" "c3" "a7" "none1" "f2"]`; fmt.Sprintf("%q", payloads(seqOrder)) != want {
+	if want := `["a0" "b0" "c3" "a7" "none1" "g3a" "g3b" "h5" "h3" "h5b" "f2"]`; fmt.Sprintf("%q", payloads(seqOrder)) != want {
 		t.Fatalf("Fetch returned %q, want %s: in seq order, whatever the priorities", payloads(seqOrder), want)
 	}
 	a0 := seqOrder[0].Seq
+	// hold is the request of a relay holding, of key, the message seq (as in hand:
+	// excluded, and held up to it), with an optional limit.
+	hold := func(keys []string, seq int64, limit ...int) outboxdriver.FetchRequest {
+		req := outboxdriver.FetchRequest{Exclude: []int64{seq}, Keys: keys, KeySeqs: []int64{seq}}
+		if len(limit) > 0 {
+			req.Limit = limit[0]
+		}
+		return req
+	}
 	byPriority := func(req outboxdriver.FetchRequest) string {
 		t.Helper()
 		req.RelayID, req.Leases = "r1", st.Held
@@ -378,11 +390,13 @@ func fetchPriority(t *testing.T, o Outbox) {
 		req  outboxdriver.FetchRequest
 		want string
 	}{
-		{"nothing held: a7 waits for a0, e9 for the delayed e0", outboxdriver.FetchRequest{}, `["c3" "f2" "none1"]`},
-		{"a0 in hand", outboxdriver.FetchRequest{Exclude: []int64{a0}}, `["a7" "c3" "f2" "none1"]`},
-		{"a held up to a0", outboxdriver.FetchRequest{Keys: []string{"a"}, KeySeqs: []int64{a0}}, `["a7" "c3" "f2" "none1"]`},
-		{"limit", outboxdriver.FetchRequest{Exclude: []int64{a0}, Limit: 2}, `["a7" "c3"]`},
-		{"c3 in hand", outboxdriver.FetchRequest{Exclude: []int64{seqOrder[2].Seq}}, `["f2" "none1"]`},
+		{"nothing held: a7 waits for a0, e9 for the delayed e0, h3 and h5b for h5", outboxdriver.FetchRequest{},
+			`["h5" "c3" "g3a" "g3b" "f2" "none1"]`},
+		{"a0 excluded but not held: a7 still waits", outboxdriver.FetchRequest{Exclude: []int64{a0}}, `["h5" "c3" "g3a" "g3b" "f2" "none1"]`},
+		{"a held up to a0", hold([]string{"a"}, a0), `["a7" "h5" "c3" "g3a" "g3b" "f2" "none1"]`},
+		{"limit", hold([]string{"a"}, a0, 2), `["a7" "h5"]`},
+		{"c3 in hand", hold([]string{"c"}, seqOrder[2].Seq), `["h5" "g3a" "g3b" "f2" "none1"]`},
+		{"h5 in hand: h5b waits for h3", hold([]string{"h"}, seqOrder[7].Seq), `["c3" "g3a" "g3b" "h3" "f2" "none1"]`},
 	} {
 		if got := byPriority(c.req); got != c.want {
 			t.Errorf("%s: FetchPriority returned %s, want %s", c.what, got, c.want)

@@ -1,0 +1,132 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/outboxkit/outbox"
+)
+
+// CriticalPhase is what the critical phase measured (Config.Critical): the same backlog,
+// with a fraction of critical messages spread through it, drained once with no
+// priorities (the reference) and once with the critical messages at a priority, in the
+// same run.
+type CriticalPhase struct {
+	Fraction float64
+	Messages int // critical messages in the backlog
+	// X is when the last critical message was confirmed, as a fraction of the whole
+	// drain, with priorities; BaseX the same without.
+	X, BaseX float64
+	// EPS and BaseEPS are the drain rates with and without priorities.
+	EPS, BaseEPS float64
+}
+
+// EPSX is the drain rate with priorities over the rate without.
+func (c CriticalPhase) EPSX() float64 { return div(c.EPS, c.BaseEPS) }
+
+// criticalPriority is the priority of the critical messages in the phase's second drain.
+const criticalPriority = 5
+
+func (m *measurer) criticalPhase(ctx context.Context) (*CriticalPhase, error) {
+	cfg, say := m.cfg, m.say
+	period := max(1, int(math.Round(1/cfg.Critical)))
+	cp := &CriticalPhase{Fraction: cfg.Critical, Messages: (cfg.Events + period - 1) / period}
+	// Critical messages have keys of their own, as when priority belongs to a topic:
+	// as many keys, in proportion, as the others.
+	keys := max(1, int(math.Round(float64(cfg.Keys)*cfg.Critical)))
+	drain := func(label string, prio int) (x, eps float64, err error) {
+		shape := func(i int, msg *outbox.Message) {
+			if i%period == 0 {
+				msg.Topic, msg.Key, msg.Priority = "payments", "c"+strconv.Itoa(i/period%keys), prio
+			}
+		}
+		say("critical: %s: writing a backlog of %d events, %d of them critical", label, cfg.Events, cp.Messages)
+		if err := writeBacklog(ctx, m.db, cfg, m.payload, shape, say); err != nil {
+			return 0, 0, err
+		}
+		// Each drain on a vacuumed table: the last drain's dead rows, which the
+		// fetches would walk until autovacuum came, count against neither.
+		if err := m.db.(*postgres).vacuum(ctx); err != nil {
+			return 0, 0, err
+		}
+		watch := &criticalWatch{}
+		start := time.Now()
+		watch.start = start
+		rs, err := startRelaysWith(ctx, cfg, m.db, fmt.Sprintf("%s-c%d", m.tag, prio), m.confirmed, func() (outbox.Publisher, func(), error) {
+			pub, closePub, err := openPublisher(ctx, m.target, m.dest)
+			return &criticalWatch{Publisher: pub, shared: watch}, closePub, err
+		})
+		if err != nil {
+			return 0, 0, err
+		}
+		defer rs.stop(ctx)
+		if _, err := rs.waitPublished(ctx, int64(cfg.Events), func(n int64, elapsed time.Duration) {
+			say("critical: %s: %d/%d (%.0f/s), %d critical", label, n, cfg.Events, float64(n)/elapsed.Seconds(), watch.count())
+		}); err != nil {
+			return 0, 0, err
+		}
+		total := time.Since(start)
+		n, last := watch.result()
+		if n < cp.Messages {
+			return 0, 0, fmt.Errorf("critical: %s: %d critical messages confirmed, want %d", label, n, cp.Messages)
+		}
+		x, eps = last.Seconds()/total.Seconds(), float64(cfg.Events)/total.Seconds()
+		say("critical: %s: %.0f events/s; the last critical message confirmed %.2f s in, %.3f of the drain", label, eps, last.Seconds(), x)
+		return x, eps, m.emptyDestinations(ctx)
+	}
+	var err error
+	if cp.BaseX, cp.BaseEPS, err = drain("no priorities", 0); err != nil {
+		return nil, err
+	}
+	if cp.X, cp.EPS, err = drain(fmt.Sprintf("critical at priority %d", criticalPriority), criticalPriority); err != nil {
+		return nil, err
+	}
+	say("critical: the critical messages took %.3f of the drain with priorities, %.3f without; drain %.2f of the rate without", cp.X, cp.BaseX, cp.EPSX())
+	return cp, nil
+}
+
+// criticalWatch is a relay's publisher that notes when the critical messages (topic
+// "payments") were confirmed, in shared: how many, and how long after start the last.
+type criticalWatch struct {
+	outbox.Publisher
+	shared *criticalWatch
+
+	mu    sync.Mutex
+	start time.Time
+	n     int
+	last  time.Duration
+}
+
+func (w *criticalWatch) Publish(ctx context.Context, batch []*outbox.Message) []error {
+	errs := w.Publisher.Publish(ctx, batch)
+	n := 0
+	for i, m := range batch {
+		if m.Topic == "payments" && (errs == nil || errs[i] == nil) {
+			n++
+		}
+	}
+	if n > 0 {
+		s := w.shared
+		s.mu.Lock()
+		s.n += n
+		s.last = time.Since(s.start)
+		s.mu.Unlock()
+	}
+	return errs
+}
+
+func (w *criticalWatch) count() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.n
+}
+
+func (w *criticalWatch) result() (int, time.Duration) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.n, w.last
+}
