@@ -124,6 +124,18 @@ func printStatus(w io.Writer, st outboxdriver.Status, postgres bool, now time.Ti
 		}
 	}
 
+	if len(st.Priorities) > 0 {
+		fmt.Fprintln(w)
+		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "PRIORITY\tPENDING\tDUE\tOLDEST PENDING")
+		for _, p := range st.Priorities {
+			fmt.Fprintf(tw, "%d\t%d\t%d\t%s\n", p.Priority, p.Pending, p.Due, age(p.OldestPendingAge, p.Pending))
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+	}
+
 	if len(st.Replays) > 0 {
 		fmt.Fprintln(w)
 		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)

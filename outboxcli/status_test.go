@@ -14,7 +14,7 @@ func TestStatus(t *testing.T) {
 	t.Parallel()
 	b := migrated(t)
 	due := outbox.Message{ID: outbox.NewID(), Topic: "orders", Key: "a", Payload: []byte(`{}`)}
-	delayed := outbox.Message{ID: outbox.NewID(), Topic: "orders", Key: "b", Payload: []byte(`{}`), DeliverAt: time.Now().Add(time.Hour)}
+	delayed := outbox.Message{ID: outbox.NewID(), Topic: "orders", Key: "b", Payload: []byte(`{}`), DeliverAt: time.Now().Add(time.Hour), Priority: 3}
 	retrying := outbox.Message{ID: outbox.NewID(), Topic: "billing", Key: "c", Payload: []byte(`{}`)}
 	dead := outbox.Message{ID: outbox.NewID(), Topic: "billing", Key: "d", Payload: []byte(`{}`)}
 	published := outbox.Message{ID: outbox.NewID(), Topic: "orders", Key: "e", Payload: []byte(`{}`)}
@@ -28,7 +28,8 @@ func TestStatus(t *testing.T) {
 
 	st := statusJSON(t, b)
 	if st.Pending != 3 || st.Due != 1 || st.Delayed != 2 || st.Retrying != 1 || st.Dead != 1 || st.Published != 1 ||
-		st.Shards != 64 || st.ShardsLeased != 32 || len(st.Topics) != 2 || len(st.Relays) != 1 {
+		st.Shards != 64 || st.ShardsLeased != 32 || len(st.Topics) != 2 || len(st.Relays) != 1 ||
+		len(st.Priorities) != 2 || st.Priorities[0].Priority != 3 || st.Priorities[0].Pending != 1 || st.Priorities[1].Pending != 2 {
 		t.Fatalf("status --json: %+v", st)
 	}
 	if st.OldestPendingAge < 2*time.Hour || st.OldestPendingAge > 2*time.Hour+time.Minute {
@@ -51,6 +52,9 @@ func TestStatus(t *testing.T) {
 		regexp.MustCompile(`(?m)^TOPIC +PENDING +DUE +RETRYING +DEAD +OLDEST PENDING$`),
 		regexp.MustCompile(`(?m)^billing +1 +0 +1 +1 +`),
 		regexp.MustCompile(`(?m)^orders +2 +1 +0 +0 +2h`),
+		regexp.MustCompile(`(?m)^PRIORITY +PENDING +DUE +OLDEST PENDING$`),
+		regexp.MustCompile(`(?m)^3 +1 +0 +`),
+		regexp.MustCompile(`(?m)^0 +2 +1 +2h`),
 		regexp.MustCompile(`(?m)^relay-a +host-a +4242 +yes +32 `),
 		regexp.MustCompile(`(?m)^WARNING: 1 message was dead-lettered in the last hour \(1 dead letter in all\)`),
 	} {

@@ -82,9 +82,12 @@ type Status struct {
 	Published        int64         `json:"published"`          // published and still kept (retention)
 	OldestPendingAge time.Duration `json:"oldest_pending_age"` // age of the oldest pending message, in database time
 	Topics           []TopicStatus `json:"topics"`
-	Relays           []RelayInfo   `json:"relays"`
-	Shards           int           `json:"shards"`
-	ShardsLeased     int           `json:"shards_leased"` // shards with an unexpired lease
+	// Priorities is the backlog per Message.Priority, highest first, when a pending
+	// message has a priority (stores that keep them); nil otherwise.
+	Priorities   []PriorityStatus `json:"priorities,omitempty"`
+	Relays       []RelayInfo      `json:"relays"`
+	Shards       int              `json:"shards"`
+	ShardsLeased int              `json:"shards_leased"` // shards with an unexpired lease
 	// Partitions describes the published history's daily partitions (PostgreSQL, schema
 	// version 3); nil for a store that keeps none.
 	Partitions *PartitionStatus `json:"partitions,omitempty"`
@@ -288,6 +291,25 @@ type TopicStatus struct {
 	Dead             int64         `json:"dead"`
 	DeadLastHour     int64         `json:"dead_last_hour"`
 	OldestPendingAge time.Duration `json:"oldest_pending_age"`
+}
+
+// PriorityStatus is the backlog of one priority.
+type PriorityStatus struct {
+	Priority         int           `json:"priority"`
+	Pending          int64         `json:"pending"`
+	Due              int64         `json:"due"`
+	OldestPendingAge time.Duration `json:"oldest_pending_age"`
+}
+
+// AddPriorities sets s.Priorities from the backlog of each priority, when one above 0
+// has messages, sorted highest first.
+func (s *Status) AddPriorities(prios []PriorityStatus) {
+	s.Priorities = nil
+	if !slices.ContainsFunc(prios, func(p PriorityStatus) bool { return p.Priority > 0 && p.Pending > 0 }) {
+		return
+	}
+	s.Priorities = slices.Clone(prios)
+	slices.SortFunc(s.Priorities, func(a, b PriorityStatus) int { return cmp.Compare(b.Priority, a.Priority) })
 }
 
 // RelayInfo describes a relay seen by the store.

@@ -75,6 +75,8 @@
 //	outbox_retrying                         gauge  topic   pending messages rejected at least once
 //	outbox_dead                             gauge  topic   dead-lettered messages
 //	outbox_oldest_pending_age_seconds       gauge  topic   age of the oldest pending message, from its created_at, in database time
+//	outbox_priority_pending                 gauge  priority pending messages of a priority, once one with a priority was pending
+//	outbox_priority_oldest_pending_age_seconds gauge priority age of the oldest pending message of a priority
 //	outbox_relays_live                      gauge  -       relays with an unexpired heartbeat
 //	outbox_relay_routings                   gauge  -       different destinations-and-routing fingerprints among the live relays
 //	outbox_shards                           gauge  -       shards the outbox is divided into

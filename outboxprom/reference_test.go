@@ -90,6 +90,7 @@ func statusReference() ([]refdocs.Metric, error) {
 	admin := &fakeAdmin{}
 	admin.set(outboxdriver.Status{
 		Topics:     []outboxdriver.TopicStatus{{Topic: "orders"}},
+		Priorities: []outboxdriver.PriorityStatus{{Priority: 5, Pending: 1}, {Priority: 0}},
 		Partitions: &outboxdriver.PartitionStatus{Count: 8, DaysAhead: 7},
 		Ring:       &outboxdriver.RingStatus{},
 		WAL:        []outboxdriver.WALSlotStatus{{Slot: "outbox_wal", State: "streaming", Exists: true, WALStatus: "reserved", SafeWALSizeBytes: &safe}},

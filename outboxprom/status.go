@@ -4,7 +4,10 @@ import (
 	"cmp"
 	"context"
 	"log/slog"
+	"maps"
+	"slices"
 	"sort"
+	"strconv"
 	"sync"
 	"time"
 
@@ -20,6 +23,10 @@ const (
 
 // maxTopics bounds the topics a StatusCollector remembers to report at zero.
 const maxTopics = 10_000
+
+// maxPriorities bounds the priorities a StatusCollector reports: the Writer allows 0 to
+// outbox.MaxPriority, and an INSERT by hand may hold any number.
+const maxPriorities = 100
 
 // StatusConfig configures a StatusCollector. The zero value is usable.
 type StatusConfig struct {
@@ -58,6 +65,7 @@ type StatusCollector struct {
 	now   func() time.Time
 
 	up, pending, due, retrying, dead, oldest *prometheus.Desc
+	prioPending, prioOldest                  *prometheus.Desc
 	relaysLive, routings                     *prometheus.Desc
 	shards, shardsLeased                     *prometheus.Desc
 	partitions, daysAhead, oldestTx          *prometheus.Desc
@@ -70,6 +78,7 @@ type StatusCollector struct {
 	snap   outboxdriver.Status
 	err    error
 	topics map[string]bool
+	prios  map[int]bool // the priorities seen, reported at zero once their backlog is gone
 }
 
 var _ prometheus.Collector = (*StatusCollector)(nil)
@@ -83,13 +92,15 @@ func NewStatusCollector(admin outboxdriver.Admin, c StatusConfig) *StatusCollect
 		return prometheus.NewDesc(prometheus.BuildFQName("outbox", "", name), help, labels, c.ConstLabels)
 	}
 	return &StatusCollector{
-		admin: admin, cfg: c, now: time.Now, topics: map[string]bool{},
+		admin: admin, cfg: c, now: time.Now, topics: map[string]bool{}, prios: map[int]bool{},
 		up:            desc("status_up", "1 when the last read of the outbox's status succeeded, 0 when it failed or timed out."),
 		pending:       desc("pending", "Messages not yet published and not dead, due or not.", "topic"),
 		due:           desc("due", "Pending messages due now (not waiting for a retry backoff or DeliverAt).", "topic"),
 		retrying:      desc("retrying", "Pending messages rejected at least once, waiting for or due for another attempt.", "topic"),
 		dead:          desc("dead", "Dead-lettered messages.", "topic"),
 		oldest:        desc("oldest_pending_age_seconds", "Age of the oldest pending message, from its created_at, in database time (0 when none is pending).", "topic"),
+		prioPending:   desc("priority_pending", "Pending messages of a priority (Message.Priority), once a message with a priority was pending.", "priority"),
+		prioOldest:    desc("priority_oldest_pending_age_seconds", "Age of the oldest pending message of a priority, from its created_at, in database time (0 when none is pending).", "priority"),
 		relaysLive:    desc("relays_live", "Relays with an unexpired heartbeat."),
 		routings:      desc("relay_routings", "Different fingerprints of destinations and routing among the live relays that state one: above 1, the relays of one routing take no shards until those of the other stop (a rolling change of the routing, or relays configured differently)."),
 		shards:        desc("shards", "Shards the outbox is divided into."),
@@ -111,7 +122,7 @@ func NewStatusCollector(admin outboxdriver.Admin, c StatusConfig) *StatusCollect
 
 // Describe implements prometheus.Collector.
 func (s *StatusCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{s.up, s.pending, s.due, s.retrying, s.dead, s.oldest, s.relaysLive, s.routings, s.shards, s.shardsLeased,
+	for _, d := range []*prometheus.Desc{s.up, s.pending, s.due, s.retrying, s.dead, s.oldest, s.prioPending, s.prioOldest, s.relaysLive, s.routings, s.shards, s.shardsLeased,
 		s.partitions, s.daysAhead, s.oldestTx, s.ringRotations, s.ringRows,
 		s.walSource, s.walExists, s.walActive, s.walStatus, s.walLag, s.walRetained, s.walSafe} {
 		ch <- d
@@ -120,7 +131,7 @@ func (s *StatusCollector) Describe(ch chan<- *prometheus.Desc) {
 
 // Collect implements prometheus.Collector.
 func (s *StatusCollector) Collect(ch chan<- prometheus.Metric) {
-	st, topics, err := s.read()
+	st, topics, prios, err := s.read()
 	if err != nil {
 		ch <- prometheus.MustNewConstMetric(s.up, prometheus.GaugeValue, 0)
 		return
@@ -140,6 +151,15 @@ func (s *StatusCollector) Collect(ch chan<- prometheus.Metric) {
 		gauge(s.retrying, float64(t.Retrying))
 		gauge(s.dead, float64(t.Dead))
 		gauge(s.oldest, t.OldestPendingAge.Seconds())
+	}
+	byPriority := make(map[int]outboxdriver.PriorityStatus, len(st.Priorities))
+	for _, p := range st.Priorities {
+		byPriority[p.Priority] = p
+	}
+	for _, prio := range prios {
+		p, label := byPriority[prio], strconv.Itoa(prio) // zero for a priority gone quiet
+		ch <- prometheus.MustNewConstMetric(s.prioPending, prometheus.GaugeValue, float64(p.Pending), label)
+		ch <- prometheus.MustNewConstMetric(s.prioOldest, prometheus.GaugeValue, p.OldestPendingAge.Seconds(), label)
 	}
 	live := 0
 	for _, r := range st.Relays {
@@ -195,8 +215,8 @@ func (s *StatusCollector) collectWAL(ch chan<- prometheus.Metric, w outboxdriver
 }
 
 // read returns a snapshot no older than MaxAge, reading a new one if needed, and the
-// topics to report, sorted.
-func (s *StatusCollector) read() (outboxdriver.Status, []string, error) {
+// topics and priorities to report, sorted.
+func (s *StatusCollector) read() (outboxdriver.Status, []string, []int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.at.IsZero() || s.cfg.MaxAge < 0 || s.now().Sub(s.at) >= s.cfg.MaxAge {
@@ -218,11 +238,17 @@ func (s *StatusCollector) read() (outboxdriver.Status, []string, error) {
 					s.topics[t.Topic] = true
 				}
 			}
+			for _, p := range st.Priorities {
+				if len(s.prios) < maxPriorities {
+					s.prios[p.Priority] = true
+				}
+			}
 		}
 	}
 	if s.err != nil {
-		return outboxdriver.Status{}, nil, s.err
+		return outboxdriver.Status{}, nil, nil, s.err
 	}
+	prios := slices.Sorted(maps.Keys(s.prios))
 	topics := make([]string, 0, len(s.topics))
 	for t := range s.topics {
 		topics = append(topics, t)
@@ -234,5 +260,5 @@ func (s *StatusCollector) read() (outboxdriver.Status, []string, error) {
 		}
 	}
 	sort.Strings(topics)
-	return s.snap, topics, nil
+	return s.snap, topics, prios, nil
 }

@@ -28,6 +28,7 @@ func (s *Store) Status(ctx context.Context) (outboxdriver.Status, error) {
 		Shards:    len(s.leases),
 	}
 	st.AddTopics(s.topicStatus(now))
+	st.AddPriorities(s.priorityStatus(now))
 	for _, l := range s.leases {
 		if l.owner != "" && l.expires.After(now) {
 			st.ShardsLeased++
@@ -37,6 +38,28 @@ func (s *Store) Status(ctx context.Context) (outboxdriver.Status, error) {
 		st.OldestTransactionAge = max(st.OldestTransactionAge, now.Sub(tx.begun))
 	}
 	return st, nil
+}
+
+// priorityStatus returns one PriorityStatus per priority with pending messages.
+func (s *Store) priorityStatus(now time.Time) []outboxdriver.PriorityStatus {
+	prios := map[int]*outboxdriver.PriorityStatus{}
+	for _, r := range s.pending {
+		p := prios[r.msg.Priority]
+		if p == nil {
+			p = &outboxdriver.PriorityStatus{Priority: r.msg.Priority}
+			prios[r.msg.Priority] = p
+		}
+		p.Pending++
+		if !r.next.After(now) {
+			p.Due++
+		}
+		p.OldestPendingAge = max(p.OldestPendingAge, now.Sub(r.msg.CreatedAt))
+	}
+	out := make([]outboxdriver.PriorityStatus, 0, len(prios))
+	for _, p := range prios {
+		out = append(out, *p)
+	}
+	return out
 }
 
 // topicStatus returns one TopicStatus per topic with pending or dead messages, by topic.

@@ -163,10 +163,11 @@ func TestOverview(t *testing.T) {
 	stats := outbox.RelayStats{Published: 7, Rejected: 3, DeadLettered: 1, Shards: 64}
 	b := setup(t, Config{RelayID: "relay-under-test", RelayStats: func() outbox.RelayStats { return stats }})
 	addDeadLetters(t, b.db)
-	b.db.Write(t, outbox.Message{Topic: "shipping", Key: "s1", Payload: []byte(`{}`)})
+	b.db.Write(t, outbox.Message{Topic: "shipping", Key: "s1", Payload: []byte(`{}`), Priority: 7})
 
 	body := b.mustGet(t, "/")
 	for _, want := range []string{
+		`<tr data-priority="7">`, `<tr data-priority="0">`,
 		`data-stat="pending">2<`, `data-stat="dead">3<`, `data-stat="retrying">1<`, `data-stat="published">0<`,
 		`<tr data-topic="orders">`, `<tr data-topic="billing">`, `<tr data-topic="shipping">`,
 		`href="/dead?topic=orders"`, `data-stat="relay-published">7<`, `This relay`, `relay-under-test`,

@@ -50,6 +50,14 @@ FULL JOIN (
 ORDER BY topic`)
 }
 
+// StatusPriorities returns one row per priority with pending messages: priority,
+// pending, due, and the age of the oldest in microseconds (schema version 10).
+func (n *Names) StatusPriorities() string {
+	return n.r(`SELECT priority, count(*), count(*) FILTER (WHERE next_attempt_at <= now()),
+       coalesce((extract(epoch FROM greatest(now() - min(created_at), interval '0')) * 1000000)::bigint, 0)
+FROM {{outbox}} GROUP BY priority`)
+}
+
 // StatusPublishedStats returns PostgreSQL's two row counts of the published history: the
 // planner's estimate (reltuples) and the statistics collector's live rows (n_live_tup),
 // each summed over the published table's partitions (migration 3) and the history kept
@@ -319,6 +327,9 @@ func (db *DB) Status(ctx context.Context) (outboxdriver.Status, error) {
 		if err := db.names.topicStatus(ctx, q, &st); err != nil {
 			return fmt.Errorf("count pending and dead: %w", err)
 		}
+		if _, err := optionalPart(ctx, q, func() error { return db.names.priorityStatus(ctx, q, &st) }); err != nil {
+			return fmt.Errorf("count pending per priority: %w", err)
+		}
 		if err := db.names.publishedCount(ctx, q, &st); err != nil {
 			return fmt.Errorf("count published: %w", err)
 		}
@@ -353,6 +364,21 @@ func (n *Names) topicStatus(ctx context.Context, q Querier, st *outboxdriver.Sta
 	}
 	st.AddTopics(topics)
 	return nil
+}
+
+// priorityStatus fills the backlog per priority (schema version 10).
+func (n *Names) priorityStatus(ctx context.Context, q Querier, st *outboxdriver.Status) error {
+	prios, err := Collect(ctx, q, n.StatusPriorities(), nil, func(r Row) (outboxdriver.PriorityStatus, error) {
+		var p outboxdriver.PriorityStatus
+		var ageMicros int64
+		err := r.Scan(&p.Priority, &p.Pending, &p.Due, &ageMicros)
+		p.OldestPendingAge = time.Duration(ageMicros) * time.Microsecond
+		return p, err
+	})
+	if err == nil {
+		st.AddPriorities(prios)
+	}
+	return err
 }
 
 // publishedCount counts the published table exactly while it is small and estimates it

@@ -2,7 +2,6 @@ package pgsql
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 
 	"github.com/outboxkit/outbox"
@@ -56,7 +55,7 @@ func HasPriority(msgs []outbox.Message) bool {
 // InsertError wraps err, a failed insert's: with the outboxdriver.ErrNoPriorities it
 // means when the insert named the priority column (prio) and the column is not there.
 func InsertError(err error, prio bool) error {
-	if prio && undefinedColumn(err) {
+	if prio && SQLState(err) == "42703" { // undefined column
 		return fmt.Errorf("outbox insert: %w before schema version 10: run outbox migrate up (%w)", outboxdriver.ErrNoPriorities, err)
 	}
 	return fmt.Errorf("outbox insert: %w", err)
@@ -76,13 +75,8 @@ func PriorityFetchArgs(req outboxdriver.FetchRequest) (exclude []int64, limit in
 // PriorityFetchError wraps err, a failed FetchPriority's: with the
 // outboxdriver.ErrNoPriorities it means when the outbox has no priority column yet.
 func PriorityFetchError(err error) error {
-	if undefinedColumn(err) {
+	if SQLState(err) == "42703" { // undefined column
 		return fmt.Errorf("fetch by priority: %w before schema version 10 (%w)", outboxdriver.ErrNoPriorities, err)
 	}
 	return fmt.Errorf("fetch by priority: %w", err)
-}
-
-func undefinedColumn(err error) bool {
-	var pe interface{ SQLState() string }
-	return errors.As(err, &pe) && pe.SQLState() == "42703"
 }

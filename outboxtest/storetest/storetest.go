@@ -402,6 +402,14 @@ func fetchPriority(t *testing.T, o Outbox) {
 			t.Errorf("%s: FetchPriority returned %s, want %s", c.what, got, c.want)
 		}
 	}
+	st0 := status(t, o)
+	var pending int64
+	for _, p := range st0.Priorities {
+		pending += p.Pending
+	}
+	if len(st0.Priorities) == 0 || st0.Priorities[0].Priority != 9 || st0.Priorities[0].Pending != 1 || pending != st0.Pending {
+		t.Errorf("status priorities %+v, want priority 9 first with 1 message, %d pending in all", st0.Priorities, st0.Pending)
+	}
 	if other := sync(t, o, "r2", ttl, nil, nil); len(other.Held) != 0 {
 		t.Fatalf("r2 took %d shards while r1 holds them all", len(other.Held))
 	}
