@@ -51,7 +51,9 @@ destination on --broker alone (dest1_eps), to one on the second broker alone
 dests_x = dests_eps over the slower of the two alone.
 With --critical F (PostgreSQL), a backlog of --events in which a fraction F of the
 messages, spread through it, are of topic "payments" on keys of their own is drained
-twice more, at the end: as it is (the reference), then with those messages at priority 5.
+twice more (--runs times each, in turn: medians), at the end: as it is (the reference),
+then with those messages at priority 5. The critical messages have keys of their own, as
+many as --keys.
 critical_x is when the last of them was confirmed, as a fraction of the drain with
 priorities (critical_base_x: without), critical_eps_x the drain rate with priorities over
 the rate without.

@@ -12,9 +12,9 @@ import (
 )
 
 // CriticalPhase is what the critical phase measured (Config.Critical): the same backlog,
-// with a fraction of critical messages spread through it, drained once with no
-// priorities (the reference) and once with the critical messages at a priority, in the
-// same run.
+// with a fraction of critical messages spread through it, drained with no priorities
+// (the reference) and with the critical messages at a priority, in turn, Config.Runs
+// times each; the figures are medians.
 type CriticalPhase struct {
 	Fraction float64
 	Messages int // critical messages in the backlog
@@ -35,9 +35,10 @@ func (m *measurer) criticalPhase(ctx context.Context) (*CriticalPhase, error) {
 	cfg, say := m.cfg, m.say
 	period := max(1, int(math.Round(1/cfg.Critical)))
 	cp := &CriticalPhase{Fraction: cfg.Critical, Messages: (cfg.Events + period - 1) / period}
-	// Critical messages have keys of their own, as when priority belongs to a topic:
-	// as many keys, in proportion, as the others.
-	keys := max(1, int(math.Round(float64(cfg.Keys)*cfg.Critical)))
+	// Critical messages have keys of their own, as when priority belongs to a topic
+	// (payments against orders): as many as the others, each with fewer messages.
+	keys := cfg.Keys
+	runs := 0
 	drain := func(label string, prio int) (x, eps float64, err error) {
 		shape := func(i int, msg *outbox.Message) {
 			if i%period == 0 {
@@ -56,7 +57,8 @@ func (m *measurer) criticalPhase(ctx context.Context) (*CriticalPhase, error) {
 		watch := &criticalWatch{}
 		start := time.Now()
 		watch.start = start
-		rs, err := startRelaysWith(ctx, cfg, m.db, fmt.Sprintf("%s-c%d", m.tag, prio), m.confirmed, func() (outbox.Publisher, func(), error) {
+		runs++
+		rs, err := startRelaysWith(ctx, cfg, m.db, fmt.Sprintf("%s-c%d", m.tag, runs), m.confirmed, func() (outbox.Publisher, func(), error) {
 			pub, closePub, err := openPublisher(ctx, m.target, m.dest)
 			return &criticalWatch{Publisher: pub, shared: watch}, closePub, err
 		})
@@ -78,13 +80,20 @@ func (m *measurer) criticalPhase(ctx context.Context) (*CriticalPhase, error) {
 		say("critical: %s: %.0f events/s; the last critical message confirmed %.2f s in, %.3f of the drain", label, eps, last.Seconds(), x)
 		return x, eps, m.emptyDestinations(ctx)
 	}
-	var err error
-	if cp.BaseX, cp.BaseEPS, err = drain("no priorities", 0); err != nil {
-		return nil, err
+	// The two drains alternate, cfg.Runs times each: the figures are their medians.
+	var xs, bxs, epss, beps []float64
+	for run := 1; run <= cfg.Runs; run++ {
+		bx, be, err := drain(fmt.Sprintf("run %d/%d: no priorities", run, cfg.Runs), 0)
+		if err != nil {
+			return nil, err
+		}
+		x, e, err := drain(fmt.Sprintf("run %d/%d: critical at priority %d", run, cfg.Runs, criticalPriority), criticalPriority)
+		if err != nil {
+			return nil, err
+		}
+		bxs, beps, xs, epss = append(bxs, bx), append(beps, be), append(xs, x), append(epss, e)
 	}
-	if cp.X, cp.EPS, err = drain(fmt.Sprintf("critical at priority %d", criticalPriority), criticalPriority); err != nil {
-		return nil, err
-	}
+	cp.X, cp.BaseX, cp.EPS, cp.BaseEPS = median(xs), median(bxs), median(epss), median(beps)
 	say("critical: the critical messages took %.3f of the drain with priorities, %.3f without; drain %.2f of the rate without", cp.X, cp.BaseX, cp.EPSX())
 	return cp, nil
 }
