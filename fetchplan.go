@@ -34,13 +34,18 @@ type fetchPlan struct {
 
 	// Priority fetches (the store keeps priorities) read a backlog's higher-priority
 	// messages ahead of it: while the fetches come back full, a priority fetch goes
-	// first at least every fullFetchEvery, and at once again while the last one came
-	// back full. It neither reads nor moves the cursor: what it brings into hand is
+	// first every fullFetchEvery (backing off to prioIdleEvery while they find nothing),
+	// and at once again while the last one came back full. It neither reads nor moves the cursor: what it brings into hand is
 	// excluded from full fetches, and ignored when a continuation returns it again.
-	prio     bool
-	prioMore bool      // the last priority fetch came back full
-	prioLast time.Time // when the last priority fetch started
+	prio      bool
+	prioMore  bool          // the last priority fetch came back full
+	prioLast  time.Time     // when the last priority fetch started
+	prioEvery time.Duration // the interval between priority fetches: longer while they find nothing
 }
+
+// Priority fetches run every fullFetchEvery while they find messages, and back off to
+// prioIdleEvery, doubling, while they find none.
+const prioIdleEvery = time.Second
 
 // next says whether to fetch at now, given room for that many messages in hand against
 // a batch size, and whether that fetch is full; after is the continuation's lower bound.
@@ -65,14 +70,23 @@ func (p *fetchPlan) next(now time.Time, room, batch int) (fetch, full bool, afte
 // priorityStarted when it sends it.
 func (p *fetchPlan) nextPriority(now time.Time, room, batch, prioritized int) bool {
 	return p.prio && p.moreLikely && room >= batch/2 && prioritized < batch && !now.Before(p.retryAt) &&
-		(p.prioMore || now.Sub(p.prioLast) >= fullFetchEvery)
+		(p.prioMore || now.Sub(p.prioLast) >= max(p.prioEvery, fullFetchEvery))
 }
 
 // priorityStarted records a priority fetch sent at now.
 func (p *fetchPlan) priorityStarted(now time.Time) { p.prioLast = now }
 
-// priorityDone records a priority fetch's answer: whether it came back full.
-func (p *fetchPlan) priorityDone(full bool) { p.prioMore = full }
+// priorityDone records a priority fetch's answer: how many messages it returned, and
+// whether it came back full.
+func (p *fetchPlan) priorityDone(n int, full bool) {
+	p.prioMore = full
+	switch {
+	case n > 0:
+		p.prioEvery = fullFetchEvery
+	default:
+		p.prioEvery = min(max(2*p.prioEvery, fullFetchEvery), prioIdleEvery)
+	}
+}
 
 // started records a fetch sent at now.
 func (p *fetchPlan) started(full bool, now time.Time) {

@@ -199,3 +199,50 @@ func TestLoopNotified(t *testing.T) {
 		t.Fatalf("a notification that did not say: plan %+v", l.fetch)
 	}
 }
+
+// TestFetchPlanPriority: priority fetches go only through a backlog, at once again while
+// they come back full, every fullFetchEvery while they find messages, backing off to
+// prioIdleEvery while they find none, and never while a batch of prioritized messages is
+// in hand; they leave the cursor alone.
+func TestFetchPlanPriority(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	p := fetchPlan{prio: true}
+	next := func(now time.Time, prioritized int) bool { return p.nextPriority(now, 1000, 100, prioritized) }
+	if next(t0, 0) {
+		t.Fatal("a priority fetch without a backlog")
+	}
+	p.done(500, true, 0) // a full fetch came back full: a backlog
+	if !next(t0, 0) {
+		t.Fatal("no priority fetch in a backlog")
+	}
+	p.priorityStarted(t0)
+	p.priorityDone(100, true)
+	if !next(t0, 0) || next(t0, 100) {
+		t.Fatal("after a full priority fetch: want another at once, unless a batch of prioritized messages is in hand")
+	}
+	if p.at() != 500 {
+		t.Fatalf("cursor %d after priority fetches, want the full fetch's 500", p.at())
+	}
+	p.priorityStarted(t0)
+	p.priorityDone(10, false)
+	if next(t0.Add(fullFetchEvery-1), 0) || !next(t0.Add(fullFetchEvery), 0) {
+		t.Fatal("after a short priority fetch that found messages: want the next after fullFetchEvery")
+	}
+	at := t0
+	for range 10 { // nothing found: the interval doubles up to prioIdleEvery
+		at = at.Add(time.Hour)
+		p.priorityStarted(at)
+		p.priorityDone(0, false)
+	}
+	if next(at.Add(prioIdleEvery-1), 0) || !next(at.Add(prioIdleEvery), 0) {
+		t.Fatalf("after empty priority fetches: want the next after %v (every %v)", prioIdleEvery, p.prioEvery)
+	}
+	p.priorityDone(1, false)
+	if !next(at.Add(fullFetchEvery), 0) {
+		t.Fatal("a priority fetch that found a message did not bring the interval back")
+	}
+	p.prio = false
+	if next(at.Add(time.Hour), 0) {
+		t.Fatal("a priority fetch on a store without priorities")
+	}
+}

@@ -977,8 +977,8 @@ func (l *loop) startFetch(ctx context.Context) {
 
 // startPriorityFetch reads a backlog's higher-priority messages ahead of it (fetchPlan's
 // prio). Like a full fetch it excludes what is in hand, and like a continuation it sends
-// the keys held and their floors: the store takes a message only if its key has no
-// earlier pending message the relay has not handled, so the key's order holds.
+// the keys held: the store takes a message only if its key has no earlier pending
+// message the relay has not handled and of another priority, so the key's order holds.
 func (l *loop) startPriorityFetch(ctx context.Context, room int, now time.Time) {
 	req := &outboxdriver.FetchRequest{RelayID: l.cfg.ID, Limit: min(room, l.cfg.BatchSize), Leases: l.leases.active()}
 	if len(req.Leases) == 0 {
@@ -986,7 +986,9 @@ func (l *loop) startPriorityFetch(ctx context.Context, room int, now time.Time) 
 	}
 	l.fetch.priorityStarted(now)
 	req.Exclude = l.hand.seqs()
-	req.Keys, req.KeySeqs = l.floors.bounds(l.hand.held(), true)
+	// The keys held, without the floors: the store probes each candidate key once, and
+	// the floors (thousands of keys) would cost every fetch more than they save.
+	req.Keys, req.KeySeqs = l.floors.bounds(l.hand.held(), false)
 	l.runFetch(ctx, req, true, func(ctx context.Context) ([]*Message, func(fetchResult), error) {
 		msgs, err := l.prio.FetchPriority(ctx, *req)
 		return msgs, nil, err
@@ -1011,7 +1013,7 @@ func (l *loop) onFetch(ctx context.Context, res fetchResult) {
 	switch {
 	case res.err != nil && res.prio:
 		l.hand.fetched(nil, nil)
-		l.fetch.priorityDone(false)
+		l.fetch.priorityDone(0, false)
 		if errors.Is(res.err, outboxdriver.ErrNoPriorities) {
 			l.fetch.prio = false
 			l.log.Info("priorities off: reading the backlog in seq order alone", "reason", res.err)
@@ -1027,7 +1029,7 @@ func (l *loop) onFetch(ctx context.Context, res fetchResult) {
 	}
 	full := len(res.fetched) == res.req.Limit
 	if res.prio {
-		l.fetch.priorityDone(full)
+		l.fetch.priorityDone(len(res.fetched), full)
 	} else {
 		l.fetched(res, full)
 	}

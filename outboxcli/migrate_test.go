@@ -53,9 +53,13 @@ func TestMigrateRoundTrip(t *testing.T) {
 		t.Fatal("no outbox_wal table or outbox_relays.mode column after migrate up")
 	}
 
-	// One version back reverts the newest migration only: 009_replays (the replays'
-	// progress records), 008_relay_routing, 007_wake_gate and 006_notify_from drop no
-	// data.
+	// One version back reverts the newest migration only: 010_priority (pending
+	// messages' priorities), 009_replays (the replays' progress records),
+	// 008_relay_routing, 007_wake_gate and 006_notify_from drop no data.
+	if r := must(t, 0, b.env, "migrate", "down"); !strings.Contains(r.stdout, "reverted 010_priority") || strings.Contains(r.stdout, "009") ||
+		b.columnExists(t, "outbox", "priority") {
+		t.Fatalf("down one version: %s", r)
+	}
 	if r := must(t, 0, b.env, "migrate", "down"); !strings.Contains(r.stdout, "reverted 009_replays") || strings.Contains(r.stdout, "008") ||
 		b.tableExists(t, "outbox_replays") {
 		t.Fatalf("down one version: %s", r)

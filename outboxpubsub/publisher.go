@@ -480,3 +480,23 @@ func classify(err error, topic string) error {
 	}
 	return outbox.Outage(fmt.Errorf("outboxpubsub: topic %s: %w", topic, err))
 }
+
+// CheckTopic reports whether m's topic exists: an error wrapping ErrNoTopic when it does
+// not, outbox.ErrUnroutable when the route needs a field m lacks (a placeholder other
+// than {topic}), or the error of asking.
+func (p *Publisher) CheckTopic(ctx context.Context, m *outbox.Message) error {
+	name, err := p.route.Destination(m)
+	if err != nil {
+		return err
+	}
+	_, err = p.client.TopicAdminClient.GetTopic(ctx, &pubsubpb.GetTopicRequest{Topic: p.fullName(name)})
+	if status.Code(err) == codes.NotFound {
+		return fmt.Errorf("%w: %s", ErrNoTopic, p.fullName(name))
+	}
+	return err
+}
+
+// Message returns the Pub/Sub message Publish sends for m (without its topic), or the
+// rejection Publish would report: for tools that publish the outbox's messages with the
+// client themselves.
+func (p *Publisher) Message(m *outbox.Message) (*pubsub.Message, error) { return p.encode(m) }
