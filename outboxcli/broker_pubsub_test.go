@@ -1,0 +1,99 @@
+package outboxcli
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+
+	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
+	"cloud.google.com/go/pubsub/v2/pstest"
+
+	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/testinfra/testenv"
+	"github.com/outboxkit/outbox/outboxpubsub"
+)
+
+// TestRelayPubSub runs the relay against the client library's fake Pub/Sub server:
+// messages land on the topic the route names, with the key as ordering key, and a topic
+// that does not exist is named in a warning at start-up.
+func TestRelayPubSub(t *testing.T) {
+	t.Parallel()
+	srv := pstest.NewServer()
+	t.Cleanup(func() { _ = srv.Close() })
+	const project = "outbox-cli"
+	url := "pubsub://" + project
+	admin, err := outboxpubsub.Dial(testenv.Context(t), url+"?endpoint="+srv.Addr, outboxpubsub.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(admin.Close)
+	topic := "projects/" + project + "/topics/events-q"
+	if _, err := admin.Client().TopicAdminClient.CreateTopic(testenv.Context(t), &pubsubpb.Topic{Name: topic}); err != nil {
+		t.Fatal(err)
+	}
+
+	b := migrated(t)
+	msgs := []outbox.Message{
+		{ID: outbox.NewID(), Topic: "q", Key: "o-1", Payload: []byte(`{"n":1}`), DedupKey: "order-1-placed"},
+		{ID: outbox.NewID(), Topic: "q", Key: "o-1", Payload: []byte{0xff, 0x00}},
+		{ID: outbox.NewID(), Topic: "missing", Key: "m-1", Payload: []byte(`{"n":3}`)},
+	}
+	b.Write(t, msgs...)
+
+	rctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var stdout, stderr syncBuffer
+	done := make(chan int, 1)
+	env := with(b.env, "OUTBOX_POLL_INTERVAL", "50ms")
+	go func() {
+		done <- run(rctx, []string{"relay", "--broker", url, "--pubsub-endpoint", srv.Addr, "--route", "events-{topic}", "--log-format", "json"},
+			func(k string) string { return env[k] }, &stdout, &stderr)
+	}()
+
+	var got []*pstest.Message
+	testenv.Await(t, "2 messages on "+topic, func() (any, bool) {
+		got = got[:0]
+		for _, m := range srv.Messages() {
+			if m.Topic == topic {
+				got = append(got, m)
+			}
+		}
+		return fmt.Sprintf("%d messages", len(got)), len(got) >= 2
+	})
+	for i, m := range msgs[:2] {
+		if string(got[i].Data) != string(m.Payload) || got[i].Attributes[outbox.HeaderID] != m.ID.String() || got[i].OrderingKey != "o-1" {
+			t.Errorf("message %d: %q %v key %q, want payload %q, id %s, ordering key o-1", i, got[i].Data, got[i].Attributes, got[i].OrderingKey, m.Payload, m.ID)
+		}
+	}
+	if d := got[0].Attributes[outbox.HeaderDedupKey]; d != "order-1-placed" {
+		t.Errorf("dedup key attribute %q", d)
+	}
+	testenv.AwaitCond(t, "the warning about events-missing", func() bool {
+		return strings.Contains(stderr.String(), "until their topic exists") && strings.Contains(stderr.String(), "events-missing")
+	})
+
+	cancel()
+	if code := testenv.AwaitRecv(t, "the relay to stop after its context ended", done); code != 0 {
+		t.Fatalf("relay exited %d after a graceful stop\nstderr:\n%s", code, stderr.String())
+	}
+}
+
+func TestRelayPubSubRejectsBadSettingsBeforeConnecting(t *testing.T) {
+	t.Parallel()
+	env := map[string]string{"OUTBOX_DATABASE_URL": unreachableDB, "OUTBOX_BROKER": "pubsub://p"}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--route", "goog-{topic}"}, "--route: \"goog-{topic}\" does not form valid topic names"},
+		{[]string{"--pubsub-timeout", "-1s"}, "--pubsub-timeout: must not be negative"},
+		{[]string{"--broker", "pubsub://"}, "names no project"},
+		{[]string{"--broker", "pubsub://p?endpoint=a:1", "--pubsub-endpoint", "b:2"}, "give one"},
+	} {
+		r := cli(t, env, append([]string{"relay"}, tc.args...)...)
+		if r.code != 2 || !strings.Contains(errorLine(r.stderr), tc.want) {
+			t.Errorf("relay %v: want exit 2 and %q, got %s", tc.args, tc.want, r)
+		}
+	}
+}
