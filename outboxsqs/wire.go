@@ -78,12 +78,32 @@ type entry struct {
 
 // encode builds m's SendMessageBatch entry for a queue, FIFO or not.
 func encode(m *outbox.Message, fifo bool) (types.SendMessageBatchRequestEntry, int, error) {
+	body, layout, err := Layout(m)
+	if err != nil {
+		return types.SendMessageBatchRequestEntry{}, 0, err
+	}
+	attrs := make(map[string]types.MessageAttributeValue, len(layout))
+	for k, v := range layout {
+		attrs[k] = types.MessageAttributeValue{DataType: aws.String(stringType), StringValue: aws.String(v)}
+	}
+	e := types.SendMessageBatchRequestEntry{MessageBody: aws.String(body), MessageAttributes: attrs}
+	if fifo {
+		e.MessageDeduplicationId = aws.String(FIFOID(m.DedupID()))
+		e.MessageGroupId = aws.String(FIFOGroup(m))
+	}
+	return e, LayoutSize(body, layout), nil
+}
+
+// Layout lays m out as this package sends it (see the package documentation): the body,
+// and the String attributes by name. Amazon SNS (outboxsns) sends the same layout, so
+// that a raw delivery from an SNS topic to an SQS queue decodes with Decode.
+func Layout(m *outbox.Message) (body string, attrs map[string]string, err error) {
 	body, encoding := Body(m.Payload)
-	attrs := make(map[string]types.MessageAttributeValue, maxAttributes)
+	attrs = make(map[string]string, maxAttributes)
 	var rest map[string]string
 	m.WireHeaders(func(k, v string) {
 		if ownAttributes[k] && v != "" && validText(v) {
-			attrs[k] = types.MessageAttributeValue{DataType: aws.String(stringType), StringValue: aws.String(v)}
+			attrs[k] = v
 			delete(rest, k)
 			return
 		}
@@ -96,28 +116,24 @@ func encode(m *outbox.Message, fifo bool) (types.SendMessageBatchRequestEntry, i
 	if len(rest) > 0 {
 		js, err := headersJSON(rest)
 		if err != nil {
-			return types.SendMessageBatchRequestEntry{}, 0, err
+			return "", nil, err
 		}
-		attrs[AttrHeaders] = types.MessageAttributeValue{DataType: aws.String(stringType), StringValue: aws.String(js)}
+		attrs[AttrHeaders] = js
 	}
 	if encoding != "" {
-		attrs[AttrBodyEncoding] = types.MessageAttributeValue{DataType: aws.String(stringType), StringValue: aws.String(encoding)}
+		attrs[AttrBodyEncoding] = encoding
 	}
+	return body, attrs, nil
+}
 
-	e := types.SendMessageBatchRequestEntry{MessageBody: aws.String(body), MessageAttributes: attrs}
-	if fifo {
-		e.MessageDeduplicationId = aws.String(fifoID(m.DedupID()))
-		group := m.Key
-		if group == "" {
-			group = m.ID.String()
-		}
-		e.MessageGroupId = aws.String(fifoID(group))
-	}
+// LayoutSize is the size of a laid-out message as SQS and SNS count it: the body and
+// every attribute's name, data type ("String") and value.
+func LayoutSize(body string, attrs map[string]string) int {
 	size := len(body)
 	for k, v := range attrs {
-		size += len(k) + len(*v.DataType) + len(*v.StringValue)
+		size += len(k) + len(stringType) + len(v)
 	}
-	return e, size, nil
+	return size
 }
 
 // Body returns the SQS message body that carries payload and the value of the
@@ -179,10 +195,19 @@ func headersJSON(h map[string]string) (string, error) {
 	return b.String(), nil
 }
 
-// fifoID returns s when it is a valid MessageDeduplicationId and MessageGroupId (1 to
+// FIFOGroup returns the MessageGroupId of m on a FIFO queue or topic: its key, or its id
+// when it has none (it is ordered with respect to no other message), as FIFOID.
+func FIFOGroup(m *outbox.Message) string {
+	if m.Key == "" {
+		return FIFOID(m.ID.String())
+	}
+	return FIFOID(m.Key)
+}
+
+// FIFOID returns s when it is a valid MessageDeduplicationId and MessageGroupId (1 to
 // 128 characters, each an ASCII letter, digit or punctuation mark), and otherwise the
 // lowercase hex SHA-256 of s, which always is one.
-func fifoID(s string) string {
+func FIFOID(s string) string {
 	ok := len(s) > 0 && len(s) <= 128
 	for i := 0; ok && i < len(s); i++ {
 		ok = s[i] > ' ' && s[i] < 0x7f

@@ -108,9 +108,9 @@ func TestEncodeFIFO(t *testing.T) {
 		{"punctuation", `a!"#$%&'()*+,-./:;<=>?@[\]^_{|}~z`, "d", `a!"#$%&'()*+,-./:;<=>?@[\]^_{|}~z`, "d"},
 		{"no key: the id is the group", "", "d", id.String(), "d"},
 		{"no dedup key: the id", "k", "", "k", id.String()},
-		{"space", "order 42", "dedup 1", fifoID("order 42"), fifoID("dedup 1")},
-		{"non-ASCII", "zamówienie", "ключ", fifoID("zamówienie"), fifoID("ключ")},
-		{"too long", long, long, fifoID(long), fifoID(long)},
+		{"space", "order 42", "dedup 1", FIFOID("order 42"), FIFOID("dedup 1")},
+		{"non-ASCII", "zamówienie", "ключ", FIFOID("zamówienie"), FIFOID("ключ")},
+		{"too long", long, long, FIFOID(long), FIFOID(long)},
 		{"128 fits", long[:128], long[:128], long[:128], long[:128]},
 	} {
 		m := &outbox.Message{ID: id, Topic: "t", Key: tc.key, DedupKey: tc.dedup, Payload: []byte("x")}
@@ -133,8 +133,8 @@ func TestEncodeFIFO(t *testing.T) {
 			t.Errorf("%s: attributes carry key %q and dedup key %q, want %q and %q", tc.name, h[outbox.HeaderKey], h[outbox.HeaderDedupKey], tc.key, m.DedupID())
 		}
 	}
-	if h := fifoID("order 42"); len(h) != 64 || strings.Trim(h, "0123456789abcdef") != "" {
-		t.Errorf("fifoID hash %q is not 64 hex digits", h)
+	if h := FIFOID("order 42"); len(h) != 64 || strings.Trim(h, "0123456789abcdef") != "" {
+		t.Errorf("FIFOID hash %q is not 64 hex digits", h)
 	}
 }
 
@@ -237,7 +237,7 @@ func FuzzEncodeDecode(f *testing.F) {
 			}
 			if fifo {
 				for _, id := range []string{*e.MessageGroupId, *e.MessageDeduplicationId} {
-					if fifoID(id) != id {
+					if FIFOID(id) != id {
 						t.Fatalf("FIFO id %q is not valid", id)
 					}
 				}

@@ -68,12 +68,33 @@ func (t *sqsTarget) Raw(ctx context.Context, route string, msgs []*outbox.Messag
 	if err != nil {
 		return err
 	}
+	return sendBatches(ctx, msgs, 10, outboxsqs.MaxInflightDefault, func(batch []*outbox.Message) error {
+		entries := make([]types.SendMessageBatchRequestEntry, len(batch))
+		for i, m := range batch {
+			e, _, err := builder.Entry(m)
+			if err != nil {
+				return err
+			}
+			e.Id = aws.String(strconv.Itoa(i))
+			entries[i] = e
+		}
+		out, err := t.client.SendMessageBatch(ctx, &sqs.SendMessageBatchInput{QueueUrl: url.QueueUrl, Entries: entries})
+		if err == nil && len(out.Failed) > 0 {
+			err = fmt.Errorf("%d entries failed, the first: %s: %s", len(out.Failed), aws.ToString(out.Failed[0].Code), aws.ToString(out.Failed[0].Message))
+		}
+		return err
+	})
+}
+
+// sendBatches calls send with msgs in batches of size, from workers goroutines at once,
+// and returns the first error (or ctx's), after which it sends no more.
+func sendBatches(ctx context.Context, msgs []*outbox.Message, size, workers int, send func([]*outbox.Message) error) error {
 	batches := make(chan []*outbox.Message)
 	go func() {
 		defer close(batches)
-		for start := 0; start < len(msgs); start += 10 {
+		for start := 0; start < len(msgs); start += size {
 			select {
-			case batches <- msgs[start:min(start+10, len(msgs))]:
+			case batches <- msgs[start:min(start+size, len(msgs))]:
 			case <-ctx.Done():
 				return
 			}
@@ -85,35 +106,15 @@ func (t *sqsTarget) Raw(ctx context.Context, route string, msgs []*outbox.Messag
 		failed   atomic.Bool
 		firstErr error
 	)
-	fail := func(err error) {
-		once.Do(func() { firstErr = err })
-		failed.Store(true)
-	}
-	for range outboxsqs.MaxInflightDefault {
+	for range workers {
 		wg.Go(func() {
 			for batch := range batches {
 				if failed.Load() {
 					continue // drain, so that the feeder ends
 				}
-				entries := make([]types.SendMessageBatchRequestEntry, len(batch))
-				for i, m := range batch {
-					e, _, err := builder.Entry(m)
-					if err != nil {
-						fail(err)
-						break
-					}
-					e.Id = aws.String(strconv.Itoa(i))
-					entries[i] = e
-				}
-				if failed.Load() {
-					continue
-				}
-				out, err := t.client.SendMessageBatch(ctx, &sqs.SendMessageBatchInput{QueueUrl: url.QueueUrl, Entries: entries})
-				if err == nil && len(out.Failed) > 0 {
-					err = fmt.Errorf("%d entries failed, the first: %s: %s", len(out.Failed), aws.ToString(out.Failed[0].Code), aws.ToString(out.Failed[0].Message))
-				}
-				if err != nil {
-					fail(err)
+				if err := send(batch); err != nil {
+					once.Do(func() { firstErr = err })
+					failed.Store(true)
 				}
 			}
 		})
