@@ -82,7 +82,9 @@ func TestConformance(t *testing.T) {
 					t.Cleanup(pub.Close)
 					return pub
 				},
-				Read: func(t *testing.T, dest string, n int) []conformance.Received { return read(t, sq, queues[dest], fifo, n) },
+				Read: func(t *testing.T, dest string, n int) []conformance.Received {
+					return read(t, sq, queues[dest], fifo, n)
+				},
 				Reject: func(t *testing.T, dest string) *outbox.Message {
 					// Over Config.MaxMessageBytes: refused before it is sent.
 					return &outbox.Message{ID: outbox.NewID(), Topic: "big", Key: "big",
