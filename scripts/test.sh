@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The project's test command. On a fresh Debian machine it installs and starts what the
 # tests need (PostgreSQL, NATS with JetStream, RabbitMQ, Redis, MariaDB, kcat, PgBouncer,
-# promtool, Chromium, and the fauxqs SQS emulator from npm), then runs the suite. Safe to run again:
+# promtool, Chromium, and the fauxqs SQS and kinesalite Kinesis emulators from npm), then runs the suite. Safe to run again:
 # it only acts on what is missing.
 #
 #   scripts/test.sh            # everything (race detector on the fast packages)
@@ -127,6 +127,21 @@ ensure_fauxqs() {
   (cd "$dir" && npm ci --silent --no-fund --no-audit >/dev/null)
 }
 
+# The Kinesis tests run kinesalite, a Kinesis emulator from npm written in JavaScript, as a
+# child process, its dependencies pinned by scripts/kinesalite's lockfile. It keeps its
+# streams in memory (its native LevelDB module is not built, and not needed).
+ensure_kinesalite() {
+  local dir="${OUTBOX_KINESALITE_DIR:-$HOME/.cache/outbox/kinesalite}"
+  if cmp -s scripts/kinesalite/package-lock.json "$dir/package-lock.json" && [ -d "$dir/node_modules/kinesalite" ]; then
+    return 0
+  fi
+  need_pkg npm npm
+  log "installing kinesalite (Kinesis emulator) into $dir"
+  mkdir -p "$dir"
+  cp scripts/kinesalite/package.json scripts/kinesalite/package-lock.json "$dir/"
+  (cd "$dir" && npm ci --silent --no-fund --no-audit >/dev/null)
+}
+
 results=${OUTBOX_TEST_RESULTS:-$(mktemp -d "${TMPDIR:-/tmp}/outbox-test.XXXXXX")}
 mkdir -p "$results"
 rm -f "$results"/*.json "$results"/all.json.txt
@@ -204,6 +219,7 @@ setup() {
   ensure_redis
   ensure_mariadb
   ensure_fauxqs
+  ensure_kinesalite
   # The Kafka tests read back with kcat, an outside client.
   need_pkg kcat kcat
   # The alert rules are checked and unit-tested with promtool; the web console is tested in

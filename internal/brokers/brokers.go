@@ -377,3 +377,27 @@ func (l *list) Set(s string) error {
 
 // IsList marks the setting as one that takes several values.
 func (l *list) IsList() {}
+
+// withEndpoint returns rawURL with its endpoint query parameter set to endpoint, an
+// http:// or https:// URL given by the flag --name-endpoint (the AWS brokers), or rawURL
+// unchanged when endpoint is empty.
+func withEndpoint(rawURL, endpoint, name string) (string, error) {
+	if endpoint == "" {
+		return rawURL, nil
+	}
+	e, err := url.Parse(endpoint)
+	if err != nil || (e.Scheme != "http" && e.Scheme != "https") || e.Host == "" {
+		return "", settingErrorf("--%s-endpoint: %q is not an http:// or https:// URL", name, endpoint)
+	}
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return "", settingErrorf("--broker: %s is not a %s:// URL", Redact(rawURL), name)
+	}
+	q := u.Query()
+	if q.Has("endpoint") {
+		return "", settingErrorf("--%s-endpoint and the endpoint parameter of --broker: give one", name)
+	}
+	q.Set("endpoint", endpoint)
+	u.RawQuery = q.Encode()
+	return u.String(), nil
+}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"flag"
 	"log/slog"
-	"net/url"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/config"
@@ -50,22 +49,9 @@ func (o *snsOptions) check(d *dest) error {
 	if _, _, _, err := outboxsns.ParseURL(d.url); err != nil {
 		return configError(err, snsConfigSettings)
 	}
-	o.url = d.url
-	if o.endpoint != "" {
-		e, err := url.Parse(o.endpoint)
-		if err != nil || (e.Scheme != "http" && e.Scheme != "https") || e.Host == "" {
-			return settingErrorf("--sns-endpoint: %q is not an http:// or https:// URL", o.endpoint)
-		}
-		u, _ := url.Parse(d.url)
-		q := u.Query()
-		if q.Has("endpoint") {
-			return settingErrorf("--sns-endpoint and the endpoint parameter of --broker: give one")
-		}
-		q.Set("endpoint", o.endpoint)
-		u.RawQuery = q.Encode()
-		o.url = u.String()
-	}
-	return nil
+	var err error
+	o.url, err = withEndpoint(d.url, o.endpoint, "sns")
+	return err
 }
 
 func (o *snsOptions) open(ctx context.Context, d *dest) (*Opened, error) {

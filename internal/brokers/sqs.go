@@ -6,7 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
-	"net/url"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/config"
@@ -50,25 +49,9 @@ func (o *sqsOptions) check(d *dest) error {
 	if err := o.cfg.Validate(); err != nil {
 		return configError(err, sqsConfigSettings)
 	}
-	u, err := url.Parse(d.url)
-	if err != nil {
-		return settingErrorf("--broker: %s is not an sqs:// URL", Redact(d.url))
-	}
-	o.url = d.url
-	if o.endpoint != "" {
-		e, err := url.Parse(o.endpoint)
-		if err != nil || (e.Scheme != "http" && e.Scheme != "https") || e.Host == "" {
-			return settingErrorf("--sqs-endpoint: %q is not an http:// or https:// URL", o.endpoint)
-		}
-		q := u.Query()
-		if q.Has("endpoint") {
-			return settingErrorf("--sqs-endpoint and the endpoint parameter of --broker: give one")
-		}
-		q.Set("endpoint", o.endpoint)
-		u.RawQuery = q.Encode()
-		o.url = u.String()
-	}
-	return nil
+	var err error
+	o.url, err = withEndpoint(d.url, o.endpoint, "sqs")
+	return err
 }
 
 func (o *sqsOptions) open(ctx context.Context, d *dest) (*Opened, error) {

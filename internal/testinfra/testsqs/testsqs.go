@@ -8,27 +8,22 @@
 package testsqs
 
 import (
-	"bufio"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"fmt"
-	"io"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 
+	"github.com/outboxkit/outbox/internal/testinfra/nodechild"
 	"github.com/outboxkit/outbox/internal/testinfra/testenv"
 	"github.com/outboxkit/outbox/outboxsqs"
 )
@@ -54,8 +49,7 @@ func Dir() string {
 }
 
 // launcher starts fauxqs's app on 127.0.0.1 (its own CLI listens on every interface
-// and logs every request), prints the port, and exits when its standard input closes,
-// which happens when the test process ends however it ends, so no emulator outlives it.
+// and logs every request), prints the port, and exits when its standard input closes.
 const launcher = `
 const { buildApp } = await import(process.argv[1]);
 const app = buildApp({ logger: false });
@@ -66,16 +60,9 @@ process.stdin.on("error", () => process.exit(0));
 process.stdin.resume();
 `
 
-// Server is a fauxqs child process. Its queues live in memory and die with it.
-type Server struct {
-	port int
-
-	mu    sync.Mutex
-	cmd   *exec.Cmd
-	stdin io.Closer
-	done  chan struct{}   // closed when cmd has exited
-	log   *testenv.Buffer // stderr, for failure messages
-}
+// Server is a fauxqs child process. Its queues and topics live in memory and die with
+// it.
+type Server = nodechild.Server
 
 // Start starts a private fauxqs for the test and stops it when the test ends. It fails
 // the test when fauxqs is not installed or does not come up.
@@ -114,118 +101,32 @@ func SharedServer() (*Server, error) {
 }
 
 func start() (*Server, error) {
-	dir := Dir()
-	app := filepath.Join(dir, "node_modules", "fauxqs", "dist", "app.js")
-	if _, err := os.Stat(app); err != nil {
-		return nil, fmt.Errorf("fauxqs, the SQS emulator these tests need, is not installed under %s: install it with\n\t%s\n(or set OUTBOX_FAUXQS_DIR to the npm prefix it is installed under)", dir, InstallCommand)
-	}
-	node, err := exec.LookPath("node")
-	if err != nil {
-		return nil, fmt.Errorf("fauxqs needs Node.js, and node is not on PATH (apt-get install nodejs)")
-	}
-	cmd := exec.Command(node, "--input-type=module", "-e", launcher, app)
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		return nil, err
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		return nil, err
-	}
-	log := &testenv.Buffer{}
-	cmd.Stderr = log
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start %s: %w", node, err)
-	}
-	s := &Server{cmd: cmd, stdin: stdin, done: make(chan struct{}), log: log}
-	portc := make(chan int, 1)
-	go func() {
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			if p, ok := strings.CutPrefix(sc.Text(), "fauxqs port "); ok {
-				n, _ := strconv.Atoi(p)
-				portc <- n
+	return nodechild.Start(nodechild.Spec{
+		Name:     "fauxqs",
+		Module:   filepath.Join(Dir(), "node_modules", "fauxqs", "dist", "app.js"),
+		Install:  InstallCommand + "\n(or set OUTBOX_FAUXQS_DIR to the npm prefix it is installed under)",
+		Launcher: launcher,
+		ESM:      true,
+		// GET /health answers 200 once fauxqs serves.
+		Healthy: func(ctx context.Context, addr string) (any, bool) {
+			req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/health", nil)
+			if err != nil {
+				return err, false
 			}
-		}
-		_ = cmd.Wait()
-		close(s.done)
-	}()
-	// Node.js may take long to start on a loaded machine: what bounds the wait is
-	// testenv.Stall() without a word on stderr, not a guess at how fast it starts.
-	exited := false
-	err = testenv.Progress(context.Background(), "fauxqs to report its port", testenv.Stall(), func() (any, bool) {
-		select {
-		case s.port = <-portc:
-			return nil, true
-		case <-s.done:
-			exited = true
-			return nil, true
-		default:
-			return fmt.Sprintf("%d bytes on stderr", len(s.stderr())), false
-		}
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				return err, false
+			}
+			_ = resp.Body.Close()
+			return resp.Status, resp.StatusCode == http.StatusOK
+		},
+		ExitHint: func(stderr string) string {
+			if strings.Contains(stderr, "node:sqlite") {
+				return " (this fauxqs needs a newer Node.js; install the last release for Node.js 20 with: " + InstallCommand + ")"
+			}
+			return ""
+		},
 	})
-	switch {
-	case exited:
-		hint := ""
-		if strings.Contains(s.stderr(), "node:sqlite") {
-			hint = fmt.Sprintf(" (this fauxqs needs a newer Node.js than %s has; install the last release for Node.js 20 with: %s)", node, InstallCommand)
-		}
-		return nil, fmt.Errorf("fauxqs exited at start%s:\n%s", hint, s.stderr())
-	case err != nil:
-		s.Stop()
-		return nil, fmt.Errorf("%w\n%s", err, s.stderr())
-	}
-	if err := s.waitHealthy(); err != nil {
-		s.Stop()
-		return nil, fmt.Errorf("fauxqs on port %d is not healthy: %w\n%s", s.port, err, s.stderr())
-	}
-	return s, nil
-}
-
-// waitHealthy polls GET /health until it answers 200, and returns a *testenv.StallError
-// naming the last answer when that has not changed for testenv.Stall().
-func (s *Server) waitHealthy() error {
-	return testenv.Progress(context.Background(), "GET /health to answer 200", testenv.Stall(), func() (any, bool) {
-		ctx, cancel := testenv.CallContext()
-		defer cancel()
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, s.Endpoint()+"/health", nil)
-		if err != nil {
-			return err, false
-		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			return err, false
-		}
-		_ = resp.Body.Close()
-		return resp.Status, resp.StatusCode == http.StatusOK
-	})
-}
-
-// Addr returns the server's "host:port", for a proxy in front of it.
-func (s *Server) Addr() string { return "127.0.0.1:" + strconv.Itoa(s.port) }
-
-// Endpoint returns the server's base URL, for an SQS client's BaseEndpoint.
-func (s *Server) Endpoint() string { return "http://" + s.Addr() }
-
-// Stop stops the server and waits for it to exit. Stopping twice is safe.
-func (s *Server) Stop() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.cmd == nil {
-		return
-	}
-	_ = s.stdin.Close()
-	select {
-	case <-s.done:
-	case <-time.After(5 * time.Second): // a grace period, not a check: then it is killed
-		_ = s.cmd.Process.Kill()
-		<-s.done
-	}
-	s.cmd = nil
-}
-
-func (s *Server) stderr() string {
-	return s.log.String()
 }
 
 // Credentials are the fixed credentials of the clients this package makes; fauxqs
