@@ -99,22 +99,44 @@ func DeliveryID(headers map[string]string, brokerID, destination string, payload
 
 // NewDelivery fills a Delivery from what a broker gave: headers, the broker's own message
 // id, destination and payload. Runners call it; a missing header leaves its field empty.
+//
+// A CloudEvent (WithCloudEvents) is read in both content modes: in structured mode (a
+// payload of content type application/cloudevents+json) the Delivery's Payload and
+// ContentType are the event's data and datacontenttype; in binary mode the attributes
+// are headers (ce-id, ce_id, cloudEvents:id, ...). Either way, for an event that does
+// not come from an outbox (no Outbox-* headers), the event's id is the Delivery's ID
+// (before the broker's own message id), its type the EventType and its subject the Key.
 func NewDelivery(headers map[string]string, brokerID, destination string, payload []byte, attempt int) *Delivery {
 	if headers == nil {
 		headers = map[string]string{}
 	}
-	return &Delivery{
-		ID:            DeliveryID(headers, brokerID, destination, payload),
+	contentType := headers[HeaderContentType]
+	attrs := binaryCloudEvent(headers)
+	if data, ce, ok := structuredCloudEvent(contentType, payload); ok {
+		payload, contentType, attrs = data, ce["datacontenttype"], ce
+	}
+	d := &Delivery{
 		Topic:         headers[HeaderTopic],
 		Key:           headers[HeaderKey],
 		AggregateType: headers[HeaderAggregateType],
 		EventType:     headers[HeaderEventType],
-		ContentType:   headers[HeaderContentType],
+		ContentType:   contentType,
 		Headers:       headers,
 		Payload:       payload,
 		Attempt:       max(attempt, 1),
 		Destination:   destination,
 	}
+	if attrs != nil && headers[HeaderID] == "" && headers[HeaderDedupKey] == "" && attrs["id"] != "" {
+		brokerID = attrs["id"]
+	}
+	d.ID = DeliveryID(headers, brokerID, destination, payload)
+	if d.EventType == "" {
+		d.EventType = attrs["type"]
+	}
+	if d.Key == "" {
+		d.Key = attrs["subject"]
+	}
+	return d
 }
 
 // TxFunc runs fn in a new transaction of the consumer's database and commits it when fn

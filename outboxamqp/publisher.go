@@ -73,6 +73,10 @@ const (
 // (ErrBadProperty).
 const HeaderPriority = "Outbox-Priority"
 
+// CloudEventsPrefix is the prefix of the CloudEvents attribute headers in binary content
+// mode that the CloudEvents AMQP binding names (outbox.CloudEventsConfig.Prefix).
+const CloudEventsPrefix = "cloudEvents:"
+
 // shortstrMax is the longest AMQP short string: routing keys, exchange names,
 // message_id, content_type, type and header names are short strings.
 const shortstrMax = 255

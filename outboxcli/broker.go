@@ -17,12 +17,28 @@ type brokerFlags struct {
 	url, route string
 	tls        brokers.TLSFiles
 	options    map[*brokers.Broker]*brokers.Options
+	ce         cloudEventsFlags
+}
+
+// cloudEventsFlags are --cloudevents and --cloudevents-source.
+type cloudEventsFlags struct{ mode, source string }
+
+// config returns the CloudEvents settings, nil when --cloudevents is none; a mode it
+// does not know is left for Validate to name.
+func (c cloudEventsFlags) config() *outbox.CloudEventsConfig {
+	mode := map[string]outbox.CloudEventsMode{"binary": outbox.CloudEventsBinary, "structured": outbox.CloudEventsStructured}[c.mode]
+	if c.mode == "none" || c.mode == "" {
+		return nil
+	}
+	return &outbox.CloudEventsConfig{Mode: mode, Source: c.source}
 }
 
 func addBrokerFlags(fs *flag.FlagSet) *brokerFlags {
 	b := &brokerFlags{options: map[*brokers.Broker]*brokers.Options{}}
 	fs.StringVar(&b.url, "broker", brokerDefault, "broker `URL`: "+brokers.Examples()+".\nCredentials in it never appear in output.")
 	fs.StringVar(&b.route, "route", outbox.RouteTopic, "destination `template` over {topic}, {aggregate_type}, {event_type} and {key}\n(events.{topic}; outbox.event.{aggregate_type} is Debezium's layout)")
+	fs.StringVar(&b.ce.mode, "cloudevents", "none", "publish every message as a CloudEvent: `mode` binary (attributes as headers, ce-id, ...)\nor structured (one JSON event as the payload); none: as written")
+	fs.StringVar(&b.ce.source, "cloudevents-source", "", "with --cloudevents: the events' source attribute, a URI `reference` naming the\nservice that writes them (/billing)")
 	b.tls.Flags(fs)
 	for _, k := range brokers.All() {
 		b.options[k] = k.Flags(fs)
@@ -41,7 +57,8 @@ func (b *brokerFlags) check(log *slog.Logger, sec *secrets) (*brokers.Dest, erro
 	if err != nil {
 		return nil, brokerUsage(err)
 	}
-	d, err := b.options[k].Check(b.url, brokers.Settings{Route: b.route, TLS: tls, Log: log, Secrets: brokerSecretsOf{sec}})
+	d, err := b.options[k].Check(b.url, brokers.Settings{Route: b.route, TLS: tls, Log: log, Secrets: brokerSecretsOf{sec},
+		CloudEvents: b.ce.config()})
 	return d, brokerUsage(err)
 }
 

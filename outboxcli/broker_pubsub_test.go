@@ -97,3 +97,79 @@ func TestRelayPubSubRejectsBadSettingsBeforeConnecting(t *testing.T) {
 		}
 	}
 }
+
+// TestRelayCloudEvents: --cloudevents publishes every message as a CloudEvent, in binary
+// mode (attributes ce-*) and in structured mode (one JSON event, which outbox.NewDelivery
+// reads back into the payload written).
+func TestRelayCloudEvents(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []string{"binary", "structured"} {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			srv := pstest.NewServer()
+			t.Cleanup(func() { _ = srv.Close() })
+			const project = "outbox-ce"
+			admin, err := outboxpubsub.Dial(testenv.Context(t), "pubsub://"+project+"?endpoint="+srv.Addr, outboxpubsub.Config{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(admin.Close)
+			topic := "projects/" + project + "/topics/orders"
+			if _, err := admin.Client().TopicAdminClient.CreateTopic(testenv.Context(t), &pubsubpb.Topic{Name: topic}); err != nil {
+				t.Fatal(err)
+			}
+			b := migrated(t)
+			m := outbox.Message{ID: outbox.NewID(), Topic: "orders", Key: "o-1", EventType: "order.placed", Payload: []byte(`{"n":1}`)}
+			b.Write(t, m)
+			rctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			var stdout, stderr syncBuffer
+			done := make(chan int, 1)
+			env := with(b.env, "OUTBOX_POLL_INTERVAL", "50ms")
+			go func() {
+				done <- run(rctx, []string{"relay", "--broker", "pubsub://" + project + "?endpoint=" + srv.Addr,
+					"--cloudevents", mode, "--cloudevents-source", "/shop"}, func(k string) string { return env[k] }, &stdout, &stderr)
+			}()
+			var got *pstest.Message
+			testenv.Await(t, "the message on "+topic, func() (any, bool) {
+				for _, pm := range srv.Messages() {
+					if pm.Topic == topic {
+						got = pm
+					}
+				}
+				return got != nil, got != nil
+			})
+			d := outbox.NewDelivery(got.Attributes, "", "orders", got.Data, 1)
+			if d.ID != m.ID.String() || string(d.Payload) != `{"n":1}` || d.ContentType != outbox.ContentTypeJSON || d.EventType != "order.placed" {
+				t.Errorf("delivery %+v payload %q", d, d.Payload)
+			}
+			switch mode {
+			case "binary":
+				if got.Attributes["ce-id"] != m.ID.String() || got.Attributes["ce-source"] != "/shop" || got.Attributes["ce-type"] != "order.placed" {
+					t.Errorf("attributes %v", got.Attributes)
+				}
+			case "structured":
+				if ct := got.Attributes["Content-Type"]; !strings.HasPrefix(ct, outbox.ContentTypeCloudEvents) || !strings.Contains(string(got.Data), `"source":"/shop"`) {
+					t.Errorf("content type %q, data %s", ct, got.Data)
+				}
+			}
+			cancel()
+			if code := testenv.AwaitRecv(t, "the relay to stop", done); code != 0 {
+				t.Fatalf("relay exited %d\nstderr:\n%s", code, stderr.String())
+			}
+		})
+	}
+	env := map[string]string{"OUTBOX_DATABASE_URL": unreachableDB, "OUTBOX_BROKER": "pubsub://p"}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--cloudevents", "both", "--cloudevents-source", "/x"}, "--cloudevents: must be binary or structured"},
+		{[]string{"--cloudevents", "binary"}, "--cloudevents-source: required"},
+	} {
+		r := cli(t, env, append([]string{"relay"}, tc.args...)...)
+		if r.code != 2 || !strings.Contains(errorLine(r.stderr), tc.want) {
+			t.Errorf("relay %v: want exit 2 and %q, got %s", tc.args, tc.want, r)
+		}
+	}
+}

@@ -295,7 +295,7 @@ func (o *relayFlags) checkDestination(inv *invocation, log *slog.Logger, item de
 		return nil, err
 	}
 	return opts.Check(url, brokers.Settings{Route: route, TLS: tls, Log: log.With("destination", item.name),
-		Secrets: brokerSecretsOf{inv.secrets}, Options: options})
+		Secrets: brokerSecretsOf{inv.secrets}, Options: options, CloudEvents: o.broker.ce.config()})
 }
 
 // fingerprint identifies where a relay sends messages (outbox.RelayConfig.Fingerprint):

@@ -20,6 +20,10 @@ import (
 	"github.com/outboxkit/outbox"
 )
 
+// CloudEventsPrefix is the prefix of the CloudEvents attribute headers in binary content
+// mode that the CloudEvents Kafka binding names (outbox.CloudEventsConfig.Prefix).
+const CloudEventsPrefix = "ce_"
+
 // Config configures a Publisher. The zero value is usable.
 //
 // Route applies to New and Dial. The other fields configure the client Dial builds; New

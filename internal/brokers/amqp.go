@@ -24,6 +24,8 @@ var RabbitMQ = register(&Broker{
 	Label:   "amqp",
 	Schemes: []string{"amqp", "amqps"},
 	Example: "amqp://user@127.0.0.1:5672/vhost",
+
+	CloudEventsPrefix: outboxamqp.CloudEventsPrefix,
 	settings: func(fs *flag.FlagSet) options {
 		o := &amqpOptions{}
 		fs.StringVar(&o.exchange, "rabbitmq-exchange", "", "RabbitMQ `exchange` to publish to, with the route as routing key\n(default: the default exchange, which delivers to the queue named by the routing key)")

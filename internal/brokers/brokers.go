@@ -37,6 +37,10 @@ type Broker struct {
 	Schemes []string // URL schemes it serves: "nats", "tls"
 	Example string   // a URL, for help and errors
 
+	// CloudEventsPrefix is the prefix of CloudEvents attribute headers in binary mode in
+	// the broker's protocol binding; empty: outbox.CloudEventsPrefixDefault ("ce-").
+	CloudEventsPrefix string
+
 	// settings registers the broker's own settings on fs as flags, each named after
 	// the broker, and returns where their values land.
 	settings func(fs *flag.FlagSet) options
@@ -82,6 +86,10 @@ type Settings struct {
 	// URL shows, before any output could carry it. Defaults to none: for a caller
 	// whose output carries no broker errors.
 	Secrets Secrets
+	// CloudEvents, when set, publishes every message as a CloudEvent
+	// (outbox.WithCloudEvents); its Prefix is the broker's binding's
+	// (Broker.CloudEventsPrefix).
+	CloudEvents *outbox.CloudEventsConfig
 	// Options are the broker's own settings by name ("rabbitmq-exchange": {"events"}),
 	// applied over their defaults, or over the flags they are bound to (Broker.Flags).
 	// A setting that is not a list takes one value.
@@ -224,6 +232,11 @@ func (o *Options) Check(brokerURL string, s Settings) (*Dest, error) {
 	if _, err := outbox.ParseRoute(s.Route); err != nil {
 		return nil, configError(err, map[string]string{"route": "route"})
 	}
+	if ce := s.CloudEvents; ce != nil {
+		if err := ce.Validate(); err != nil {
+			return nil, configError(err, map[string]string{"CloudEvents.Mode": "cloudevents", "CloudEvents.Source": "cloudevents-source"})
+		}
+	}
 	d := &dest{url: brokerURL, Settings: s}
 	for _, name := range slices.Sorted(maps.Keys(s.Options)) {
 		if err := o.set(d, name, s.Options[name]); err != nil {
@@ -276,7 +289,19 @@ func (d *Dest) Broker() *Broker { return d.broker }
 // Open connects to the broker. Its errors are *SettingError when the publisher refuses
 // a setting, and otherwise what connecting returned; they do not name the broker or
 // its URL, which the caller knows.
-func (d *Dest) Open(ctx context.Context) (*Opened, error) { return d.opts.open(ctx, d.d) }
+func (d *Dest) Open(ctx context.Context) (*Opened, error) {
+	opened, err := d.opts.open(ctx, d.d)
+	if err != nil || d.d.CloudEvents == nil {
+		return opened, err
+	}
+	ce := *d.d.CloudEvents
+	ce.Prefix = d.broker.CloudEventsPrefix
+	if opened.Publisher, err = outbox.WithCloudEvents(opened.Publisher, ce); err != nil {
+		opened.Close()
+		return nil, settingErrorf("--cloudevents: %v", err)
+	}
+	return opened, nil
+}
 
 // TLSFiles are the TLS settings of a broker connection, as files: --broker-tls-*. Its
 // flags are written while the command line is parsed, then only read.

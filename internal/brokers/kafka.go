@@ -25,6 +25,8 @@ var Kafka = register(&Broker{
 	Label:   "kafka",
 	Schemes: []string{"kafka"},
 	Example: "kafka://127.0.0.1:9092",
+
+	CloudEventsPrefix: outboxkafka.CloudEventsPrefix,
 	settings: func(fs *flag.FlagSet) options {
 		o := &kafkaOptions{}
 		fs.StringVar(&o.compression, "kafka-compression", outboxkafka.CompressionDefault, "Kafka record batch `codec`: none, gzip, snappy, lz4 or zstd")
