@@ -10,7 +10,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/url"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -23,6 +22,7 @@ import (
 	smithy "github.com/aws/smithy-go"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/awsdial"
 	"github.com/outboxkit/outbox/outboxsqs"
 )
 
@@ -127,9 +127,7 @@ type Publisher struct {
 
 	lastStream atomic.Pointer[string] // the stream of the last successful send, for Ping
 
-	closing   context.Context
-	close     context.CancelFunc
-	closeOnce sync.Once
+	life *awsdial.Life
 }
 
 var (
@@ -147,8 +145,7 @@ func New(client *kinesis.Client, cfg Config) (*Publisher, error) {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	closing, cancel := context.WithCancel(context.Background())
-	return &Publisher{client: client, route: route, cfg: cfg, slots: make(chan struct{}, cfg.MaxInflight), closing: closing, close: cancel}, nil
+	return &Publisher{client: client, route: route, cfg: cfg, slots: make(chan struct{}, cfg.MaxInflight), life: awsdial.NewLife()}, nil
 }
 
 // Dial makes a Kinesis client from rawURL and returns a publisher that uses it. The URL
@@ -161,24 +158,17 @@ func Dial(ctx context.Context, rawURL string, cfg Config, optFns ...func(*config
 	if _, err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	region, endpoint, profile, err := ParseURL(rawURL)
+	params, err := awsdial.Parse("kinesis", rawURL)
 	if err != nil {
 		return nil, err
 	}
-	var opts []func(*config.LoadOptions) error
-	if region != "" {
-		opts = append(opts, config.WithRegion(region))
-	}
-	if profile != "" {
-		opts = append(opts, config.WithSharedConfigProfile(profile))
-	}
-	awsCfg, err := config.LoadDefaultConfig(ctx, append(opts, optFns...)...)
+	awsCfg, err := params.Load(ctx, optFns...)
 	if err != nil {
 		return nil, fmt.Errorf("outboxkinesis: load AWS configuration: %w", err)
 	}
 	client := kinesis.NewFromConfig(awsCfg, func(o *kinesis.Options) {
-		if endpoint != "" {
-			o.BaseEndpoint = aws.String(endpoint)
+		if params.Endpoint != "" {
+			o.BaseEndpoint = aws.String(params.Endpoint)
 		}
 		o.HTTPClient = outboxsqs.BufferRequests(o.HTTPClient)
 	})
@@ -193,38 +183,11 @@ func Dial(ctx context.Context, rawURL string, cfg Config, optFns ...func(*config
 	return p, nil
 }
 
-// ParseURL reads a "kinesis://?region=...&endpoint=...&profile=..." URL.
+// ParseURL reads a "kinesis://?region=...&endpoint=...&profile=..." URL. Its errors
+// are *outbox.ConfigError values of the field "url".
 func ParseURL(rawURL string) (region, endpoint, profile string, err error) {
-	bad := func(reason string) error {
-		return &outbox.ConfigError{Field: "url", Reason: reason + "; want kinesis://?region=REGION[&endpoint=URL][&profile=NAME]"}
-	}
-	u, err := url.Parse(rawURL)
-	switch {
-	case err != nil:
-		return "", "", "", bad("not a URL")
-	case u.Scheme != "kinesis":
-		return "", "", "", bad(fmt.Sprintf("scheme %q is not kinesis", u.Scheme))
-	case u.Host != "" || u.User != nil || (u.Path != "" && u.Path != "/") || u.Opaque != "":
-		return "", "", "", bad("the endpoint goes in the endpoint parameter, not in the URL's host or path")
-	}
-	for k, vs := range u.Query() {
-		v := vs[len(vs)-1]
-		switch k {
-		case "region":
-			region = v
-		case "endpoint":
-			e, err := url.Parse(v)
-			if err != nil || (e.Scheme != "http" && e.Scheme != "https") || e.Host == "" {
-				return "", "", "", bad("endpoint must be an http:// or https:// URL")
-			}
-			endpoint = v
-		case "profile":
-			profile = v
-		default:
-			return "", "", "", bad(fmt.Sprintf("unknown parameter %q", k))
-		}
-	}
-	return region, endpoint, profile, nil
+	p, err := awsdial.Parse("kinesis", rawURL)
+	return p.Region, p.Endpoint, p.Profile, err
 }
 
 // Client returns the Kinesis client the publisher sends through.
@@ -232,19 +195,16 @@ func (p *Publisher) Client() *kinesis.Client { return p.client }
 
 // Close makes Publish and Ping return outages (errors.Is(err, ErrClosed)) from now on and
 // cancels the calls in flight. Closing twice is safe.
-func (p *Publisher) Close() { p.closeOnce.Do(p.close) }
+func (p *Publisher) Close() { p.life.Close() }
 
+// callCtx returns ctx, cancelled also when the publisher is closed.
 func (p *Publisher) callCtx(ctx context.Context) (context.Context, context.CancelFunc) {
-	ctx, cancel := context.WithCancel(ctx)
-	stop := context.AfterFunc(p.closing, cancel)
-	return ctx, func() { stop(); cancel() }
+	return p.life.CallCtx(ctx)
 }
 
-func (p *Publisher) ctxOutage(ctx context.Context, stream string) error {
-	if p.closing.Err() != nil {
-		return outbox.Outage(fmt.Errorf("outboxkinesis: stream %q: %w", stream, ErrClosed))
-	}
-	return outbox.Outage(fmt.Errorf("outboxkinesis: stream %q: %w", stream, context.Cause(ctx)))
+// ctxOutage is the outage of a call that ctx ended: the caller's deadline or Close.
+func (p *Publisher) ctxOutage(ctx context.Context, dest string) error {
+	return p.life.Outage(ctx, "outboxkinesis", "stream", dest, ErrClosed)
 }
 
 // Ping checks that Kinesis answers: the summary of the route's stream when it has no
@@ -258,7 +218,7 @@ func (p *Publisher) Ping(ctx context.Context) error {
 	}
 	ctx, cancel := p.callCtx(ctx)
 	defer cancel()
-	if p.closing.Err() != nil {
+	if p.life.Closed() {
 		return outbox.Outage(fmt.Errorf("outboxkinesis: ping: %w", ErrClosed))
 	}
 	stream, ok := p.route.Static()
@@ -419,7 +379,7 @@ func (p *Publisher) Publish(ctx context.Context, batch []*outbox.Message) []erro
 		}
 		return errs
 	}
-	if p.closing.Err() != nil {
+	if p.life.Closed() {
 		return fail(outbox.Outage(fmt.Errorf("outboxkinesis: publish: %w", ErrClosed)))
 	}
 	if err := ctx.Err(); err != nil {

@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/url"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -18,6 +17,7 @@ import (
 	smithy "github.com/aws/smithy-go"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/awsdial"
 	"github.com/outboxkit/outbox/outboxsqs"
 )
 
@@ -144,9 +144,7 @@ type Publisher struct {
 
 	lastTopic atomic.Pointer[string] // the ARN of the last successful send, for Ping
 
-	closing   context.Context
-	close     context.CancelFunc
-	closeOnce sync.Once
+	life *awsdial.Life
 }
 
 // topicARN is a topic name's ARN, looked up once: done is closed when arn or err is set.
@@ -172,9 +170,8 @@ func New(client *sns.Client, cfg Config) (*Publisher, error) {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	closing, cancel := context.WithCancel(context.Background())
 	return &Publisher{client: client, route: route, cfg: cfg, slots: make(chan struct{}, cfg.MaxInflight),
-		topics: map[string]*topicARN{}, closing: closing, close: cancel}, nil
+		topics: map[string]*topicARN{}, life: awsdial.NewLife()}, nil
 }
 
 // Dial makes an SNS client from rawURL and returns a publisher that uses it. The URL is
@@ -187,24 +184,17 @@ func Dial(ctx context.Context, rawURL string, cfg Config, optFns ...func(*config
 	if _, err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	region, endpoint, profile, err := ParseURL(rawURL)
+	params, err := awsdial.Parse("sns", rawURL)
 	if err != nil {
 		return nil, err
 	}
-	var opts []func(*config.LoadOptions) error
-	if region != "" {
-		opts = append(opts, config.WithRegion(region))
-	}
-	if profile != "" {
-		opts = append(opts, config.WithSharedConfigProfile(profile))
-	}
-	awsCfg, err := config.LoadDefaultConfig(ctx, append(opts, optFns...)...)
+	awsCfg, err := params.Load(ctx, optFns...)
 	if err != nil {
 		return nil, fmt.Errorf("outboxsns: load AWS configuration: %w", err)
 	}
 	client := sns.NewFromConfig(awsCfg, func(o *sns.Options) {
-		if endpoint != "" {
-			o.BaseEndpoint = aws.String(endpoint)
+		if params.Endpoint != "" {
+			o.BaseEndpoint = aws.String(params.Endpoint)
 		}
 		o.HTTPClient = outboxsqs.BufferRequests(o.HTTPClient)
 	})
@@ -219,38 +209,11 @@ func Dial(ctx context.Context, rawURL string, cfg Config, optFns ...func(*config
 	return p, nil
 }
 
-// ParseURL reads an "sns://?region=...&endpoint=...&profile=..." URL.
+// ParseURL reads a "sns://?region=...&endpoint=...&profile=..." URL. Its errors
+// are *outbox.ConfigError values of the field "url".
 func ParseURL(rawURL string) (region, endpoint, profile string, err error) {
-	bad := func(reason string) error {
-		return &outbox.ConfigError{Field: "url", Reason: reason + "; want sns://?region=REGION[&endpoint=URL][&profile=NAME]"}
-	}
-	u, err := url.Parse(rawURL)
-	switch {
-	case err != nil:
-		return "", "", "", bad("not a URL")
-	case u.Scheme != "sns":
-		return "", "", "", bad(fmt.Sprintf("scheme %q is not sns", u.Scheme))
-	case u.Host != "" || u.User != nil || (u.Path != "" && u.Path != "/") || u.Opaque != "":
-		return "", "", "", bad("the endpoint goes in the endpoint parameter, not in the URL's host or path")
-	}
-	for k, vs := range u.Query() {
-		v := vs[len(vs)-1]
-		switch k {
-		case "region":
-			region = v
-		case "endpoint":
-			e, err := url.Parse(v)
-			if err != nil || (e.Scheme != "http" && e.Scheme != "https") || e.Host == "" {
-				return "", "", "", bad("endpoint must be an http:// or https:// URL")
-			}
-			endpoint = v
-		case "profile":
-			profile = v
-		default:
-			return "", "", "", bad(fmt.Sprintf("unknown parameter %q", k))
-		}
-	}
-	return region, endpoint, profile, nil
+	p, err := awsdial.Parse("sns", rawURL)
+	return p.Region, p.Endpoint, p.Profile, err
 }
 
 // Client returns the SNS client the publisher sends through.
@@ -258,21 +221,16 @@ func (p *Publisher) Client() *sns.Client { return p.client }
 
 // Close makes Publish and Ping return outages (errors.Is(err, ErrClosed)) from now on and
 // cancels the calls in flight. Closing twice is safe.
-func (p *Publisher) Close() { p.closeOnce.Do(p.close) }
+func (p *Publisher) Close() { p.life.Close() }
 
 // callCtx returns ctx, cancelled also when the publisher is closed.
 func (p *Publisher) callCtx(ctx context.Context) (context.Context, context.CancelFunc) {
-	ctx, cancel := context.WithCancel(ctx)
-	stop := context.AfterFunc(p.closing, cancel)
-	return ctx, func() { stop(); cancel() }
+	return p.life.CallCtx(ctx)
 }
 
 // ctxOutage is the outage of a call that ctx ended: the caller's deadline or Close.
 func (p *Publisher) ctxOutage(ctx context.Context, dest string) error {
-	if p.closing.Err() != nil {
-		return outbox.Outage(fmt.Errorf("outboxsns: topic %q: %w", dest, ErrClosed))
-	}
-	return outbox.Outage(fmt.Errorf("outboxsns: topic %q: %w", dest, context.Cause(ctx)))
+	return p.life.Outage(ctx, "outboxsns", "topic", dest, ErrClosed)
 }
 
 // Ping checks that SNS answers: the attributes of the route's topic when it has no
@@ -286,7 +244,7 @@ func (p *Publisher) Ping(ctx context.Context) error {
 	}
 	ctx, cancel := p.callCtx(ctx)
 	defer cancel()
-	if p.closing.Err() != nil {
+	if p.life.Closed() {
 		return outbox.Outage(fmt.Errorf("outboxsns: ping: %w", ErrClosed))
 	}
 	if dest, ok := p.route.Static(); ok {
@@ -466,7 +424,7 @@ func (p *Publisher) Publish(ctx context.Context, batch []*outbox.Message) []erro
 		}
 		return errs
 	}
-	if p.closing.Err() != nil {
+	if p.life.Closed() {
 		return fail(outbox.Outage(fmt.Errorf("outboxsns: publish: %w", ErrClosed)))
 	}
 	if err := ctx.Err(); err != nil {

@@ -3,6 +3,7 @@ package outboxsqs
 import (
 	"bytes"
 	"errors"
+	"github.com/outboxkit/outbox/internal/awsdial"
 	"io"
 	"net/http"
 	"strings"
@@ -78,12 +79,12 @@ func TestCheckQueueName(t *testing.T) {
 
 func TestParseURL(t *testing.T) {
 	t.Parallel()
-	for raw, want := range map[string]urlParams{
+	for raw, want := range map[string]awsdial.Params{
 		"sqs://":                   {},
 		"sqs:":                     {},
-		"sqs://?region=eu-west-1":  {region: "eu-west-1"},
-		"sqs:///?region=eu-west-1": {region: "eu-west-1"},
-		"sqs://?region=us-east-1&profile=p&endpoint=http://127.0.0.1:4566": {region: "us-east-1", profile: "p", endpoint: "http://127.0.0.1:4566"},
+		"sqs://?region=eu-west-1":  {Region: "eu-west-1"},
+		"sqs:///?region=eu-west-1": {Region: "eu-west-1"},
+		"sqs://?region=us-east-1&profile=p&endpoint=http://127.0.0.1:4566": {Region: "us-east-1", Profile: "p", Endpoint: "http://127.0.0.1:4566"},
 	} {
 		got, err := parseURL(raw)
 		if err != nil || got != want {

@@ -25,6 +25,7 @@ import (
 	smithy "github.com/aws/smithy-go"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/awsdial"
 )
 
 // Config configures a Publisher. The zero value is usable.
@@ -222,19 +223,19 @@ func Dial(ctx context.Context, rawURL string, cfg Config, optFns ...func(*config
 		tr.DialContext = conns.dialer(tr.DialContext)
 	})
 	opts := []func(*config.LoadOptions) error{config.WithHTTPClient(httpClient)}
-	if params.region != "" {
-		opts = append(opts, config.WithRegion(params.region))
+	if params.Region != "" {
+		opts = append(opts, config.WithRegion(params.Region))
 	}
-	if params.profile != "" {
-		opts = append(opts, config.WithSharedConfigProfile(params.profile))
+	if params.Profile != "" {
+		opts = append(opts, config.WithSharedConfigProfile(params.Profile))
 	}
 	awsCfg, err := config.LoadDefaultConfig(ctx, append(opts, optFns...)...)
 	if err != nil {
 		return nil, fmt.Errorf("outboxsqs: load AWS configuration for %s: %w", redactURL(rawURL), err)
 	}
 	client := sqs.NewFromConfig(awsCfg, func(o *sqs.Options) {
-		if params.endpoint != "" {
-			o.BaseEndpoint = aws.String(params.endpoint)
+		if params.Endpoint != "" {
+			o.BaseEndpoint = aws.String(params.Endpoint)
 		}
 		o.HTTPClient = BufferRequests(o.HTTPClient)
 	})
@@ -250,57 +251,11 @@ func Dial(ctx context.Context, rawURL string, cfg Config, optFns ...func(*config
 	return p, nil
 }
 
-type urlParams struct{ region, endpoint, profile string }
-
 // parseURL reads an "sqs://?region=...&endpoint=...&profile=..." URL.
-func parseURL(rawURL string) (urlParams, error) {
-	bad := func(reason string) error {
-		return &outbox.ConfigError{Field: "url", Reason: fmt.Sprintf("%s: %s; want sqs://?region=REGION[&endpoint=URL][&profile=NAME]", redactURL(rawURL), reason)}
-	}
-	u, err := url.Parse(rawURL)
-	if err != nil {
-		return urlParams{}, bad("not a URL")
-	}
-	if u.Scheme != "sqs" {
-		return urlParams{}, bad(fmt.Sprintf("scheme %q is not sqs", u.Scheme))
-	}
-	if u.Host != "" || u.User != nil || (u.Path != "" && u.Path != "/") || u.Opaque != "" {
-		return urlParams{}, bad("the endpoint goes in the endpoint parameter, not in the URL's host or path")
-	}
-	var p urlParams
-	for k, vs := range u.Query() {
-		v := vs[len(vs)-1]
-		switch k {
-		case "region":
-			p.region = v
-		case "endpoint":
-			e, err := url.Parse(v)
-			if err != nil || (e.Scheme != "http" && e.Scheme != "https") || e.Host == "" {
-				return urlParams{}, bad("endpoint must be an http:// or https:// URL")
-			}
-			p.endpoint = v
-		case "profile":
-			p.profile = v
-		default:
-			return urlParams{}, bad(fmt.Sprintf("unknown parameter %q", k))
-		}
-	}
-	return p, nil
-}
+func parseURL(rawURL string) (awsdial.Params, error) { return awsdial.Parse("sqs", rawURL) }
 
 // redactURL hides user information and the endpoint's, should either carry any.
-func redactURL(s string) string {
-	u, err := url.Parse(s)
-	if err != nil {
-		return "(unparsable URL)"
-	}
-	q := u.Query()
-	if e, err := url.Parse(q.Get("endpoint")); err == nil && e.User != nil {
-		q.Set("endpoint", e.Redacted())
-		u.RawQuery = q.Encode()
-	}
-	return u.Redacted()
-}
+func redactURL(s string) string { return awsdial.Redact(s) }
 
 // Client returns the SQS client the publisher sends through: the one given to New, or
 // the one Dial made, for other calls with the same settings (creating queues,

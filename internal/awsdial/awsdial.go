@@ -1,0 +1,122 @@
+// Package awsdial holds what the AWS publishers (outboxsqs, outboxsns, outboxkinesis)
+// share: their URL, "scheme://?region=...&endpoint=...&profile=...", the SDK
+// configuration it loads, and a publisher's closing.
+package awsdial
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"sync"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/config"
+
+	"github.com/outboxkit/outbox"
+)
+
+// Params are the query parameters of an AWS broker URL.
+type Params struct {
+	Region   string // the AWS region; empty: the SDK's (AWS_REGION, the profile)
+	Endpoint string // an emulator's or a VPC endpoint's base URL
+	Profile  string // the shared configuration profile to load
+}
+
+// Parse reads a "scheme://?region=...&endpoint=...&profile=..." URL. Its errors are
+// *outbox.ConfigError values of the field "url", and never show the URL's credentials.
+func Parse(scheme, rawURL string) (Params, error) {
+	bad := func(reason string) error {
+		return &outbox.ConfigError{Field: "url", Reason: fmt.Sprintf("%s: %s; want %s://?region=REGION[&endpoint=URL][&profile=NAME]", Redact(rawURL), reason, scheme)}
+	}
+	u, err := url.Parse(rawURL)
+	switch {
+	case err != nil:
+		return Params{}, bad("not a URL")
+	case u.Scheme != scheme:
+		return Params{}, bad(fmt.Sprintf("scheme %q is not %s", u.Scheme, scheme))
+	case u.Host != "" || u.User != nil || (u.Path != "" && u.Path != "/") || u.Opaque != "":
+		return Params{}, bad("the endpoint goes in the endpoint parameter, not in the URL's host or path")
+	}
+	var p Params
+	for k, vs := range u.Query() {
+		v := vs[len(vs)-1]
+		switch k {
+		case "region":
+			p.Region = v
+		case "endpoint":
+			e, err := url.Parse(v)
+			if err != nil || (e.Scheme != "http" && e.Scheme != "https") || e.Host == "" {
+				return Params{}, bad("endpoint must be an http:// or https:// URL")
+			}
+			p.Endpoint = v
+		case "profile":
+			p.Profile = v
+		default:
+			return Params{}, bad(fmt.Sprintf("unknown parameter %q", k))
+		}
+	}
+	return p, nil
+}
+
+// Redact hides user information and the endpoint's, should either carry any.
+func Redact(s string) string {
+	u, err := url.Parse(s)
+	if err != nil {
+		return "(unparsable URL)"
+	}
+	q := u.Query()
+	if e, err := url.Parse(q.Get("endpoint")); err == nil && e.User != nil {
+		q.Set("endpoint", e.Redacted())
+		u.RawQuery = q.Encode()
+	}
+	return u.Redacted()
+}
+
+// Load loads the SDK's configuration with p's region and profile, then opts (which
+// override them). The endpoint is the client's to set (BaseEndpoint).
+func (p Params) Load(ctx context.Context, opts ...func(*config.LoadOptions) error) (aws.Config, error) {
+	var all []func(*config.LoadOptions) error
+	if p.Region != "" {
+		all = append(all, config.WithRegion(p.Region))
+	}
+	if p.Profile != "" {
+		all = append(all, config.WithSharedConfigProfile(p.Profile))
+	}
+	return config.LoadDefaultConfig(ctx, append(all, opts...)...)
+}
+
+// Life is a publisher's closing: calls made under CallCtx end when Close is called.
+type Life struct {
+	closing context.Context
+	close   context.CancelFunc
+	once    sync.Once
+}
+
+// NewLife returns the Life of a publisher that is open.
+func NewLife() *Life {
+	closing, cancel := context.WithCancel(context.Background())
+	return &Life{closing: closing, close: cancel}
+}
+
+// Close closes the publisher; closing twice is safe.
+func (l *Life) Close() { l.once.Do(l.close) }
+
+// Closed reports whether Close was called.
+func (l *Life) Closed() bool { return l.closing.Err() != nil }
+
+// CallCtx returns ctx, cancelled also when the publisher is closed.
+func (l *Life) CallCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(ctx)
+	stop := context.AfterFunc(l.closing, cancel)
+	return ctx, func() { stop(); cancel() }
+}
+
+// Outage is the outage of a call to dest that ctx ended: closed wraps the publisher's
+// ErrClosed when Close ended it, and the context's cause otherwise. what names the
+// destination ("queue", "topic", "stream") and pkg the package in the message.
+func (l *Life) Outage(ctx context.Context, pkg, what, dest string, closed error) error {
+	if l.Closed() {
+		return outbox.Outage(fmt.Errorf("%s: %s %q: %w", pkg, what, dest, closed))
+	}
+	return outbox.Outage(fmt.Errorf("%s: %s %q: %w", pkg, what, dest, context.Cause(ctx)))
+}
