@@ -3,13 +3,13 @@ package outboxsqs
 import (
 	"bytes"
 	"errors"
-	"github.com/outboxkit/outbox/internal/awsdial"
 	"io"
 	"net/http"
 	"strings"
 	"testing"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/awsdial"
 )
 
 func TestConfigValidate(t *testing.T) {
