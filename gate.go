@@ -16,6 +16,14 @@ const (
 	gateRetryMax = 4 * time.Millisecond
 )
 
+// gateCoveredRecheck is how long after a covered answer the relay asks once more. The
+// holder lets go of the gate when a notification comes, and a relay woken by the same
+// notification may ask before the holder has let go: its covered answer is then stale,
+// and no writer notifies while nobody holds the gate. Asking again once, after the
+// holder has had time to let go, finds the gate free (or held anew, by a holder that
+// took it after that notification: then the answer stands).
+const gateCoveredRecheck = 50 * time.Millisecond
+
 // wakeGate decides when the relay asks its listener for the outbox's gate
 // (outboxdriver.Gate), and what the answer means for fetching. Writers notify only
 // while some relay holds the gate, so a relay that holds none must find new messages
@@ -30,7 +38,8 @@ const (
 //   - asking: an ask is out. The relay polls meanwhile, as before any answer.
 //   - armed: this relay holds the gate; covered: another relay does. Writers notify:
 //     the relay waits for a notification (and its polls). The first notification makes
-//     the listener let go, and the gate open again.
+//     the listener let go, and the gate open again. A covered answer is checked once
+//     more after gateCoveredRecheck: the holder may have been letting go.
 //   - retrying: the gate was busy, or writers are active. At retryAt the relay fetches
 //     above its cursor, then asks when that fetch comes back empty.
 //   - always: writers notify on every commit (an outbox before the gate); off: the
@@ -45,7 +54,9 @@ const (
 type wakeGate struct {
 	state   gateState
 	busy    int       // busy answers in a row
-	retryAt time.Time // retrying: when to fetch again
+	retryAt time.Time // retrying: when to fetch again; covered: when to ask once more
+	// rechecked: the covered answer being waited on is the answer to the recheck.
+	rechecked bool
 }
 
 type gateState uint8
@@ -87,6 +98,9 @@ func (g *wakeGate) answered(a outboxdriver.GateState, now time.Time) (full bool)
 		return true
 	case outboxdriver.GateCovered:
 		g.state, g.busy = gateCovered, 0
+		if !g.rechecked {
+			g.retryAt = now.Add(gateCoveredRecheck)
+		}
 		return true
 	case outboxdriver.GateBusy:
 		g.busy++
@@ -103,8 +117,18 @@ func (g *wakeGate) answered(a outboxdriver.GateState, now time.Time) (full bool)
 // woken records a notification: the listener let go of the gate, if it held it.
 func (g *wakeGate) woken() {
 	if g.state != gateAlways && g.state != gateOff {
-		g.state = gateOpen
+		g.state, g.rechecked = gateOpen, false
 	}
+}
+
+// recheckDue says whether to ask once more at now after a covered answer
+// (gateCoveredRecheck): then the relay asks, and a covered answer to that ask stands.
+func (g *wakeGate) recheckDue(now time.Time) bool {
+	if g.state != gateCovered || g.rechecked || now.Before(g.retryAt) {
+		return false
+	}
+	g.state, g.rechecked = gateAsking, true
+	return true
 }
 
 // recheck records a poll, or a relay that gave shards back, and says whether to ask
@@ -136,11 +160,11 @@ func (g *wakeGate) due(now time.Time) bool {
 	return true
 }
 
-// wakeAt is when the next fetch while the gate is open is due, for the loop's timer:
-// zero when none is planned.
+// wakeAt is when the next fetch while the gate is open is due, or the recheck of a
+// covered answer, for the loop's timer: zero when none is planned.
 func (g *wakeGate) wakeAt() time.Time {
-	if g.state != gateRetrying {
-		return time.Time{}
+	if g.state == gateRetrying || (g.state == gateCovered && !g.rechecked) {
+		return g.retryAt
 	}
-	return g.retryAt
+	return time.Time{}
 }

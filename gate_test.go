@@ -90,3 +90,33 @@ func TestWakeGate(t *testing.T) {
 		t.Fatal("the listener restarted, yet no ask")
 	}
 }
+
+// TestWakeGateCoveredRechecked: a covered answer is asked once more after
+// gateCoveredRecheck (the holder may have been letting go of the gate on the very
+// notification that woke this relay); a covered answer to that ask stands until the next
+// notification, after which a covered answer is rechecked again.
+func TestWakeGateCoveredRechecked(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	var g wakeGate
+	g.listening(true)
+	g.short()
+	if !g.answered(outboxdriver.GateCovered, t0) {
+		t.Fatal("covered, but no full fetch")
+	}
+	if g.wakeAt() != t0.Add(gateCoveredRecheck) || g.recheckDue(t0.Add(gateCoveredRecheck-1)) {
+		t.Fatalf("covered: want a recheck at %v, not before: %+v", t0.Add(gateCoveredRecheck), g)
+	}
+	if !g.recheckDue(t0.Add(gateCoveredRecheck)) || g.recheckDue(t0.Add(gateCoveredRecheck)) {
+		t.Fatal("the recheck did not ask once")
+	}
+	g.answered(outboxdriver.GateCovered, t0.Add(gateCoveredRecheck))
+	if !g.wakeAt().IsZero() || g.recheckDue(t0.Add(time.Hour)) {
+		t.Fatalf("a covered answer to the recheck did not stand: %+v", g)
+	}
+	g.woken()
+	g.short()
+	g.answered(outboxdriver.GateCovered, t0.Add(time.Hour))
+	if !g.recheckDue(t0.Add(time.Hour + gateCoveredRecheck)) {
+		t.Fatal("no recheck of a covered answer after the next notification")
+	}
+}

@@ -433,6 +433,9 @@ func (l *loop) run(ctx context.Context) {
 			if l.gate != nil && l.gate.due(time.Now()) {
 				l.fetch.poke()
 			}
+			if l.gate != nil && l.src.polling() && l.gate.recheckDue(time.Now()) {
+				l.askGate()
+			}
 			if !l.leaseRetryAt.IsZero() && !time.Now().Before(l.leaseRetryAt) && !l.stopping {
 				l.leaseRetryAt = time.Time{}
 				l.syncLeases(ctx, false)
