@@ -419,57 +419,39 @@ func (p *Publisher) Publish(ctx context.Context, batch []*outbox.Message) []erro
 	return nil
 }
 
-// send sends one PutRecords call. When Kinesis refuses the call as a whole for a reason
-// that concerns its records, it sends each record alone, so that only the guilty one is
-// rejected.
+// send sends one PutRecords call (awsdial.Batch: a call Kinesis refuses as a whole for its
+// records is sent again record by record).
 func (p *Publisher) send(ctx context.Context, stream string, chunk []entry, errs []error) {
-	fail := func(err error) {
-		for _, e := range chunk {
-			errs[e.i] = err
-		}
-	}
-	select {
-	case p.slots <- struct{}{}:
-	case <-ctx.Done():
-		fail(p.ctxOutage(ctx, stream))
-		return
-	}
-	records := make([]types.PutRecordsRequestEntry, len(chunk))
-	for i, e := range chunk {
-		records[i] = e.req
-	}
-	out, err := p.client.PutRecords(ctx, &kinesis.PutRecordsInput{StreamName: aws.String(stream), Records: records})
-	<-p.slots
-	if err != nil {
-		if ctx.Err() != nil {
-			fail(p.ctxOutage(ctx, stream))
-			return
-		}
-		err = classify(err, stream)
-		if outbox.IsUnavailable(err) || len(chunk) == 1 {
-			fail(err)
-			return
-		}
-		var wg sync.WaitGroup
-		for i := range chunk {
-			wg.Go(func() { p.send(ctx, stream, chunk[i:i+1], errs) })
-		}
-		wg.Wait()
-		return
-	}
-	p.lastStream.Store(&stream)
-	for i, e := range chunk {
-		if i >= len(out.Records) {
-			errs[e.i] = outbox.Outage(fmt.Errorf("outboxkinesis: stream %q: PutRecords returned no result for record %d", stream, i))
-			continue
-		}
-		r := out.Records[i]
-		if r.ErrorCode != nil || r.SequenceNumber == nil {
-			// ProvisionedThroughputExceededException or InternalFailure: Kinesis's
-			// side, sent again later.
-			errs[e.i] = outbox.Outage(fmt.Errorf("outboxkinesis: stream %q: record not stored: %s: %s", stream, aws.ToString(r.ErrorCode), aws.ToString(r.ErrorMessage)))
-		}
-	}
+	awsdial.Batch[entry]{
+		Slots:    p.slots,
+		Outage:   func(ctx context.Context) error { return p.ctxOutage(ctx, stream) },
+		Classify: func(err error) error { return classify(err, stream) },
+		Record:   func(e entry, err error) { errs[e.i] = err },
+		Call: func(ctx context.Context, chunk []entry) ([]error, error) {
+			records := make([]types.PutRecordsRequestEntry, len(chunk))
+			for i, e := range chunk {
+				records[i] = e.req
+			}
+			out, err := p.client.PutRecords(ctx, &kinesis.PutRecordsInput{StreamName: aws.String(stream), Records: records})
+			if err != nil {
+				return nil, err
+			}
+			p.lastStream.Store(&stream)
+			results := make([]error, len(chunk))
+			for i := range chunk {
+				switch {
+				case i >= len(out.Records):
+					results[i] = outbox.Outage(fmt.Errorf("outboxkinesis: stream %q: PutRecords returned no result for record %d", stream, i))
+				case out.Records[i].ErrorCode != nil || out.Records[i].SequenceNumber == nil:
+					// ProvisionedThroughputExceededException or InternalFailure: Kinesis's
+					// side, sent again later.
+					r := out.Records[i]
+					results[i] = outbox.Outage(fmt.Errorf("outboxkinesis: stream %q: record not stored: %s: %s", stream, aws.ToString(r.ErrorCode), aws.ToString(r.ErrorMessage)))
+				}
+			}
+			return results, nil
+		},
+	}.Send(ctx, chunk)
 }
 
 // classify turns the error of a call for stream into an outage or a rejection.

@@ -480,62 +480,48 @@ func (p *Publisher) sendTopic(ctx context.Context, dest string, entries []entry,
 	wg.Wait()
 }
 
-// sendBatch sends one PublishBatch call. When SNS refuses the call as a whole for a
-// reason that concerns its messages, it sends each message alone, so that only the
-// guilty one is rejected.
+// sendBatch sends one PublishBatch call (awsdial.Batch: a call SNS refuses as a whole for
+// its contents is sent again entry by entry).
 func (p *Publisher) sendBatch(ctx context.Context, dest, arn string, chunk []entry, errs []error) {
-	fail := func(err error) {
-		for _, e := range chunk {
-			errs[e.i] = err
-		}
-	}
-	select {
-	case p.slots <- struct{}{}:
-	case <-ctx.Done():
-		fail(p.ctxOutage(ctx, dest))
-		return
-	}
-	reqs := make([]types.PublishBatchRequestEntry, len(chunk))
-	for i, e := range chunk {
-		reqs[i] = e.req
-	}
-	out, err := p.client.PublishBatch(ctx, &sns.PublishBatchInput{TopicArn: aws.String(arn), PublishBatchRequestEntries: reqs})
-	<-p.slots
-	if err != nil {
-		if ctx.Err() != nil {
-			fail(p.ctxOutage(ctx, dest))
-			return
-		}
-		err = classify(err, dest)
-		if outbox.IsUnavailable(err) || len(chunk) == 1 {
+	awsdial.Batch[entry]{
+		Slots:  p.slots,
+		Outage: func(ctx context.Context) error { return p.ctxOutage(ctx, dest) },
+		Classify: func(err error) error {
+			err = classify(err, dest)
 			if errors.Is(err, ErrNoTopic) {
 				p.forget(dest) // looked up again next time: it may be created, or come back
 			}
-			fail(err)
-			return
-		}
-		var wg sync.WaitGroup
-		for i := range chunk {
-			wg.Go(func() { p.sendBatch(ctx, dest, arn, chunk[i:i+1], errs) })
-		}
-		wg.Wait()
-		return
-	}
-	p.lastTopic.Store(&arn)
-	done := make(map[string]error, len(chunk))
-	for _, s := range out.Successful {
-		done[aws.ToString(s.Id)] = nil
-	}
-	for _, f := range out.Failed {
-		done[aws.ToString(f.Id)] = entryError(dest, f)
-	}
-	for _, e := range chunk {
-		err, ok := done[*e.req.Id]
-		if !ok {
-			err = outbox.Outage(fmt.Errorf("outboxsns: topic %q: PublishBatch returned no result for entry %s", dest, *e.req.Id))
-		}
-		errs[e.i] = err
-	}
+			return err
+		},
+		Record: func(e entry, err error) { errs[e.i] = err },
+		Call: func(ctx context.Context, chunk []entry) ([]error, error) {
+			reqs := make([]types.PublishBatchRequestEntry, len(chunk))
+			for i, e := range chunk {
+				reqs[i] = e.req
+			}
+			out, err := p.client.PublishBatch(ctx, &sns.PublishBatchInput{TopicArn: aws.String(arn), PublishBatchRequestEntries: reqs})
+			if err != nil {
+				return nil, err
+			}
+			p.lastTopic.Store(&arn)
+			done := make(map[string]error, len(chunk))
+			for _, s := range out.Successful {
+				done[aws.ToString(s.Id)] = nil
+			}
+			for _, f := range out.Failed {
+				done[aws.ToString(f.Id)] = entryError(dest, f)
+			}
+			results := make([]error, len(chunk))
+			for i, e := range chunk {
+				err, ok := done[*e.req.Id]
+				if !ok {
+					err = outbox.Outage(fmt.Errorf("outboxsns: topic %q: PublishBatch returned no result for entry %s", dest, *e.req.Id))
+				}
+				results[i] = err
+			}
+			return results, nil
+		},
+	}.Send(ctx, chunk)
 }
 
 func (p *Publisher) forget(dest string) {

@@ -491,59 +491,42 @@ func (p *Publisher) sendQueue(ctx context.Context, dest string, entries []entry,
 	wg.Wait()
 }
 
-// sendBatch sends one SendMessageBatch call. When SQS refuses the call as a whole for a
-// reason that concerns its messages (too long, an invalid parameter), it sends each
-// message alone, so that only the guilty one is rejected.
+// sendBatch sends one SendMessageBatch call (awsdial.Batch: a call SQS refuses as a whole
+// for its contents is sent again entry by entry).
 func (p *Publisher) sendBatch(ctx context.Context, dest, url string, chunk []entry, errs []error) {
-	fail := func(err error) {
-		for _, e := range chunk {
-			errs[e.i] = err
-		}
-	}
-	select {
-	case p.slots <- struct{}{}:
-	case <-ctx.Done():
-		fail(p.ctxOutage(ctx, dest))
-		return
-	}
-	reqs := make([]types.SendMessageBatchRequestEntry, len(chunk))
-	for i, e := range chunk {
-		reqs[i] = e.req
-	}
-	out, err := p.client.SendMessageBatch(ctx, &sqs.SendMessageBatchInput{QueueUrl: aws.String(url), Entries: reqs})
-	<-p.slots
-	if err != nil {
-		if ctx.Err() != nil {
-			fail(p.ctxOutage(ctx, dest))
-			return
-		}
-		err = classify(err, dest)
-		if outbox.IsUnavailable(err) || len(chunk) == 1 {
-			fail(err)
-			return
-		}
-		var wg sync.WaitGroup
-		for i := range chunk {
-			wg.Go(func() { p.sendBatch(ctx, dest, url, chunk[i:i+1], errs) })
-		}
-		wg.Wait()
-		return
-	}
-	p.lastQueue.Store(&dest)
-	done := make(map[string]error, len(chunk))
-	for _, s := range out.Successful {
-		done[aws.ToString(s.Id)] = nil
-	}
-	for _, f := range out.Failed {
-		done[aws.ToString(f.Id)] = entryError(dest, f)
-	}
-	for _, e := range chunk {
-		err, ok := done[*e.req.Id]
-		if !ok {
-			err = outbox.Outage(fmt.Errorf("outboxsqs: queue %q: SendMessageBatch returned no result for entry %s", dest, *e.req.Id))
-		}
-		errs[e.i] = err
-	}
+	awsdial.Batch[entry]{
+		Slots:    p.slots,
+		Outage:   func(ctx context.Context) error { return p.ctxOutage(ctx, dest) },
+		Classify: func(err error) error { return classify(err, dest) },
+		Record:   func(e entry, err error) { errs[e.i] = err },
+		Call: func(ctx context.Context, chunk []entry) ([]error, error) {
+			reqs := make([]types.SendMessageBatchRequestEntry, len(chunk))
+			for i, e := range chunk {
+				reqs[i] = e.req
+			}
+			out, err := p.client.SendMessageBatch(ctx, &sqs.SendMessageBatchInput{QueueUrl: aws.String(url), Entries: reqs})
+			if err != nil {
+				return nil, err
+			}
+			p.lastQueue.Store(&dest)
+			done := make(map[string]error, len(chunk))
+			for _, s := range out.Successful {
+				done[aws.ToString(s.Id)] = nil
+			}
+			for _, f := range out.Failed {
+				done[aws.ToString(f.Id)] = entryError(dest, f)
+			}
+			results := make([]error, len(chunk))
+			for i, e := range chunk {
+				err, ok := done[*e.req.Id]
+				if !ok {
+					err = outbox.Outage(fmt.Errorf("outboxsqs: queue %q: SendMessageBatch returned no result for entry %s", dest, *e.req.Id))
+				}
+				results[i] = err
+			}
+			return results, nil
+		},
+	}.Send(ctx, chunk)
 }
 
 // ctxOutage is the outage of a call that ctx ended: the caller's deadline or Close.

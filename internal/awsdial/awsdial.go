@@ -120,3 +120,58 @@ func (l *Life) Outage(ctx context.Context, pkg, what, dest string, closed error)
 	}
 	return outbox.Outage(fmt.Errorf("%s: %s %q: %w", pkg, what, dest, context.Cause(ctx)))
 }
+
+// Batch sends the calls of one destination of an AWS publisher (SendMessageBatch,
+// PublishBatch, PutRecords), each carrying a chunk of entries, and records each entry's
+// outcome. E is the publisher's entry.
+type Batch[E any] struct {
+	Slots chan struct{} // one token per call in flight, over the publisher's calls
+	// Outage is the outage of a call that ctx ended (Life.Outage for the destination).
+	Outage func(ctx context.Context) error
+	// Classify makes a call's error an outage or a rejection of the whole chunk.
+	Classify func(error) error
+	// Call makes the call for chunk and returns each entry's outcome by its index in
+	// chunk (nil: stored), or the error of the call as a whole.
+	Call func(ctx context.Context, chunk []E) ([]error, error)
+	// Record records e's outcome.
+	Record func(e E, err error)
+}
+
+// Send makes one call for chunk. When the service refuses the call as a whole for a
+// reason that concerns its entries (a rejection, not an outage), it sends each entry
+// alone, so that only the guilty one is rejected.
+func (b Batch[E]) Send(ctx context.Context, chunk []E) {
+	fail := func(err error) {
+		for _, e := range chunk {
+			b.Record(e, err)
+		}
+	}
+	select {
+	case b.Slots <- struct{}{}:
+	case <-ctx.Done():
+		fail(b.Outage(ctx))
+		return
+	}
+	results, err := b.Call(ctx, chunk)
+	<-b.Slots
+	if err != nil {
+		if ctx.Err() != nil {
+			fail(b.Outage(ctx))
+			return
+		}
+		err = b.Classify(err)
+		if outbox.IsUnavailable(err) || len(chunk) == 1 {
+			fail(err)
+			return
+		}
+		var wg sync.WaitGroup
+		for i := range chunk {
+			wg.Go(func() { b.Send(ctx, chunk[i:i+1]) })
+		}
+		wg.Wait()
+		return
+	}
+	for i, e := range chunk {
+		b.Record(e, results[i])
+	}
+}
