@@ -1,7 +1,6 @@
 package outboxcli
 
 import (
-	"context"
 	"fmt"
 	"strings"
 	"testing"
@@ -33,21 +32,10 @@ func TestRelayKinesis(t *testing.T) {
 	testkinesis.NamedStream(t, c, prefix+"q", 1)
 
 	b := migrated(t)
-	msgs := []outbox.Message{
-		{ID: outbox.NewID(), Topic: "q", Key: "o-1", Payload: []byte(`{"n":1}`)},
-		{ID: outbox.NewID(), Topic: "q", Key: "o-1", Payload: []byte{0xff, 0x00}},
-		{ID: outbox.NewID(), Topic: "missing", Key: "m-1", Payload: []byte(`{"n":3}`)},
-	}
+	msgs := brokerMessages()
 	b.Write(t, msgs...)
-	rctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	var stdout, stderr syncBuffer
-	done := make(chan int, 1)
-	env := with(b.env, "OUTBOX_POLL_INTERVAL", "50ms")
-	go func() {
-		done <- run(rctx, []string{"relay", "--broker", "kinesis://?region=" + testkinesis.Region, "--kinesis-endpoint", srv.Endpoint(),
-			"--route", route, "--log-format", "json"}, func(k string) string { return env[k] }, &stdout, &stderr)
-	}()
+	log, stop := backgroundRelay(t, with(b.env, "OUTBOX_POLL_INTERVAL", "50ms"),
+		"relay", "--broker", "kinesis://?region="+testkinesis.Region, "--kinesis-endpoint", srv.Endpoint(), "--route", route, "--log-format", "json")
 
 	var got []types.Record
 	testenv.Await(t, "2 records in "+prefix+"q", func() (any, bool) {
@@ -71,13 +59,8 @@ func TestRelayKinesis(t *testing.T) {
 			t.Errorf("record %d: %q %v %v key %q, want payload %q, id %s, partition key o-1", i, payload, headers, err, aws.ToString(got[i].PartitionKey), m.Payload, m.ID)
 		}
 	}
-	testenv.AwaitCond(t, "the warning about "+prefix+"missing", func() bool {
-		return strings.Contains(stderr.String(), "until their stream exists") && strings.Contains(stderr.String(), prefix+"missing")
-	})
-	cancel()
-	if code := testenv.AwaitRecv(t, "the relay to stop after its context ended", done); code != 0 {
-		t.Fatalf("relay exited %d after a graceful stop\nstderr:\n%s", code, stderr.String())
-	}
+	awaitMissingWarning(t, log, "stream", prefix+"missing")
+	stopClean(t, log, stop)
 }
 
 func TestRelayKinesisRejectsBadSettingsBeforeConnecting(t *testing.T) {

@@ -1,7 +1,6 @@
 package outboxcli
 
 import (
-	"context"
 	"fmt"
 	"strings"
 	"testing"
@@ -34,22 +33,11 @@ func TestRelayPubSub(t *testing.T) {
 	}
 
 	b := migrated(t)
-	msgs := []outbox.Message{
-		{ID: outbox.NewID(), Topic: "q", Key: "o-1", Payload: []byte(`{"n":1}`), DedupKey: "order-1-placed"},
-		{ID: outbox.NewID(), Topic: "q", Key: "o-1", Payload: []byte{0xff, 0x00}},
-		{ID: outbox.NewID(), Topic: "missing", Key: "m-1", Payload: []byte(`{"n":3}`)},
-	}
+	msgs := brokerMessages()
 	b.Write(t, msgs...)
 
-	rctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	var stdout, stderr syncBuffer
-	done := make(chan int, 1)
-	env := with(b.env, "OUTBOX_POLL_INTERVAL", "50ms")
-	go func() {
-		done <- run(rctx, []string{"relay", "--broker", url, "--pubsub-endpoint", srv.Addr, "--route", "events-{topic}", "--log-format", "json"},
-			func(k string) string { return env[k] }, &stdout, &stderr)
-	}()
+	log, stop := backgroundRelay(t, with(b.env, "OUTBOX_POLL_INTERVAL", "50ms"),
+		"relay", "--broker", url, "--pubsub-endpoint", srv.Addr, "--route", "events-{topic}", "--log-format", "json")
 
 	var got []*pstest.Message
 	testenv.Await(t, "2 messages on "+topic, func() (any, bool) {
@@ -69,14 +57,9 @@ func TestRelayPubSub(t *testing.T) {
 	if d := got[0].Attributes[outbox.HeaderDedupKey]; d != "order-1-placed" {
 		t.Errorf("dedup key attribute %q", d)
 	}
-	testenv.AwaitCond(t, "the warning about events-missing", func() bool {
-		return strings.Contains(stderr.String(), "until their topic exists") && strings.Contains(stderr.String(), "events-missing")
-	})
+	awaitMissingWarning(t, log, "topic", "events-missing")
 
-	cancel()
-	if code := testenv.AwaitRecv(t, "the relay to stop after its context ended", done); code != 0 {
-		t.Fatalf("relay exited %d after a graceful stop\nstderr:\n%s", code, stderr.String())
-	}
+	stopClean(t, log, stop)
 }
 
 func TestRelayPubSubRejectsBadSettingsBeforeConnecting(t *testing.T) {
@@ -121,15 +104,8 @@ func TestRelayCloudEvents(t *testing.T) {
 			b := migrated(t)
 			m := outbox.Message{ID: outbox.NewID(), Topic: "orders", Key: "o-1", EventType: "order.placed", Payload: []byte(`{"n":1}`)}
 			b.Write(t, m)
-			rctx, cancel := context.WithCancel(context.Background())
-			defer cancel()
-			var stdout, stderr syncBuffer
-			done := make(chan int, 1)
-			env := with(b.env, "OUTBOX_POLL_INTERVAL", "50ms")
-			go func() {
-				done <- run(rctx, []string{"relay", "--broker", "pubsub://" + project + "?endpoint=" + srv.Addr,
-					"--cloudevents", mode, "--cloudevents-source", "/shop"}, func(k string) string { return env[k] }, &stdout, &stderr)
-			}()
+			log, stop := backgroundRelay(t, with(b.env, "OUTBOX_POLL_INTERVAL", "50ms"),
+				"relay", "--broker", "pubsub://"+project+"?endpoint="+srv.Addr, "--cloudevents", mode, "--cloudevents-source", "/shop")
 			var got *pstest.Message
 			testenv.Await(t, "the message on "+topic, func() (any, bool) {
 				for _, pm := range srv.Messages() {
@@ -153,10 +129,7 @@ func TestRelayCloudEvents(t *testing.T) {
 					t.Errorf("content type %q, data %s", ct, got.Data)
 				}
 			}
-			cancel()
-			if code := testenv.AwaitRecv(t, "the relay to stop", done); code != 0 {
-				t.Fatalf("relay exited %d\nstderr:\n%s", code, stderr.String())
-			}
+			stopClean(t, log, stop)
 		})
 	}
 	env := map[string]string{"OUTBOX_DATABASE_URL": unreachableDB, "OUTBOX_BROKER": "pubsub://p"}

@@ -48,21 +48,10 @@ func TestRelaySNS(t *testing.T) {
 	}
 
 	b := migrated(t)
-	msgs := []outbox.Message{
-		{ID: outbox.NewID(), Topic: "q", Key: "o-1", Payload: []byte(`{"n":1}`), DedupKey: "order-1-placed"},
-		{ID: outbox.NewID(), Topic: "q", Key: "o-1", Payload: []byte{0xff, 0x00}},
-		{ID: outbox.NewID(), Topic: "missing", Key: "m-1", Payload: []byte(`{"n":3}`)},
-	}
+	msgs := brokerMessages()
 	b.Write(t, msgs...)
-	rctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	var stdout, stderr syncBuffer
-	done := make(chan int, 1)
-	env := with(b.env, "OUTBOX_POLL_INTERVAL", "50ms")
-	go func() {
-		done <- run(rctx, []string{"relay", "--broker", "sns://?region=" + testsqs.Region, "--sns-endpoint", srv.Endpoint(),
-			"--route", prefix + "{topic}.fifo", "--log-format", "json"}, func(k string) string { return env[k] }, &stdout, &stderr)
-	}()
+	log, stop := backgroundRelay(t, with(b.env, "OUTBOX_POLL_INTERVAL", "50ms"),
+		"relay", "--broker", "sns://?region="+testsqs.Region, "--sns-endpoint", srv.Endpoint(), "--route", prefix+"{topic}.fifo", "--log-format", "json")
 
 	var got []types.Message
 	testenv.Await(t, "2 messages through "+prefix+"q.fifo", func() (any, bool) {
@@ -86,13 +75,8 @@ func TestRelaySNS(t *testing.T) {
 	if g := got[0].Attributes["MessageGroupId"]; g != "o-1" {
 		t.Errorf("message group %q, want the key o-1", g)
 	}
-	testenv.AwaitCond(t, "the warning about "+prefix+"missing.fifo", func() bool {
-		return strings.Contains(stderr.String(), "until their topic exists") && strings.Contains(stderr.String(), prefix+"missing.fifo")
-	})
-	cancel()
-	if code := testenv.AwaitRecv(t, "the relay to stop after its context ended", done); code != 0 {
-		t.Fatalf("relay exited %d after a graceful stop\nstderr:\n%s", code, stderr.String())
-	}
+	awaitMissingWarning(t, log, "topic", prefix+"missing.fifo")
+	stopClean(t, log, stop)
 }
 
 func TestRelaySNSRejectsBadSettingsBeforeConnecting(t *testing.T) {

@@ -46,23 +46,11 @@ func TestRelaySQS(t *testing.T) {
 	})
 
 	b := migrated(t)
-	msgs := []outbox.Message{
-		{ID: outbox.NewID(), Topic: "q", Key: "o-1", Payload: []byte(`{"n":1}`), DedupKey: "order-1-placed"},
-		{ID: outbox.NewID(), Topic: "q", Key: "o-1", Payload: []byte{0xff, 0x00}},
-		{ID: outbox.NewID(), Topic: "missing", Key: "m-1", Payload: []byte(`{"n":3}`)},
-	}
+	msgs := brokerMessages()
 	b.Write(t, msgs...)
 
-	rctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	var stdout, stderr syncBuffer
-	done := make(chan int, 1)
-	env := with(b.env, "OUTBOX_POLL_INTERVAL", "50ms")
-	go func() {
-		done <- run(rctx, []string{"relay", "--broker", "sqs://?region=" + testsqs.Region, "--sqs-endpoint", srv.Endpoint(),
-			"--route", route, "--log-format", "json"},
-			func(k string) string { return env[k] }, &stdout, &stderr)
-	}()
+	log, stop := backgroundRelay(t, with(b.env, "OUTBOX_POLL_INTERVAL", "50ms"),
+		"relay", "--broker", "sqs://?region="+testsqs.Region, "--sqs-endpoint", srv.Endpoint(), "--route", route, "--log-format", "json")
 
 	var got []types.Message
 	testenv.Await(t, "2 messages in "+prefix+"q.fifo", func() (any, bool) {
@@ -88,14 +76,9 @@ func TestRelaySQS(t *testing.T) {
 	if d := got[0].Attributes["MessageDeduplicationId"]; d != "order-1-placed" {
 		t.Errorf("dedup id %q", d)
 	}
-	testenv.AwaitCond(t, "the warning about "+prefix+"missing.fifo", func() bool {
-		return strings.Contains(stderr.String(), "until their queue exists") && strings.Contains(stderr.String(), prefix+"missing.fifo")
-	})
+	awaitMissingWarning(t, log, "queue", prefix+"missing.fifo")
 
-	cancel()
-	if code := testenv.AwaitRecv(t, "the relay to stop after its context ended", done); code != 0 {
-		t.Fatalf("relay exited %d after a graceful stop\nstderr:\n%s", code, stderr.String())
-	}
+	stopClean(t, log, stop)
 }
 
 func TestRelaySQSRejectsBadSettingsBeforeConnecting(t *testing.T) {

@@ -12,7 +12,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -44,25 +43,7 @@ func fleetRelayAs(t *testing.T, config, id string) (log *syncBuffer, stop func()
 	if id != "" {
 		env["OUTBOX_RELAY_ID"] = id
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	log = &syncBuffer{}
-	done := make(chan int, 1)
-	go func() {
-		var stdout syncBuffer
-		done <- run(ctx, []string{"relay", "--config", config, "--metrics-addr", "127.0.0.1:0"},
-			func(k string) string { return env[k] }, &stdout, log)
-	}()
-	var once sync.Once
-	var code int
-	stop = func() int {
-		once.Do(func() {
-			cancel()
-			code = testenv.AwaitRecv(t, "the relay to stop after its context ended", done)
-		})
-		return code
-	}
-	t.Cleanup(func() { stop() })
-	return log, stop
+	return backgroundRelay(t, env, "relay", "--config", config, "--metrics-addr", "127.0.0.1:0")
 }
 
 // fleetConfig writes a relay config file that publishes to the NATS stream made for
