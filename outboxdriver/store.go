@@ -55,10 +55,10 @@ type PriorityFetcher interface {
 	// is due and of the same priority (and so returned ahead of it, limit permitting):
 	// of the key Keys[i], the relay has handled the messages up to KeySeqs[i]; of other
 	// keys, none (a message in Exclude above them still holds its key back: the store
-	// need not look). So a key's order holds whatever the
-	// priorities of its messages, a key's message waits behind an earlier one that
-	// waits (a retry backing off, or a delayed message), and a key whose messages have
-	// one priority is read whole. After is not used.
+	// need not look). So a key's order holds whatever the priorities of its messages, a
+	// key's message waits behind an earlier one that waits (a retry backing off, or a
+	// delayed message), and a key whose messages have one priority is read whole. After
+	// is not used.
 	//
 	// It returns an error wrapping ErrNoPriorities when the store's schema cannot keep
 	// priorities yet (a migration to apply): the relay then reads in Seq order alone.

@@ -62,8 +62,6 @@ func (d *Driver) FetchSnapshot(ctx context.Context, req outboxdriver.FetchReques
 	return r.msgs, snap, nil
 }
 
-// fetchStatement returns the statement and arguments of Fetch and FetchSnapshot for req:
-// a continuation (req.After) or a full fetch.
 // leasedShards returns the shards of leases, as the fetch statements take them.
 func leasedShards(leases []outboxdriver.Lease) []int16 {
 	shards := make([]int16, len(leases))
@@ -73,6 +71,8 @@ func leasedShards(leases []outboxdriver.Lease) []int16 {
 	return shards
 }
 
+// fetchStatement returns the statement and arguments of Fetch and FetchSnapshot for req:
+// a continuation (req.After) or a full fetch.
 func (d *Driver) fetchStatement(req outboxdriver.FetchRequest) (string, []any, error) {
 	shards := leasedShards(req.Leases)
 	if req.After > 0 {

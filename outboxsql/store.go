@@ -17,15 +17,21 @@ import (
 // parameters travel as PostgreSQL array literals (pgsql.IntArray, pgsql.TextArray),
 // which every database/sql driver binds as a plain string.
 
+// leasedShards returns the shards of leases, as the fetch statements take them.
+func leasedShards(leases []outboxdriver.Lease) []int {
+	shards := make([]int, len(leases))
+	for i, l := range leases {
+		shards[i] = l.Shard
+	}
+	return shards
+}
+
 // Fetch implements outboxdriver.Store.
 func (d *Driver) Fetch(ctx context.Context, req outboxdriver.FetchRequest) ([]*outbox.Message, error) {
 	if err := d.needDB(); err != nil {
 		return nil, err
 	}
-	shards := make([]int, len(req.Leases))
-	for i, l := range req.Leases {
-		shards[i] = l.Shard
-	}
+	shards := leasedShards(req.Leases)
 	var query string
 	var args []any
 	if req.After > 0 {
@@ -52,10 +58,7 @@ func (d *Driver) FetchPriority(ctx context.Context, req outboxdriver.FetchReques
 	if err := d.needDB(); err != nil {
 		return nil, err
 	}
-	shards := make([]int, len(req.Leases))
-	for i, l := range req.Leases {
-		shards[i] = l.Shard
-	}
+	shards := leasedShards(req.Leases)
 	exclude, limit, held, err := pgsql.PriorityFetchArgs(req)
 	if err != nil {
 		return nil, err

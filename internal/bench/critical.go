@@ -54,25 +54,25 @@ func (m *measurer) criticalPhase(ctx context.Context) (*CriticalPhase, error) {
 		if err := m.db.(*postgres).vacuum(ctx); err != nil {
 			return 0, 0, err
 		}
-		watch := &criticalWatch{}
 		start := time.Now()
-		watch.start = start
+		crit := &criticalLog{start: start}
 		runs++
 		rs, err := startRelaysWith(ctx, cfg, m.db, fmt.Sprintf("%s-c%d", m.tag, runs), m.confirmed, func() (outbox.Publisher, func(), error) {
 			pub, closePub, err := openPublisher(ctx, m.target, m.dest)
-			return &criticalWatch{Publisher: pub, shared: watch}, closePub, err
+			return &criticalWatch{Publisher: pub, log: crit}, closePub, err
 		})
 		if err != nil {
 			return 0, 0, err
 		}
 		defer rs.stop(ctx)
 		if _, err := rs.waitPublished(ctx, int64(cfg.Events), func(n int64, elapsed time.Duration) {
-			say("critical: %s: %d/%d (%.0f/s), %d critical", label, n, cfg.Events, float64(n)/elapsed.Seconds(), watch.count())
+			critical, _ := crit.result()
+			say("critical: %s: %d/%d (%.0f/s), %d critical", label, n, cfg.Events, float64(n)/elapsed.Seconds(), critical)
 		}); err != nil {
 			return 0, 0, err
 		}
 		total := time.Since(start)
-		n, last := watch.result()
+		n, last := crit.result()
 		if n < cp.Messages {
 			return 0, 0, fmt.Errorf("critical: %s: %d critical messages confirmed, want %d", label, n, cp.Messages)
 		}
@@ -98,16 +98,33 @@ func (m *measurer) criticalPhase(ctx context.Context) (*CriticalPhase, error) {
 	return cp, nil
 }
 
-// criticalWatch is a relay's publisher that notes when the critical messages (topic
-// "payments") were confirmed, in shared: how many, and how long after start the last.
-type criticalWatch struct {
-	outbox.Publisher
-	shared *criticalWatch
-
+// criticalLog is when the critical messages (topic "payments") of one drain were
+// confirmed: how many, and how long after start the last.
+type criticalLog struct {
 	mu    sync.Mutex
 	start time.Time
 	n     int
 	last  time.Duration
+}
+
+func (c *criticalLog) record(n int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.n += n
+	c.last = time.Since(c.start)
+}
+
+func (c *criticalLog) result() (int, time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.n, c.last
+}
+
+// criticalWatch is a relay's publisher that records its confirmed critical messages in
+// log.
+type criticalWatch struct {
+	outbox.Publisher
+	log *criticalLog
 }
 
 func (w *criticalWatch) Publish(ctx context.Context, batch []*outbox.Message) []error {
@@ -119,23 +136,7 @@ func (w *criticalWatch) Publish(ctx context.Context, batch []*outbox.Message) []
 		}
 	}
 	if n > 0 {
-		s := w.shared
-		s.mu.Lock()
-		s.n += n
-		s.last = time.Since(s.start)
-		s.mu.Unlock()
+		w.log.record(n)
 	}
 	return errs
-}
-
-func (w *criticalWatch) count() int {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.n
-}
-
-func (w *criticalWatch) result() (int, time.Duration) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.n, w.last
 }
