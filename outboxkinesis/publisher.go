@@ -12,7 +12,6 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
-	"time"
 	"unicode/utf8"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -211,12 +210,7 @@ func (p *Publisher) ctxOutage(ctx context.Context, dest string) error {
 // placeholders (so a missing stream is reported), else of the stream last sent to, else
 // ListStreams. Its errors are outages. Without a deadline on ctx it gives up after 5 s.
 func (p *Publisher) Ping(ctx context.Context) error {
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, 5*time.Second)
-		defer cancel()
-	}
-	ctx, cancel := p.callCtx(ctx)
+	ctx, cancel := p.life.PingCtx(ctx)
 	defer cancel()
 	if p.life.Closed() {
 		return outbox.Outage(fmt.Errorf("outboxkinesis: ping: %w", ErrClosed))

@@ -8,7 +8,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/config"
@@ -237,12 +236,7 @@ func (p *Publisher) ctxOutage(ctx context.Context, dest string) error {
 // placeholders (so a missing topic is reported), else of the topic last sent to, else
 // ListTopics. Its errors are outages. Without a deadline on ctx it gives up after 5 s.
 func (p *Publisher) Ping(ctx context.Context) error {
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, 5*time.Second)
-		defer cancel()
-	}
-	ctx, cancel := p.callCtx(ctx)
+	ctx, cancel := p.life.PingCtx(ctx)
 	defer cancel()
 	if p.life.Closed() {
 		return outbox.Outage(fmt.Errorf("outboxsns: ping: %w", ErrClosed))

@@ -15,7 +15,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
@@ -141,8 +140,7 @@ type Publisher struct {
 	// when the route has placeholders.
 	lastQueue atomic.Pointer[string]
 
-	closing   context.Context // done once Close is called
-	close     context.CancelFunc
+	life      *awsdial.Life
 	closeOnce sync.Once
 }
 
@@ -169,15 +167,13 @@ func New(client *sqs.Client, cfg Config) (*Publisher, error) {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	closing, cancel := context.WithCancel(context.Background())
 	return &Publisher{
-		client:  client,
-		route:   route,
-		cfg:     cfg,
-		slots:   make(chan struct{}, cfg.MaxInflight),
-		queues:  map[string]*queueURL{},
-		closing: closing,
-		close:   cancel,
+		client: client,
+		route:  route,
+		cfg:    cfg,
+		slots:  make(chan struct{}, cfg.MaxInflight),
+		queues: map[string]*queueURL{},
+		life:   awsdial.NewLife(),
 	}, nil
 }
 
@@ -268,7 +264,7 @@ func (p *Publisher) Client() *sqs.Client { return p.client }
 // connections. Closing twice is safe.
 func (p *Publisher) Close() {
 	p.closeOnce.Do(func() {
-		p.close()
+		p.life.Close()
 		if p.conns != nil {
 			p.conns.close()
 		}
@@ -281,14 +277,9 @@ func (p *Publisher) Close() {
 // credentials may not do. Its errors are outages. Without a deadline on ctx it gives up
 // after 5 s.
 func (p *Publisher) Ping(ctx context.Context) error {
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, 5*time.Second)
-		defer cancel()
-	}
-	ctx, cancel := p.callCtx(ctx)
+	ctx, cancel := p.life.PingCtx(ctx)
 	defer cancel()
-	if p.closing.Err() != nil {
+	if p.life.Closed() {
 		return outbox.Outage(fmt.Errorf("outboxsqs: ping: %w", ErrClosed))
 	}
 	dest, ok := p.route.Static()
@@ -306,7 +297,7 @@ func (p *Publisher) Ping(ctx context.Context) error {
 	switch {
 	case err == nil || accessDenied(err):
 		return nil
-	case p.closing.Err() != nil:
+	case p.life.Closed():
 		err = ErrClosed
 	case dest != "":
 		err = classify(err, dest)
@@ -359,9 +350,7 @@ func accessDenied(err error) bool {
 
 // callCtx returns ctx, cancelled also when the publisher is closed.
 func (p *Publisher) callCtx(ctx context.Context) (context.Context, context.CancelFunc) {
-	ctx, cancel := context.WithCancel(ctx)
-	stop := context.AfterFunc(p.closing, cancel)
-	return ctx, func() { stop(); cancel() }
+	return p.life.CallCtx(ctx)
 }
 
 // Publish implements outbox.Publisher. It groups the batch by queue and sends each
@@ -410,7 +399,7 @@ func (p *Publisher) Publish(ctx context.Context, batch []*outbox.Message) []erro
 
 // stopped returns the outage that ends a Publish before it sends anything, or nil.
 func (p *Publisher) stopped(ctx context.Context) error {
-	if p.closing.Err() != nil {
+	if p.life.Closed() {
 		return outbox.Outage(fmt.Errorf("outboxsqs: publish: %w", ErrClosed))
 	}
 	if err := ctx.Err(); err != nil {
@@ -531,10 +520,7 @@ func (p *Publisher) sendBatch(ctx context.Context, dest, url string, chunk []ent
 
 // ctxOutage is the outage of a call that ctx ended: the caller's deadline or Close.
 func (p *Publisher) ctxOutage(ctx context.Context, dest string) error {
-	if p.closing.Err() != nil {
-		return outbox.Outage(fmt.Errorf("outboxsqs: queue %q: %w", dest, ErrClosed))
-	}
-	return outbox.Outage(fmt.Errorf("outboxsqs: queue %q: %w", dest, context.Cause(ctx)))
+	return p.life.Outage(ctx, "outboxsqs", "queue", dest, ErrClosed)
 }
 
 // queueURL returns the URL of dest, a queue name or URL, resolving a name with

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/url"
 	"sync"
+	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/config"
@@ -109,6 +110,17 @@ func (l *Life) CallCtx(ctx context.Context) (context.Context, context.CancelFunc
 	ctx, cancel := context.WithCancel(ctx)
 	stop := context.AfterFunc(l.closing, cancel)
 	return ctx, func() { stop(); cancel() }
+}
+
+// PingCtx returns the context of a Ping: ctx, given 5 s when it has no deadline, and
+// cancelled also when the publisher is closed.
+func (l *Life) PingCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	timeout := func() {}
+	if _, ok := ctx.Deadline(); !ok {
+		ctx, timeout = context.WithTimeout(ctx, 5*time.Second)
+	}
+	ctx, cancel := l.CallCtx(ctx)
+	return ctx, func() { cancel(); timeout() }
 }
 
 // Outage is the outage of a call to dest that ctx ended: closed wraps the publisher's
