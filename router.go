@@ -123,6 +123,19 @@ func (r Routing) Check(checks map[string]func(*Message) error) func(*Message) er
 	}
 }
 
+// Priorities returns a default priority for WriterConfig.Priority: that of m's
+// destination in byDestination (by destination name), 0 for a destination it does not
+// name or a message that does not route. Priorities order the backlog in the database,
+// so a destination's must be known when its messages are written: give the writers the
+// routing the relays run. Values run from 1 to MaxPriority (NewWriter does not see
+// them: a Write fails with a *ValidationError on one outside).
+func (r Routing) Priorities(byDestination map[string]int) func(m *Message) int {
+	return func(m *Message) int {
+		dest, _ := r.Destination(m)
+		return byDestination[dest]
+	}
+}
+
 func unroutableReason(m *Message) string {
 	return fmt.Sprintf("no routing rule matches the message (topic %q, aggregate type %q, event type %q) and there is no default destination",
 		m.Topic, m.AggregateType, m.EventType)

@@ -258,3 +258,52 @@ func TestMemRelayRouterDestinationStuck(t *testing.T) {
 		}
 	})
 }
+
+// TestRoutingPriorities: a destination's default priority reaches the messages routed to
+// it at write time, after the message's own priority and its topic's default; a value
+// outside 0-MaxPriority fails the Write.
+func TestRoutingPriorities(t *testing.T) {
+	t.Parallel()
+	routing := outbox.Routing{Rules: []outbox.Rule{{Topic: "pay.*", Destination: "payments"}}, Default: "events"}
+	store := outboxtest.NewStore(outboxtest.StoreConfig{})
+	w, err := outbox.NewWriter(store, outbox.WriterConfig{
+		Priorities: map[string]int{"pay.audit": 2},
+		Priority:   routing.Priorities(map[string]int{"payments": 7}),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := testenv.Context(t)
+	tx := store.Begin()
+	err = w.Write(ctx, tx,
+		outbox.Message{Topic: "pay.card"},              // the destination's: 7
+		outbox.Message{Topic: "pay.card", Priority: 3}, // its own
+		outbox.Message{Topic: "pay.audit"},             // its topic's: 2
+		outbox.Message{Topic: "clicks"})                // none
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	st, err := store.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, p := range st.Priorities {
+		got = append(got, fmt.Sprintf("%d:%d", p.Priority, p.Pending))
+	}
+	if want := "[7:1 3:1 2:1 0:1]"; fmt.Sprint(got) != want {
+		t.Errorf("pending per priority %v, want %s", got, want)
+	}
+
+	bad, err := outbox.NewWriter(store, outbox.WriterConfig{Priority: func(*outbox.Message) int { return outbox.MaxPriority + 1 }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ve *outbox.ValidationError
+	if err := bad.Write(ctx, store.Begin(), outbox.Message{Topic: "t"}); !errors.As(err, &ve) || ve.Field != "Priority" {
+		t.Errorf("a default priority above MaxPriority: %v, want a *ValidationError on Priority", err)
+	}
+}

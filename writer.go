@@ -32,6 +32,12 @@ type WriterConfig struct {
 	// written with none (0): {"payments": 5} puts payments ahead of a backlog of other
 	// topics. Values run from 1 to MaxPriority.
 	Priorities map[string]int
+
+	// Priority, when set, gives a default Message.Priority to the messages written with
+	// none that Priorities gives none either, from anything of the message:
+	// Routing.Priorities gives each destination's. It returns 0 (none) to MaxPriority;
+	// a Write fails with a *ValidationError on a value outside.
+	Priority func(m *Message) int
 }
 
 // Validate checks c as NewWriter does: a *ConfigError names the field at fault.
@@ -60,6 +66,7 @@ type Writer[TTx any] struct {
 	inject func(context.Context, *Message)
 	check  func(*Message) error
 	prio   map[string]int
+	prioOf func(*Message) int
 }
 
 // NewWriter returns a Writer that inserts through driver.
@@ -71,7 +78,7 @@ func NewWriter[TTx any](driver outboxdriver.WriteDriver[TTx], config WriterConfi
 		return nil, err
 	}
 	return &Writer[TTx]{driver: driver, limits: config.Limits.withDefaults(), inject: config.Inject, check: config.Check,
-		prio: maps.Clone(config.Priorities)}, nil
+		prio: maps.Clone(config.Priorities), prioOf: config.Priority}, nil
 }
 
 // Write validates msgs and inserts them in tx, in as few statements as the driver can
@@ -100,10 +107,13 @@ func (w *Writer[TTx]) Write(ctx context.Context, tx TTx, msgs ...Message) error 
 			w.inject(ctx, &own[i])
 		}
 	}
-	if len(w.prio) > 0 {
+	if len(w.prio) > 0 || w.prioOf != nil {
 		for i := range own {
 			if own[i].Priority == 0 {
 				own[i].Priority = w.prio[own[i].Topic]
+			}
+			if own[i].Priority == 0 && w.prioOf != nil {
+				own[i].Priority = w.prioOf(&own[i])
 			}
 		}
 	}

@@ -49,7 +49,7 @@ With --destination2 URL, the backlog is drained three times more, at the end: to
 destination on --broker alone (dest1_eps), to one on the second broker alone
 (dest2_eps), and to both through routing rules, half the events each (dests_eps);
 dests_x = dests_eps over the slower of the two alone.
-With --critical F (PostgreSQL), a backlog of --events in which a fraction F of the
+With --critical F, a backlog of --events in which a fraction F of the
 messages, spread through it, are of topic "payments" on keys of their own is drained
 twice more (--runs times each, in turn: medians), at the end: as it is (the reference),
 then with those messages at priority 5. The critical messages have keys of their own, as
@@ -109,7 +109,7 @@ during the drain (drain_trickle_p99_ms; fair_p99_x is the second over the first)
 		fs.DurationVar(&cfg.WritersDuration, "writers-duration", 10*time.Second, "length of the writers phase; the naive table's reference takes as long again,\nhalf before it and half after")
 		fs.IntVar(&cfg.Replay, "replay", 0, "PostgreSQL: seed `n` messages of published history, and measure the live latency at --rate\nfor --duration before and while outbox replay publishes them again (0: no such phase)")
 		fs.StringVar(&cfg.Broker2URL, "destination2", "", "a second broker `URL`: drain the backlog to a destination on each broker alone, then to both\nthrough routing rules, half the events each (none when empty)")
-		fs.Float64Var(&cfg.Critical, "critical", 0, "PostgreSQL: drain a backlog with this `fraction` of critical messages (topic payments,\nkeys of their own) without and with priorities (0: no such phase)")
+		fs.Float64Var(&cfg.Critical, "critical", 0, "drain a backlog with this `fraction` of critical messages (topic payments, keys of\ntheir own) without and with priorities (0: no such phase)")
 		fs.Float64Var(&cfg.ReplayRate, "replay-rate", 0, "with --replay: the replay's --max-rate (`n` messages per second; 0: its default)")
 		fs.IntVar(&cfg.Runs, "runs", 1, "raw + drain measurements to take; the figures are their medians")
 		fs.BoolVar(&cfg.PinXmin, "pin-xmin", false, "measure the drain and latency phases again with a snapshot held open in the\nbench's database (a long transaction), and report them as pinned_*")

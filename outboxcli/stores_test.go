@@ -77,10 +77,10 @@ func commandsOnStore(t *testing.T, dbURL string, open func(*testing.T) (*sql.DB,
 	}
 	must(t, 2, env, "partitions", "list")
 	must(t, 2, with(env, "OUTBOX_SCHEMA", "other"), "status")
-	if r := must(t, 0, env, "migrate", "up"); !strings.Contains(r.stdout, "applied 003_relay_routing") {
+	if r := must(t, 0, env, "migrate", "up"); !strings.Contains(r.stdout, "applied 004_priority") {
 		t.Fatalf("migrate up: %s", r)
 	}
-	if r := must(t, 0, env, "migrate", "status"); strings.Count(r.stdout, "yes") != 3 {
+	if r := must(t, 0, env, "migrate", "status"); strings.Count(r.stdout, "yes") != 4 {
 		t.Fatalf("migrate status: %s", r)
 	}
 

@@ -67,12 +67,14 @@ var dialect = &sqlstore.Dialect{
 	PublishedEstimate: `SELECT TABLE_ROWS FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ?`,
 
 	IsDuplicate: isDuplicate,
+	Undefined:   isUndefined,
 
 	Migrations: sqlstore.Migrations{
 		FS:          mustSub(migrationFiles, "migrations"),
 		Table:       "CREATE TABLE IF NOT EXISTS %s (version INT NOT NULL PRIMARY KEY, name VARCHAR(255) NOT NULL, applied_at DATETIME(6) NOT NULL) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4",
 		TableExists: `SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ?`,
 		Locked:      withMigrationLock,
+		Redone:      isRedone,
 	},
 }
 
@@ -122,4 +124,18 @@ func mustSub(f fs.FS, dir string) fs.FS {
 func isDuplicate(err error) bool {
 	var me *mysql.MySQLError
 	return errors.As(err, &me) && me.Number == 1062
+}
+
+// isRedone: ER_DUP_FIELDNAME (a column that exists), ER_DUP_KEYNAME (an index that
+// exists), ER_CANT_DROP_FIELD_OR_KEY (a column or index that is gone).
+func isRedone(err error) bool {
+	var me *mysql.MySQLError
+	return errors.As(err, &me) && (me.Number == 1060 || me.Number == 1061 || me.Number == 1091)
+}
+
+// isUndefined: ER_BAD_FIELD_ERROR ("Unknown column"), ER_KEY_DOES_NOT_EXIST (an index
+// hint naming an index that is not there).
+func isUndefined(err error) bool {
+	var me *mysql.MySQLError
+	return errors.As(err, &me) && (me.Number == 1054 || me.Number == 1176)
 }

@@ -63,7 +63,7 @@
 //     themselves.
 //   - No notifications: relays poll (RelayConfig.PollInterval, 500 ms by default).
 //   - DDL is not transactional: a migration applies statement by statement, every
-//     statement idempotent, under a named lock (GET_LOCK); one interrupted halfway is
+//     statement idempotent (a column or index already added counts as done), under a named lock (GET_LOCK); one interrupted halfway is
 //     finished by running it again.
 //   - Status counts published messages exactly while InnoDB estimates the published
 //     table below 100,000 rows, and reports that estimate above (on MySQL 8 it can be as

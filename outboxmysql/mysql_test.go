@@ -206,3 +206,33 @@ func TestStatusEstimatesLargePublished(t *testing.T) {
 		t.Fatalf("status published = %d for %d rows; want InnoDB's estimate %d", st.Published, exact, estimate)
 	}
 }
+
+// TestMigrationFinishedAfterInterruption: MySQL commits DDL statement by statement, so a
+// migration can stop halfway (here: migration 4's column added, its index not). Running
+// MigrateUp again finishes it, taking the column already there as done; running
+// MigrateDown after a down interrupted halfway does the same.
+func TestMigrationFinishedAfterInterruption(t *testing.T) {
+	t.Parallel()
+	ctx := testenv.Context(t)
+	b := open(t, testmysql.NewDatabase(t))
+	if _, err := b.drv.MigrateUp(ctx, 3); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.db.ExecContext(ctx, "ALTER TABLE outbox ADD COLUMN priority TINYINT NOT NULL DEFAULT 0"); err != nil {
+		t.Fatal(err)
+	}
+	if v, err := b.drv.MigrateUp(ctx, 0); err != nil || len(v) != 1 || v[0] != 4 {
+		t.Fatalf("MigrateUp after an interrupted migration 4 = %v, %v; want [4]", v, err)
+	}
+	var n int
+	if err := b.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM information_schema.STATISTICS
+WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'outbox' AND INDEX_NAME = 'outbox_priority_idx'`).Scan(&n); err != nil || n == 0 {
+		t.Fatalf("the priority index after finishing migration 4: %d columns, %v", n, err)
+	}
+	if _, err := b.db.ExecContext(ctx, "DROP INDEX outbox_priority_idx ON outbox"); err != nil {
+		t.Fatal(err)
+	}
+	if v, err := b.drv.MigrateDown(ctx, 3); err != nil || len(v) != 1 || v[0] != 4 {
+		t.Fatalf("MigrateDown after an interrupted down of migration 4 = %v, %v; want [4]", v, err)
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"embed"
 	"errors"
 	"io/fs"
+	"strings"
 
 	"modernc.org/sqlite"
 	sqlite3 "modernc.org/sqlite/lib"
@@ -51,6 +52,7 @@ var dialect = &sqlstore.Dialect{
 	SnapshotIsolation: sql.LevelDefault,
 
 	IsDuplicate: isDuplicate,
+	Undefined:   isUndefined,
 
 	Migrations: sqlstore.Migrations{
 		FS:          mustSub(migrationFiles, "migrations"),
@@ -166,6 +168,18 @@ func (t *immediateTx) close() {
 }
 
 // isDuplicate reports a primary-key or unique violation.
+// isUndefined: SQLite reports a missing column with its generic error code, so the
+// message tells ("no such column: x" in a query, "table t has no column named x" in an
+// INSERT's column list).
+func isUndefined(err error) bool {
+	var e *sqlite.Error
+	if !errors.As(err, &e) || e.Code() != sqlite3.SQLITE_ERROR {
+		return false
+	}
+	msg := e.Error()
+	return strings.Contains(msg, "no such column") || strings.Contains(msg, "has no column named")
+}
+
 func isDuplicate(err error) bool {
 	var e *sqlite.Error
 	return errors.As(err, &e) && (e.Code() == sqlite3.SQLITE_CONSTRAINT_PRIMARYKEY || e.Code() == sqlite3.SQLITE_CONSTRAINT_UNIQUE)

@@ -317,8 +317,6 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	switch {
 	case cfg.Critical < 0 || cfg.Critical >= 1:
 		return Result{}, errors.New("bench: the critical fraction must lie between 0 and 1")
-	case cfg.Critical > 0 && cfg.DB != DBPostgres:
-		return Result{}, errors.New("bench: --critical needs priorities, which the PostgreSQL store keeps: --db postgres")
 	case cfg.Source != SourcePoll && cfg.Source != SourceWAL:
 		return Result{}, fmt.Errorf("bench: unknown source %q: want %s or %s", cfg.Source, SourcePoll, SourceWAL)
 	case cfg.Source == SourceWAL && cfg.DB != DBPostgres:

@@ -49,10 +49,12 @@ func (m *measurer) criticalPhase(ctx context.Context) (*CriticalPhase, error) {
 		if err := writeBacklog(ctx, m.db, cfg, m.payload, shape, say); err != nil {
 			return 0, 0, err
 		}
-		// Each drain on a vacuumed table: the last drain's dead rows, which the
-		// fetches would walk until autovacuum came, count against neither.
-		if err := m.db.(*postgres).vacuum(ctx); err != nil {
-			return 0, 0, err
+		// Each drain on a vacuumed table (PostgreSQL): the last drain's dead rows, which
+		// the fetches would walk until autovacuum came, count against neither.
+		if pg, ok := m.db.(*postgres); ok {
+			if err := pg.vacuum(ctx); err != nil {
+				return 0, 0, err
+			}
 		}
 		start := time.Now()
 		crit := &criticalLog{start: start}

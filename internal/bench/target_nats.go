@@ -56,7 +56,9 @@ func (t *natsTarget) Prepare(ctx context.Context, name string) (string, func(), 
 func (t *natsTarget) Broker() (string, brokers.Settings) { return t.url, brokers.Settings{} }
 
 // Raw publishes asynchronously with message ids, keeping up to 4,000 unacknowledged (the
-// publisher's default window). The wire messages are built by the publisher's own code
+// publisher's default window, and the client's own limit: a publish beyond it waits for
+// an acknowledgement, up to a minute, as the publisher's does up to its deadline,
+// rather than failing after the client's default 200 ms on a loaded machine). The wire messages are built by the publisher's own code
 // (outboxnats.Publisher.Msg).
 func (t *natsTarget) Raw(ctx context.Context, route string, msgs []*outbox.Message) error {
 	builder, err := outboxnats.New(t.js, outboxnats.Config{Route: route})
@@ -87,7 +89,7 @@ func (t *natsTarget) Raw(ctx context.Context, route string, msgs []*outbox.Messa
 		msg, err := builder.Msg(m)
 		if err == nil {
 			var f jetstream.PubAckFuture
-			if f, err = t.js.PublishMsgAsync(msg, jetstream.WithMsgID(m.DedupID())); err == nil {
+			if f, err = t.js.PublishMsgAsync(msg, jetstream.WithMsgID(m.DedupID()), jetstream.WithStallWait(time.Minute)); err == nil {
 				futures <- f
 				continue
 			}

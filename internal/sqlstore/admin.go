@@ -40,6 +40,9 @@ func (s *Store) Status(ctx context.Context) (outboxdriver.Status, error) {
 	if err := s.topicStatus(ctx, tx, &st); err != nil {
 		return st, fmt.Errorf("outbox status: count pending and dead: %w", err)
 	}
+	if err := s.priorityStatus(ctx, tx, &st); err != nil {
+		return st, fmt.Errorf("outbox status: count pending per priority: %w", err)
+	}
 	if err := s.publishedCount(ctx, tx, &st); err != nil {
 		return st, fmt.Errorf("outbox status: count published: %w", err)
 	}
@@ -47,6 +50,38 @@ func (s *Store) Status(ctx context.Context) (outboxdriver.Status, error) {
 		return st, fmt.Errorf("outbox status: read relays and leases: %w", err)
 	}
 	return st, nil
+}
+
+// priorityStatus fills the backlog per priority, once the schema keeps priorities
+// (PriorityMigration).
+func (s *Store) priorityStatus(ctx context.Context, tx Querier, st *outboxdriver.Status) error {
+	applied, err := s.applied(ctx, tx)
+	if err != nil || !applied[PriorityMigration] {
+		return err
+	}
+	rows, err := tx.QueryContext(ctx, s.sql(`SELECT priority, COUNT(*),
+       COALESCE(SUM(CASE WHEN next_attempt_at <= {{now}} THEN 1 ELSE 0 END), 0),
+       `+s.d.ToMicros("{{now}}")+` - `+s.d.ToMicros("MIN(created_at)")+`
+FROM {{outbox}} GROUP BY priority`))
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	var prios []outboxdriver.PriorityStatus
+	for rows.Next() {
+		var p outboxdriver.PriorityStatus
+		var ageMicros int64
+		if err := rows.Scan(&p.Priority, &p.Pending, &p.Due, &ageMicros); err != nil {
+			return err
+		}
+		p.OldestPendingAge = max(time.Duration(ageMicros)*time.Microsecond, 0)
+		prios = append(prios, p)
+	}
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	st.AddPriorities(prios)
+	return nil
 }
 
 func (s *Store) topicStatus(ctx context.Context, tx Querier, st *outboxdriver.Status) error {

@@ -137,7 +137,8 @@ func (s *Store) MigrationStatus(ctx context.Context) ([]MigrationStatus, error) 
 	drops := s.downDrops()
 	out := make([]MigrationStatus, 0, len(all))
 	for _, m := range all {
-		out = append(out, MigrationStatus{Version: m.version, Name: m.name, Applied: done[m.version], DownDrops: drops[m.version]})
+		out = append(out, MigrationStatus{Version: m.version, Name: m.name, Applied: done[m.version],
+			Deferrable: m.version == PriorityMigration, DownDrops: drops[m.version]})
 	}
 	return out, nil
 }
@@ -151,13 +152,20 @@ func (s *Store) downDrops() map[int]string {
 	}
 }
 
+// redone reports whether a migration's statement failed only because an interrupted
+// run of it already made its change (see Migrations.Redone).
+func (s *Store) redone(err error) bool {
+	return s.d.Migrations.Redone != nil && s.d.Migrations.Redone(err)
+}
+
 // MigrateUp applies the schema migrations up to version target (0 for all) under the
 // dialect's migration lock, and returns the versions it applied. Running it again, or
 // from several processes at once, is safe.
 //
 // SQLite applies them in one IMMEDIATE transaction. MySQL commits DDL statement by
-// statement, so a migration is not atomic there; every statement of it is idempotent,
-// and one interrupted halfway is finished by running MigrateUp again. Concurrent
+// statement, so a migration is not atomic there; every statement of it is idempotent
+// (IF NOT EXISTS, or an "already there" error taken as done: Migrations.Redone), and one
+// interrupted halfway is finished by running MigrateUp again. Concurrent
 // migrators wait for each other on a named lock (GET_LOCK).
 func (s *Store) MigrateUp(ctx context.Context, target int) ([]int, error) {
 	return s.migrate(ctx, "up", func(all []migration, applied map[int]bool) []step {
@@ -218,7 +226,7 @@ func (s *Store) migrate(ctx context.Context, dir string, plan func(all []migrati
 		}
 		for _, st := range plan(all, applied) {
 			for _, stmt := range st.stmts {
-				if _, err := q.ExecContext(ctx, stmt); err != nil {
+				if _, err := q.ExecContext(ctx, stmt); err != nil && !s.redone(err) {
 					return fmt.Errorf("migration %03d_%s %s: %w", st.m.version, st.m.name, dir, err)
 				}
 			}

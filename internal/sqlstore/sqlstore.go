@@ -122,6 +122,9 @@ type Dialect struct {
 	// IsDuplicate reports whether err is a primary-key or unique violation. Such a
 	// failed statement leaves the transaction usable in both databases.
 	IsDuplicate func(error) bool
+	// Undefined reports whether err says a statement named a column or an index the
+	// table does not have (a migration not applied yet).
+	Undefined func(error) bool
 
 	// PublishedEstimate, when not empty, is a query with one parameter (the published
 	// table's unquoted name) returning the database's estimate of its row count. Status
@@ -146,6 +149,11 @@ type Migrations struct {
 	// Locked runs fn holding the migration lock of the outbox named by lockName: in
 	// one transaction where DDL is transactional, under a named lock where it is not.
 	Locked func(ctx context.Context, db *sql.DB, lockName string, fn func(Querier) error) error
+	// Redone, where DDL is not transactional, reports whether a migration's statement
+	// failed only because an interrupted run already made its change (a column or an
+	// index that exists, one that is gone): running the migration again then finishes
+	// it. Nil where a migration applies whole or not at all.
+	Redone func(error) bool
 	// ScriptBegin and ScriptEnd wrap the script of MigrationSQL.
 	ScriptBegin, ScriptEnd string
 }

@@ -9,15 +9,11 @@ import (
 	"strings"
 
 	"github.com/outboxkit/outbox"
-	"github.com/outboxkit/outbox/outboxdriver"
 )
 
-// insertParams is the number of placeholders per message of the INSERT into the outbox.
+// insertParams is the number of placeholders per message of the INSERT into the outbox
+// without a priority.
 const insertParams = 11
-
-// errNoPriorities refuses a message with a priority: the MySQL and SQLite stores do not
-// keep them yet.
-var errNoPriorities = fmt.Errorf("%w on MySQL and SQLite yet", outboxdriver.ErrNoPriorities)
 
 // maxChunkBytes bounds the payload and header bytes of one INSERT statement. MySQL
 // refuses a packet over max_allowed_packet (16 MiB by default on MariaDB, 4 MiB on old
@@ -54,15 +50,10 @@ func (s *Store) Insert(ctx context.Context, tx Querier, msgs []outbox.Message) (
 	if tx == nil {
 		return nil, fmt.Errorf("%s: %w", s.d.Package, errNilTx)
 	}
-	for i := range msgs {
-		if msgs[i].Priority != 0 {
-			return nil, fmt.Errorf("%s: message %d: %w", s.d.Package, i, errNoPriorities)
-		}
-	}
 	claim := rand.Int64()
 	seen := make(map[string]bool, len(msgs)) // dedup keys this call has claimed or tried
 	var skipped []string
-	maxRows := s.d.MaxParams / insertParams
+	maxRows := s.d.MaxParams / (insertParams + 1) // + 1: a priority
 	for start := 0; start < len(msgs); {
 		end, size := start, 0
 		for end < len(msgs) && end-start < maxRows {
@@ -98,7 +89,7 @@ func (s *Store) Insert(ctx context.Context, tx Querier, msgs []outbox.Message) (
 			}
 		}
 		if err := s.insertRows(ctx, tx, rows); err != nil {
-			return nil, fmt.Errorf("outbox insert: %w", err)
+			return nil, err
 		}
 		start = end
 	}
@@ -136,15 +127,21 @@ func (s *Store) claim(ctx context.Context, tx Querier, claim int64, keys []strin
 // insertRows inserts msgs into the outbox with one multi-row INSERT. created_at and
 // next_attempt_at are the database's time of the statement, so a fresh row has
 // next_attempt_at = created_at and stays out of the "waiting" condition; DeliverAt
-// moves next_attempt_at later, never earlier than now.
+// moves next_attempt_at later, never earlier than now. The priority column is named
+// only when a message has a priority: writes without one run as they did before
+// schema version 4, and a write with one before it fails with errNoPriorities.
 func (s *Store) insertRows(ctx context.Context, tx Querier, msgs []*outbox.Message) error {
 	if len(msgs) == 0 {
 		return nil
 	}
-	row := `(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, {{now}}, COALESCE(` + s.d.Greatest + `({{now}}, ` + s.d.FromMicros("?") + `), {{now}}))`
-	q := s.sql(`INSERT INTO {{outbox}} (id, topic, {{key}}, aggregate_type, event_type, content_type, payload, headers, dedup_key, shard, created_at, next_attempt_at) VALUES ` +
-		strings.TrimSuffix(strings.Repeat(row+", ", len(msgs)), ", "))
-	args := make([]any, 0, len(msgs)*insertParams)
+	prio := slices.ContainsFunc(msgs, func(m *outbox.Message) bool { return m.Priority != 0 })
+	cols, row := "", `(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, {{now}}, COALESCE(`+s.d.Greatest+`({{now}}, `+s.d.FromMicros("?")+`), {{now}})`
+	if prio {
+		cols, row = ", priority", row+", ?"
+	}
+	q := s.sql(`INSERT INTO {{outbox}} (id, topic, {{key}}, aggregate_type, event_type, content_type, payload, headers, dedup_key, shard, created_at, next_attempt_at` + cols + `) VALUES ` +
+		strings.TrimSuffix(strings.Repeat(row+"), ", len(msgs)), ", "))
+	args := make([]any, 0, len(msgs)*(insertParams+1))
 	for _, m := range msgs {
 		payload := m.Payload
 		if payload == nil {
@@ -160,9 +157,17 @@ func (s *Store) insertRows(ctx context.Context, tx Querier, msgs []*outbox.Messa
 		}
 		args = append(args, m.ID[:], m.Topic, m.Key, m.AggregateType, m.EventType, m.ContentType, payload,
 			headers, m.DedupID(), Shard(m.Key, m.ID), deliverAt)
+		if prio {
+			args = append(args, m.Priority)
+		}
 	}
-	_, err := tx.ExecContext(ctx, q, args...)
-	return err
+	if _, err := tx.ExecContext(ctx, q, args...); err != nil {
+		if prio {
+			return s.priorityError("outbox insert", err)
+		}
+		return fmt.Errorf("outbox insert: %w", err)
+	}
+	return nil
 }
 
 // idTextLen is the length of an ID's text, the dedup key of a message without one.

@@ -72,6 +72,7 @@ func Run(t *testing.T, h Harness) {
 		{"Migrations", migrations},
 		{"MigrationsConcurrent", migrationsConcurrent},
 		{"MigrationSQL", migrationSQL},
+		{"PrioritiesDeferred", prioritiesDeferred},
 		{"Prefixes", prefixes},
 		{"LargeBatch", largeBatch},
 		{"BinaryPayloads", binaryPayloads},
@@ -187,8 +188,8 @@ func migrations(t *testing.T, h Harness) {
 	if err != nil || len(st) == 0 || st[0].Applied {
 		t.Fatalf("status of a fresh database = %+v, %v; want migrations, none applied", st, err)
 	}
-	if v, err := b.drv.MigrateUp(ctx, 0); err != nil || !slices.Equal(v, []int{1, 2, 3}) {
-		t.Fatalf("MigrateUp = %v, %v; want [1 2 3]", v, err)
+	if v, err := b.drv.MigrateUp(ctx, 0); err != nil || !slices.Equal(v, []int{1, 2, 3, 4}) {
+		t.Fatalf("MigrateUp = %v, %v; want [1 2 3 4]", v, err)
 	}
 	if v, err := b.drv.MigrateUp(ctx, 0); err != nil || len(v) != 0 {
 		t.Fatalf("second MigrateUp = %v, %v; want nothing to do", v, err)
@@ -199,8 +200,8 @@ func migrations(t *testing.T, h Harness) {
 	if err := b.write(ctx, outbox.Message{Topic: "t", Payload: []byte(`{}`)}); err != nil {
 		t.Fatal(err)
 	}
-	if v, err := b.drv.MigrateDown(ctx, 0); err != nil || !slices.Equal(v, []int{3, 2, 1}) {
-		t.Fatalf("MigrateDown = %v, %v; want [3 2 1]", v, err)
+	if v, err := b.drv.MigrateDown(ctx, 0); err != nil || !slices.Equal(v, []int{4, 3, 2, 1}) {
+		t.Fatalf("MigrateDown = %v, %v; want [4 3 2 1]", v, err)
 	}
 	if v, err := b.drv.MigrateDown(ctx, 0); err != nil || len(v) != 0 {
 		t.Fatalf("second MigrateDown = %v, %v; want nothing to do", v, err)
@@ -211,11 +212,73 @@ func migrations(t *testing.T, h Harness) {
 	if err := b.write(ctx, outbox.Message{Topic: "t", Payload: []byte(`{}`)}); err == nil {
 		t.Fatal("a write succeeded after the outbox was dropped")
 	}
-	if v, err := b.drv.MigrateUp(ctx, 0); err != nil || !slices.Equal(v, []int{1, 2, 3}) {
-		t.Fatalf("MigrateUp after down = %v, %v; want [1 2 3]", v, err)
+	if v, err := b.drv.MigrateUp(ctx, 0); err != nil || !slices.Equal(v, []int{1, 2, 3, 4}) {
+		t.Fatalf("MigrateUp after down = %v, %v; want [1 2 3 4]", v, err)
 	}
 	if got, _ := b.fetchAll(t, "r"); len(got) != 0 {
 		t.Fatalf("a re-created outbox holds %d messages", len(got))
+	}
+}
+
+// prioritiesDeferred: before the priority migration, writes without a priority and the
+// relay's seq-order fetches work, a write with one and a priority fetch fail with
+// outbox.ErrNoPriorities, the migration is reported deferrable, and status shows no
+// priorities; after it, the priority fetch reads the rows written before it too; going
+// back down drops the priorities and keeps the messages.
+func prioritiesDeferred(t *testing.T, h Harness) {
+	ctx := testenv.Context(t)
+	open := h.NewDatabase(t)
+	b := newBundle(t, h, open(t), "")
+	if _, err := b.drv.MigrateUp(ctx, sqlstore.PriorityMigration-1); err != nil {
+		t.Fatal(err)
+	}
+	st, err := b.drv.MigrationStatus(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range st {
+		if m.Version == sqlstore.PriorityMigration && (m.Applied || !m.Deferrable) {
+			t.Fatalf("migration %+v: want deferrable and not applied", m)
+		}
+	}
+	if err := b.write(ctx, outbox.Message{Topic: "t", Key: "k", Payload: []byte(`{"n":1}`)}); err != nil {
+		t.Fatalf("a write without a priority before the migration: %v", err)
+	}
+	if err := b.write(ctx, outbox.Message{Topic: "t", Key: "k", Priority: 5, Payload: []byte(`{"n":2}`)}); !errors.Is(err, outbox.ErrNoPriorities) {
+		t.Fatalf("a write with a priority before the migration: %v, want ErrNoPriorities", err)
+	}
+	pf, ok := b.drv.(outboxdriver.PriorityFetcher)
+	if !ok {
+		t.Fatal("the driver is no PriorityFetcher")
+	}
+	got, lease := b.fetchAll(t, "r")
+	if len(got) != 1 {
+		t.Fatalf("fetch before the migration: %d messages, want 1", len(got))
+	}
+	if _, err := pf.FetchPriority(ctx, outboxdriver.FetchRequest{RelayID: "r", Leases: lease.Held, Limit: 10}); !errors.Is(err, outbox.ErrNoPriorities) {
+		t.Fatalf("a priority fetch before the migration: %v, want ErrNoPriorities", err)
+	}
+	if s, err := b.drv.Status(ctx); err != nil || s.Pending != 1 || len(s.Priorities) != 0 {
+		t.Fatalf("status before the migration: %+v, %v; want 1 pending and no priorities", s, err)
+	}
+	if v, err := b.drv.MigrateUp(ctx, 0); err != nil || !slices.Equal(v, []int{sqlstore.PriorityMigration}) {
+		t.Fatalf("MigrateUp = %v, %v", v, err)
+	}
+	if err := b.write(ctx, outbox.Message{Topic: "t", Key: "p", Priority: 5, Payload: []byte(`{"n":3}`)}); err != nil {
+		t.Fatalf("a write with a priority after the migration: %v", err)
+	}
+	prio, err := pf.FetchPriority(ctx, outboxdriver.FetchRequest{RelayID: "r", Leases: lease.Held, Limit: 10})
+	if err != nil || len(prio) != 1 || prio[0].Priority != 5 || string(prio[0].Payload) != `{"n":3}` {
+		t.Fatalf("priority fetch after the migration: %v, %v; want the message of priority 5", prio, err)
+	}
+	if s, err := b.drv.Status(ctx); err != nil || len(s.Priorities) != 2 || s.Priorities[0].Priority != 5 || s.Priorities[0].Pending != 1 {
+		t.Fatalf("status after the migration: %+v, %v; want priorities 5 and 0, one message of 5", s.Priorities, err)
+	}
+	if v, err := b.drv.MigrateDown(ctx, sqlstore.PriorityMigration-1); err != nil || !slices.Equal(v, []int{sqlstore.PriorityMigration}) {
+		t.Fatalf("MigrateDown = %v, %v", v, err)
+	}
+	if got, _ := b.fetchAll(t, "r"); len(got) != 2 {
+		t.Fatalf("fetch after going back down: %d messages, want 2", len(got))
 	}
 }
 
@@ -245,7 +308,7 @@ func migrationsConcurrent(t *testing.T, h Harness) {
 		t.Errorf("concurrent MigrateUp: %v", err)
 	}
 	slices.Sort(applied)
-	if !slices.Equal(applied, []int{1, 2, 3}) {
+	if !slices.Equal(applied, []int{1, 2, 3, 4}) {
 		t.Fatalf("concurrent migrators applied %v, want each version once", applied)
 	}
 }
