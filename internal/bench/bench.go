@@ -73,8 +73,9 @@ type Config struct {
 	// MySQL: a consistent snapshot, which holds back purge; SQLite: a read transaction,
 	// which holds back checkpoints). The result gets the Pinned figures.
 	PinXmin bool
-	// SchemaVersion migrates the PostgreSQL outbox up to this version only (3: the pending
-	// table without the ring), to compare layouts in one run. Defaults to the latest.
+	// SchemaVersion migrates the outbox up to this version only (PostgreSQL 3: the pending
+	// table without the ring; MySQL 3: without the priority index), to compare layouts.
+	// Defaults to the latest.
 	SchemaVersion int
 	// RotateRows is the PostgreSQL store's RotateRows (the pending ring's bucket size);
 	// 0 means its default.

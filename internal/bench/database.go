@@ -118,9 +118,9 @@ func openDatabase(ctx context.Context, cfg Config, tag string) (database, error)
 	case DBPostgres:
 		return openPostgres(ctx, cmp.Or(cfg.DatabaseURL, localPostgres), tag, cfg.SchemaVersion, cfg.RotateRows)
 	case DBSQLite:
-		return openSQLite(ctx, tag)
+		return openSQLite(ctx, tag, cfg.SchemaVersion)
 	case DBMySQL:
-		return openMySQL(ctx, cmp.Or(cfg.DatabaseURL, "root@tcp(127.0.0.1:3306)/"), tag)
+		return openMySQL(ctx, cmp.Or(cfg.DatabaseURL, "root@tcp(127.0.0.1:3306)/"), tag, cfg.SchemaVersion)
 	}
 	return nil, fmt.Errorf("bench: unknown database %q: want %s, %s or %s", cfg.DB, DBPostgres, DBSQLite, DBMySQL)
 }
@@ -332,9 +332,9 @@ type sqlDriver interface {
 	MigrateUp(ctx context.Context, target int) ([]int, error)
 }
 
-// open opens the first pool, migrates the outbox and makes the writer; on an error it
-// cleans up.
-func (s *sqlDatabase) open(ctx context.Context, what string) (*sqlDatabase, error) {
+// open opens the first pool, migrates the outbox up to version (0: the latest) and makes
+// the writer; on an error it cleans up.
+func (s *sqlDatabase) open(ctx context.Context, what string, version int) (*sqlDatabase, error) {
 	var err error
 	if s.db, err = s.newPool(); err != nil {
 		s.cleanup()
@@ -342,7 +342,7 @@ func (s *sqlDatabase) open(ctx context.Context, what string) (*sqlDatabase, erro
 	}
 	drv, err := s.newDrv(s.db)
 	if err == nil {
-		_, err = drv.MigrateUp(ctx, 0)
+		_, err = drv.MigrateUp(ctx, version)
 	}
 	if err == nil {
 		s.w, err = outbox.NewWriter[*sql.Tx](drv, outbox.WriterConfig{})
@@ -447,7 +447,7 @@ func (s *sqlDatabase) drop() {
 }
 
 // openSQLite makes an outbox in a SQLite file in a temporary directory.
-func openSQLite(ctx context.Context, tag string) (*sqlDatabase, error) {
+func openSQLite(ctx context.Context, tag string, version int) (*sqlDatabase, error) {
 	dir, err := os.MkdirTemp("", "outbox-bench-"+tag)
 	if err != nil {
 		return nil, err
@@ -461,12 +461,12 @@ func openSQLite(ctx context.Context, tag string) (*sqlDatabase, error) {
 		// the WAL file grows for as long as it is open.
 		pinSQL: []string{"BEGIN", "SELECT count(*) FROM outbox"},
 	}
-	return s.open(ctx, "SQLite")
+	return s.open(ctx, "SQLite", version)
 }
 
 // openMySQL makes an outbox in a database of its own on a MySQL or MariaDB server; dsn
 // names the server (its database part is replaced).
-func openMySQL(ctx context.Context, dsn, tag string) (*sqlDatabase, error) {
+func openMySQL(ctx context.Context, dsn, tag string, version int) (*sqlDatabase, error) {
 	mc, err := mysql.ParseDSN(dsn)
 	if err != nil {
 		return nil, fmt.Errorf("MySQL DSN: %w", err)
@@ -496,7 +496,7 @@ func openMySQL(ctx context.Context, dsn, tag string) (*sqlDatabase, error) {
 			adminDB.Close()
 		},
 	}
-	return s.open(ctx, "MySQL")
+	return s.open(ctx, "MySQL", version)
 }
 
 // openAll opens a pool's n connections before the writers phase, so that no writer waits

@@ -131,3 +131,12 @@ func TestTortureWAL(t *testing.T) {
 func TestTortureDestinations(t *testing.T) {
 	runAndCheck(t, Config{Broker: "destinations", Relays: 3, PrivatePostgres: true, Duration: 20 * time.Second})
 }
+
+// TestTorturePubSub runs 3 relay processes publishing with ordering keys to the Pub/Sub
+// client library's fake server (pstest, in the test process: in memory, so no restart
+// fault), under the relays' and the database's faults and the broker proxy's cuts,
+// latency and blackholes: a key paused after a failed publish must be resumed, its order
+// kept. 20 s, and until every fault kind was injected.
+func TestTorturePubSub(t *testing.T) {
+	runAndCheck(t, Config{Broker: "pubsub", Relays: 3, Duration: 20 * time.Second})
+}
