@@ -3,6 +3,7 @@ package outboxpgx
 import (
 	"cmp"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"strconv"
@@ -60,7 +61,8 @@ const (
 // reading req.Slot at the slot's confirmed position (START_REPLICATION at 0/0, never
 // anywhere else) with req.Publication, and calls emit with what committed.
 //
-// Stream decodes only the seq column of the inserts into the outbox table (named by the
+// Stream asks for columns in binary (PostgreSQL 14 and later) and decodes only the seq
+// column of the inserts into the outbox table (named by the
 // publication's partition root, so every bucket of the pending ring), each transaction's
 // end position, keepalives, and heartbeat messages (prefix "outbox.hb"). A transaction
 // that inserted nothing into the outbox is not emitted; one that inserted more than
@@ -133,7 +135,7 @@ func (d *Driver) Stream(ctx context.Context, req outboxdriver.StreamRequest, emi
 	}
 	start := func() error {
 		return pglogrepl.StartReplication(ctx, conn, req.Slot, from, pglogrepl.StartReplicationOptions{PluginArgs: []string{
-			"proto_version '1'", "publication_names '" + req.Publication + "'", "messages 'true'"}})
+			"proto_version '1'", "publication_names '" + req.Publication + "'", "messages 'true'", "binary 'true'"}})
 	}
 	err = start()
 	if pgsql.SQLState(err) == "55006" && req.Token != 0 {
@@ -579,7 +581,7 @@ func (d *walDecoder) insert(m *pglogrepl.InsertMessage) error {
 	case m.Tuple == nil || col >= len(m.Tuple.Columns):
 		return fmt.Errorf("an insert into %s.%s without its seq column", d.schema, d.table)
 	}
-	seq, err := m.Tuple.Columns[col].Int64()
+	seq, err := columnInt64(m.Tuple.Columns[col])
 	if err != nil {
 		return fmt.Errorf("an insert into %s.%s: seq: %w", d.schema, d.table, err)
 	}
@@ -597,6 +599,22 @@ func (d *walDecoder) insert(m *pglogrepl.InsertMessage) error {
 		t.Seqs = append(t.Seqs, seq)
 	}
 	return nil
+}
+
+// columnInt64 reads a bigint column as pgoutput sends it: in binary, 8 bytes big-endian
+// (the stream asks for binary columns, which spares the walsender the text output of
+// every column: the payload's hex above all), or as text.
+func columnInt64(c *pglogrepl.TupleDataColumn) (int64, error) {
+	switch c.DataType {
+	case pglogrepl.TupleDataTypeBinary:
+		if len(c.Data) != 8 {
+			return 0, fmt.Errorf("%d bytes in binary, want 8", len(c.Data))
+		}
+		return int64(binary.BigEndian.Uint64(c.Data)), nil
+	case pglogrepl.TupleDataTypeText:
+		return strconv.ParseInt(string(c.Data), 10, 64)
+	}
+	return 0, fmt.Errorf("a column of kind %q, want binary or text", c.DataType)
 }
 
 func (d *walDecoder) commit(end uint64) error {

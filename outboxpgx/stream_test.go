@@ -59,13 +59,20 @@ func stepRelation(id uint32, schema, table string, cols ...string) decodeStep {
 }
 
 // stepInsert is an insert into relation id with the given column values; "NULL" is a
-// null.
+// null, "b:" followed by hex bytes a column in binary.
 func stepInsert(id uint32, vals ...string) decodeStep {
 	tuple := &pglogrepl.TupleData{}
 	for _, v := range vals {
 		c := &pglogrepl.TupleDataColumn{DataType: pglogrepl.TupleDataTypeText, Data: []byte(v)}
 		if v == "NULL" {
 			c = &pglogrepl.TupleDataColumn{DataType: pglogrepl.TupleDataTypeNull}
+		}
+		if h, ok := strings.CutPrefix(v, "b:"); ok {
+			data, err := hex.DecodeString(h)
+			if err != nil {
+				panic(err)
+			}
+			c = &pglogrepl.TupleDataColumn{DataType: pglogrepl.TupleDataTypeBinary, Data: data}
 		}
 		tuple.Columns = append(tuple.Columns, c)
 	}
@@ -119,6 +126,10 @@ func TestStreamDecoder(t *testing.T) {
 		{name: "a transactional heartbeat is a beat only",
 			steps: []decodeStep{outboxRel, stepBegin(), stepHeartbeat(300, true, pgsql.WALHeartbeatPrefix), stepInsert(1, "", "4", ""), stepCommit(400)},
 			want:  outboxdriver.StreamBatch{Txns: []txn{{End: 400, Seqs: []int64{4}, Lo: 4, Hi: 4}}, Beat: 300}},
+		{name: "seqs in binary",
+			steps: []decodeStep{outboxRel, stepBegin(), stepInsert(1, "b:01", "b:0000000000000007", "b:6b"),
+				stepInsert(1, "b:02", "b:0100000000000000", "b:6b"), stepCommit(100)},
+			want: outboxdriver.StreamBatch{Txns: []txn{{End: 100, Seqs: []int64{7, 1 << 56}, Lo: 7, Hi: 1 << 56}}}},
 		{name: "a relation described again with its columns reordered",
 			steps: []decodeStep{stepRelation(1, "public", "outbox", "seq", "id"), stepBegin(), stepInsert(1, "3", "x"), stepCommit(10),
 				stepRelation(1, "public", "outbox", "id", "seq"), stepBegin(), stepInsert(1, "x", "4"), stepCommit(20)},
@@ -130,6 +141,7 @@ func TestStreamDecoder(t *testing.T) {
 		{name: "commit outside a transaction", steps: []decodeStep{stepCommit(10)}, wantErr: "Commit outside a transaction"},
 		{name: "the outbox without seq", steps: []decodeStep{stepRelation(1, "public", "outbox", "id")}, wantErr: "without a seq column"},
 		{name: "a null seq", steps: []decodeStep{outboxRel, stepBegin(), stepInsert(1, "x", "NULL", "k")}, wantErr: "seq"},
+		{name: "a binary seq of 4 bytes", steps: []decodeStep{outboxRel, stepBegin(), stepInsert(1, "x", "b:00000007", "k")}, wantErr: "want 8"},
 		{name: "a short tuple", steps: []decodeStep{outboxRel, stepBegin(), stepInsert(1, "x")}, wantErr: "without its seq column"},
 		{name: "an end not past an idle position reported before",
 			steps:   []decodeStep{outboxRel, stepKeepalive(500), stepBegin(), stepInsert(1, "", "1", ""), stepCommit(400)},
