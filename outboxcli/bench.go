@@ -68,9 +68,9 @@ snapshot, which holds back purge; SQLite: a read transaction, which holds back
 checkpoints), and the line adds pinned_eps, pinned_p99_ms and their ratios to the
 unpinned figures of the same run (pinned_eps_x, pinned_p99_x). A latency phase of two
 minutes or more prints each minute's p50 and p99, so a trend shows.
-With --source wal (PostgreSQL), phases 1 to 3 run twice on one server, polling first, then
-in WAL mode after 'outbox wal setup': the usual keys are WAL mode's figures, poll_* are
-polling's, and eps_x, p99_x, pg_cpu_x compare them. Without --database-url it starts a
+With --source wal (PostgreSQL), phases 1 to 3 (and 4) run twice on one server, polling
+first, then in WAL mode after 'outbox wal setup': the usual keys are WAL mode's figures,
+poll_* are polling's, and eps_x, p99_x, pg_cpu_x (and writer_eps_x) compare them. Without --database-url it starts a
 private server with wal_level=logical (it needs the PostgreSQL server binaries), and then
 also reports the server's CPU time per 10,000 events drained (pg_cpu_ms_per_10k, the
 walsender's part walsender_cpu_ms_per_10k), the relays' (relay_cpu_ms_per_10k: this

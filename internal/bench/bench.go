@@ -239,6 +239,10 @@ func (r Result) String() string {
 		line += fmt.Sprintf(" poll_eps=%.0f poll_raw_eps=%.0f poll_ratio=%.2f poll_p50_ms=%s poll_p95_ms=%s poll_p99_ms=%s",
 			p.EPS, p.RawEPS, p.Ratio, ms(p.P50), ms(p.P95), ms(p.P99))
 		line += p.extraKeys("poll_")
+		if w, pw := r.Writers, p.Writers; w != nil && pw != nil {
+			line += fmt.Sprintf(" poll_writer_eps=%.0f poll_writers_p99_ms=%s poll_writer_commit_p99_ms=%s writer_eps_x=%.2f",
+				pw.WriterEPS, ms(pw.P99), ms(pw.CommitP99), div(w.WriterEPS, pw.WriterEPS))
+		}
 		line += fmt.Sprintf(" eps_x=%.2f p99_x=%.2f", div(r.EPS, p.EPS), div(float64(r.P99), float64(p.P99)))
 		if r.Server != nil && p.Server != nil {
 			line += fmt.Sprintf(" pg_cpu_x=%.2f cpu_x=%.2f", div(float64(r.Server.CPUPer10k), float64(p.Server.CPUPer10k)),

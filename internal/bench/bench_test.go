@@ -26,14 +26,17 @@ func TestLineWithPolling(t *testing.T) {
 	}
 	r := Result{DB: "postgres", Source: SourceWAL, Events: 100, Relays: 1, Rate: 1000,
 		Phases: Phases{EPS: 200, P99: 2 * time.Millisecond, Server: load(100*time.Millisecond, 0),
-			Extra: []RateLatency{{Rate: 5000, P50: time.Millisecond, P95: time.Millisecond, P99: 3 * time.Millisecond}}}}
-	poll := Phases{EPS: 100, P99: 4 * time.Millisecond, Server: load(200*time.Millisecond, 1)}
+			Extra:   []RateLatency{{Rate: 5000, P50: time.Millisecond, P95: time.Millisecond, P99: 3 * time.Millisecond}},
+			Writers: &WritersPhase{Writers: 64, WriterEPS: 3000, P99: 9 * time.Millisecond, CommitP99: 5 * time.Millisecond}}}
+	poll := Phases{EPS: 100, P99: 4 * time.Millisecond, Server: load(200*time.Millisecond, 1),
+		Writers: &WritersPhase{Writers: 64, WriterEPS: 2000, P99: 7 * time.Millisecond, CommitP99: 6 * time.Millisecond}}
 	r.Poll = &poll
 	line := r.String()
 	for _, want := range []string{" source=wal ", " eps=200 ", " p99_ms=2.00 ", " r5000_p99_ms=3.00 ", " pg_cpu_ms_per_10k=100.00 ",
 		" walsender_cpu_ms_per_10k=25.00 ", " idle_fetch_qps=0.0 ", " poll_eps=100 ", " poll_p99_ms=4.00 ", " poll_pg_cpu_ms_per_10k=200.00 ",
 		" poll_idle_fetch_qps=1.0 ", " eps_x=2.00 ", " p99_x=0.50 ", " pg_cpu_x=0.50 ", " relay_cpu_ms_per_10k=50.00 ",
-		" busy_cores=1.90 ", " poll_relay_cpu_ms_per_10k=50.00 ", " cpu_x=0.60"} {
+		" busy_cores=1.90 ", " poll_relay_cpu_ms_per_10k=50.00 ", " cpu_x=0.60", " writer_eps=3000 ", " poll_writer_eps=2000 ",
+		" poll_writers_p99_ms=7.00 ", " poll_writer_commit_p99_ms=6.00 ", " writer_eps_x=1.50 "} {
 		if !strings.Contains(line+" ", want) {
 			t.Errorf("line lacks %q:\n%s", want, line)
 		}
