@@ -659,9 +659,12 @@ func TestRelayFleetStandby(t *testing.T) {
 		must(t, 0, with(b.env, "OUTBOX_SCHEMA", s), "migrate", "up")
 		dbs = append(dbs, &testdb.DB{Pool: b.Pool, Schema: s})
 	}
+	// park-after is long: the relay serving the first outbox must not park while the
+	// backlog is written (its last trickle may be seconds old by then on a loaded
+	// machine), or the process standing by parks too and the backlog wakes them instead.
 	config := fleetConfig(t, prefix, stream, `poll-interval: 50ms
 lease-ttl: 3s
-park-after: 6s
+park-after: 1m
 parked-poll-interval: 200ms
 `, fmt.Sprintf(`  - schemas: %s*
 `, b.Schema))
@@ -732,6 +735,11 @@ parked-poll-interval: 200ms
 	}); err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("process 0's log ends:\n%s\nprocess 1's:\n%s", lastLines(logs[0].String(), 30), lastLines(logs[1].String(), 30))
+		}
+	})
 	testenv.Await(t, "a process standing by to help with the backlog", func() (any, bool) {
 		helped := strings.Contains(logs[0].String()+logs[1].String(), `"msg":"outbox has a backlog: relay starting beside the other processes'"`)
 		return helped, helped
