@@ -499,8 +499,11 @@ func (l *loop) onLeases(res leaseResult) {
 		// and then one line per leaseLogEvery say it.
 		if now := time.Now(); l.leaseFails == 0 || now.Sub(l.lastLeaseLog) >= leaseLogEvery {
 			l.lastLeaseLog = now
-			l.log.Error("lease renewal failed; sending stops when the leases run out", "err", res.err,
-				"seconds_left", time.Until(l.leases.deadline()).Seconds(), "consecutive", l.leaseFails+1)
+			args := []any{"err", res.err}
+			if d := l.leases.deadline(); !d.IsZero() { // holding none, there is nothing to run out
+				args = append(args, "seconds_left", time.Until(d).Seconds())
+			}
+			l.log.Error("lease renewal failed; sending stops when the leases run out", append(args, "consecutive", l.leaseFails+1)...)
 		}
 		if l.leaseFails == 0 {
 			l.leaseFailedAt = res.started
