@@ -58,8 +58,8 @@ func (t *natsTarget) Broker() (string, brokers.Settings) { return t.url, brokers
 // Raw publishes asynchronously with message ids, keeping up to 4,000 unacknowledged (the
 // publisher's default window, and the client's own limit: a publish beyond it waits for
 // an acknowledgement, up to a minute, as the publisher's does up to its deadline,
-// rather than failing after the client's default 200 ms on a loaded machine). The wire messages are built by the publisher's own code
-// (outboxnats.Publisher.Msg).
+// rather than failing after the client's default 200 ms on a loaded machine). The wire
+// messages are built by the publisher's own code (outboxnats.Publisher.Msg).
 func (t *natsTarget) Raw(ctx context.Context, route string, msgs []*outbox.Message) error {
 	builder, err := outboxnats.New(t.js, outboxnats.Config{Route: route})
 	if err != nil {

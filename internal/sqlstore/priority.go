@@ -95,10 +95,13 @@ func (s *Store) FetchPriority(ctx context.Context, req outboxdriver.FetchRequest
 	if err != nil {
 		return nil, fmt.Errorf("fetch by priority: %w", err)
 	}
-	slices.SortFunc(msgs, func(a, b *outbox.Message) int {
-		return cmp.Or(cmp.Compare(b.Priority, a.Priority), cmp.Compare(a.Seq, b.Seq))
-	})
+	slices.SortFunc(msgs, func(a, b *outbox.Message) int { return priorityOrder(a.Priority, a.Seq, b.Priority, b.Seq) })
 	return msgs, nil
+}
+
+// priorityOrder compares two rows by priority, highest first, then by seq.
+func priorityOrder(pa int, sa int64, pb int, sb int64) int {
+	return cmp.Or(cmp.Compare(pb, pa), cmp.Compare(sa, sb))
 }
 
 // priorityCandidates returns step 1 of FetchPriority: the first 2×Limit due rows with a
@@ -129,9 +132,7 @@ func (s *Store) priorityCandidates(ctx context.Context, req outboxdriver.FetchRe
 		return nil, err
 	}
 	rows = slices.DeleteFunc(rows, func(c candidate) bool { return exclude[c.seq] })
-	slices.SortFunc(rows, func(a, b candidate) int {
-		return cmp.Or(cmp.Compare(b.priority, a.priority), cmp.Compare(a.seq, b.seq))
-	})
+	slices.SortFunc(rows, func(a, b candidate) int { return priorityOrder(a.priority, a.seq, b.priority, b.seq) })
 	return rows[:min(len(rows), 2*req.Limit)], nil
 }
 
