@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/outboxkit/outbox"
-	"github.com/outboxkit/outbox/internal/sqlstore"
+	"github.com/outboxkit/outbox/internal/shard"
 )
 
 // ErrTxDone is returned by the calls on a Tx that has ended: committed or rolled back,
@@ -191,7 +191,7 @@ func (s *Store) newRow(m *outbox.Message, now time.Time) *row {
 	s.seq++
 	c := clone(*m)
 	c.DedupKey = m.DedupID()
-	c.Seq, c.Shard, c.CreatedAt = s.seq, sqlstore.Shard(m.Key, m.ID), now
+	c.Seq, c.Shard, c.CreatedAt = s.seq, shard.Of(m.Key, m.ID), now
 	c.Attempts, c.LastError, c.DeliverAt = 0, "", time.Time{}
 	next := now
 	if at := m.DeliverAt.Truncate(time.Microsecond); at.After(now) {

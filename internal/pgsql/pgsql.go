@@ -22,11 +22,12 @@ import (
 	"text/template"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/shard"
 )
 
 // Shards is the number of lease shards. Keys hash to a shard in SQL (see the migration),
 // so changing it means a migration.
-const Shards = 64
+const Shards = shard.Count
 
 // Config names where the outbox lives.
 type Config struct {

@@ -29,11 +29,12 @@ import (
 	"strings"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/shard"
 	"github.com/outboxkit/outbox/outboxdriver"
 )
 
-// Shards is the number of lease shards, as in PostgreSQL (see Shard).
-const Shards = 64
+// Shards is the number of lease shards, as in PostgreSQL.
+const Shards = shard.Count
 
 // Querier is what the engine needs from a *sql.DB, *sql.Tx or *sql.Conn.
 type Querier interface {

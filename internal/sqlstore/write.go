@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/shard"
 )
 
 // insertParams is the number of placeholders per message of the INSERT into the outbox
@@ -156,7 +157,7 @@ func (s *Store) insertRows(ctx context.Context, tx Querier, msgs []*outbox.Messa
 			deliverAt = m.DeliverAt.UnixMicro()
 		}
 		args = append(args, m.ID[:], m.Topic, m.Key, m.AggregateType, m.EventType, m.ContentType, payload,
-			headers, m.DedupID(), Shard(m.Key, m.ID), deliverAt)
+			headers, m.DedupID(), shard.Of(m.Key, m.ID), deliverAt)
 		if prio {
 			args = append(args, m.Priority)
 		}
