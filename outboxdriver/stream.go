@@ -83,6 +83,9 @@ type StreamRequest struct {
 	Acks <-chan StreamAck
 	// StatusInterval is the longest time between two status updates; zero means 10 s.
 	StatusInterval time.Duration
+	// Rows asks for the rows the transactions inserted as well as their seqs
+	// (StreamTxn.Rows), for the relay to publish from the log.
+	Rows bool
 }
 
 // StreamAck is a position the relay vouches for, valid until Until (the relay's local
@@ -117,6 +120,13 @@ type StreamTxn struct {
 	// keeps); it reports only their range [Lo, Hi].
 	Bulk   bool
 	Lo, Hi int64
+	// Rows, when the request asked for them, are the messages of Seqs, one for each, as
+	// a fetch would return them; an entry is nil where the log does not give the
+	// message: a row that is not fresh (delayed, or inserted again with its attempts by
+	// a move), or one the Streamer could not read. Rows is nil when the transaction's
+	// rows were over the Streamer's memory budget (it says what that is) or Bulk: the
+	// relay fetches those.
+	Rows []*outboxtype.Message
 }
 
 // StreamError says why Stream stopped. Reason is one of the StreamReason constants.

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 	"github.com/jackc/pgx/v5/pgproto3"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/broken"
@@ -61,10 +62,11 @@ const (
 // reading req.Slot at the slot's confirmed position (START_REPLICATION at 0/0, never
 // anywhere else) with req.Publication, and calls emit with what committed.
 //
-// Stream asks for columns in binary (PostgreSQL 14 and later) and decodes only the seq
-// column of the inserts into the outbox table (named by the
-// publication's partition root, so every bucket of the pending ring), each transaction's
-// end position, keepalives, and heartbeat messages (prefix "outbox.hb"). A transaction
+// Stream asks for columns in binary (PostgreSQL 14 and later) and decodes the seq column
+// of the inserts into the outbox table (named by the publication's partition root, so
+// every bucket of the pending ring), and with req.Rows the whole rows (StreamTxn.Rows,
+// within StreamTxnRowBytesMax and StreamBatchRowBytesMax), each transaction's end
+// position, keepalives, and heartbeat messages (prefix "outbox.hb"). A transaction
 // that inserted nothing into the outbox is not emitted; one that inserted more than
 // StreamTxnSeqsMax seqs is emitted Bulk. A batch is emitted once nothing more is waiting
 // on the connection, or at 1,000 transactions; its Idle is past every transaction of the
@@ -156,7 +158,7 @@ func (d *Driver) Stream(ctx context.Context, req outboxdriver.StreamRequest, emi
 		req.Started()
 	}
 	schema, table := d.names.OutboxRelation()
-	s := &walStream{conn: conn, emit: emit, interval: req.StatusInterval, dec: newWALDecoder(schema, table, StreamTxnSeqsMax)}
+	s := &walStream{conn: conn, emit: emit, interval: req.StatusInterval, dec: newWALDecoder(schema, table, StreamTxnSeqsMax, req.Rows)}
 	if s.interval == 0 {
 		s.interval = StreamStatusIntervalDefault
 	}
@@ -516,19 +518,38 @@ func (b *ackBox) woke() {
 //     next Begin), so it is past every transaction reported before it and before the
 //     commit of every transaction reported after it.
 type walDecoder struct {
-	schema, table string // the outbox table: only inserts into it count
-	max           int    // the most seqs a transaction keeps
+	schema, table string      // the outbox table: only inserts into it count
+	max           int         // the most seqs a transaction keeps
+	types         *pgtype.Map // decodes the rows' columns; nil: seqs only (StreamRequest.Rows)
+	txnBytesMax   int         // StreamTxnRowBytesMax
+	batchBytesMax int         // StreamBatchRowBytesMax
 
-	rels map[uint32]int // relation id → index of its seq column; -1 for another table
-	open bool           // between a Begin and its Commit
-	txn  outboxdriver.StreamTxn
-	n    int // the seqs the open transaction inserted, kept or not
-	pos  uint64
-	out  outboxdriver.StreamBatch // decoded, not yet taken
+	rels     map[uint32]walRelation
+	open     bool // between a Begin and its Commit
+	txn      outboxdriver.StreamTxn
+	n        int  // the seqs the open transaction inserted, kept or not
+	noRows   bool // the open transaction's rows are left out (over budget, or bulk)
+	txnBytes int  // the bytes of the open transaction's rows kept
+	outBytes int  // the bytes of out's rows
+	pos      uint64
+	out      outboxdriver.StreamBatch // decoded, not yet taken
 }
 
-func newWALDecoder(schema, table string, max int) walDecoder {
-	return walDecoder{schema: schema, table: table, max: max, rels: map[uint32]int{}}
+// walRelation is what the decoder knows of a relation the stream described.
+type walRelation struct {
+	seq  int         // the index of its seq column; -1 for another table
+	cols []walColumn // the outbox table's columns, when rows are decoded and it has all a message needs
+}
+
+// newWALDecoder returns a decoder of the inserts into schema.table that keeps at most max
+// seqs of a transaction, and decodes the rows too when rows is set.
+func newWALDecoder(schema, table string, max int, rows bool) walDecoder {
+	d := walDecoder{schema: schema, table: table, max: max, rels: map[uint32]walRelation{},
+		txnBytesMax: StreamTxnRowBytesMax, batchBytesMax: StreamBatchRowBytesMax}
+	if rows {
+		d.types = pgtype.NewMap()
+	}
+	return d
 }
 
 // decode takes one pgoutput message. Type and Origin messages, and any update, delete or
@@ -539,7 +560,7 @@ func (d *walDecoder) decode(m pglogrepl.Message) error {
 		if d.open {
 			return errors.New("a Begin inside a transaction")
 		}
-		d.open, d.txn, d.n = true, outboxdriver.StreamTxn{Xid: m.Xid}, 0
+		d.open, d.txn, d.n, d.noRows, d.txnBytes = true, outboxdriver.StreamTxn{Xid: m.Xid}, 0, d.types == nil, 0
 	case *pglogrepl.RelationMessage:
 		return d.relation(m)
 	case *pglogrepl.InsertMessage:
@@ -557,12 +578,16 @@ func (d *walDecoder) decode(m pglogrepl.Message) error {
 // reorder columns. The server sends a relation again after it changed.
 func (d *walDecoder) relation(m *pglogrepl.RelationMessage) error {
 	if m.Namespace != d.schema || m.RelationName != d.table {
-		d.rels[m.RelationID] = -1 // a bucket of the ring, or a table added to the publication
+		d.rels[m.RelationID] = walRelation{seq: -1} // a bucket of the ring, or a table added to the publication
 		return nil
 	}
 	for i, c := range m.Columns {
 		if c.Name == "seq" {
-			d.rels[m.RelationID] = i
+			r := walRelation{seq: i}
+			if d.types != nil {
+				r.cols = rowColumns(m)
+			}
+			d.rels[m.RelationID] = r
 			return nil
 		}
 	}
@@ -570,7 +595,8 @@ func (d *walDecoder) relation(m *pglogrepl.RelationMessage) error {
 }
 
 func (d *walDecoder) insert(m *pglogrepl.InsertMessage) error {
-	col, ok := d.rels[m.RelationID]
+	rel, ok := d.rels[m.RelationID]
+	col := rel.seq
 	switch {
 	case !ok:
 		return fmt.Errorf("an insert into relation %d, which no Relation message described", m.RelationID)
@@ -593,12 +619,29 @@ func (d *walDecoder) insert(m *pglogrepl.InsertMessage) error {
 	d.n++
 	switch {
 	case t.Bulk:
+		return nil
 	case d.n > d.max:
 		t.Bulk, t.Seqs = true, nil
-	default:
-		t.Seqs = append(t.Seqs, seq)
+		d.dropRows()
+		return nil
 	}
+	t.Seqs = append(t.Seqs, seq)
+	if d.noRows {
+		return nil
+	}
+	size := tupleBytes(m.Tuple)
+	if rel.cols == nil || d.txnBytes+size > d.txnBytesMax || d.outBytes+d.txnBytes+size > d.batchBytesMax {
+		d.dropRows()
+		return nil
+	}
+	d.txnBytes += size
+	t.Rows = append(t.Rows, decodeRow(d.types, rel.cols, m.Tuple))
 	return nil
+}
+
+// dropRows leaves the open transaction's rows out: only its seqs are reported.
+func (d *walDecoder) dropRows() {
+	d.noRows, d.txn.Rows, d.txnBytes = true, nil, 0
 }
 
 // columnInt64 reads a bigint column as pgoutput sends it: in binary, 8 bytes big-endian
@@ -631,6 +674,7 @@ func (d *walDecoder) commit(end uint64) error {
 	}
 	d.txn.End, d.pos = end, end
 	d.out.Txns = append(d.out.Txns, d.txn)
+	d.outBytes += d.txnBytes
 	d.txn = outboxdriver.StreamTxn{}
 	return nil
 }
@@ -668,7 +712,7 @@ func (d *walDecoder) pending() bool {
 // take returns what was decoded since the last take.
 func (d *walDecoder) take() outboxdriver.StreamBatch {
 	b := d.out
-	d.out = outboxdriver.StreamBatch{}
+	d.out, d.outBytes = outboxdriver.StreamBatch{}, 0
 	return b
 }
 

@@ -14,6 +14,7 @@ import (
 	"io"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -22,10 +23,12 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/pgsql"
+	"github.com/outboxkit/outbox/internal/shard"
 	"github.com/outboxkit/outbox/internal/testinfra/testenv"
 	"github.com/outboxkit/outbox/internal/testinfra/testpg"
 	"github.com/outboxkit/outbox/outboxdriver"
@@ -148,7 +151,7 @@ func TestStreamDecoder(t *testing.T) {
 			wantErr: "not past"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			d := newWALDecoder("public", "outbox", cmp.Or(tc.max, StreamTxnSeqsMax))
+			d := newWALDecoder("public", "outbox", cmp.Or(tc.max, StreamTxnSeqsMax), false)
 			var err error
 			for _, step := range tc.steps {
 				if err = step(&d); err != nil {
@@ -175,6 +178,171 @@ func TestStreamDecoder(t *testing.T) {
 			}
 		})
 	}
+}
+
+// rowsRelColumns are the outbox table's columns with their types, as the server
+// describes them (shard, generated, is not sent).
+var rowsRelColumns = func() []*pglogrepl.RelationMessageColumn {
+	var cols []*pglogrepl.RelationMessageColumn
+	for _, c := range []struct {
+		name string
+		oid  uint32
+	}{{"seq", pgtype.Int8OID}, {"id", pgtype.UUIDOID}, {"topic", pgtype.TextOID}, {"key", pgtype.TextOID},
+		{"aggregate_type", pgtype.TextOID}, {"event_type", pgtype.TextOID}, {"content_type", pgtype.TextOID},
+		{"payload", pgtype.ByteaOID}, {"headers", pgtype.JSONBOID}, {"dedup_key", pgtype.TextOID},
+		{"created_at", pgtype.TimestamptzOID}, {"next_attempt_at", pgtype.TimestamptzOID}, {"attempts", pgtype.Int4OID},
+		{"last_error", pgtype.TextOID}, {"priority", pgtype.Int2OID}} {
+		cols = append(cols, &pglogrepl.RelationMessageColumn{Name: c.name, DataType: c.oid})
+	}
+	return cols
+}()
+
+// rowsRel describes the outbox table as relation 1 with all of rowsRelColumns but those
+// named in without.
+func rowsRel(without ...string) decodeStep {
+	m := &pglogrepl.RelationMessage{RelationID: 1, Namespace: "public", RelationName: "outbox"}
+	for _, c := range rowsRelColumns {
+		if !slices.Contains(without, c.Name) {
+			m.Columns = append(m.Columns, c)
+		}
+	}
+	return stepFeed(m)
+}
+
+// rowVals are the values, in text, of the row of seq, key and payload as a writer
+// inserts it, in rowsRelColumns' order.
+func rowVals(seq int64, key, payload string) []string {
+	return []string{strconv.FormatInt(seq, 10), "0190f1a2-7b3c-7def-8abc-0123456789ab", "orders", key, "order", "placed",
+		"application/json", `\x` + hex.EncodeToString([]byte(payload)), `{"h": "v"}`, "d" + strconv.FormatInt(seq, 10),
+		"2026-11-30 10:00:00+00", "2026-11-30 10:00:00+00", "0", "NULL", "3"}
+}
+
+// rowStep is an insert into rowsRel of rowVals(seq, key, payload), with column col set
+// to val for each col, val pair of set.
+func rowStep(seq int64, key, payload string, set ...any) decodeStep {
+	vals := rowVals(seq, key, payload)
+	for i := 0; i < len(set); i += 2 {
+		vals[set[i].(int)] = set[i+1].(string)
+	}
+	return stepInsert(1, vals...)
+}
+
+// TestStreamDecoderRows: with rows asked for, each fresh insert comes as the message a
+// fetch returns; a row that is not fresh is a nil entry; a transaction over its budget,
+// or after the batch's budget is spent, or bulk, comes with its seqs only.
+func TestStreamDecoderRows(t *testing.T) {
+	id, err := outbox.ParseID("0190f1a2-7b3c-7def-8abc-0123456789ab")
+	if err != nil {
+		t.Fatal(err)
+	}
+	created := time.Date(2026, 11, 30, 10, 0, 0, 0, time.UTC)
+	msg := func(seq int64, key, payload string, priority int) *outbox.Message {
+		return &outbox.Message{Seq: seq, ID: id, Topic: "orders", Key: key, AggregateType: "order", EventType: "placed",
+			ContentType: "application/json", Payload: []byte(payload), Headers: map[string]string{"h": "v"},
+			DedupKey: "d" + strconv.FormatInt(seq, 10), Priority: priority, CreatedAt: created, Shard: shard.Of(key, id)}
+	}
+	long := strings.Repeat("x", 80)
+	type want struct {
+		seqs []int64
+		rows []*outbox.Message // nil: Rows must be nil
+	}
+	for _, tc := range []struct {
+		name     string
+		off      bool // rows not asked for
+		max      int
+		txnMax   int
+		batchMax int
+		steps    []decodeStep
+		want     []want
+	}{
+		{name: "fresh rows, as fetched; an empty key's shard is its id's",
+			steps: []decodeStep{rowsRel(), stepBegin(), rowStep(7, "k", `{"a":1}`), rowStep(8, "", `{}`), stepCommit(100)},
+			want:  []want{{seqs: []int64{7, 8}, rows: []*outbox.Message{msg(7, "k", `{"a":1}`, 3), msg(8, "", `{}`, 3)}}}},
+		{name: "rows not asked for", off: true,
+			steps: []decodeStep{rowsRel(), stepBegin(), rowStep(7, "k", "x"), stepCommit(100)},
+			want:  []want{{seqs: []int64{7}}}},
+		{name: "not fresh (delayed, attempted, with an error): nil entries",
+			steps: []decodeStep{rowsRel(), stepBegin(), rowStep(1, "k", "x", 11, "2026-11-30 10:05:00+00"),
+				rowStep(2, "k", "x", 12, "2"), rowStep(3, "k", "x", 13, "boom"), rowStep(4, "k", "x"), stepCommit(100)},
+			want: []want{{seqs: []int64{1, 2, 3, 4}, rows: []*outbox.Message{nil, nil, nil, msg(4, "k", "x", 3)}}}},
+		{name: "a column that does not decode: a nil entry",
+			steps: []decodeStep{rowsRel(), stepBegin(), rowStep(1, "k", "x", 8, "not json"), stepCommit(100)},
+			want:  []want{{seqs: []int64{1}, rows: []*outbox.Message{nil}}}},
+		{name: "before migration 10: no priority column, priority 0",
+			steps: []decodeStep{rowsRel("priority"), stepBegin(), stepInsert(1, rowVals(5, "k", "x")[:14]...), stepCommit(100)},
+			want:  []want{{seqs: []int64{5}, rows: []*outbox.Message{msg(5, "k", "x", 0)}}}},
+		{name: "a table without a column a message needs: seqs only",
+			steps: []decodeStep{rowsRel("headers"), stepBegin(), stepInsert(1, "5"), stepCommit(100)},
+			want:  []want{{seqs: []int64{5}}}},
+		{name: "a transaction over its budget: seqs only; the next one has rows", txnMax: 200,
+			steps: []decodeStep{rowsRel(), stepBegin(), rowStep(1, "k", "x"), rowStep(2, "k", long), stepCommit(100),
+				stepBegin(), rowStep(3, "k", ""), stepCommit(200)},
+			want: []want{{seqs: []int64{1, 2}}, {seqs: []int64{3}, rows: []*outbox.Message{msg(3, "k", "", 3)}}}},
+		{name: "the batch's budget spent: later transactions seqs only", batchMax: 300,
+			steps: []decodeStep{rowsRel(), stepBegin(), rowStep(1, "k", "x"), rowStep(2, "k", "x"), stepCommit(100),
+				stepBegin(), rowStep(3, "k", long), stepCommit(200)},
+			want: []want{{seqs: []int64{1, 2}, rows: []*outbox.Message{msg(1, "k", "x", 3), msg(2, "k", "x", 3)}}, {seqs: []int64{3}}}},
+		{name: "bulk: no rows", max: 2,
+			steps: []decodeStep{rowsRel(), stepBegin(), rowStep(1, "k", "x"), rowStep(2, "k", "x"), rowStep(3, "k", "x"), stepCommit(100)},
+			want:  []want{{}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := newWALDecoder("public", "outbox", cmp.Or(tc.max, StreamTxnSeqsMax), !tc.off)
+			d.txnBytesMax, d.batchBytesMax = cmp.Or(tc.txnMax, d.txnBytesMax), cmp.Or(tc.batchMax, d.batchBytesMax)
+			for _, step := range tc.steps {
+				if err := step(&d); err != nil {
+					t.Fatal(err)
+				}
+			}
+			b := d.take()
+			if len(b.Txns) != len(tc.want) {
+				t.Fatalf("%d transactions, want %d: %+v", len(b.Txns), len(tc.want), b)
+			}
+			for i, w := range tc.want {
+				got := b.Txns[i]
+				if !slices.Equal(got.Seqs, w.seqs) {
+					t.Errorf("transaction %d: seqs %v, want %v", i, got.Seqs, w.seqs)
+				}
+				if w.rows == nil {
+					if got.Rows != nil {
+						t.Errorf("transaction %d: rows %v, want none", i, got.Rows)
+					}
+					continue
+				}
+				if len(got.Rows) != len(w.rows) {
+					t.Fatalf("transaction %d: %d rows, want %d", i, len(got.Rows), len(w.rows))
+				}
+				for j, m := range w.rows {
+					if diff := messageDiff(got.Rows[j], m); diff != "" {
+						t.Errorf("transaction %d, row %d: %s", i, j, diff)
+					}
+				}
+			}
+		})
+	}
+}
+
+// messageDiff says how got differs from want, or "" (times compare as instants, a nil
+// and an empty payload alike).
+func messageDiff(got, want *outbox.Message) string {
+	switch {
+	case got == nil && want == nil:
+		return ""
+	case got == nil || want == nil:
+		return fmt.Sprintf("%+v, want %+v", got, want)
+	}
+	g, w := *got, *want
+	if !g.CreatedAt.Equal(w.CreatedAt) {
+		return fmt.Sprintf("created_at %v, want %v", g.CreatedAt, w.CreatedAt)
+	}
+	g.CreatedAt, w.CreatedAt = time.Time{}, time.Time{}
+	if len(g.Payload) == 0 && len(w.Payload) == 0 {
+		g.Payload, w.Payload = nil, nil
+	}
+	if fmt.Sprintf("%+v", g) != fmt.Sprintf("%+v", w) {
+		return fmt.Sprintf("\n%+v\nwant\n%+v", g, w)
+	}
+	return ""
 }
 
 func TestStreamReason(t *testing.T) {
@@ -228,6 +396,7 @@ func TestStream(t *testing.T) {
 		{"Redelivery", testStreamRedelivery},
 		{"NotEmitted", testStreamNotEmitted},
 		{"RingMove", testStreamRingMove},
+		{"Rows", testStreamRows},
 		{"Idle", testStreamIdle},
 		{"Errors", testStreamErrors},
 		{"NextDue", testStreamNextDue},
@@ -391,6 +560,89 @@ func testStreamRingMove(t *testing.T, srv *testpg.Server) {
 	got := r.awaitTxns(t, 3)
 	if len(got) != 3 || !slices.Equal(got[0].Seqs, a) || !slices.Equal(got[1].Seqs, a) || !slices.Equal(got[2].Seqs, z) {
 		t.Fatalf("transactions %+v; want %v written, %v moved, then %v", got, a, a, z)
+	}
+}
+
+// With rows asked for, each fresh row arrives as the table holds it (read back as a
+// fetch reads it, shard included); a delayed one and a ring move's copy come as nil
+// entries, and a transaction over the budget with its seqs only.
+func testStreamRows(t *testing.T, srv *testpg.Server) {
+	b := newStreamBundle(t, srv, Config{RotateRows: 1}, true)
+	ctx := testenv.Context(t)
+	binary := make([]byte, 256)
+	for i := range binary {
+		binary[i] = byte(i)
+	}
+	msgs := []outbox.Message{
+		{Topic: "orders", Key: "k1", Payload: []byte(`{"n": 1}`), Headers: map[string]string{"Trace": "t1", "x-a": ""}},
+		{Topic: "orders", Key: "", Payload: []byte{}, AggregateType: "order", EventType: "placed", Priority: 7},
+		{Topic: "files", Key: "k2", Payload: binary, ContentType: "application/octet-stream", DedupKey: "mine"},
+		{Topic: "later", Key: "k3", Payload: []byte("x"), DeliverAt: time.Now().Add(time.Hour)},
+	}
+	tx := b.begin(t)
+	if err := b.w.Write(ctx, tx, msgs...); err != nil {
+		t.Fatal(err)
+	}
+	b.commit(t, tx)
+	var bulky []outbox.Message // over the budget together: each is under the writer's limit
+	for range StreamTxnRowBytesMax/1_000_000 + 1 {
+		bulky = append(bulky, outbox.Message{Topic: "big", Key: "k4", Payload: make([]byte, 1_000_000)})
+	}
+	tx = b.begin(t)
+	if err := b.w.Write(ctx, tx, bulky...); err != nil {
+		_ = tx.Rollback(ctx)
+		t.Fatal(err)
+	}
+	b.commit(t, tx)
+	r := b.stream(t, outboxdriver.StreamRequest{Rows: true})
+	got := r.awaitTxns(t, 2)
+
+	rows, err := b.pool.Query(ctx, `SELECT `+pgsql.ReadColumns("")+`, priority FROM `+b.quoted()+`.outbox ORDER BY seq`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (*outbox.Message, error) {
+		m := &outbox.Message{}
+		return m, pgsql.ScanMessage(row, m, &m.Priority)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(want) != 4+len(bulky) || len(got[0].Rows) != 4 || len(got[0].Seqs) != 4 {
+		t.Fatalf("%d rows in the table, transaction %+v: want %d rows, and 4 in the first transaction", len(want), got[0], 4+len(bulky))
+	}
+	for i, m := range got[0].Rows[:3] {
+		if diff := messageDiff(m, want[i]); diff != "" {
+			t.Errorf("row %d: %s", i, diff)
+		}
+	}
+	if got[0].Rows[3] != nil {
+		t.Errorf("the delayed message came as %+v; want a nil entry", got[0].Rows[3])
+	}
+	if len(got[1].Seqs) != len(bulky) || got[1].Seqs[0] != want[4].Seq || got[1].Rows != nil {
+		t.Errorf("the transaction over the budget: seqs %v, %d rows; want %d from %d and none", got[1].Seqs, len(got[1].Rows), len(bulky), want[4].Seq)
+	}
+
+	// A ring move inserts the pending rows again as they are: the delayed one still is
+	// not fresh.
+	moved := 0
+	testenv.Await(t, "the ring to move the pending rows", func() (any, bool) {
+		ctx, cancel := testenv.CallContext()
+		defer cancel()
+		rc, err := b.drv.Recycle(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		moved += rc.Moved
+		return fmt.Sprintf("%+v", rc), moved > 0
+	})
+	all := r.awaitTxns(t, 3)
+	for _, x := range all[2:] {
+		for i, seq := range x.Seqs {
+			if seq == got[0].Seqs[3] && x.Rows != nil && x.Rows[i] != nil {
+				t.Errorf("the delayed message, moved, came as %+v; want a nil entry", x.Rows[i])
+			}
+		}
 	}
 }
 

@@ -115,13 +115,13 @@ func ScanMessage(r Row, m *outbox.Message, extra ...any) error {
 	if m.Payload == nil {
 		m.Payload = []byte{} // the column is NOT NULL; a driver may hand an empty bytea over as nil
 	}
-	m.Headers, err = decodeHeaders(m.Seq, headers)
+	m.Headers, err = DecodeHeaders(m.Seq, headers)
 	return err
 }
 
-// decodeHeaders parses the headers column as ReadColumns reads it (the text of a JSON
+// DecodeHeaders parses the headers column as ReadColumns reads it (the text of a JSON
 // object); "{}" is no headers, a nil map. seq names the message in the error.
-func decodeHeaders(seq int64, text []byte) (map[string]string, error) {
+func DecodeHeaders(seq int64, text []byte) (map[string]string, error) {
 	if len(text) <= 2 {
 		return nil, nil
 	}

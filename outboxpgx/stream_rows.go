@@ -1,0 +1,176 @@
+package outboxpgx
+
+import (
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/pgsql"
+	"github.com/outboxkit/outbox/internal/shard"
+)
+
+// The rows the stream carries (StreamRequest.Rows) are bounded in bytes: a transaction's
+// rows beyond StreamTxnRowBytesMax, and a batch's beyond StreamBatchRowBytesMax, are left
+// out (their seqs still come), so that a bulk load or a 16 MiB payload costs the relay
+// no more than these. A row's bytes are its columns' bytes as the server sent them.
+const (
+	StreamTxnRowBytesMax   = 4 << 20
+	StreamBatchRowBytesMax = 64 << 20
+)
+
+// rowField is the field of a message a column of the outbox table fills.
+type rowField uint8
+
+const (
+	fieldNone rowField = iota // a column the relay does not read
+	fieldSeq
+	fieldID
+	fieldTopic
+	fieldKey
+	fieldAggregateType
+	fieldEventType
+	fieldContentType
+	fieldPayload
+	fieldHeaders
+	fieldDedupKey
+	fieldCreatedAt
+	fieldNextAttemptAt
+	fieldAttempts
+	fieldLastError
+	fieldPriority
+)
+
+var rowFields = map[string]rowField{
+	"seq": fieldSeq, "id": fieldID, "topic": fieldTopic, "key": fieldKey,
+	"aggregate_type": fieldAggregateType, "event_type": fieldEventType, "content_type": fieldContentType,
+	"payload": fieldPayload, "headers": fieldHeaders, "dedup_key": fieldDedupKey,
+	"created_at": fieldCreatedAt, "next_attempt_at": fieldNextAttemptAt, "attempts": fieldAttempts,
+	"last_error": fieldLastError, "priority": fieldPriority,
+}
+
+// rowNeeds are the fields a row must carry for the log to give its message; priority
+// is not among them (an outbox before migration 10 has none: 0).
+var rowNeeds = []rowField{fieldSeq, fieldID, fieldTopic, fieldKey, fieldAggregateType, fieldEventType,
+	fieldContentType, fieldPayload, fieldHeaders, fieldDedupKey, fieldCreatedAt, fieldNextAttemptAt, fieldAttempts}
+
+// walColumn is a column of the outbox table as a Relation message describes it.
+type walColumn struct {
+	field rowField
+	oid   uint32
+}
+
+// rowColumns returns the outbox table's columns as m describes them, or nil when a
+// column a message needs is missing (the relay then fetches every row: the log cannot
+// give one).
+func rowColumns(m *pglogrepl.RelationMessage) []walColumn {
+	cols := make([]walColumn, len(m.Columns))
+	var has [fieldPriority + 1]bool
+	for i, c := range m.Columns {
+		f := rowFields[c.Name]
+		cols[i] = walColumn{field: f, oid: c.DataType}
+		has[f] = true
+	}
+	for _, f := range rowNeeds {
+		if !has[f] {
+			return nil
+		}
+	}
+	return cols
+}
+
+// tupleBytes is the size of a row as the server sent it, for the budgets.
+func tupleBytes(t *pglogrepl.TupleData) int {
+	n := 0
+	for _, c := range t.Columns {
+		n += len(c.Data)
+	}
+	return n
+}
+
+// decodeRow returns the message of an insert into the outbox table, as the store's fetch
+// would return it, or nil when the log does not give it: a row that is not fresh (a
+// delayed message, a row moved or replayed with its attempts), or one with a column it
+// cannot read. Only a fresh row (never attempted, due at its creation) may be published
+// from the log; the others wait for the fetch path, which judges them by the clock.
+func decodeRow(types *pgtype.Map, cols []walColumn, t *pglogrepl.TupleData) *outbox.Message {
+	if len(t.Columns) != len(cols) {
+		return nil
+	}
+	m := &outbox.Message{}
+	var (
+		id           pgtype.UUID
+		headers      []byte
+		next         time.Time
+		attempts     int32
+		priority     int16
+		lastErrorSet bool
+	)
+	for i, c := range t.Columns {
+		col := cols[i]
+		var dst any
+		switch col.field {
+		case fieldNone:
+			continue
+		case fieldSeq:
+			dst = &m.Seq
+		case fieldID:
+			dst = &id
+		case fieldTopic:
+			dst = &m.Topic
+		case fieldKey:
+			dst = &m.Key
+		case fieldAggregateType:
+			dst = &m.AggregateType
+		case fieldEventType:
+			dst = &m.EventType
+		case fieldContentType:
+			dst = &m.ContentType
+		case fieldPayload:
+			dst = &m.Payload
+		case fieldHeaders:
+			dst = &headers
+		case fieldDedupKey:
+			dst = &m.DedupKey
+		case fieldCreatedAt:
+			dst = &m.CreatedAt
+		case fieldNextAttemptAt:
+			dst = &next
+		case fieldAttempts:
+			dst = &attempts
+		case fieldLastError:
+			if c.DataType != pglogrepl.TupleDataTypeNull {
+				lastErrorSet = true
+			}
+			continue
+		case fieldPriority:
+			dst = &priority
+		}
+		var format int16
+		switch c.DataType {
+		case pglogrepl.TupleDataTypeBinary:
+			format = pgtype.BinaryFormatCode
+		case pglogrepl.TupleDataTypeText:
+			format = pgtype.TextFormatCode
+		default: // a null in a column that is NOT NULL, or an unchanged TOAST value (never in an insert)
+			return nil
+		}
+		if err := types.Scan(col.oid, format, c.Data, dst); err != nil {
+			return nil
+		}
+	}
+	if attempts != 0 || lastErrorSet || !next.Equal(m.CreatedAt) || !id.Valid {
+		return nil
+	}
+	h, err := pgsql.DecodeHeaders(m.Seq, headers)
+	if err != nil {
+		return nil
+	}
+	m.ID, m.Headers, m.Priority = id.Bytes, h, int(priority)
+	if m.Payload == nil {
+		m.Payload = []byte{}
+	}
+	m.Shard = shard.Of(m.Key, m.ID)
+	return m
+}
