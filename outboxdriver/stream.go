@@ -121,11 +121,12 @@ type StreamTxn struct {
 	Bulk   bool
 	Lo, Hi int64
 	// Rows, when the request asked for them, are the messages of Seqs, one for each, as
-	// a fetch would return them; an entry is nil where the log does not give the
-	// message: a row that is not fresh (delayed, or inserted again with its attempts by
-	// a move), or one the Streamer could not read. Rows is nil when the transaction's
-	// rows were over the Streamer's memory budget (it says what that is) or Bulk: the
-	// relay fetches those.
+	// a fetch would return them, with DeliverAt set on a row that waits (a delayed
+	// message, or a retry inserted again by a move): only a row never attempted
+	// (Attempts 0) and not waiting is the writer's insert as the relay would fetch it.
+	// An entry is nil for a row the Streamer could not read. Rows is nil when the
+	// transaction's rows were over the Streamer's memory budget (it says what that is)
+	// or Bulk: the relay fetches those.
 	Rows []*outboxtype.Message
 }
 

@@ -90,10 +90,9 @@ func tupleBytes(t *pglogrepl.TupleData) int {
 }
 
 // decodeRow returns the message of an insert into the outbox table, as the store's fetch
-// would return it, or nil when the log does not give it: a row that is not fresh (a
-// delayed message, a row moved or replayed with its attempts), or one with a column it
-// cannot read. Only a fresh row (never attempted, due at its creation) may be published
-// from the log; the others wait for the fetch path, which judges them by the clock.
+// would return it, with DeliverAt set when the row waits (its next attempt is not at its
+// creation: a delayed message, or a retry a ring move inserted again), or nil for a row
+// with a column it cannot read.
 func decodeRow(types *pgtype.Map, cols []walColumn, t *pglogrepl.TupleData) *outbox.Message {
 	if len(t.Columns) != len(cols) {
 		return nil
@@ -105,7 +104,7 @@ func decodeRow(types *pgtype.Map, cols []walColumn, t *pglogrepl.TupleData) *out
 		next         time.Time
 		attempts     int32
 		priority     int16
-		lastErrorSet bool
+		lastError    pgtype.Text
 	)
 	for i, c := range t.Columns {
 		col := cols[i]
@@ -140,10 +139,10 @@ func decodeRow(types *pgtype.Map, cols []walColumn, t *pglogrepl.TupleData) *out
 		case fieldAttempts:
 			dst = &attempts
 		case fieldLastError:
-			if c.DataType != pglogrepl.TupleDataTypeNull {
-				lastErrorSet = true
+			if c.DataType == pglogrepl.TupleDataTypeNull {
+				continue
 			}
-			continue
+			dst = &lastError
 		case fieldPriority:
 			dst = &priority
 		}
@@ -160,14 +159,14 @@ func decodeRow(types *pgtype.Map, cols []walColumn, t *pglogrepl.TupleData) *out
 			return nil
 		}
 	}
-	if attempts != 0 || lastErrorSet || !next.Equal(m.CreatedAt) || !id.Valid {
-		return nil
-	}
 	h, err := pgsql.DecodeHeaders(m.Seq, headers)
-	if err != nil {
+	if err != nil || !id.Valid {
 		return nil
 	}
-	m.ID, m.Headers, m.Priority = id.Bytes, h, int(priority)
+	m.ID, m.Headers, m.Priority, m.Attempts, m.LastError = id.Bytes, h, int(priority), int(attempts), lastError.String
+	if !next.Equal(m.CreatedAt) {
+		m.DeliverAt = next
+	}
 	if m.Payload == nil {
 		m.Payload = []byte{}
 	}

@@ -227,9 +227,10 @@ func rowStep(seq int64, key, payload string, set ...any) decodeStep {
 	return stepInsert(1, vals...)
 }
 
-// TestStreamDecoderRows: with rows asked for, each fresh insert comes as the message a
-// fetch returns; a row that is not fresh is a nil entry; a transaction over its budget,
-// or after the batch's budget is spent, or bulk, comes with its seqs only.
+// TestStreamDecoderRows: with rows asked for, each insert comes as the message a fetch
+// returns, DeliverAt set on a row that waits; a row that cannot be read is a nil entry;
+// a transaction over its budget, or after the batch's budget is spent, or bulk, comes
+// with its seqs only.
 func TestStreamDecoderRows(t *testing.T) {
 	id, err := outbox.ParseID("0190f1a2-7b3c-7def-8abc-0123456789ab")
 	if err != nil {
@@ -261,10 +262,13 @@ func TestStreamDecoderRows(t *testing.T) {
 		{name: "rows not asked for", off: true,
 			steps: []decodeStep{rowsRel(), stepBegin(), rowStep(7, "k", "x"), stepCommit(100)},
 			want:  []want{{seqs: []int64{7}}}},
-		{name: "not fresh (delayed, attempted, with an error): nil entries",
+		{name: "rows that wait, were attempted, failed: as they are",
 			steps: []decodeStep{rowsRel(), stepBegin(), rowStep(1, "k", "x", 11, "2026-11-30 10:05:00+00"),
-				rowStep(2, "k", "x", 12, "2"), rowStep(3, "k", "x", 13, "boom"), rowStep(4, "k", "x"), stepCommit(100)},
-			want: []want{{seqs: []int64{1, 2, 3, 4}, rows: []*outbox.Message{nil, nil, nil, msg(4, "k", "x", 3)}}}},
+				rowStep(2, "k", "x", 12, "2", 13, "boom"), rowStep(3, "k", "x"), stepCommit(100)},
+			want: []want{{seqs: []int64{1, 2, 3}, rows: []*outbox.Message{
+				func() *outbox.Message { m := msg(1, "k", "x", 3); m.DeliverAt = created.Add(5 * time.Minute); return m }(),
+				func() *outbox.Message { m := msg(2, "k", "x", 3); m.Attempts, m.LastError = 2, "boom"; return m }(),
+				msg(3, "k", "x", 3)}}}},
 		{name: "a column that does not decode: a nil entry",
 			steps: []decodeStep{rowsRel(), stepBegin(), rowStep(1, "k", "x", 8, "not json"), stepCommit(100)},
 			want:  []want{{seqs: []int64{1}, rows: []*outbox.Message{nil}}}},
@@ -332,10 +336,10 @@ func messageDiff(got, want *outbox.Message) string {
 		return fmt.Sprintf("%+v, want %+v", got, want)
 	}
 	g, w := *got, *want
-	if !g.CreatedAt.Equal(w.CreatedAt) {
-		return fmt.Sprintf("created_at %v, want %v", g.CreatedAt, w.CreatedAt)
+	if !g.CreatedAt.Equal(w.CreatedAt) || !g.DeliverAt.Equal(w.DeliverAt) {
+		return fmt.Sprintf("created_at %v, deliver_at %v; want %v, %v", g.CreatedAt, g.DeliverAt, w.CreatedAt, w.DeliverAt)
 	}
-	g.CreatedAt, w.CreatedAt = time.Time{}, time.Time{}
+	g.CreatedAt, w.CreatedAt, g.DeliverAt, w.DeliverAt = time.Time{}, time.Time{}, time.Time{}, time.Time{}
 	if len(g.Payload) == 0 && len(w.Payload) == 0 {
 		g.Payload, w.Payload = nil, nil
 	}
@@ -563,9 +567,9 @@ func testStreamRingMove(t *testing.T, srv *testpg.Server) {
 	}
 }
 
-// With rows asked for, each fresh row arrives as the table holds it (read back as a
-// fetch reads it, shard included); a delayed one and a ring move's copy come as nil
-// entries, and a transaction over the budget with its seqs only.
+// With rows asked for, each row arrives as the table holds it (read back as a fetch reads
+// it, shard included), a delayed one with its DeliverAt, also when a ring move inserts it
+// again; a transaction over the budget comes with its seqs only.
 func testStreamRows(t *testing.T, srv *testpg.Server) {
 	b := newStreamBundle(t, srv, Config{RotateRows: 1}, true)
 	ctx := testenv.Context(t)
@@ -616,15 +620,17 @@ func testStreamRows(t *testing.T, srv *testpg.Server) {
 			t.Errorf("row %d: %s", i, diff)
 		}
 	}
-	if got[0].Rows[3] != nil {
-		t.Errorf("the delayed message came as %+v; want a nil entry", got[0].Rows[3])
+	if d := got[0].Rows[3]; d == nil || d.DeliverAt.IsZero() || d.Key != "k3" {
+		t.Errorf("the delayed message came as %+v; want it with its DeliverAt", d)
 	}
 	if len(got[1].Seqs) != len(bulky) || got[1].Seqs[0] != want[4].Seq || got[1].Rows != nil {
 		t.Errorf("the transaction over the budget: seqs %v, %d rows; want %d from %d and none", got[1].Seqs, len(got[1].Rows), len(bulky), want[4].Seq)
 	}
 
-	// A ring move inserts the pending rows again as they are: the delayed one still is
-	// not fresh.
+	// A ring move inserts the pending rows again as they are: the delayed one still
+	// waits. (The bulky ones go first, which the publication does not publish, so the
+	// move's rows fit the budget.)
+	b.exec(t, `DELETE FROM %s.outbox WHERE topic = 'big'`)
 	moved := 0
 	testenv.Await(t, "the ring to move the pending rows", func() (any, bool) {
 		ctx, cancel := testenv.CallContext()
@@ -637,12 +643,19 @@ func testStreamRows(t *testing.T, srv *testpg.Server) {
 		return fmt.Sprintf("%+v", rc), moved > 0
 	})
 	all := r.awaitTxns(t, 3)
+	seen := false
 	for _, x := range all[2:] {
 		for i, seq := range x.Seqs {
-			if seq == got[0].Seqs[3] && x.Rows != nil && x.Rows[i] != nil {
-				t.Errorf("the delayed message, moved, came as %+v; want a nil entry", x.Rows[i])
+			if seq == got[0].Seqs[3] {
+				seen = true
+				if x.Rows == nil || x.Rows[i] == nil || x.Rows[i].DeliverAt.IsZero() {
+					t.Errorf("the delayed message, moved, came as %+v; want it with its DeliverAt", x)
+				}
 			}
 		}
+	}
+	if !seen {
+		t.Errorf("the move's transactions %+v do not hold the delayed message %d", all[2:], got[0].Seqs[3])
 	}
 }
 
