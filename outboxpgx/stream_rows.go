@@ -99,12 +99,12 @@ func decodeRow(types *pgtype.Map, cols []walColumn, t *pglogrepl.TupleData) *out
 	}
 	m := &outbox.Message{}
 	var (
-		id           pgtype.UUID
-		headers      []byte
-		next         time.Time
-		attempts     int32
-		priority     int16
-		lastError    pgtype.Text
+		id        pgtype.UUID
+		headers   []byte
+		next      time.Time
+		attempts  int32
+		priority  int16
+		lastError pgtype.Text
 	)
 	for i, c := range t.Columns {
 		col := cols[i]
