@@ -53,6 +53,24 @@ type SlotRecreator interface {
 // record first): only the slot's reader makes it anew, and never one an operator dropped.
 var ErrNotSlotReader = errors.New("the relay does not hold the slot's lease, or the slot is not recorded")
 
+// WaitingReader is implemented by Streamers whose stream gives rows (StreamRequest.Rows)
+// and that can say which pending rows hold keys back (outboxpgx): WAL mode then publishes
+// fresh rows from the log (docs/design-wal.md, §2b), and needs to know, when it starts
+// doing so, which keys it must leave to its fetches.
+type WaitingReader interface {
+	// Waiting returns, of the pending messages of the given shards, those that wait (a
+	// retry backing off, or a delayed message, due or not) and every other pending
+	// message of their keys; messages without a key are left out. It returns at most
+	// limit+1 rows, in no order: more than limit says there are too many to keep.
+	Waiting(ctx context.Context, leases []Lease, limit int) ([]WaitingRow, error)
+}
+
+// WaitingRow is a pending message Waiting returns.
+type WaitingRow struct {
+	Seq int64
+	Key string
+}
+
 // StreamState is how the relays get their work in WAL mode.
 type StreamState string
 

@@ -716,6 +716,25 @@ func (d *walDecoder) take() outboxdriver.StreamBatch {
 	return b
 }
 
+var _ outboxdriver.WaitingReader = (*Driver)(nil)
+
+// Waiting implements outboxdriver.WaitingReader in one query, on the "waiting" and "key"
+// indexes.
+func (d *Driver) Waiting(ctx context.Context, leases []outboxdriver.Lease, limit int) ([]outboxdriver.WaitingRow, error) {
+	if err := d.needPool(); err != nil {
+		return nil, err
+	}
+	if len(leases) == 0 {
+		return nil, nil
+	}
+	shards := leasedShards(leases)
+	rows, err := queryNoJIT(ctx, d, pgx.RowToStructByPos[outboxdriver.WaitingRow], d.names.Waiting(), shards, limit+1)
+	if err != nil {
+		return nil, fmt.Errorf("waiting messages: %w", err)
+	}
+	return rows, nil
+}
+
 // NextDue implements outboxdriver.Streamer: of the pending messages of the given shards
 // that wait (a retry backing off, or a delayed message), when the earliest becomes due,
 // or the zero time if none waits. The database says how long until then, and the time
@@ -728,10 +747,7 @@ func (d *Driver) NextDue(ctx context.Context, leases []outboxdriver.Lease) (time
 	if len(leases) == 0 {
 		return time.Time{}, nil
 	}
-	shards := make([]int16, len(leases))
-	for i, l := range leases {
-		shards[i] = int16(l.Shard)
-	}
+	shards := leasedShards(leases)
 	micros, err := queryNoJIT(ctx, d, pgx.RowTo[*int64], d.names.NextDue(), shards)
 	if err != nil {
 		return time.Time{}, fmt.Errorf("next due: %w", err)

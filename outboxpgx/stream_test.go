@@ -401,6 +401,7 @@ func TestStream(t *testing.T) {
 		{"NotEmitted", testStreamNotEmitted},
 		{"RingMove", testStreamRingMove},
 		{"Rows", testStreamRows},
+		{"Waiting", testStreamWaiting},
 		{"Idle", testStreamIdle},
 		{"Errors", testStreamErrors},
 		{"NextDue", testStreamNextDue},
@@ -656,6 +657,49 @@ func testStreamRows(t *testing.T, srv *testpg.Server) {
 	}
 	if !seen {
 		t.Errorf("the move's transactions %+v do not hold the delayed message %d", all[2:], got[0].Seqs[3])
+	}
+}
+
+// Waiting returns the rows that wait and the other pending rows of their keys, of the
+// shards asked for, keyless ones left out, and at most limit+1 of them.
+func testStreamWaiting(t *testing.T, srv *testpg.Server) {
+	b := newStreamBundle(t, srv, Config{}, false)
+	ctx := testenv.Context(t)
+	later := time.Now().Add(time.Hour)
+	msg := func(key string, at time.Time) outbox.Message {
+		return outbox.Message{Topic: "t", Key: key, Payload: []byte("p"), DeliverAt: at}
+	}
+	b.writeMsgs(t, msg("fresh", time.Time{}), msg("held", time.Time{}))
+	b.writeMsgs(t, msg("held", later), msg("", later))
+	b.writeMsgs(t, msg("held", time.Time{}), msg("other", time.Time{}))
+	var first int64 // seqs: fresh first, held first+1, held (delayed) first+2, keyless
+	// (delayed) first+3, held first+4, other first+5
+	if err := b.pool.QueryRow(ctx, fmt.Sprintf(`SELECT min(seq) FROM %s.outbox`, b.quoted())).Scan(&first); err != nil {
+		t.Fatal(err)
+	}
+	all := make([]outboxdriver.Lease, 64)
+	for i := range all {
+		all[i] = outboxdriver.Lease{Shard: i}
+	}
+	got, err := b.drv.Waiting(ctx, all, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.SortFunc(got, func(a, b outboxdriver.WaitingRow) int { return cmp.Compare(a.Seq, b.Seq) })
+	want := []outboxdriver.WaitingRow{{Seq: first + 1, Key: "held"}, {Seq: first + 2, Key: "held"}, {Seq: first + 4, Key: "held"}}
+	if !slices.Equal(got, want) {
+		t.Errorf("Waiting: %v, want %v", got, want)
+	}
+	if got, err := b.drv.Waiting(ctx, all, 1); err != nil || len(got) != 2 {
+		t.Errorf("Waiting with limit 1: %v, %v; want 2 rows (one over the limit)", got, err)
+	}
+	var heldShard int
+	if err := b.pool.QueryRow(ctx, fmt.Sprintf(`SELECT shard FROM %s.outbox WHERE key = 'held' LIMIT 1`, b.quoted())).Scan(&heldShard); err != nil {
+		t.Fatal(err)
+	}
+	others := slices.DeleteFunc(slices.Clone(all), func(l outboxdriver.Lease) bool { return l.Shard == heldShard })
+	if got, err := b.drv.Waiting(ctx, others, 100); err != nil || len(got) != 0 {
+		t.Errorf("Waiting of the other shards: %v, %v; want none", got, err)
 	}
 }
 

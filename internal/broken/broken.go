@@ -62,6 +62,9 @@ const (
 	// PriorityOvertakes lets a priority fetch take a message whose key has an earlier
 	// pending message the relay does not hold: it overtakes that message.
 	PriorityOvertakes Bug = "priority-overtakes"
+	// WALTrustAll makes WAL mode's log path publish every fresh row the stream brings,
+	// before its catch-up and whatever its key holds back.
+	WALTrustAll Bug = "wal-trust-all"
 )
 
 // EnvVar names the environment variable that lists the bugs to switch on, separated by

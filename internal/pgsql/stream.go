@@ -41,6 +41,18 @@ func (n *Names) NextDue() string {
 WHERE next_attempt_at > created_at AND next_attempt_at > now() AND shard = ANY($1::smallint[])`
 }
 
+// Waiting returns the seq and key of the pending messages of the shards $1 (smallint[])
+// that wait (the "waiting" partial index's predicate: a retry or a delayed message, due
+// or not) and of every other pending message of their keys, at most $2 rows; keyless
+// ones hold nothing back and are left out.
+func (n *Names) Waiting() string {
+	return `SELECT o.seq, o.key FROM ` + n.Outbox + ` o
+WHERE o.key IN (SELECT w.key FROM ` + n.Outbox + ` w
+                WHERE w.next_attempt_at > w.created_at AND w.key <> '' AND w.shard = ANY($1::smallint[]))
+  AND o.shard = ANY($1::smallint[])
+LIMIT $2`
+}
+
 // WALSlotRecorded is whether the slot $1 has its row in outbox_wal: a relay opens the
 // stream only then, and 'outbox wal drop' deletes the row before it drops the slot.
 func (n *Names) WALSlotRecorded() string {
