@@ -192,9 +192,10 @@ func (g *walLog) take(b outboxdriver.StreamBatch, admit func(m *Message) bool) (
 				g.top = max(g.top, seq)
 				continue
 			}
-			if !rearm && g.trust(x.End, m) && admit(m) {
+			switch {
+			case !rearm && g.trust(x.End, m) && admit(m):
 				taken++
-			} else {
+			case g.state != walLogOff: // off, arming clears them anyway
 				g.wait(seq, m.Key)
 			}
 			g.top = max(g.top, seq)
