@@ -175,19 +175,42 @@ func (h *hand) fetched(msgs []*Message, admit func(m *Message) (token int64, ok 
 		if (ln != nil && ln.failed) || taint[key] {
 			continue // the key's failure was not yet recorded when this fetch began
 		}
-		if ln == nil {
-			ln = &lane{key: key, shard: m.Shard}
-			h.lanes[key] = ln
-		}
-		ln.queue = append(ln.queue, &item{m: m, token: token})
-		h.known[m.Seq] = inHand{shard: m.Shard, key: m.Key, prio: m.Priority > 0}
-		if m.Priority > 0 {
-			h.prio++
-		}
-		h.perShard[m.Shard]++
-		if !ln.inFlight {
-			h.enqueue(ln)
-		}
+		h.add(key, ln, m, token)
+	}
+}
+
+// streamed takes in m, a row the WAL stream brought (walLog), under token, the lease
+// token of its shard, if it may come after what the hand holds: it is not in hand, its
+// key's lane did not fail and holds only lower seqs, and no message of its key was
+// released while the running fetch ran (taint: one dropped unsent is pending again,
+// before it). It reports whether it took m.
+func (h *hand) streamed(m *Message, token int64) bool {
+	if _, dup := h.known[m.Seq]; dup || h.settled[m.Seq] {
+		return false
+	}
+	key := laneKey(m)
+	ln := h.lanes[key]
+	if h.taint[key] || (ln != nil && (ln.failed || (len(ln.queue) > 0 && ln.queue[len(ln.queue)-1].m.Seq >= m.Seq))) {
+		return false
+	}
+	h.add(key, ln, m, token)
+	return true
+}
+
+// add appends m, fetched under token, to the lane of key (ln, nil when there is none).
+func (h *hand) add(key string, ln *lane, m *Message, token int64) {
+	if ln == nil {
+		ln = &lane{key: key, shard: m.Shard}
+		h.lanes[key] = ln
+	}
+	ln.queue = append(ln.queue, &item{m: m, token: token})
+	h.known[m.Seq] = inHand{shard: m.Shard, key: m.Key, prio: m.Priority > 0}
+	if m.Priority > 0 {
+		h.prio++
+	}
+	h.perShard[m.Shard]++
+	if !ln.inFlight {
+		h.enqueue(ln)
 	}
 }
 

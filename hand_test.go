@@ -219,3 +219,40 @@ func TestHandDropKeepsTheHeadInFlight(t *testing.T) {
 		t.Fatalf("shard 1 still has %d in hand after its lane was dropped", h.perShard[1])
 	}
 }
+
+// A row from the WAL stream joins the end of its key's lane, and only there: not twice,
+// not behind a higher seq, not into a failed lane, not while the running fetch saw its key
+// released.
+func TestHandStreamed(t *testing.T) {
+	h := newHand()
+	fill(h, handMsg(5, 0, "a"))
+	for _, tc := range []struct {
+		m    *Message
+		want bool
+	}{
+		{handMsg(5, 0, "a"), false}, // in hand
+		{handMsg(4, 0, "a"), false}, // below the lane's last seq
+		{handMsg(6, 0, "a"), true},
+		{handMsg(3, 1, "b"), true}, // a lane of its own
+		{handMsg(2, 1, ""), true},  // keyless
+	} {
+		if got := h.streamed(tc.m, 7); got != tc.want {
+			t.Errorf("streamed(%d, %q) = %v, want %v", tc.m.Seq, tc.m.Key, got, tc.want)
+		}
+	}
+	if got := seqsOf(h.takeReady(10, always)); !slices.Equal(got, []int64{5, 3, 2}) {
+		t.Fatalf("heads %v, want [5 3 2]", got)
+	}
+	h.rejected(h.lanes["a"].queue[0])
+	if h.streamed(handMsg(7, 0, "a"), 7) {
+		t.Error("a row joined a failed lane")
+	}
+	if !h.streamed(handMsg(4, 1, "b"), 7) {
+		t.Fatal("a row did not join its lane behind the head in flight")
+	}
+	h.fetchStarted()
+	h.dropUnsent(func(ln *lane) bool { return ln.key == "b" }) // 4, unsent
+	if h.streamed(handMsg(8, 1, "b"), 7) {
+		t.Error("a row joined a key released while a fetch ran")
+	}
+}
