@@ -56,9 +56,10 @@ type hand struct {
 
 // inHand is what the hand keeps of a message besides the message itself.
 type inHand struct {
-	shard int
-	key   string
-	prio  bool // it has a priority
+	shard   int
+	key     string
+	prio    bool // it has a priority
+	fromLog bool // it came from the WAL stream (streamed), not a fetch
 }
 
 type item struct {
@@ -194,8 +195,14 @@ func (h *hand) streamed(m *Message, token int64) bool {
 		return false
 	}
 	h.add(key, ln, m, token)
+	in := h.known[m.Seq]
+	in.fromLog = true
+	h.known[m.Seq] = in
 	return true
 }
+
+// fromLog reports whether the message in hand with seq came from the WAL stream.
+func (h *hand) fromLog(seq int64) bool { return h.known[seq].fromLog }
 
 // add appends m, fetched under token, to the lane of key (ln, nil when there is none).
 func (h *hand) add(key string, ln *lane, m *Message, token int64) {

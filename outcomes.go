@@ -96,6 +96,14 @@ func (b *outcomeBuffer) recorded(c outboxdriver.Completion) {
 	b.unrecorded -= len(c.Published) + len(c.Failed)
 }
 
+// again buffers outcomes a recording refused, to record them again at at: the messages
+// stay in hand meanwhile.
+func (b *outcomeBuffer) again(published []outboxdriver.Outcome, at time.Time) {
+	b.published = append(published, b.published...)
+	b.unrecorded += len(published)
+	b.retryAt = at
+}
+
 // failedAt ends a recording that failed at now: its outcomes go back in front, and the
 // next recording waits dbRetry, longer after each failure in a row.
 func (b *outcomeBuffer) failedAt(c outboxdriver.Completion, lanes []*lane, now time.Time) {

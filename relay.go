@@ -229,6 +229,9 @@ type loop struct {
 	inFlight    int
 	freeWorkers int
 	outcomes    outcomeBuffer // the broker's answers until the store records them
+	// logRefusals counts, per message from the WAL stream, the records refused so far
+	// (refusedFromLog).
+	logRefusals map[int64]int
 
 	// With a Router of several destinations, each batch goes to one destination, and no
 	// destination takes more than its share of the publish workers and of MaxInFlight
@@ -823,13 +826,20 @@ func (l *loop) onComplete(res completeResult) {
 	for _, s := range res.refused {
 		refused[s] = true
 	}
-	if len(res.refused) > 0 {
-		l.r.stats.refused.Add(int64(len(res.refused)))
+	c, again := l.refusedFromLog(c, refused)
+	var waiting []outboxdriver.WaitingRow          // the rows the failures leave waiting in the table
+	if n := len(res.refused) - len(again); n > 0 { // those recorded again are not counted yet
+		l.r.stats.refused.Add(int64(n))
 		l.log.Warn("outcomes refused: the lease moved to another relay, which will publish these messages again",
-			"refused", len(res.refused))
+			"refused", n)
 	}
 	var published, retried, dead int
 	for _, o := range c.Published {
+		if refused[o.Seq] && l.hand.fromLog(o.Seq) { // see refusedFromLog
+			key := l.hand.settle(o.Seq)
+			waiting = append(waiting, outboxdriver.WaitingRow{Seq: o.Seq, Key: key})
+			continue
+		}
 		key := l.hand.settle(o.Seq)
 		res.settle(o.Seq)
 		if !refused[o.Seq] {
@@ -839,6 +849,11 @@ func (l *loop) onComplete(res completeResult) {
 	}
 	l.r.stats.published.Add(int64(published))
 	for _, f := range c.Failed {
+		if refused[f.Seq] && l.hand.fromLog(f.Seq) { // see refusedFromLog
+			key := l.hand.settle(f.Seq)
+			waiting = append(waiting, outboxdriver.WaitingRow{Seq: f.Seq, Key: key})
+			continue
+		}
 		key := l.hand.settle(f.Seq)
 		res.settle(f.Seq)
 		switch {
@@ -849,22 +864,67 @@ func (l *loop) onComplete(res completeResult) {
 			l.r.stats.dead.Add(1)
 		case f.Deferred:
 			retried++
+			waiting = append(waiting, outboxdriver.WaitingRow{Seq: f.Seq, Key: key})
 		default:
 			retried++
+			waiting = append(waiting, outboxdriver.WaitingRow{Seq: f.Seq, Key: key})
 			l.r.stats.rejected.Add(1)
 		}
 	}
-	if retried > 0 {
-		l.src.waiting()
+	for _, ln := range res.lanes { // the rows of the key a failure dropped: pending, behind it
+		for _, seq := range ln.dropped {
+			waiting = append(waiting, outboxdriver.WaitingRow{Seq: seq, Key: ln.key})
+		}
+	}
+	if retried > 0 || len(waiting) > 0 {
+		l.src.waiting(waiting)
+	}
+	if len(again) > 0 {
+		l.outcomes.again(again, time.Now().Add(logRefusedDelay<<(l.logRefusals[again[0].Seq]-1)))
 	}
 	if len(c.Published)+len(c.Failed)+res.dropped > 0 {
-		l.cfg.Observer.RecordDone(RecordEvent{Published: published, Retried: retried, Dead: dead, Refused: len(res.refused) + res.dropped, Took: res.took})
+		l.cfg.Observer.RecordDone(RecordEvent{Published: published, Retried: retried, Dead: dead, Refused: len(res.refused) - len(again) + res.dropped, Took: res.took})
 	}
 	l.hand.failureRecorded(res.lanes)
 	// Draining shards may now be empty: release them soon.
 	if l.leases.drainedAny(l.hand.idle) {
 		l.leaseRoundSoon(context.Background())
 	}
+}
+
+// A message the WAL stream brought can reach the relay before its writer's transaction
+// is visible to other sessions (the walsender may send a commit before the committing
+// session leaves the list of running transactions, or while it waits for a synchronous
+// standby): its record then finds no row, and is refused. The relay records such a
+// published outcome again, logRefusedDelay later and doubling, up to logRefusedTries
+// times, the message kept in hand; after that, or for a failure, the message leaves hand
+// unrecorded, its key is left to the fetch path (waiting), and the tracker keeps its seq
+// open, so that a full fetch, which sees it once visible, publishes it again or shows it
+// gone (a lease that really moved).
+const (
+	logRefusedDelay = time.Millisecond
+	logRefusedTries = 8
+)
+
+// refusedFromLog takes out of c the published outcomes of messages from the WAL stream
+// that the store refused and that are to be recorded again (again), counting the tries
+// in logRefusals; it forgets the count of each outcome recorded or given up.
+func (l *loop) refusedFromLog(c outboxdriver.Completion, refused map[int64]bool) (rest outboxdriver.Completion, again []outboxdriver.Outcome) {
+	rest = c
+	rest.Published = nil
+	for _, o := range c.Published {
+		if refused[o.Seq] && l.hand.fromLog(o.Seq) && l.logRefusals[o.Seq] < logRefusedTries {
+			if l.logRefusals == nil {
+				l.logRefusals = map[int64]int{}
+			}
+			l.logRefusals[o.Seq]++
+			again = append(again, o)
+			continue
+		}
+		delete(l.logRefusals, o.Seq)
+		rest.Published = append(rest.Published, o)
+	}
+	return rest, again
 }
 
 // onListenNews takes what the listener said: the gate's news, and the fetches the

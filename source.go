@@ -37,8 +37,9 @@ type fetchSource interface {
 	leased(st outboxdriver.LeaseState, started time.Time)
 	// gained records shards gained.
 	gained()
-	// waiting records that recorded failures left rows waiting in the table.
-	waiting()
+	// waiting records that recorded failures left rows waiting in the table: rows, with
+	// the rows of their keys the hand let go of with them.
+	waiting(rows []outboxdriver.WaitingRow)
 
 	// fetch returns the fetch to run for req, which the loop sends now.
 	fetch(req *outboxdriver.FetchRequest) fetchRun
@@ -84,7 +85,7 @@ func (pollSource) news() <-chan func()                    { return nil }
 func (pollSource) tick(time.Time)                         {}
 func (pollSource) wakeAt() time.Time                      { return time.Time{} }
 func (pollSource) gained()                                {}
-func (pollSource) waiting()                               {}
+func (pollSource) waiting([]outboxdriver.WaitingRow)      {}
 func (pollSource) settler() func(seq int64)               { return func(int64) {} }
 func (pollSource) stop(string)                            {}
 

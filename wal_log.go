@@ -24,13 +24,13 @@ const (
 // the fetch path, as every row did before it. It does no I/O and reads no clock.
 //
 // A row r of key k, in a transaction ending at end, is taken when all of these hold:
-//  1. the log path is on: since it was armed, at the stream position from, a full fetch
-//     sent after arming came back short having left no announced row unresolved and out of
-//     hand (the catch-up: every row pending then is in hand, or waits), and the rows that
-//     wait in the table were read (waitsRead);
-//  2. end is past from: a transaction that arrived before arming may have been fetched
-//     and recorded already (a stream opened again starts from the slot's confirmed
-//     position);
+//  1. the log path is on: since it was armed, a full fetch sent after arming came back
+//     short having left no announced row unresolved and out of hand (the catch-up: every
+//     row pending then is in hand, or waits), and the rows that wait in the table were
+//     read (waitsRead), with from, the log's position at that read;
+//  2. end is past from: a transaction that committed before may have been fetched and
+//     recorded already, by this relay or the slot's reader before it (a stream opened
+//     again starts from the slot's confirmed position, which lags what was recorded);
 //  3. r is fresh: never attempted and not delayed (Attempts 0, no LastError, no
 //     DeliverAt), so it is due now and no retry of it is in the table;
 //  4. r's seq is above every seq announced or fetched before it (top): a seq below is a
@@ -60,7 +60,7 @@ const (
 type walLog struct {
 	state walLogState
 	gen   uint64 // counts the armings: a read of the rows that wait belongs to one
-	from  uint64 // the stream position when armed (rule 2)
+	from  uint64 // the stream position of the read of the rows that wait (rule 2)
 	// The catch-up's halves: a full fetch sent since arming (sent) came back as rule 1
 	// says (caught), and the rows that wait were read (read).
 	sent, caught, read bool
@@ -77,12 +77,12 @@ func newWALLog() *walLog {
 	return &walLog{waits: map[int64]string{}, keys: map[string]int{}}
 }
 
-// arm turns the log path off until the catch-up, from the stream position from, and
-// returns the arming's generation: the caller then reads the rows that wait (waitsRead,
-// with it) and sends a full fetch (fetchSent).
-func (g *walLog) arm(from uint64) uint64 {
+// arm turns the log path off until the catch-up, and returns the arming's generation:
+// the caller then reads the rows that wait (waitsRead, with it) and sends a full fetch
+// (fetchSent).
+func (g *walLog) arm() uint64 {
 	g.gen++
-	g.state, g.from, g.sent, g.caught, g.read = walLogArming, from, false, false, false
+	g.state, g.sent, g.caught, g.read = walLogArming, false, false, false
 	clear(g.waits)
 	clear(g.keys)
 	g.settledDuringRead = map[int64]bool{}
@@ -119,9 +119,10 @@ func (g *walLog) fetched(rows []*Message, caughtUp bool) {
 }
 
 // waitsRead takes in the rows of the shards held that wait in the table, and the other
-// pending rows of their keys, read for the arming gen; ok false: the read failed or
-// found too many, and the log path turns off.
-func (g *walLog) waitsRead(gen uint64, rows []outboxdriver.WaitingRow, ok bool) {
+// pending rows of their keys, read for the arming gen, and pos, the stream position
+// past every transaction that committed before the read (rule 2); ok false: the read
+// failed or found too many, and the log path turns off.
+func (g *walLog) waitsRead(gen uint64, rows []outboxdriver.WaitingRow, pos uint64, ok bool) {
 	if g.state != walLogArming || gen != g.gen {
 		return
 	}
@@ -129,6 +130,7 @@ func (g *walLog) waitsRead(gen uint64, rows []outboxdriver.WaitingRow, ok bool) 
 		g.off()
 		return
 	}
+	g.from = pos
 	for _, r := range rows {
 		if !g.settledDuringRead[r.Seq] {
 			g.wait(r.Seq, r.Key)
@@ -178,7 +180,7 @@ func (g *walLog) settled(seq int64) {
 // shard is held, its lane did not fail and holds only lower seqs, and reports whether it
 // did. A row whose key is not known arms the log path again (rearm is then set: the
 // caller starts the catch-up).
-func (g *walLog) take(b outboxdriver.StreamBatch, admit func(m *Message) bool) (taken int, rearm bool) {
+func (g *walLog) take(b outboxdriver.StreamBatch, admit func(m *Message) bool) (rearm bool) {
 	for _, x := range b.Txns {
 		if x.Bulk || (x.Rows == nil && len(x.Seqs) > 0) {
 			rearm = rearm || g.state != walLogOff
@@ -192,16 +194,14 @@ func (g *walLog) take(b outboxdriver.StreamBatch, admit func(m *Message) bool) (
 				g.top = max(g.top, seq)
 				continue
 			}
-			switch {
-			case !rearm && g.trust(x.End, m) && admit(m):
-				taken++
-			case g.state != walLogOff: // off, arming clears them anyway
+			taken := !rearm && g.trust(x.End, m) && admit(m)
+			if !taken && g.state != walLogOff { // (arming clears them: none kept while off)
 				g.wait(seq, m.Key)
 			}
 			g.top = max(g.top, seq)
 		}
 	}
-	return taken, rearm
+	return rearm
 }
 
 // trust reports whether rules 1-5 let the log path take m, of a transaction ending at end.

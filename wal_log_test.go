@@ -26,10 +26,10 @@ func logTxn(end uint64, rows ...*Message) outboxdriver.StreamTxn {
 func onLog(t *testing.T, from uint64, waiting ...outboxdriver.WaitingRow) *walLog {
 	t.Helper()
 	g := newWALLog()
-	gen := g.arm(from)
+	gen := g.arm()
 	g.fetchSent(true)
 	g.fetched(nil, true)
-	g.waitsRead(gen, waiting, true)
+	g.waitsRead(gen, waiting, from, true)
 	if !g.on() {
 		t.Fatal("the log path is not on after its catch-up")
 	}
@@ -39,7 +39,7 @@ func onLog(t *testing.T, from uint64, waiting ...outboxdriver.WaitingRow) *walLo
 // takeSeqs runs take on txns with an admit that takes every message but those of
 // refused, and returns the seqs taken.
 func takeSeqs(g *walLog, refused map[int64]bool, txns ...outboxdriver.StreamTxn) (taken []int64, rearm bool) {
-	_, rearm = g.take(outboxdriver.StreamBatch{Txns: txns}, func(m *Message) bool {
+	rearm = g.take(outboxdriver.StreamBatch{Txns: txns}, func(m *Message) bool {
 		if refused[m.Seq] {
 			return false
 		}
@@ -72,7 +72,7 @@ func TestWALLogTakes(t *testing.T) {
 			g:    func(*testing.T) *walLog { return newWALLog() },
 			txns: []outboxdriver.StreamTxn{logTxn(200, logRow(1, "a"))}},
 		{name: "arming: nothing, until the catch-up",
-			g:    func(*testing.T) *walLog { g := newWALLog(); g.arm(100); return g },
+			g:    func(*testing.T) *walLog { g := newWALLog(); g.arm(); return g },
 			txns: []outboxdriver.StreamTxn{logTxn(200, logRow(1, "a"))}},
 		{name: "a transaction ending at or before the arming position: left to the fetch path",
 			g:    func(t *testing.T) *walLog { return onLog(t, 100) },
@@ -147,9 +147,9 @@ func TestWALLogSettledClears(t *testing.T) {
 // waiting.
 func TestWALLogCatchUp(t *testing.T) {
 	g := newWALLog()
-	first := g.arm(100)
+	first := g.arm()
 	g.fetched(nil, true) // a fetch sent before arming
-	g.waitsRead(first, nil, true)
+	g.waitsRead(first, nil, 100, true)
 	if g.on() {
 		t.Fatal("on without a full fetch sent after arming")
 	}
@@ -158,34 +158,34 @@ func TestWALLogCatchUp(t *testing.T) {
 	if g.on() {
 		t.Fatal("on after a continuation")
 	}
-	second := g.arm(150)
+	second := g.arm()
 	g.fetchSent(true)
 	g.fetched(nil, true)
-	g.waitsRead(first, nil, true)
+	g.waitsRead(first, nil, 100, true)
 	if g.on() {
 		t.Fatal("on with the read of an earlier arming")
 	}
 	g.settled(7)
-	g.waitsRead(second, []outboxdriver.WaitingRow{{Seq: 7, Key: "a"}, {Seq: 8, Key: "b"}}, true)
+	g.waitsRead(second, []outboxdriver.WaitingRow{{Seq: 7, Key: "a"}, {Seq: 8, Key: "b"}}, 150, true)
 	if !g.on() {
 		t.Fatal("not on after its catch-up")
 	}
-	if got, _ := takeSeqs(g, nil, logTxn(200, logRow(10, "a"), logRow(11, "b"))); !slices.Equal(got, []int64{10}) {
-		t.Errorf("taken %v; want [10]: 7 was recorded while the read was out, 8 waits", got)
+	if got, _ := takeSeqs(g, nil, logTxn(150, logRow(9, "c")), logTxn(200, logRow(10, "a"), logRow(11, "b"))); !slices.Equal(got, []int64{10}) {
+		t.Errorf("taken %v; want [10]: 9 committed before the read, 7 was recorded while it was out, 8 waits", got)
 	}
 
 	g.fetched(nil, false) // a fetch that did not catch up does not turn it off
 	if !g.on() {
 		t.Fatal("off after a fetch")
 	}
-	g.arm(300)
+	g.arm()
 	g.fetchSent(true)
 	g.fetched(nil, false) // not caught up: rows announced before are still out of hand
-	g.waitsRead(g.gen, nil, true)
+	g.waitsRead(g.gen, nil, 300, true)
 	if g.on() {
 		t.Fatal("on after a catch-up fetch that left rows out of hand")
 	}
-	g.waitsRead(g.gen, nil, false)
+	g.waitsRead(g.gen, nil, 300, false)
 	if g.state != walLogOff {
 		t.Fatal("not off after a failed read of the rows that wait")
 	}

@@ -12,11 +12,12 @@ import (
 )
 
 // WALConfig turns on WAL mode (docs/design-wal.md): the relay follows the database's log
-// through the replication slot `outbox wal setup` made, and fetches when a transaction
-// that wrote to the outbox commits, instead of when it is notified or polls. Messages
-// still come only from the store's fetches (same order, key gate and fencing as
-// polling); the log tells the relay when to fetch, and the slot keeps the log until the
-// relay acknowledges it. The slot's position moves only past transactions whose messages
+// through the replication slot `outbox wal setup` made. It publishes a fresh message as
+// the log brings it when the log can be trusted for it (its key holds nothing back, it
+// committed after the relay caught up: docs/design-wal.md, §2b), and fetches the others
+// when a transaction that wrote to the outbox commits, instead of when it is notified or
+// polls (same order, key gate and fencing as polling). The slot keeps the log until the
+// relay acknowledges it, and its position moves only past transactions whose messages
 // were recorded or shown by a fetch to be the polling path's, so losing the slot loses
 // nothing: the relay falls back to polling, loudly, and the rows are still in the table.
 //
@@ -105,6 +106,12 @@ type walSource struct {
 	store   outboxdriver.Store
 	snap    outboxdriver.SnapshotFetcher // nil: the store gives no snapshot with a fetch
 	tracker *walTracker
+	// The log path (walLog): rows published from the stream, with no fetch; nil when the
+	// store cannot say which rows wait (outboxdriver.WaitingReader).
+	fromLog  *walLog
+	waiter   outboxdriver.WaitingReader
+	capacity int  // the most messages in hand (BatchSize + MaxInFlight), as the fetches keep
+	logOn    bool // fromLog was on at the last tick, as logged
 
 	relayID      string
 	pollInterval time.Duration
@@ -175,6 +182,10 @@ func newWALSource(cfg WALConfig, st outboxdriver.Streamer, l *loop) *walSource {
 		arrived: make(chan func()), notes: make(chan func(), 2),
 		acks: make(chan outboxdriver.StreamAck, 1)}
 	w.snap, _ = l.r.store.(outboxdriver.SnapshotFetcher)
+	if wr, ok := l.r.store.(outboxdriver.WaitingReader); ok {
+		w.waiter, w.fromLog = wr, newWALLog()
+		w.capacity = l.cfg.BatchSize + l.cfg.MaxInFlight
+	}
 	return w
 }
 
@@ -290,6 +301,46 @@ func (w *walSource) setLive(live bool) {
 		w.live = live
 		w.observe(WALStreamEvent{Reading: live})
 	}
+	if live {
+		w.armLog()
+	} else if w.fromLog != nil {
+		w.fromLog.off()
+	}
+}
+
+// armLog (re)starts the log path's catch-up (walLog.arm): a full fetch, and the read of
+// the rows that wait.
+func (w *walSource) armLog() {
+	if w.fromLog == nil {
+		return
+	}
+	gen := w.fromLog.arm()
+	w.plan.wantFull()
+	leases := w.leases.active()
+	ctx := w.ctx
+	w.bg.Add(1)
+	go func() {
+		defer w.bg.Done()
+		qctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		rows, pos, err := w.waiter.Waiting(qctx, leases, walWaitsMax)
+		select {
+		case w.notes <- func() { w.onWaiting(gen, rows, pos, err) }:
+		case <-ctx.Done():
+		}
+	}()
+}
+
+// onWaiting takes the read of the rows that wait, at the log's position pos, for the
+// arming gen.
+func (w *walSource) onWaiting(gen uint64, rows []outboxdriver.WaitingRow, pos uint64, err error) {
+	switch {
+	case err != nil:
+		w.log.Warn("reading the messages that wait failed; publishing from the WAL stream stays off until the next safety poll", "err", err)
+	case len(rows) > walWaitsMax:
+		w.log.Info("too many messages wait to publish from the WAL stream; fetching every message until the next safety poll", "waiting", len(rows))
+	}
+	w.fromLog.waitsRead(gen, rows, pos, err == nil && len(rows) <= walWaitsMax)
 }
 
 // stream runs the stream under the slot lease token until ctx is done, opening it
@@ -302,7 +353,8 @@ func (w *walSource) stream(ctx context.Context, gen uint64, token int64) {
 		case <-ctx.Done():
 		}
 	}
-	req := outboxdriver.StreamRequest{RelayID: w.relayID, Slot: w.cfg.Slot, Publication: w.cfg.Publication, Token: token, Acks: w.acks}
+	req := outboxdriver.StreamRequest{RelayID: w.relayID, Slot: w.cfg.Slot, Publication: w.cfg.Publication, Token: token, Acks: w.acks,
+		Rows: w.fromLog != nil}
 	record := func(state outboxdriver.StreamState, reason outboxdriver.StreamReason) {
 		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
@@ -449,6 +501,11 @@ func (w *walSource) onBatch(b outboxdriver.StreamBatch) {
 		w.beatOwed, w.silences = time.Time{}, 0
 		w.observe(WALStreamEvent{Reading: w.live, Beat: w.heardAt})
 	}
+	if w.fromLog != nil && w.live {
+		if w.fromLog.take(b, w.admit) {
+			w.armLog()
+		}
+	}
 	switch w.tracker.add(b, w.plan.at(), w.hand.has) {
 	case walWantFull:
 		w.plan.wantFull()
@@ -463,6 +520,16 @@ func (w *walSource) onBatch(b outboxdriver.StreamBatch) {
 			w.plan.wantFull()
 		}
 	}
+}
+
+// admit brings m, a row the log path takes, into hand as a fetched row: if the hand has
+// room, m's shard is held and may be fetched, and its lane takes it.
+func (w *walSource) admit(m *Message) bool {
+	if w.hand.size() >= w.capacity {
+		return false
+	}
+	token := w.leases.tokenOf(m.Shard)
+	return token != 0 && w.leases.fetchable(m.Shard, token) && w.hand.streamed(m, token)
 }
 
 // arrivals is the stream's batches, or nil (the loop does not read them) while too many
@@ -481,12 +548,21 @@ func (w *walSource) news() <-chan func() { return w.notes }
 // dropped rows it had not recorded (nothing else would fetch them again), and the
 // acknowledgement when it moved or its deadline did.
 func (w *walSource) tick(now time.Time) {
+	if w.fromLog != nil && w.fromLog.on() != w.logOn {
+		w.logOn = !w.logOn
+		if w.logOn {
+			w.log.Debug("WAL stream: publishing fresh messages from the log")
+		} else {
+			w.log.Debug("WAL stream: fetching every message until the log path's catch-up")
+		}
+	}
 	if !w.live {
 		return
 	}
 	if d := w.hand.dropped(); d != w.drops {
 		w.drops = d
 		w.plan.pace()
+		w.armLog() // the rows dropped are pending again, ahead of their keys' next ones
 	}
 	if len(w.leases.active()) == 0 && !w.hand.fetchRunning() {
 		// No shard to fetch from: every row announced that is not in hand is another
@@ -506,6 +582,9 @@ func (w *walSource) tick(now time.Time) {
 		w.safetyOut = true
 		w.plan.wantFull()
 		w.dueStale = true
+		if w.fromLog != nil && w.fromLog.state == walLogOff {
+			w.armLog()
+		}
 	}
 	if !w.due.IsZero() && !now.Before(w.due) {
 		w.due = time.Time{}
@@ -552,6 +631,9 @@ func (w *walSource) fetch(req *outboxdriver.FetchRequest) fetchRun {
 	safety := w.safetyOut && req.After == 0
 	w.safetyOut = false
 	f := w.tracker.sent(req.After, req.Exclude)
+	if w.fromLog != nil {
+		w.fromLog.fetchSent(req.After == 0)
+	}
 	snap := w.live && w.snap != nil && req.After == 0
 	return func(ctx context.Context) ([]*Message, func(fetchResult), error) {
 		var msgs []*Message
@@ -576,9 +658,16 @@ func (w *walSource) fetched(f walFetch, safety bool, res fetchResult) {
 	// of thousands of seqs, and looking through them after every continuation was most
 	// of the loop's time.)
 	if !full && w.plan.pacing() {
+		if w.fromLog != nil {
+			w.fromLog.fetched(res.fetched, false)
+		}
 		return
 	}
-	if w.tracker.fetched(f, res.fetched, short, w.hand.has) {
+	again := w.tracker.fetched(f, res.fetched, short, w.hand.has)
+	if w.fromLog != nil {
+		w.fromLog.fetched(res.fetched, full && short && !again)
+	}
+	if again {
 		w.plan.pace()
 		// Quick looks are for commits a full fetch's snapshot saw running; what a
 		// continuation skipped waits for the paced full fetch.
@@ -646,14 +735,24 @@ func (w *walSource) onDue(at time.Time, err error) {
 // waiting records that recorded failures left rows waiting in the table: a full fetch
 // soon, after which the relay asks when the next one comes due. Without it a message
 // whose destination was unavailable would wait for the next commit, or the safety poll.
-func (w *walSource) waiting() {
+func (w *walSource) waiting(rows []outboxdriver.WaitingRow) {
 	w.dueStale = true
 	w.plan.pace()
+	if w.fromLog != nil {
+		for _, r := range rows {
+			w.fromLog.wait(r.Seq, r.Key)
+		}
+	}
 }
 
 // gained records that the next due row may have changed (the new shards' waiting rows):
 // the next short full fetch asks the store (NextDue).
-func (w *walSource) gained() { w.dueStale = true }
+func (w *walSource) gained() {
+	w.dueStale = true
+	if w.live {
+		w.armLog() // the new shards' rows that wait, and their backlog
+	}
+}
 
 // settler returns what records outcomes recorded (or dropped) for the tracker, for a
 // record being sent now.
@@ -662,6 +761,9 @@ func (w *walSource) settler() func(seq int64) {
 	return func(seq int64) {
 		if w.tracker.settled(seq, gen) {
 			w.plan.pace()
+		}
+		if w.fromLog != nil {
+			w.fromLog.settled(seq)
 		}
 	}
 }

@@ -61,8 +61,10 @@ type WaitingReader interface {
 	// Waiting returns, of the pending messages of the given shards, those that wait (a
 	// retry backing off, or a delayed message, due or not) and every other pending
 	// message of their keys; messages without a key are left out. It returns at most
-	// limit+1 rows, in no order: more than limit says there are too many to keep.
-	Waiting(ctx context.Context, leases []Lease, limit int) ([]WaitingRow, error)
+	// limit+1 rows, in no order: more than limit says there are too many to keep. pos
+	// is the log's position when it read them: every transaction that committed before
+	// the read ends at or before pos in the stream.
+	Waiting(ctx context.Context, leases []Lease, limit int) (rows []WaitingRow, pos uint64, err error)
 }
 
 // WaitingRow is a pending message Waiting returns.

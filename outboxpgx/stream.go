@@ -719,20 +719,42 @@ func (d *walDecoder) take() outboxdriver.StreamBatch {
 var _ outboxdriver.WaitingReader = (*Driver)(nil)
 
 // Waiting implements outboxdriver.WaitingReader in one query, on the "waiting" and "key"
-// indexes.
-func (d *Driver) Waiting(ctx context.Context, leases []outboxdriver.Lease, limit int) ([]outboxdriver.WaitingRow, error) {
+// indexes, and the log's position in another when it found no row.
+func (d *Driver) Waiting(ctx context.Context, leases []outboxdriver.Lease, limit int) ([]outboxdriver.WaitingRow, uint64, error) {
 	if err := d.needPool(); err != nil {
-		return nil, err
+		return nil, 0, err
 	}
-	if len(leases) == 0 {
-		return nil, nil
+	type row struct {
+		Seq int64
+		Key string
+		Pos string
 	}
-	shards := leasedShards(leases)
-	rows, err := queryNoJIT(ctx, d, pgx.RowToStructByPos[outboxdriver.WaitingRow], d.names.Waiting(), shards, limit+1)
+	var found []row
+	var err error
+	if len(leases) > 0 {
+		found, err = queryNoJIT(ctx, d, pgx.RowToStructByPos[row], d.names.Waiting(), leasedShards(leases), limit+1)
+	}
+	pos := ""
+	if err == nil && len(found) > 0 {
+		pos = found[0].Pos
+	} else if err == nil {
+		var at []string
+		if at, err = queryNoJIT(ctx, d, pgx.RowTo[string], "SELECT pg_current_wal_lsn()::text"); err == nil {
+			pos = at[0]
+		}
+	}
 	if err != nil {
-		return nil, fmt.Errorf("waiting messages: %w", err)
+		return nil, 0, fmt.Errorf("waiting messages: %w", err)
 	}
-	return rows, nil
+	lsn, err := pglogrepl.ParseLSN(pos)
+	if err != nil {
+		return nil, 0, fmt.Errorf("waiting messages: the log's position %q: %w", pos, err)
+	}
+	rows := make([]outboxdriver.WaitingRow, len(found))
+	for i, r := range found {
+		rows[i] = outboxdriver.WaitingRow{Seq: r.Seq, Key: r.Key}
+	}
+	return rows, uint64(lsn), nil
 }
 
 // NextDue implements outboxdriver.Streamer: of the pending messages of the given shards

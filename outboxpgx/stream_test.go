@@ -681,16 +681,23 @@ func testStreamWaiting(t *testing.T, srv *testpg.Server) {
 	for i := range all {
 		all[i] = outboxdriver.Lease{Shard: i}
 	}
-	got, err := b.drv.Waiting(ctx, all, 100)
+	var before string
+	if err := b.pool.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&before); err != nil {
+		t.Fatal(err)
+	}
+	got, pos, err := b.drv.Waiting(ctx, all, 100)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if lsn, err := pglogrepl.ParseLSN(before); err != nil || pos < uint64(lsn) {
+		t.Errorf("Waiting's position %s, before it the log was at %s: want it at or past", pglogrepl.LSN(pos), before)
 	}
 	slices.SortFunc(got, func(a, b outboxdriver.WaitingRow) int { return cmp.Compare(a.Seq, b.Seq) })
 	want := []outboxdriver.WaitingRow{{Seq: first + 1, Key: "held"}, {Seq: first + 2, Key: "held"}, {Seq: first + 4, Key: "held"}}
 	if !slices.Equal(got, want) {
 		t.Errorf("Waiting: %v, want %v", got, want)
 	}
-	if got, err := b.drv.Waiting(ctx, all, 1); err != nil || len(got) != 2 {
+	if got, _, err := b.drv.Waiting(ctx, all, 1); err != nil || len(got) != 2 {
 		t.Errorf("Waiting with limit 1: %v, %v; want 2 rows (one over the limit)", got, err)
 	}
 	var heldShard int
@@ -698,8 +705,8 @@ func testStreamWaiting(t *testing.T, srv *testpg.Server) {
 		t.Fatal(err)
 	}
 	others := slices.DeleteFunc(slices.Clone(all), func(l outboxdriver.Lease) bool { return l.Shard == heldShard })
-	if got, err := b.drv.Waiting(ctx, others, 100); err != nil || len(got) != 0 {
-		t.Errorf("Waiting of the other shards: %v, %v; want none", got, err)
+	if got, pos, err := b.drv.Waiting(ctx, others, 100); err != nil || len(got) != 0 || pos == 0 {
+		t.Errorf("Waiting of the other shards: %v at %s, %v; want none, and the log's position", got, pglogrepl.LSN(pos), err)
 	}
 }
 

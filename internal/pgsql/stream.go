@@ -44,9 +44,11 @@ WHERE next_attempt_at > created_at AND next_attempt_at > now() AND shard = ANY($
 // Waiting returns the seq and key of the pending messages of the shards $1 (smallint[])
 // that wait (the "waiting" partial index's predicate: a retry or a delayed message, due
 // or not) and of every other pending message of their keys, at most $2 rows; keyless
-// ones hold nothing back and are left out.
+// ones hold nothing back and are left out. Each row carries the log's insert position
+// when the row was read (pg_current_wal_lsn, as text): past the commit of every
+// transaction the statement's snapshot sees.
 func (n *Names) Waiting() string {
-	return `SELECT o.seq, o.key FROM ` + n.Outbox + ` o
+	return `SELECT o.seq, o.key, pg_current_wal_lsn()::text FROM ` + n.Outbox + ` o
 WHERE o.key IN (SELECT w.key FROM ` + n.Outbox + ` w
                 WHERE w.next_attempt_at > w.created_at AND w.key <> '' AND w.shard = ANY($1::smallint[]))
   AND o.shard = ANY($1::smallint[])
