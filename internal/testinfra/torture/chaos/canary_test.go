@@ -117,12 +117,12 @@ func TestCanaries(t *testing.T) {
 	}, {
 		// WAL mode publishes every fresh row from the log, before its catch-up and
 		// whatever its key holds back: a row the broker cut left to a retry is overtaken
-		// by the next row of its key, and a relay killed before its acknowledgement has
-		// its successor publish again, from the log, what it had recorded.
+		// by the next row of its key.
 		bug:    broken.WALTrustAll,
 		cfg:    Config{Relays: 1, WAL: true, Kinds: []string{KindBrokerCut, KindRelayKill}},
 		want:   "order violations",
 		caught: func(r torture.Report) bool { return r.Order > 0 },
+		runs:   6, // it bit in 2 of 4 runs on 2026-11-30
 	}, {
 		// A relay serving an outboxes list publishes every outbox's messages with one
 		// route: they reach the first outbox's destination. No fault is needed.
