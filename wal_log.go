@@ -188,14 +188,11 @@ func (g *walLog) take(b outboxdriver.StreamBatch, admit func(m *Message) bool) (
 			continue
 		}
 		for i, seq := range x.Seqs {
-			m := x.Rows[i]
-			if m == nil { // unreadable: its key is not known
+			switch m := x.Rows[i]; {
+			case m == nil: // unreadable: its key is not known
 				rearm = rearm || g.state != walLogOff
-				g.top = max(g.top, seq)
-				continue
-			}
-			taken := !rearm && g.trust(x.End, m) && admit(m)
-			if !taken && g.state != walLogOff { // (arming clears them: none kept while off)
+			case !x.KeysOnly && !rearm && g.trust(x.End, m) && admit(m): // taken
+			case g.state != walLogOff: // left to the fetch path (none kept while off: arming clears them)
 				g.wait(seq, m.Key)
 			}
 			g.top = max(g.top, seq)

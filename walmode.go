@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
+	"github.com/outboxkit/outbox/internal/broken"
 	"github.com/outboxkit/outbox/outboxdriver"
 )
 
@@ -112,6 +114,9 @@ type walSource struct {
 	waiter   outboxdriver.WaitingReader
 	capacity int  // the most messages in hand (BatchSize + MaxInFlight), as the fetches keep
 	logOn    bool // fromLog was on at the last tick, as logged
+	// wholeRows is fromLog.on() as of the last tick, for the stream's goroutine: whole
+	// rows only while the log path may take them, keys only otherwise.
+	wholeRows atomic.Bool
 
 	relayID      string
 	pollInterval time.Duration
@@ -185,6 +190,7 @@ func newWALSource(cfg WALConfig, st outboxdriver.Streamer, l *loop) *walSource {
 	if wr, ok := l.r.store.(outboxdriver.WaitingReader); ok {
 		w.waiter, w.fromLog = wr, newWALLog()
 		w.capacity = l.cfg.BatchSize + l.cfg.MaxInFlight
+		w.wholeRows.Store(broken.Has(broken.WALTrustAll))
 	}
 	return w
 }
@@ -354,7 +360,7 @@ func (w *walSource) stream(ctx context.Context, gen uint64, token int64) {
 		}
 	}
 	req := outboxdriver.StreamRequest{RelayID: w.relayID, Slot: w.cfg.Slot, Publication: w.cfg.Publication, Token: token, Acks: w.acks,
-		Rows: w.fromLog != nil}
+		Rows: w.rowsWanted()}
 	record := func(state outboxdriver.StreamState, reason outboxdriver.StreamReason) {
 		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
@@ -522,6 +528,14 @@ func (w *walSource) onBatch(b outboxdriver.StreamBatch) {
 	}
 }
 
+// rowsWanted is StreamRequest.Rows for the log path, nil without it.
+func (w *walSource) rowsWanted() func() bool {
+	if w.fromLog == nil {
+		return nil
+	}
+	return w.wholeRows.Load
+}
+
 // admit brings m, a row the log path takes, into hand as a fetched row: if the hand has
 // room, m's shard is held and may be fetched, and its lane takes it.
 func (w *walSource) admit(m *Message) bool {
@@ -550,6 +564,7 @@ func (w *walSource) news() <-chan func() { return w.notes }
 func (w *walSource) tick(now time.Time) {
 	if w.fromLog != nil && w.fromLog.on() != w.logOn {
 		w.logOn = !w.logOn
+		w.wholeRows.Store(w.logOn || broken.Has(broken.WALTrustAll)) // the canary takes rows whenever it can
 		if w.logOn {
 			w.log.Debug("WAL stream: publishing fresh messages from the log")
 		} else {

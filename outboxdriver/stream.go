@@ -103,9 +103,11 @@ type StreamRequest struct {
 	Acks <-chan StreamAck
 	// StatusInterval is the longest time between two status updates; zero means 10 s.
 	StatusInterval time.Duration
-	// Rows asks for the rows the transactions inserted as well as their seqs
-	// (StreamTxn.Rows), for the relay to publish from the log.
-	Rows bool
+	// Rows, when set, asks for the rows the transactions inserted as well as their seqs
+	// (StreamTxn.Rows), for the relay to publish from the log: whole rows for a
+	// transaction that begins while Rows returns true, each row's seq and key only
+	// (StreamTxn.KeysOnly) while it returns false. It is called from Stream's goroutine.
+	Rows func() bool
 }
 
 // StreamAck is a position the relay vouches for, valid until Until (the relay's local
@@ -148,6 +150,9 @@ type StreamTxn struct {
 	// transaction's rows were over the Streamer's memory budget (it says what that is)
 	// or Bulk: the relay fetches those.
 	Rows []*outboxtype.Message
+	// KeysOnly says that Rows hold only each message's Seq and Key (StreamRequest.Rows
+	// returned false when the transaction began).
+	KeysOnly bool
 }
 
 // StreamError says why Stream stopped. Reason is one of the StreamReason constants.

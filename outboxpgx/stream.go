@@ -521,6 +521,7 @@ type walDecoder struct {
 	schema, table string      // the outbox table: only inserts into it count
 	max           int         // the most seqs a transaction keeps
 	types         *pgtype.Map // decodes the rows' columns; nil: seqs only (StreamRequest.Rows)
+	whole         func() bool // StreamRequest.Rows: whole rows, or keys only
 	txnBytesMax   int         // StreamTxnRowBytesMax
 	batchBytesMax int         // StreamBatchRowBytesMax
 
@@ -538,15 +539,17 @@ type walDecoder struct {
 // walRelation is what the decoder knows of a relation the stream described.
 type walRelation struct {
 	seq  int         // the index of its seq column; -1 for another table
+	key  int         // the index of its key column, when cols is set
 	cols []walColumn // the outbox table's columns, when rows are decoded and it has all a message needs
 }
 
 // newWALDecoder returns a decoder of the inserts into schema.table that keeps at most max
-// seqs of a transaction, and decodes the rows too when rows is set.
-func newWALDecoder(schema, table string, max int, rows bool) walDecoder {
+// seqs of a transaction, and decodes the rows too when rows is set: whole while it
+// returns true, keys only while it returns false.
+func newWALDecoder(schema, table string, max int, rows func() bool) walDecoder {
 	d := walDecoder{schema: schema, table: table, max: max, rels: map[uint32]walRelation{},
-		txnBytesMax: StreamTxnRowBytesMax, batchBytesMax: StreamBatchRowBytesMax}
-	if rows {
+		txnBytesMax: StreamTxnRowBytesMax, batchBytesMax: StreamBatchRowBytesMax, whole: rows}
+	if rows != nil {
 		d.types = pgtype.NewMap()
 	}
 	return d
@@ -561,6 +564,7 @@ func (d *walDecoder) decode(m pglogrepl.Message) error {
 			return errors.New("a Begin inside a transaction")
 		}
 		d.open, d.txn, d.n, d.noRows, d.txnBytes = true, outboxdriver.StreamTxn{Xid: m.Xid}, 0, d.types == nil, 0
+		d.txn.KeysOnly = d.whole != nil && !d.whole()
 	case *pglogrepl.RelationMessage:
 		return d.relation(m)
 	case *pglogrepl.InsertMessage:
@@ -586,6 +590,11 @@ func (d *walDecoder) relation(m *pglogrepl.RelationMessage) error {
 			r := walRelation{seq: i}
 			if d.types != nil {
 				r.cols = rowColumns(m)
+				for j, c := range r.cols {
+					if c.field == fieldKey {
+						r.key = j
+					}
+				}
 			}
 			d.rels[m.RelationID] = r
 			return nil
@@ -629,13 +638,23 @@ func (d *walDecoder) insert(m *pglogrepl.InsertMessage) error {
 	if d.noRows {
 		return nil
 	}
-	size := tupleBytes(m.Tuple)
+	row, size := (*outbox.Message)(nil), 0
+	switch {
+	case rel.cols == nil:
+	case t.KeysOnly:
+		row, size = keyRow(seq, rel.key, m.Tuple)
+	default:
+		size = tupleBytes(m.Tuple)
+	}
 	if rel.cols == nil || d.txnBytes+size > d.txnBytesMax || d.outBytes+d.txnBytes+size > d.batchBytesMax {
 		d.dropRows()
 		return nil
 	}
+	if !t.KeysOnly {
+		row = decodeRow(d.types, rel.cols, m.Tuple)
+	}
 	d.txnBytes += size
-	t.Rows = append(t.Rows, decodeRow(d.types, rel.cols, m.Tuple))
+	t.Rows = append(t.Rows, row)
 	return nil
 }
 

@@ -89,6 +89,20 @@ func tupleBytes(t *pglogrepl.TupleData) int {
 	return n
 }
 
+// keyRow returns the message of an insert into the outbox table with its seq and key
+// alone (the key column at index key, as text or binary: both are its UTF-8 bytes), and
+// its size for the budgets; nil when the key cannot be read.
+func keyRow(seq int64, key int, t *pglogrepl.TupleData) (*outbox.Message, int) {
+	if key >= len(t.Columns) {
+		return nil, 0
+	}
+	c := t.Columns[key]
+	if c.DataType != pglogrepl.TupleDataTypeBinary && c.DataType != pglogrepl.TupleDataTypeText {
+		return nil, 0
+	}
+	return &outbox.Message{Seq: seq, Key: string(c.Data)}, len(c.Data)
+}
+
 // decodeRow returns the message of an insert into the outbox table, as the store's fetch
 // would return it, with DeliverAt set when the row waits (its next attempt is not at its
 // creation: a delayed message, or a retry a ring move inserted again), or nil for a row

@@ -151,7 +151,7 @@ func TestStreamDecoder(t *testing.T) {
 			wantErr: "not past"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			d := newWALDecoder("public", "outbox", cmp.Or(tc.max, StreamTxnSeqsMax), false)
+			d := newWALDecoder("public", "outbox", cmp.Or(tc.max, StreamTxnSeqsMax), nil)
 			var err error
 			for _, step := range tc.steps {
 				if err = step(&d); err != nil {
@@ -250,6 +250,7 @@ func TestStreamDecoderRows(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
 		off      bool // rows not asked for
+		keys     bool // keys only asked for
 		max      int
 		txnMax   int
 		batchMax int
@@ -259,6 +260,9 @@ func TestStreamDecoderRows(t *testing.T) {
 		{name: "fresh rows, as fetched; an empty key's shard is its id's",
 			steps: []decodeStep{rowsRel(), stepBegin(), rowStep(7, "k", `{"a":1}`), rowStep(8, "", `{}`), stepCommit(100)},
 			want:  []want{{seqs: []int64{7, 8}, rows: []*outbox.Message{msg(7, "k", `{"a":1}`, 3), msg(8, "", `{}`, 3)}}}},
+		{name: "keys only: each row's seq and key", keys: true,
+			steps: []decodeStep{rowsRel(), stepBegin(), rowStep(7, "k", "x"), rowStep(8, "", "y"), stepCommit(100)},
+			want:  []want{{seqs: []int64{7, 8}, rows: []*outbox.Message{{Seq: 7, Key: "k"}, {Seq: 8}}}}},
 		{name: "rows not asked for", off: true,
 			steps: []decodeStep{rowsRel(), stepBegin(), rowStep(7, "k", "x"), stepCommit(100)},
 			want:  []want{{seqs: []int64{7}}}},
@@ -291,7 +295,11 @@ func TestStreamDecoderRows(t *testing.T) {
 			want:  []want{{}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			d := newWALDecoder("public", "outbox", cmp.Or(tc.max, StreamTxnSeqsMax), !tc.off)
+			var rows func() bool
+			if !tc.off {
+				rows = func() bool { return !tc.keys }
+			}
+			d := newWALDecoder("public", "outbox", cmp.Or(tc.max, StreamTxnSeqsMax), rows)
 			d.txnBytesMax, d.batchBytesMax = cmp.Or(tc.txnMax, d.txnBytesMax), cmp.Or(tc.batchMax, d.batchBytesMax)
 			for _, step := range tc.steps {
 				if err := step(&d); err != nil {
@@ -304,6 +312,9 @@ func TestStreamDecoderRows(t *testing.T) {
 			}
 			for i, w := range tc.want {
 				got := b.Txns[i]
+				if got.KeysOnly != tc.keys {
+					t.Errorf("transaction %d: KeysOnly %v, want %v", i, got.KeysOnly, tc.keys)
+				}
 				if !slices.Equal(got.Seqs, w.seqs) {
 					t.Errorf("transaction %d: seqs %v, want %v", i, got.Seqs, w.seqs)
 				}
@@ -599,7 +610,7 @@ func testStreamRows(t *testing.T, srv *testpg.Server) {
 		t.Fatal(err)
 	}
 	b.commit(t, tx)
-	r := b.stream(t, outboxdriver.StreamRequest{Rows: true})
+	r := b.stream(t, outboxdriver.StreamRequest{Rows: func() bool { return true }})
 	got := r.awaitTxns(t, 2)
 
 	rows, err := b.pool.Query(ctx, `SELECT `+pgsql.ReadColumns("")+`, priority FROM `+b.quoted()+`.outbox ORDER BY seq`)
