@@ -12,6 +12,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/kinesis/types"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/testinfra/nodechild"
 	"github.com/outboxkit/outbox/internal/testinfra/testenv"
 	"github.com/outboxkit/outbox/internal/testinfra/testkinesis"
 	"github.com/outboxkit/outbox/internal/testinfra/testproxy"
@@ -35,7 +36,7 @@ func TestConformance(t *testing.T) {
 			t.Cleanup(pub.Close)
 			return pub
 		},
-		Read: func(t *testing.T, stream string, n int) []conformance.Received { return read(t, direct, stream, n) },
+		Read: func(t *testing.T, stream string, n int) []conformance.Received { return read(t, srv, direct, stream, n) },
 		Reject: func(t *testing.T, dest string) *outbox.Message {
 			// Over Config.MaxRecordBytes: refused before it is sent.
 			return &outbox.Message{ID: outbox.NewID(), Topic: "big", Key: "big", ContentType: outbox.ContentTypeBinary,
@@ -50,14 +51,17 @@ func TestConformance(t *testing.T) {
 
 // read reads every shard of stream from its start until it has n records, or until
 // their number stops growing for testenv.Stall(); a key's records are in one shard, in
-// order.
-func read(t *testing.T, c *kinesis.Client, stream string, n int) []conformance.Received {
+// order. It fails at once, with what the emulator said, if srv's process has exited.
+func read(t *testing.T, srv *nodechild.Server, c *kinesis.Client, stream string, n int) []conformance.Received {
 	t.Helper()
 	var got []conformance.Received
 	err := testenv.Progress(context.Background(), fmt.Sprintf("%d records in %s", n, stream), testenv.Stall(), func() (any, bool) {
 		ctx, cancel := testenv.CallContext()
 		defer cancel()
 		got = got[:0]
+		if srv.Exited() {
+			t.Fatalf("kinesalite exited; its standard error:\n%s", srv.Stderr())
+		}
 		shards, err := c.ListShards(ctx, &kinesis.ListShardsInput{StreamName: aws.String(stream)})
 		if err != nil {
 			return err, false

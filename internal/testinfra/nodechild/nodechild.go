@@ -150,5 +150,15 @@ func (s *Server) Stop() {
 	s.cmd = nil
 }
 
+// Exited reports whether the server's process has exited (Stop, or a crash).
+func (s *Server) Exited() bool {
+	select {
+	case <-s.done:
+		return true
+	default:
+		return false
+	}
+}
+
 // Stderr returns what the server wrote on its standard error so far.
 func (s *Server) Stderr() string { return s.log.String() }
