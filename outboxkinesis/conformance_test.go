@@ -36,7 +36,9 @@ func TestConformance(t *testing.T) {
 			t.Cleanup(pub.Close)
 			return pub
 		},
-		Read: func(t *testing.T, stream string, n int) []conformance.Received { return read(t, srv, direct, stream, n) },
+		Read: func(t *testing.T, stream string, n int) []conformance.Received {
+			return read(t, srv, direct, stream, n)
+		},
 		Reject: func(t *testing.T, dest string) *outbox.Message {
 			// Over Config.MaxRecordBytes: refused before it is sent.
 			return &outbox.Message{ID: outbox.NewID(), Topic: "big", Key: "big", ContentType: outbox.ContentTypeBinary,
