@@ -323,15 +323,24 @@ func (w *walSource) armLog() {
 	gen := w.fromLog.arm()
 	w.plan.wantFull()
 	leases := w.leases.active()
+	w.ask(func(ctx context.Context) func() {
+		rows, pos, err := w.waiter.Waiting(ctx, leases, walWaitsMax)
+		return func() { w.onWaiting(gen, rows, pos, err) }
+	})
+}
+
+// ask runs call on a goroutine of its own, under the source's context and a 30 s bound,
+// and hands what it returns to the loop (notes).
+func (w *walSource) ask(call func(ctx context.Context) func()) {
 	ctx := w.ctx
 	w.bg.Add(1)
 	go func() {
 		defer w.bg.Done()
 		qctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		defer cancel()
-		rows, pos, err := w.waiter.Waiting(qctx, leases, walWaitsMax)
+		answer := call(qctx)
 		select {
-		case w.notes <- func() { w.onWaiting(gen, rows, pos, err) }:
+		case w.notes <- answer:
 		case <-ctx.Done():
 		}
 	}()
@@ -717,18 +726,10 @@ func (w *walSource) nextDue(leases []outboxdriver.Lease) {
 		return
 	}
 	w.dueBusy = true
-	ctx := w.ctx
-	w.bg.Add(1)
-	go func() {
-		defer w.bg.Done()
-		qctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		defer cancel()
-		at, err := w.st.NextDue(qctx, leases)
-		select {
-		case w.notes <- func() { w.onDue(at, err) }:
-		case <-ctx.Done():
-		}
-	}()
+	w.ask(func(ctx context.Context) func() {
+		at, err := w.st.NextDue(ctx, leases)
+		return func() { w.onDue(at, err) }
+	})
 }
 
 // onDue takes NextDue's answer: when the next waiting row comes due (zero: none).

@@ -561,17 +561,7 @@ func testStreamRingMove(t *testing.T, srv *testpg.Server) {
 	a := b.write(t, "a")
 	r := b.stream(t, outboxdriver.StreamRequest{})
 	r.awaitTxns(t, 1)
-	moved := 0
-	testenv.Await(t, "the ring to move the pending row", func() (any, bool) {
-		ctx, cancel := testenv.CallContext()
-		defer cancel()
-		rc, err := b.drv.Recycle(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		moved += rc.Moved
-		return fmt.Sprintf("%+v", rc), moved > 0
-	})
+	b.awaitRingMove(t)
 	z := b.write(t, "z")
 	got := r.awaitTxns(t, 3)
 	if len(got) != 3 || !slices.Equal(got[0].Seqs, a) || !slices.Equal(got[1].Seqs, a) || !slices.Equal(got[2].Seqs, z) {
@@ -643,17 +633,7 @@ func testStreamRows(t *testing.T, srv *testpg.Server) {
 	// waits. (The bulky ones go first, which the publication does not publish, so the
 	// move's rows fit the budget.)
 	b.exec(t, `DELETE FROM %s.outbox WHERE topic = 'big'`)
-	moved := 0
-	testenv.Await(t, "the ring to move the pending rows", func() (any, bool) {
-		ctx, cancel := testenv.CallContext()
-		defer cancel()
-		rc, err := b.drv.Recycle(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		moved += rc.Moved
-		return fmt.Sprintf("%+v", rc), moved > 0
-	})
+	b.awaitRingMove(t)
 	all := r.awaitTxns(t, 3)
 	seen := false
 	for _, x := range all[2:] {
@@ -1016,6 +996,23 @@ func streamPool(t *testing.T, url string) *pgxpool.Pool {
 	}
 	t.Cleanup(pool.Close)
 	return pool
+}
+
+// awaitRingMove recycles the pending ring until it moved a pending row (RotateRows 1
+// retires the bucket that holds it).
+func (b *streamBundle) awaitRingMove(t *testing.T) {
+	t.Helper()
+	moved := 0
+	testenv.Await(t, "the ring to move the pending rows", func() (any, bool) {
+		ctx, cancel := testenv.CallContext()
+		defer cancel()
+		rc, err := b.drv.Recycle(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		moved += rc.Moved
+		return fmt.Sprintf("%+v", rc), moved > 0
+	})
 }
 
 func (b *streamBundle) quoted() string { return `"` + b.schema + `"` }
