@@ -827,13 +827,13 @@ func (l *loop) onComplete(res completeResult) {
 		refused[s] = true
 	}
 	c, again := l.refusedFromLog(c, refused)
-	var waiting []outboxdriver.WaitingRow          // the rows the failures leave waiting in the table
 	if n := len(res.refused) - len(again); n > 0 { // those recorded again are not counted yet
 		l.r.stats.refused.Add(int64(n))
 		l.log.Warn("outcomes refused: the lease moved to another relay, which will publish these messages again",
 			"refused", n)
 	}
 	var published, retried, dead int
+	var waiting []outboxdriver.WaitingRow // the rows left pending in the table, holding their keys back
 	for _, o := range c.Published {
 		if refused[o.Seq] && l.hand.fromLog(o.Seq) { // see refusedFromLog
 			key := l.hand.settle(o.Seq)
@@ -876,7 +876,7 @@ func (l *loop) onComplete(res completeResult) {
 			waiting = append(waiting, outboxdriver.WaitingRow{Seq: seq, Key: ln.key})
 		}
 	}
-	if retried > 0 || len(waiting) > 0 {
+	if len(waiting) > 0 {
 		l.src.waiting(waiting)
 	}
 	if len(again) > 0 {
