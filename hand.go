@@ -176,7 +176,7 @@ func (h *hand) fetched(msgs []*Message, admit func(m *Message) (token int64, ok 
 		if (ln != nil && ln.failed) || taint[key] {
 			continue // the key's failure was not yet recorded when this fetch began
 		}
-		h.add(key, ln, m, token)
+		h.add(key, ln, m, token, false)
 	}
 }
 
@@ -194,24 +194,22 @@ func (h *hand) streamed(m *Message, token int64) bool {
 	if h.taint[key] || (ln != nil && (ln.failed || (len(ln.queue) > 0 && ln.queue[len(ln.queue)-1].m.Seq >= m.Seq))) {
 		return false
 	}
-	h.add(key, ln, m, token)
-	in := h.known[m.Seq]
-	in.fromLog = true
-	h.known[m.Seq] = in
+	h.add(key, ln, m, token, true)
 	return true
 }
 
 // fromLog reports whether the message in hand with seq came from the WAL stream.
 func (h *hand) fromLog(seq int64) bool { return h.known[seq].fromLog }
 
-// add appends m, fetched under token, to the lane of key (ln, nil when there is none).
-func (h *hand) add(key string, ln *lane, m *Message, token int64) {
+// add appends m, fetched under token (or from the WAL stream: fromLog), to the lane of
+// key (ln, nil when there is none).
+func (h *hand) add(key string, ln *lane, m *Message, token int64, fromLog bool) {
 	if ln == nil {
 		ln = &lane{key: key, shard: m.Shard}
 		h.lanes[key] = ln
 	}
 	ln.queue = append(ln.queue, &item{m: m, token: token})
-	h.known[m.Seq] = inHand{shard: m.Shard, key: m.Key, prio: m.Priority > 0}
+	h.known[m.Seq] = inHand{shard: m.Shard, key: m.Key, prio: m.Priority > 0, fromLog: fromLog}
 	if m.Priority > 0 {
 		h.prio++
 	}

@@ -834,14 +834,24 @@ func (l *loop) onComplete(res completeResult) {
 	}
 	var published, retried, dead int
 	var waiting []outboxdriver.WaitingRow // the rows left pending in the table, holding their keys back
+	// settle takes seq out of hand and resolves it for the fetch source, but for a message
+	// from the log whose record was refused (refusedFromLog): it is left waiting, its seq
+	// open (ok false).
+	settle := func(seq int64) (key string, ok bool) {
+		fromLog := refused[seq] && l.hand.fromLog(seq)
+		key = l.hand.settle(seq)
+		if fromLog {
+			waiting = append(waiting, outboxdriver.WaitingRow{Seq: seq, Key: key})
+			return key, false
+		}
+		res.settle(seq)
+		return key, true
+	}
 	for _, o := range c.Published {
-		if refused[o.Seq] && l.hand.fromLog(o.Seq) { // see refusedFromLog
-			key := l.hand.settle(o.Seq)
-			waiting = append(waiting, outboxdriver.WaitingRow{Seq: o.Seq, Key: key})
+		key, ok := settle(o.Seq)
+		if !ok {
 			continue
 		}
-		key := l.hand.settle(o.Seq)
-		res.settle(o.Seq)
 		if !refused[o.Seq] {
 			published++
 			l.floors.raise(key, o.Seq)
@@ -849,26 +859,19 @@ func (l *loop) onComplete(res completeResult) {
 	}
 	l.r.stats.published.Add(int64(published))
 	for _, f := range c.Failed {
-		if refused[f.Seq] && l.hand.fromLog(f.Seq) { // see refusedFromLog
-			key := l.hand.settle(f.Seq)
-			waiting = append(waiting, outboxdriver.WaitingRow{Seq: f.Seq, Key: key})
-			continue
-		}
-		key := l.hand.settle(f.Seq)
-		res.settle(f.Seq)
+		key, ok := settle(f.Seq)
 		switch {
-		case refused[f.Seq]:
+		case !ok || refused[f.Seq]:
 		case f.Dead:
 			dead++
 			l.floors.raise(key, f.Seq)
 			l.r.stats.dead.Add(1)
-		case f.Deferred:
+		default: // a retry, counted or deferred: the row waits in the table
 			retried++
 			waiting = append(waiting, outboxdriver.WaitingRow{Seq: f.Seq, Key: key})
-		default:
-			retried++
-			waiting = append(waiting, outboxdriver.WaitingRow{Seq: f.Seq, Key: key})
-			l.r.stats.rejected.Add(1)
+			if !f.Deferred {
+				l.r.stats.rejected.Add(1)
+			}
 		}
 	}
 	for _, ln := range res.lanes { // the rows of the key a failure dropped: pending, behind it
