@@ -93,13 +93,15 @@ type WALObserver interface {
 
 // WALStreamEvent: the relay began (Reading) or stopped reading the replication slot; a
 // heartbeat it wrote into the log came back through the stream (Beat, when it arrived);
-// the stream stayed silent too long and the relay opens it again (Silent); or the slot
-// was lost or missing and the relay made it anew (Recreated).
+// the stream stayed silent too long and the relay opens it again (Silent); the slot
+// was lost or missing and the relay made it anew (Recreated); or the relay took messages
+// from the stream to publish without fetching them (FromLog, how many).
 type WALStreamEvent struct {
 	Reading   bool
 	Beat      time.Time
 	Silent    bool
 	Recreated bool
+	FromLog   int
 }
 
 // NopObserver implements Observer with methods that do nothing.

@@ -832,7 +832,8 @@ func (l *loop) onComplete(res completeResult) {
 		l.log.Warn("outcomes refused: the lease moved to another relay, which will publish these messages again",
 			"refused", n)
 	}
-	var published, retried, dead int
+	var retried, dead int
+	var published []int64                 // the seqs published, gone from the table
 	var waiting []outboxdriver.WaitingRow // the rows left pending in the table, holding their keys back
 	// settle takes seq out of hand and resolves it for the fetch source, but for a message
 	// from the log whose record was refused (refusedFromLog): it is left waiting, its seq
@@ -853,11 +854,11 @@ func (l *loop) onComplete(res completeResult) {
 			continue
 		}
 		if !refused[o.Seq] {
-			published++
+			published = append(published, o.Seq)
 			l.floors.raise(key, o.Seq)
 		}
 	}
-	l.r.stats.published.Add(int64(published))
+	l.r.stats.published.Add(int64(len(published)))
 	for _, f := range c.Failed {
 		key, ok := settle(f.Seq)
 		switch {
@@ -879,14 +880,12 @@ func (l *loop) onComplete(res completeResult) {
 			waiting = append(waiting, outboxdriver.WaitingRow{Seq: seq, Key: ln.key})
 		}
 	}
-	if len(waiting) > 0 {
-		l.src.waiting(waiting)
-	}
+	l.src.recorded(published, waiting)
 	if len(again) > 0 {
 		l.outcomes.again(again, time.Now().Add(logRefusedDelay<<(l.logRefusals[again[0].Seq]-1)))
 	}
 	if len(c.Published)+len(c.Failed)+res.dropped > 0 {
-		l.cfg.Observer.RecordDone(RecordEvent{Published: published, Retried: retried, Dead: dead, Refused: len(res.refused) - len(again) + res.dropped, Took: res.took})
+		l.cfg.Observer.RecordDone(RecordEvent{Published: len(published), Retried: retried, Dead: dead, Refused: len(res.refused) - len(again) + res.dropped, Took: res.took})
 	}
 	l.hand.failureRecorded(res.lanes)
 	// Draining shards may now be empty: release them soon.

@@ -37,9 +37,10 @@ type fetchSource interface {
 	leased(st outboxdriver.LeaseState, started time.Time)
 	// gained records shards gained.
 	gained()
-	// waiting records that recorded failures left rows waiting in the table: rows, with
-	// the rows of their keys the hand let go of with them.
-	waiting(rows []outboxdriver.WaitingRow)
+	// recorded takes what a record of outcomes left: the seqs published (gone from the
+	// table), and the rows recorded failures left waiting in the table, with the rows of
+	// their keys the hand let go of with them.
+	recorded(published []int64, waiting []outboxdriver.WaitingRow)
 
 	// fetch returns the fetch to run for req, which the loop sends now.
 	fetch(req *outboxdriver.FetchRequest) fetchRun
@@ -78,16 +79,16 @@ type pollSource struct {
 	store outboxdriver.Store
 }
 
-func (pollSource) start(context.Context, *sync.WaitGroup) {}
-func (pollSource) polling() bool                          { return true }
-func (pollSource) arrivals() <-chan func()                { return nil }
-func (pollSource) news() <-chan func()                    { return nil }
-func (pollSource) tick(time.Time)                         {}
-func (pollSource) wakeAt() time.Time                      { return time.Time{} }
-func (pollSource) gained()                                {}
-func (pollSource) waiting([]outboxdriver.WaitingRow)      {}
-func (pollSource) settler() func(seq int64)               { return func(int64) {} }
-func (pollSource) stop(string)                            {}
+func (pollSource) start(context.Context, *sync.WaitGroup)      {}
+func (pollSource) polling() bool                               { return true }
+func (pollSource) arrivals() <-chan func()                     { return nil }
+func (pollSource) news() <-chan func()                         { return nil }
+func (pollSource) tick(time.Time)                              {}
+func (pollSource) wakeAt() time.Time                           { return time.Time{} }
+func (pollSource) gained()                                     {}
+func (pollSource) recorded([]int64, []outboxdriver.WaitingRow) {}
+func (pollSource) settler() func(seq int64)                    { return func(int64) {} }
+func (pollSource) stop(string)                                 {}
 
 func (pollSource) leaseRequest(*outboxdriver.LeaseRequest, bool, time.Time) {}
 func (pollSource) leased(outboxdriver.LeaseState, time.Time)                {}

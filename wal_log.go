@@ -68,13 +68,21 @@ type walLog struct {
 
 	waits map[int64]string // rows pending in the table that the log path did not take: seq → key
 	keys  map[string]int   // the number of waits per key
+	// ahead holds the rows recorded as published before the stream announced them (a
+	// fetch read them first, as in a catch-up), so that their announcement leaves no wait:
+	// a published row is never pending again (only dead letters are replayed, only
+	// pending rows are moved). heard is the highest seq the stream announced: a row
+	// published at or below it was announced already. At walWaitsMax rows ahead is
+	// forgotten; their announcements then wait until the next arming clears them.
+	ahead map[int64]struct{}
+	heard int64
 	// While the read of the rows that wait is out, the seqs recorded meanwhile: the read
 	// may have seen them pending.
 	settledDuringRead map[int64]bool
 }
 
 func newWALLog() *walLog {
-	return &walLog{waits: map[int64]string{}, keys: map[string]int{}}
+	return &walLog{waits: map[int64]string{}, keys: map[string]int{}, ahead: map[int64]struct{}{}}
 }
 
 // arm turns the log path off until the catch-up, and returns the arming's generation:
@@ -175,6 +183,29 @@ func (g *walLog) settled(seq int64) {
 	}
 }
 
+// published records the rows whose publishing was recorded (and not refused).
+func (g *walLog) published(seqs []int64) {
+	for _, seq := range seqs {
+		if seq <= g.heard {
+			continue
+		}
+		if len(g.ahead) >= walWaitsMax {
+			clear(g.ahead)
+		}
+		g.ahead[seq] = struct{}{}
+	}
+}
+
+// leftToFetch records that the stream announced the row seq of key and the log path did
+// not take it: it waits, unless it was published already.
+func (g *walLog) leftToFetch(seq int64, key string) {
+	if _, ok := g.ahead[seq]; ok {
+		delete(g.ahead, seq)
+		return
+	}
+	g.wait(seq, key)
+}
+
 // take brings into hand the rows of b the log path takes, in stream order, and records
 // the others as waits. admit brings a message into hand now, as a fetched row, if its
 // shard is held, its lane did not fail and holds only lower seqs, and reports whether it
@@ -184,7 +215,7 @@ func (g *walLog) take(b outboxdriver.StreamBatch, admit func(m *Message) bool) (
 	for _, x := range b.Txns {
 		if x.Bulk || (x.Rows == nil && len(x.Seqs) > 0) {
 			rearm = rearm || g.state != walLogOff
-			g.top = max(g.top, x.Hi)
+			g.top, g.heard = max(g.top, x.Hi), max(g.heard, x.Hi)
 			continue
 		}
 		for i, seq := range x.Seqs {
@@ -193,9 +224,9 @@ func (g *walLog) take(b outboxdriver.StreamBatch, admit func(m *Message) bool) (
 				rearm = rearm || g.state != walLogOff
 			case !x.KeysOnly && !rearm && g.trust(x.End, m) && admit(m): // taken
 			case g.state != walLogOff: // left to the fetch path (none kept while off: arming clears them)
-				g.wait(seq, m.Key)
+				g.leftToFetch(seq, m.Key)
 			}
-			g.top = max(g.top, seq)
+			g.top, g.heard = max(g.top, seq), max(g.heard, seq)
 		}
 	}
 	return rearm

@@ -209,3 +209,26 @@ func TestWALLogWaitsBounded(t *testing.T) {
 		t.Fatalf("state %d with %d waits; want off", g.state, len(g.waits))
 	}
 }
+
+// A row recorded as published before the stream announced it (a fetch read it first)
+// leaves no wait when its announcement comes; a row retried or dead-lettered does, and a
+// row published after its announcement leaves nothing behind.
+func TestWALLogPublishedAhead(t *testing.T) {
+	g := onLog(t, 0)
+	g.published([]int64{5})
+	retried := logRow(6, "r")
+	retried.Attempts = 1 // not taken: left to the fetch path
+	if got, _ := takeSeqs(g, map[int64]bool{5: true, 7: true}, logTxn(10, logRow(5, "a"), retried, logRow(7, "b"))); len(got) != 0 {
+		t.Fatalf("taken %v; want none", got)
+	}
+	if g.keys["a"] != 0 || g.keys["r"] != 1 || g.keys["b"] != 1 || len(g.ahead) != 0 {
+		t.Fatalf("waits per key %v, ahead %v; want none for a (published), one for r and b", g.keys, g.ahead)
+	}
+	g.published([]int64{8, 7}) // 7 was announced: nothing kept for it
+	if _, ok := g.ahead[7]; ok || len(g.ahead) != 1 {
+		t.Fatalf("ahead %v; want 8 alone", g.ahead)
+	}
+	if got, _ := takeSeqs(g, nil, logTxn(20, logRow(9, "a"))); !slices.Equal(got, []int64{9}) {
+		t.Fatalf("taken %v; want [9]: its key holds nothing back", got)
+	}
+}

@@ -114,6 +114,7 @@ type walSource struct {
 	waiter   outboxdriver.WaitingReader
 	capacity int  // the most messages in hand (BatchSize + MaxInFlight), as the fetches keep
 	logOn    bool // fromLog was on at the last tick, as logged
+	admitted int  // rows the log path took into hand from the batch being read
 	// wholeRows is fromLog.on() as of the last tick, for the stream's goroutine: whole
 	// rows only while the log path may take them, keys only otherwise.
 	wholeRows atomic.Bool
@@ -520,6 +521,10 @@ func (w *walSource) onBatch(b outboxdriver.StreamBatch) {
 		if w.fromLog.take(b, w.admit) {
 			w.armLog()
 		}
+		if w.admitted > 0 {
+			w.observe(WALStreamEvent{Reading: w.live, FromLog: w.admitted})
+			w.admitted = 0
+		}
 	}
 	switch w.tracker.add(b, w.plan.at(), w.hand.has) {
 	case walWantFull:
@@ -552,7 +557,11 @@ func (w *walSource) admit(m *Message) bool {
 		return false
 	}
 	token := w.leases.tokenOf(m.Shard)
-	return token != 0 && w.leases.fetchable(m.Shard, token) && w.hand.streamed(m, token)
+	if token == 0 || !w.leases.fetchable(m.Shard, token) || !w.hand.streamed(m, token) {
+		return false
+	}
+	w.admitted++
+	return true
 }
 
 // arrivals is the stream's batches, or nil (the loop does not read them) while too many
@@ -748,14 +757,22 @@ func (w *walSource) onDue(at time.Time, err error) {
 	}
 }
 
-// waiting records that recorded failures left rows waiting in the table: a full fetch
-// soon, after which the relay asks when the next one comes due. Without it a message
-// whose destination was unavailable would wait for the next commit, or the safety poll.
-func (w *walSource) waiting(rows []outboxdriver.WaitingRow) {
+// recorded takes what a record left. Rows left waiting in the table: a full fetch soon,
+// after which the relay asks when the next one comes due (without it a message whose
+// destination was unavailable would wait for the next commit, or the safety poll), and
+// the log path leaves their keys to the fetch path. Rows published: the log path leaves
+// no wait for them when the stream announces them late.
+func (w *walSource) recorded(published []int64, waiting []outboxdriver.WaitingRow) {
+	if w.fromLog != nil {
+		w.fromLog.published(published)
+	}
+	if len(waiting) == 0 {
+		return
+	}
 	w.dueStale = true
 	w.plan.pace()
 	if w.fromLog != nil {
-		for _, r := range rows {
+		for _, r := range waiting {
 			w.fromLog.wait(r.Seq, r.Key)
 		}
 	}

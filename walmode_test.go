@@ -313,7 +313,7 @@ func TestWALSourceWaitingRowsComeDue(t *testing.T) {
 			t.Fatalf("a row come due: full fetch asked %v, next due stale %v; want both", h.plan.want, h.w.dueStale)
 		}
 		// A failure recorded leaves a row waiting: the due time is asked again.
-		h.w.waiting(nil)
+		h.w.recorded(nil, []outboxdriver.WaitingRow{{Seq: 1, Key: "k"}})
 		h.fullFetch(false)
 		if _, dues := h.st.counts(); dues != 2 {
 			t.Fatalf("NextDue called %d times after a failure was recorded, want 2", dues)

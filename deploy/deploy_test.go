@@ -102,6 +102,7 @@ var knownMetrics = map[string]bool{
 	"outbox_wal_heartbeat_timestamp_seconds":     false,
 	"outbox_wal_silent_reopens_total":            false,
 	"outbox_wal_slot_recreations_total":          false,
+	"outbox_wal_log_messages_total":              false,
 }
 
 // baseMetric returns the metric a series name belongs to, and whether it is known.

@@ -53,13 +53,15 @@ func TestWALRelay(t *testing.T) {
 	}
 }
 
-// fetchCounter counts the relay's fetches.
+// fetchCounter counts the relay's fetches, and the messages it took from the log.
 type fetchCounter struct {
 	outbox.NopObserver
-	n atomic.Int64
+	n, fromLog atomic.Int64
 }
 
 func (c *fetchCounter) FetchDone(outbox.FetchEvent) { c.n.Add(1) }
+
+func (c *fetchCounter) WALStream(e outbox.WALStreamEvent) { c.fromLog.Add(int64(e.FromLog)) }
 
 // startWALRelay runs a relay on b's outbox, in WAL mode unless poll, until the test ends.
 func startWALRelay(t *testing.T, b *streamBundle, pub outbox.Publisher, poll bool, obs outbox.Observer) {
@@ -232,8 +234,14 @@ func testWALRelayIdleFetchesNothing(t *testing.T, srv *testpg.Server) {
 	if n := obs.n.Load() - before; n > 1 {
 		t.Fatalf("%d fetches in a second of idleness; want none (polling would make about 20)", n)
 	}
+	// The log path is on (its catch-up was the first fetch): the next message comes from
+	// the stream, with no fetch.
+	before = obs.n.Load()
 	b.writeKey(t, "k", "2")
 	pub.Await(t, 2)
+	if n, logged := obs.n.Load()-before, obs.fromLog.Load(); n != 0 || logged != 1 {
+		t.Fatalf("the message written after the catch-up took %d fetches and %d came from the log; want none and 1", n, logged)
+	}
 }
 
 // Rows that wait in the table are published when they come due, with nothing else

@@ -45,6 +45,7 @@
 //	outbox_wal_heartbeat_timestamp_seconds  gauge      relay                        WAL mode: Unix time the relay's last heartbeat came back through its stream
 //	outbox_wal_silent_reopens_total         counter    relay                        WAL mode: stream found silent (no heartbeat for three intervals) and opened again
 //	outbox_wal_slot_recreations_total       counter    relay                        WAL mode: slot made anew after PostgreSQL lost it or it went missing
+//	outbox_wal_log_messages_total           counter    relay                        WAL mode: messages taken from the stream to publish without a fetch
 //
 // The per-topic counters count at the relay, when the broker answers, before the outcome
 // is recorded. A message whose outcome is refused (fenced) is published again by the

@@ -106,7 +106,7 @@ type vecs struct {
 	publishLatency, commitLatency                        *prometheus.HistogramVec
 	publishBatch, fetchBatch, fetchDur, recordDur        *prometheus.HistogramVec
 	walReading, walBeat                                  *prometheus.GaugeVec
-	walSilent, walRecreated                              *prometheus.CounterVec
+	walSilent, walRecreated, walFromLog                  *prometheus.CounterVec
 }
 
 // relayMetrics are the collectors curried with one relay's labels.
@@ -171,6 +171,7 @@ func New(c Config) *Metrics {
 		walReading:   gauge("wal_reading", "WAL mode: 1 while the relay streams the replication slot (it is the slot's reader and the stream is live), else 0.", "relay"),
 		walBeat:      gauge("wal_heartbeat_timestamp_seconds", "WAL mode: Unix time at which the last heartbeat the relay wrote into the log came back through its stream.", "relay"),
 		walSilent:    counter("wal_silent_reopens_total", "WAL mode: times the relay found its stream silent (no heartbeat, nothing else, for three heartbeat intervals) and opened it again.", "relay"),
+		walFromLog:   counter("wal_log_messages_total", "WAL mode: messages the relay took from the stream to publish without fetching them (the log path; the rest are fetched).", "relay"),
 		walRecreated: counter("wal_slot_recreations_total", "WAL mode: times the relay made its replication slot anew after PostgreSQL lost it (max_slot_wal_keep_size) or it went missing (dropped by hand, a failover).", "relay"),
 	}
 	return &Metrics{broker: cmp.Or(c.Broker, BrokerDefault), vecs: v, now: time.Now, seen: map[int64]time.Time{},
@@ -418,6 +419,7 @@ func (m *Metrics) WALStream(e outbox.WALStreamEvent) {
 	if !r.wal.Swap(true) { // the counters from zero, for increase()
 		v.walSilent.WithLabelValues(r.relay)
 		v.walRecreated.WithLabelValues(r.relay)
+		v.walFromLog.WithLabelValues(r.relay)
 	}
 	reading := 0.0
 	if e.Reading {
@@ -432,5 +434,8 @@ func (m *Metrics) WALStream(e outbox.WALStreamEvent) {
 	}
 	if e.Recreated {
 		v.walRecreated.WithLabelValues(r.relay).Inc()
+	}
+	if e.FromLog > 0 {
+		v.walFromLog.WithLabelValues(r.relay).Add(float64(e.FromLog))
 	}
 }

@@ -285,8 +285,13 @@ func TestWALSeries(t *testing.T) {
 	}
 	m.WALStream(outbox.WALStreamEvent{Reading: true})
 	if value(t, reg, "outbox_wal_reading", r) != 1 || value(t, reg, "outbox_wal_silent_reopens_total", r) != 0 ||
-		value(t, reg, "outbox_wal_slot_recreations_total", r) != 0 {
-		t.Fatal("reading, or the reopenings from zero, missing once the stream is live")
+		value(t, reg, "outbox_wal_slot_recreations_total", r) != 0 || value(t, reg, "outbox_wal_log_messages_total", r) != 0 {
+		t.Fatal("reading, or the counters from zero, missing once the stream is live")
+	}
+	m.WALStream(outbox.WALStreamEvent{Reading: true, FromLog: 3})
+	m.WALStream(outbox.WALStreamEvent{Reading: true, FromLog: 2})
+	if got := value(t, reg, "outbox_wal_log_messages_total", r); got != 5 {
+		t.Fatalf("messages from the log %v, want 5", got)
 	}
 	beat := time.Date(2030, 1, 1, 12, 0, 0, 0, time.UTC)
 	m.WALStream(outbox.WALStreamEvent{Reading: true, Beat: beat})
