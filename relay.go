@@ -46,10 +46,11 @@ type RelayStats struct {
 	Refused      int64 // outcomes the store refused because the lease had moved on (fencing)
 	Shards       int64 // shards held now
 	Held         int64 // messages fetched and not yet recorded (waiting, in flight, or being recorded) now
+	FromLog      int64 // WAL mode: messages taken from the stream to publish without a fetch
 }
 
 type relayStats struct {
-	published, rejected, dead, outages, refused, shards, held atomic.Int64
+	published, rejected, dead, outages, refused, shards, held, fromLog atomic.Int64
 }
 
 // NewRelay returns a relay that reads from store and sends to pub. It does not start it.
@@ -88,6 +89,7 @@ func (r *Relay) Stats() RelayStats {
 		Refused:      r.stats.refused.Load(),
 		Shards:       r.stats.shards.Load(),
 		Held:         r.stats.held.Load(),
+		FromLog:      r.stats.fromLog.Load(),
 	}
 }
 

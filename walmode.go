@@ -115,6 +115,7 @@ type walSource struct {
 	capacity int  // the most messages in hand (BatchSize + MaxInFlight), as the fetches keep
 	logOn    bool // fromLog was on at the last tick, as logged
 	admitted int  // rows the log path took into hand from the batch being read
+	stats    *relayStats
 	// wholeRows is fromLog.on() as of the last tick, for the stream's goroutine: whole
 	// rows only while the log path may take them, keys only otherwise.
 	wholeRows atomic.Bool
@@ -184,7 +185,7 @@ type walState struct {
 func newWALSource(cfg WALConfig, st outboxdriver.Streamer, l *loop) *walSource {
 	w := &walSource{cfg: cfg, st: st, store: l.r.store, tracker: newWALTracker(),
 		relayID: l.cfg.ID, pollInterval: l.cfg.PollInterval, log: l.log, observer: l.cfg.Observer,
-		plan: &l.fetch, hand: l.hand, leases: l.leases,
+		plan: &l.fetch, hand: l.hand, leases: l.leases, stats: &l.r.stats,
 		arrived: make(chan func()), notes: make(chan func(), 2),
 		acks: make(chan outboxdriver.StreamAck, 1)}
 	w.snap, _ = l.r.store.(outboxdriver.SnapshotFetcher)
@@ -522,6 +523,7 @@ func (w *walSource) onBatch(b outboxdriver.StreamBatch) {
 			w.armLog()
 		}
 		if w.admitted > 0 {
+			w.stats.fromLog.Add(int64(w.admitted))
 			w.observe(WALStreamEvent{Reading: w.live, FromLog: w.admitted})
 			w.admitted = 0
 		}

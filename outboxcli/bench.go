@@ -78,7 +78,9 @@ process's), the machine's CPUs busy meanwhile (busy_cores), cpu_x comparing serv
 relays together, and, after the latency phases, the statements per second the relays run
 with nothing to publish, for --idle (idle_qps, of which fetches idle_fetch_qps). The
 latency phase runs at --rate and then at each of --extra-rates (5000 by default with
---source wal; keys r5000_p50_ms, ...).
+--source wal; keys r5000_p50_ms, ...). log_share and writers_log_share are the part of
+the latency phases' and the writers' events WAL mode published from the stream with no
+fetch.
 With --runs N, phases 1 and 2 are repeated N times and eps, raw_eps and ratio are the
 medians (ratio is the median of the per-run ratios). It uses a throwaway outbox and
 destinations (streams, queues, topics), dropped at the end. Progress goes to stderr; the

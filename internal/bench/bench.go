@@ -145,6 +145,9 @@ type Phases struct {
 	// processes and statements (Config.Source "wal" on its private server); nil
 	// otherwise.
 	Server *ServerLoad
+	// LogShare is, in WAL mode, the part of the latency phases' events the relays took
+	// from the stream with no fetch (RelayStats.FromLog over RelayStats.Published).
+	LogShare float64
 }
 
 // RateLatency is a latency phase's figures at one rate.
@@ -178,6 +181,9 @@ type WritersPhase struct {
 	// WriterEPS is events committed per second while the writers ran; RelayEPS is the
 	// same events published per second, from the writers' start to the last confirm.
 	WriterEPS, RelayEPS float64
+	// LogShare is, in WAL mode, the part of the events published while the writers ran
+	// that the relays took from the stream with no fetch.
+	LogShare float64
 	// CatchUp is how long after the last commit the last event was confirmed.
 	CatchUp       time.Duration
 	P50, P95, P99 time.Duration // COMMIT returned -> broker confirmed
@@ -209,6 +215,9 @@ func (r Result) String() string {
 	line := fmt.Sprintf("bench: db=%s%s events=%d relays=%d runs=%d eps=%.0f raw_eps=%.0f ratio=%.2f drain_s=%.2f rate=%d latency_events=%d p50_ms=%s p95_ms=%s p99_ms=%s rss_mib=%.0f",
 		r.DB, source, r.Events, r.Relays, max(r.Runs, 1), r.EPS, r.RawEPS, ratio, r.DrainSeconds, r.Rate, r.LatencyEvents, ms(r.P50), ms(r.P95), ms(r.P99), r.RSSMiB)
 	line += r.Phases.extraKeys("")
+	if r.Source == SourceWAL && r.LatencyEvents > 0 {
+		line += fmt.Sprintf(" log_share=%.2f", r.LogShare)
+	}
 	if w := r.Writers; w != nil {
 		line += fmt.Sprintf(" writers=%d writers_events=%d writer_eps=%.0f relay_eps=%.0f relay_writer_ratio=%.2f catch_up_ms=%s writers_p50_ms=%s writers_p95_ms=%s writers_p99_ms=%s",
 			w.Writers, w.Events, w.WriterEPS, w.RelayEPS, w.RelayEPS/max(w.WriterEPS, 1e-9), ms(w.CatchUp), ms(w.P50), ms(w.P95), ms(w.P99))
@@ -216,6 +225,9 @@ func (r Result) String() string {
 			line += fmt.Sprintf(" naive_writer_eps=%.0f writer_x=%.2f", w.NaiveEPS, w.X)
 		}
 		line += fmt.Sprintf(" writer_commit_p50_ms=%s writer_commit_p99_ms=%s", ms(w.CommitP50), ms(w.CommitP99))
+		if r.Source == SourceWAL {
+			line += fmt.Sprintf(" writers_log_share=%.2f", w.LogShare)
+		}
 		if w.NaiveEPS > 0 {
 			line += fmt.Sprintf(" naive_commit_p50_ms=%s naive_commit_p99_ms=%s", ms(w.NaiveCommitP50), ms(w.NaiveCommitP99))
 		}
@@ -545,6 +557,7 @@ func (m *measurer) phases(ctx context.Context, label string) (Phases, error) {
 	// Phase 3: commit-to-confirm latency at a fixed rate, woken by LISTEN/NOTIFY (or the
 	// WAL stream), then at each extra rate.
 	if cfg.Duration > 0 {
+		before := running.counts()
 		for i, rate := range append([]int{cfg.Rate}, cfg.ExtraRates...) {
 			say("%slatency: %d events/s for %s", label, rate, cfg.Duration)
 			c := cfg
@@ -563,6 +576,7 @@ func (m *measurer) phases(ctx context.Context, label string) (Phases, error) {
 				ph.Extra = append(ph.Extra, r)
 			}
 		}
+		ph.LogShare = running.counts().logShare(before)
 	}
 
 	// Phase 3a: live traffic beside a replay of the history.
@@ -591,10 +605,12 @@ func (m *measurer) phases(ctx context.Context, label string) (Phases, error) {
 	// Phase 4: writers at full speed while the relays publish.
 	if cfg.Writers > 0 {
 		say("%swriters: %d writers at full speed for %s, one event per transaction, while the relays publish", label, cfg.Writers, cfg.WritersDuration)
+		before := running.counts()
 		w, err := writersPhase(ctx, m.db, cfg, m.payload, m.confirmed, func(format string, args ...any) { say(label+format, args...) })
 		if err != nil {
 			return ph, err
 		}
+		w.LogShare = running.counts().logShare(before)
 		naive := ""
 		if w.NaiveEPS > 0 {
 			naive = fmt.Sprintf("; naive table %.0f/s (writer_x %.2f), its commits p50 %s ms, p99 %s ms", w.NaiveEPS, w.X, msText(w.NaiveCommitP50), msText(w.NaiveCommitP99))
@@ -912,6 +928,28 @@ func startRelaysWith(ctx context.Context, cfg Config, db database, tag string, c
 		rs.relays = append(rs.relays, r)
 	}
 	return rs, nil
+}
+
+// relayCounts are the relays' published messages, and of them those from the log.
+type relayCounts struct{ published, fromLog int64 }
+
+// counts sums the relays' counts; none for no relays.
+func (rs *relaySet) counts() relayCounts {
+	var c relayCounts
+	if rs == nil {
+		return c
+	}
+	for _, r := range rs.relays {
+		st := r.Stats()
+		c.published += st.Published
+		c.fromLog += st.FromLog
+	}
+	return c
+}
+
+// logShare is the part of the messages published since before that came from the log.
+func (c relayCounts) logShare(before relayCounts) float64 {
+	return div(float64(c.fromLog-before.fromLog), float64(c.published-before.published))
 }
 
 // waitPublished waits until the relays have published n messages and returns how long
