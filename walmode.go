@@ -477,7 +477,7 @@ func (w *walSource) onState(s walState) {
 		w.observe(WALStreamEvent{Reading: w.live, Recreated: true})
 	case s.live:
 		if !w.live {
-			w.log.Info("WAL stream live: fetching on commits, polling off")
+			w.log.Info("WAL stream live: publishing from the log, polling off")
 		}
 		w.reason = ""
 		w.setLive(true)
