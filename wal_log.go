@@ -72,8 +72,9 @@ type walLog struct {
 	// fetch read them first, as in a catch-up), so that their announcement leaves no wait:
 	// a published row is never pending again (only dead letters are replayed, only
 	// pending rows are moved). heard is the highest seq the stream announced: a row
-	// published at or below it was announced already. At walWaitsMax rows ahead is
-	// forgotten; their announcements then wait until the next arming clears them.
+	// published at or below it was announced already, or commits late. At walWaitsMax
+	// rows ahead is forgotten. A row announced after its record and not found here (a
+	// late commit, a row forgotten) waits until the next arming clears the waits.
 	ahead map[int64]struct{}
 	heard int64
 	// While the read of the rows that wait is out, the seqs recorded meanwhile: the read
