@@ -33,9 +33,12 @@ const (
 //     again starts from the slot's confirmed position, which lags what was recorded);
 //  3. r is fresh: never attempted and not delayed (Attempts 0, no LastError, no
 //     DeliverAt), so it is due now and no retry of it is in the table;
-//  4. r's seq is above every seq announced or fetched before it (top): a seq below is a
-//     move, a replay or a late commit, which only a fetch orders against its key's rows;
-//     and the hand's lane of k holds only lower seqs, so r goes to its end;
+//  4. r's seq was neither announced nor fetched before (seen): a seq seen is a move or a
+//     replay of a row read before, or a row a fetch brought first; every seq at or below
+//     the highest one read at the catch-up counts as seen, so a row committed late
+//     against those goes the fetch path. A seq above them not seen is a fresh write,
+//     perhaps committed after higher seqs, as concurrent writers commit; and the hand's
+//     lane of k holds only lower seqs, so r goes to its end;
 //  5. k is clear: no row of k pending in the table that the log path did not take is
 //     known (waits): a row that waits (read when armed), a row the relay retried, a row
 //     announced and left to the fetch path; each stays known until its outcome is
@@ -64,7 +67,7 @@ type walLog struct {
 	// The catch-up's halves: a full fetch sent since arming (sent) came back as rule 1
 	// says (caught), and the rows that wait were read (read).
 	sent, caught, read bool
-	top                int64 // the highest seq announced or fetched (rule 4)
+	seen               walSeen // the seqs announced or fetched (rule 4)
 
 	waits map[int64]string // rows pending in the table that the log path did not take: seq → key
 	keys  map[string]int   // the number of waits per key
@@ -83,7 +86,8 @@ type walLog struct {
 }
 
 func newWALLog() *walLog {
-	return &walLog{waits: map[int64]string{}, keys: map[string]int{}, ahead: map[int64]struct{}{}}
+	return &walLog{waits: map[int64]string{}, keys: map[string]int{}, ahead: map[int64]struct{}{},
+		seen: walSeen{above: map[int64]struct{}{}}}
 }
 
 // arm turns the log path off until the catch-up, and returns the arming's generation:
@@ -119,7 +123,7 @@ func (g *walLog) fetchSent(full bool) {
 // and left no announced row unresolved and out of hand.
 func (g *walLog) fetched(rows []*Message, caughtUp bool) {
 	for _, m := range rows {
-		g.top = max(g.top, m.Seq)
+		g.seen.add(m.Seq)
 	}
 	if g.state == walLogArming && g.sent && caughtUp {
 		g.caught = true
@@ -154,6 +158,7 @@ func (g *walLog) waitsRead(gen uint64, rows []outboxdriver.WaitingRow, pos uint6
 func (g *walLog) turnOn() {
 	if g.state == walLogArming && g.caught && g.read {
 		g.state = walLogOn
+		g.seen.upTo(g.seen.top)
 	}
 }
 
@@ -216,7 +221,8 @@ func (g *walLog) take(b outboxdriver.StreamBatch, admit func(m *Message) bool) (
 	for _, x := range b.Txns {
 		if x.Bulk || (x.Rows == nil && len(x.Seqs) > 0) {
 			rearm = rearm || g.state != walLogOff
-			g.top, g.heard = max(g.top, x.Hi), max(g.heard, x.Hi)
+			g.seen.upTo(x.Hi)
+			g.heard = max(g.heard, x.Hi)
 			continue
 		}
 		for i, seq := range x.Seqs {
@@ -227,7 +233,8 @@ func (g *walLog) take(b outboxdriver.StreamBatch, admit func(m *Message) bool) (
 			case g.state != walLogOff: // left to the fetch path (none kept while off: arming clears them)
 				g.leftToFetch(seq, m.Key)
 			}
-			g.top, g.heard = max(g.top, seq), max(g.heard, seq)
+			g.seen.add(seq)
+			g.heard = max(g.heard, seq)
 		}
 	}
 	return rearm
@@ -240,5 +247,64 @@ func (g *walLog) trust(end uint64, m *Message) bool {
 	}
 	return g.state == walLogOn && end > g.from &&
 		m.Attempts == 0 && m.LastError == "" && m.DeliverAt.IsZero() &&
-		m.Seq > g.top && (m.Key == "" || g.keys[m.Key] == 0)
+		!g.seen.has(m.Seq) && (m.Key == "" || g.keys[m.Key] == 0)
+}
+
+// walSeenMax bounds the seqs walSeen keeps above its low mark: past it, every seq up to
+// the highest seen counts as seen. A rolled-back write leaves a seq no one will see,
+// which holds the low mark back until then.
+const walSeenMax = 16_384
+
+// walSeen is a set of seqs: every seq at or below low, and those in above (all higher
+// than low and at most top, the highest added).
+type walSeen struct {
+	low, top int64
+	above    map[int64]struct{}
+}
+
+func (s *walSeen) has(seq int64) bool {
+	if seq <= s.low {
+		return true
+	}
+	_, ok := s.above[seq]
+	return ok
+}
+
+func (s *walSeen) add(seq int64) {
+	if seq <= s.low {
+		return
+	}
+	s.top = max(s.top, seq)
+	if seq != s.low+1 {
+		s.above[seq] = struct{}{}
+		if len(s.above) > walSeenMax {
+			s.upTo(s.top)
+		}
+		return
+	}
+	s.low = seq
+	for {
+		if _, ok := s.above[s.low+1]; !ok {
+			return
+		}
+		delete(s.above, s.low+1)
+		s.low++
+	}
+}
+
+// upTo adds every seq at or below seq.
+func (s *walSeen) upTo(seq int64) {
+	if seq <= s.low {
+		return
+	}
+	s.low, s.top = seq, max(s.top, seq)
+	if seq == s.top {
+		clear(s.above)
+		return
+	}
+	for k := range s.above {
+		if k <= seq {
+			delete(s.above, k)
+		}
+	}
 }

@@ -83,10 +83,29 @@ func TestWALLogTakes(t *testing.T) {
 			txns: []outboxdriver.StreamTxn{logTxn(200, delayed, retried, failed),
 				logTxn(300, logRow(8, "d"), logRow(9, "r"), logRow(10, "f"), logRow(11, "x"))},
 			want: []int64{11}},
-		{name: "a seq at or below one announced before: left (a move, a replay, a late commit)",
+		{name: "a seq announced before: left (a move, a replay); one never seen below it: taken (concurrent writers)",
 			g:    func(t *testing.T) *walLog { return onLog(t, 100) },
 			txns: []outboxdriver.StreamTxn{logTxn(200, logRow(10, "a")), logTxn(300, logRow(9, "b"), logRow(10, "c"), logRow(11, "d"))},
-			want: []int64{10, 11}},
+			want: []int64{10, 9, 11}},
+		{name: "a seq at or below the highest the catch-up read: left (a late commit against it)",
+			g: func(t *testing.T) *walLog {
+				g := newWALLog()
+				gen := g.arm()
+				g.fetchSent(true)
+				g.fetched([]*Message{logRow(50, "z")}, true)
+				g.waitsRead(gen, nil, 100, true)
+				return g
+			},
+			txns: []outboxdriver.StreamTxn{logTxn(200, logRow(40, "a"), logRow(60, "b"))},
+			want: []int64{60}},
+		{name: "a seq a fetch brought before the stream: left",
+			g: func(t *testing.T) *walLog {
+				g := onLog(t, 100)
+				g.fetched([]*Message{logRow(12, "z")}, false)
+				return g
+			},
+			txns: []outboxdriver.StreamTxn{logTxn(200, logRow(11, "a"), logRow(12, "b"), logRow(13, "c"))},
+			want: []int64{11, 13}},
 		{name: "a key with a row that waits in the table: left; keyless rows are not held",
 			g:    func(t *testing.T) *walLog { return onLog(t, 100, outboxdriver.WaitingRow{Seq: 1, Key: "a"}) },
 			txns: []outboxdriver.StreamTxn{logTxn(200, logRow(5, "a"), logRow(6, "b"), logRow(7, ""))},
@@ -230,5 +249,37 @@ func TestWALLogPublishedAhead(t *testing.T) {
 	}
 	if got, _ := takeSeqs(g, nil, logTxn(20, logRow(9, "a"))); !slices.Equal(got, []int64{9}) {
 		t.Fatalf("taken %v; want [9]: its key holds nothing back", got)
+	}
+}
+
+// walSeen holds every seq added, and counts those at or below its low mark as seen;
+// past walSeenMax seqs above the mark it counts every seq up to the highest as seen.
+func TestWALSeen(t *testing.T) {
+	s := walSeen{above: map[int64]struct{}{}}
+	for _, seq := range []int64{3, 1, 2, 5} {
+		s.add(seq)
+	}
+	if s.low != 3 || len(s.above) != 1 || !s.has(5) || s.has(4) || s.has(6) {
+		t.Fatalf("low %d, above %v; want 3 and [5]", s.low, s.above)
+	}
+	s.add(4)
+	if s.low != 5 || len(s.above) != 0 {
+		t.Fatalf("low %d, above %v; want 5 and none", s.low, s.above)
+	}
+	s.add(7) // 6 never comes (a rolled-back write)
+	for seq := int64(8); len(s.above) > 0; seq++ {
+		s.add(seq)
+		if seq > 8+walSeenMax {
+			t.Fatal("the seqs above the low mark are not bounded")
+		}
+	}
+	if !s.has(6) || s.low != s.top {
+		t.Fatalf("low %d, top %d; want every seq up to the top seen", s.low, s.top)
+	}
+	top := s.top
+	s.add(top + 5)
+	s.upTo(top + 2)
+	if !s.has(top+2) || s.has(top+3) || s.has(top+4) || !s.has(top+5) {
+		t.Fatalf("upTo: low %d, top %d, above %v; want every seq up to %d and %d", s.low, s.top, s.above, top+2, top+5)
 	}
 }
