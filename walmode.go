@@ -765,7 +765,7 @@ func (w *walSource) onDue(at time.Time, err error) {
 // the log path leaves their keys to the fetch path. Rows published: the log path leaves
 // no wait for them when the stream announces them late.
 func (w *walSource) recorded(published []int64, waiting []outboxdriver.WaitingRow) {
-	if w.fromLog != nil && w.live {
+	if w.fromLog != nil { // also while polling: the stream, once live, may announce them
 		w.fromLog.published(published)
 	}
 	if len(waiting) == 0 {

@@ -45,6 +45,7 @@ func TestWALRelay(t *testing.T) {
 		{"DroppedSlotMadeAnew", testWALRelayDroppedSlotMadeAnew},
 		{"LargeAndInterleavedTransactions", testWALRelayLargeAndInterleaved},
 		{"WaitingRowsComeDue", testWALRelayWaitingRowsComeDue},
+		{"OutOfOrderCommits", testWALRelayOutOfOrderCommits},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -241,6 +242,41 @@ func testWALRelayIdleFetchesNothing(t *testing.T, srv *testpg.Server) {
 	pub.Await(t, 2)
 	if n, logged := obs.n.Load()-before, obs.fromLog.Load(); n != 0 || logged != 1 {
 		t.Fatalf("the message written after the catch-up took %d fetches and %d came from the log; want none and 1", n, logged)
+	}
+}
+
+// Writers commit in an order other than their seqs': a message whose seq is below one
+// already published, never seen before, comes from the log too, with no fetch.
+func testWALRelayOutOfOrderCommits(t *testing.T, srv *testpg.Server) {
+	b := newStreamBundle(t, srv, Config{}, true)
+	pub := &outboxtest.Publisher{}
+	obs := &fetchCounter{}
+	startWALRelay(t, b, pub, false, obs)
+	b.writeKey(t, "k", "first")
+	pub.Await(t, 1)
+	b.awaitConfirmedPast(t, b.currentLSN(t)) // the log path is on: its catch-up is done
+
+	ctx := testenv.Context(t)
+	early, err := b.pool.Begin(ctx) // takes the lower seq, commits last
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer early.Rollback(ctx)
+	if err := b.w.Write(ctx, early, outbox.Message{Topic: "t", Key: "a", Payload: []byte(`"early"`)}); err != nil {
+		t.Fatal(err)
+	}
+	before, logged := obs.n.Load(), obs.fromLog.Load()
+	b.writeKey(t, "b", "late")
+	pub.Await(t, 2)
+	if err := early.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	got := payloads(pub.Await(t, 3))
+	if got[1] != `"late"` || got[2] != `"early"` {
+		t.Fatalf("published %v; want late, then early", got)
+	}
+	if n, l := obs.n.Load()-before, obs.fromLog.Load()-logged; n != 0 || l != 2 {
+		t.Fatalf("%d fetches and %d messages from the log; want none and 2", n, l)
 	}
 }
 
