@@ -221,22 +221,30 @@ func testWALCommitOrderAgreesWithPolling(t *testing.T, srv *testpg.Server) {
 	}
 }
 
-// An idle outbox costs no query in WAL mode, where polling fetches at every interval.
-func testWALRelayIdleFetchesNothing(t *testing.T, srv *testpg.Server) {
+// settledWALRelay runs a relay in WAL mode on a new outbox, publishes one message of key
+// k ("1"), and returns once the slot is confirmed past it: the relay has nothing left to
+// do, and its log path is on (its catch-up was the first fetch).
+func settledWALRelay(t *testing.T, srv *testpg.Server) (*streamBundle, *outboxtest.Publisher, *fetchCounter) {
+	t.Helper()
 	b := newStreamBundle(t, srv, Config{}, true)
 	pub := &outboxtest.Publisher{}
 	obs := &fetchCounter{}
 	startWALRelay(t, b, pub, false, obs)
 	b.writeKey(t, "k", "1")
 	pub.Await(t, 1)
-	b.awaitConfirmedPast(t, b.currentLSN(t)) // settled: the relay has nothing left to do
+	b.awaitConfirmedPast(t, b.currentLSN(t))
+	return b, pub, obs
+}
+
+// An idle outbox costs no query in WAL mode, where polling fetches at every interval.
+func testWALRelayIdleFetchesNothing(t *testing.T, srv *testpg.Server) {
+	b, pub, obs := settledWALRelay(t, srv)
 	before := obs.n.Load()
 	time.Sleep(time.Second) // an absence is checked: a slow machine fetches less, not more
 	if n := obs.n.Load() - before; n > 1 {
 		t.Fatalf("%d fetches in a second of idleness; want none (polling would make about 20)", n)
 	}
-	// The log path is on (its catch-up was the first fetch): the next message comes from
-	// the stream, with no fetch.
+	// The next message comes from the stream, with no fetch.
 	before = obs.n.Load()
 	b.writeKey(t, "k", "2")
 	pub.Await(t, 2)
@@ -248,14 +256,7 @@ func testWALRelayIdleFetchesNothing(t *testing.T, srv *testpg.Server) {
 // Writers commit in an order other than their seqs': a message whose seq is below one
 // already published, never seen before, comes from the log too, with no fetch.
 func testWALRelayOutOfOrderCommits(t *testing.T, srv *testpg.Server) {
-	b := newStreamBundle(t, srv, Config{}, true)
-	pub := &outboxtest.Publisher{}
-	obs := &fetchCounter{}
-	startWALRelay(t, b, pub, false, obs)
-	b.writeKey(t, "k", "first")
-	pub.Await(t, 1)
-	b.awaitConfirmedPast(t, b.currentLSN(t)) // the log path is on: its catch-up is done
-
+	b, pub, obs := settledWALRelay(t, srv)
 	ctx := testenv.Context(t)
 	early, err := b.pool.Begin(ctx) // takes the lower seq, commits last
 	if err != nil {
