@@ -189,6 +189,22 @@ func (g *walLog) settled(seq int64) {
 	}
 }
 
+// failed takes the rows recorded failures left waiting in the table, with the rows of
+// their keys the hand let go of, and reports whether the catch-up must start again:
+// during one, the read of the rows that wait may have run before the failure, and so
+// missed the other pending rows of those keys that are not in hand (a row announced but
+// left to the fetch path before arming cleared the waits, which the catch-up fetch then
+// does not return, as it waits behind the failed row).
+func (g *walLog) failed(rows []outboxdriver.WaitingRow) (rearm bool) {
+	if g.state == walLogArming {
+		return len(rows) > 0
+	}
+	for _, r := range rows {
+		g.wait(r.Seq, r.Key)
+	}
+	return false
+}
+
 // published records the rows whose publishing was recorded (and not refused).
 func (g *walLog) published(seqs []int64) {
 	for _, seq := range seqs {

@@ -283,3 +283,25 @@ func TestWALSeen(t *testing.T) {
 		t.Fatalf("upTo: low %d, top %d, above %v; want every seq up to %d and %d", s.low, s.top, s.above, top+2, top+5)
 	}
 }
+
+// A failure recorded during the catch-up starts it again: the read of the rows that wait
+// may have run before it, and missed its key's other pending rows. Once on, the failed
+// rows wait, holding their keys back.
+func TestWALLogFailedDuringCatchUp(t *testing.T) {
+	g := newWALLog()
+	g.arm()
+	g.fetchSent(true)
+	if !g.failed([]outboxdriver.WaitingRow{{Seq: 10, Key: "k"}}) {
+		t.Fatal("a failure recorded during the catch-up did not start it again")
+	}
+	if g.failed(nil) {
+		t.Fatal("no failure, yet the catch-up starts again")
+	}
+	g = onLog(t, 100)
+	if g.failed([]outboxdriver.WaitingRow{{Seq: 10, Key: "k"}}) || g.keys["k"] != 1 {
+		t.Fatalf("on: rearm, or waits per key %v; want no rearm and k waiting", g.keys)
+	}
+	if got, _ := takeSeqs(g, nil, logTxn(200, logRow(11, "k"), logRow(12, "j"))); !slices.Equal(got, []int64{12}) {
+		t.Fatalf("taken %v; want [12]: k waits", got)
+	}
+}

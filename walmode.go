@@ -762,8 +762,9 @@ func (w *walSource) onDue(at time.Time, err error) {
 // recorded takes what a record left. Rows left waiting in the table: a full fetch soon,
 // after which the relay asks when the next one comes due (without it a message whose
 // destination was unavailable would wait for the next commit, or the safety poll), and
-// the log path leaves their keys to the fetch path. Rows published: the log path leaves
-// no wait for them when the stream announces them late.
+// the log path leaves their keys to the fetch path, or starts its catch-up again
+// (walLog.failed). Rows published: the log path leaves no wait for them when the stream
+// announces them late.
 func (w *walSource) recorded(published []int64, waiting []outboxdriver.WaitingRow) {
 	if w.fromLog != nil { // also while polling: the stream, once live, may announce them
 		w.fromLog.published(published)
@@ -773,10 +774,8 @@ func (w *walSource) recorded(published []int64, waiting []outboxdriver.WaitingRo
 	}
 	w.dueStale = true
 	w.plan.pace()
-	if w.fromLog != nil {
-		for _, r := range waiting {
-			w.fromLog.wait(r.Seq, r.Key)
-		}
+	if w.fromLog != nil && w.fromLog.failed(waiting) {
+		w.armLog()
 	}
 }
 
