@@ -45,8 +45,19 @@ func Dir() string {
 }
 
 // launcher starts kinesalite on 127.0.0.1 with streams that become active at once,
-// prints the port, and exits when its standard input closes.
+// prints the port, and exits when its standard input closes. kinesalite throws from a
+// request's error handler when its client resets the connection mid-request (as the
+// tests' proxy cuts do), which would end the process: such an error is logged and the
+// server goes on; any other uncaught error still ends it.
 const launcher = `
+process.on("uncaughtException", (err) => {
+  if (err && (err.code === "ECONNRESET" || err.message === "aborted")) {
+    console.error("kinesalite: a request its client aborted: " + err.message);
+    return;
+  }
+  console.error(err);
+  process.exit(1);
+});
 const kinesalite = require(process.argv[1]);
 const server = kinesalite({ createStreamMs: 0, deleteStreamMs: 0, updateStreamMs: 0, shardLimit: 1000 });
 server.listen(0, "127.0.0.1", () => console.log("kinesalite port " + server.address().port));
