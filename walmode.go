@@ -114,8 +114,10 @@ type walSource struct {
 	waiter   outboxdriver.WaitingReader
 	capacity int  // the most messages in hand (BatchSize + MaxInFlight), as the fetches keep
 	logOn    bool // fromLog was on at the last tick, as logged
-	admitted int  // rows the log path took into hand from the batch being read
-	stats    *relayStats
+	// reading: a read of the rows that wait is out; readAgain: an arming came after it.
+	reading, readAgain bool
+	admitted           int // rows the log path took into hand from the batch being read
+	stats              *relayStats
 	// wholeRows is fromLog.on() as of the last tick, for the stream's goroutine: whole
 	// rows only while the log path may take them, keys only otherwise.
 	wholeRows atomic.Bool
@@ -322,8 +324,21 @@ func (w *walSource) armLog() {
 	if w.fromLog == nil {
 		return
 	}
-	gen := w.fromLog.arm()
+	w.fromLog.arm()
 	w.plan.wantFull()
+	w.readWaiting()
+}
+
+// readWaiting reads the rows that wait for the latest arming, one read at a time: asked
+// while a read runs, it reads again when that one answers (whose answer, for an earlier
+// arming, walLog.waitsRead ignores).
+func (w *walSource) readWaiting() {
+	if w.reading {
+		w.readAgain = true
+		return
+	}
+	w.reading = true
+	gen := w.fromLog.gen
 	leases := w.leases.active()
 	w.ask(func(ctx context.Context) func() {
 		rows, pos, err := w.waiter.Waiting(ctx, leases, walWaitsMax)
@@ -351,6 +366,12 @@ func (w *walSource) ask(call func(ctx context.Context) func()) {
 // onWaiting takes the read of the rows that wait, at the log's position pos, for the
 // arming gen.
 func (w *walSource) onWaiting(gen uint64, rows []outboxdriver.WaitingRow, pos uint64, err error) {
+	w.reading = false
+	if w.readAgain {
+		w.readAgain = false
+		w.readWaiting()
+		return // an answer for an earlier arming
+	}
 	switch {
 	case err != nil:
 		w.log.Warn("reading the messages that wait failed; publishing from the WAL stream stays off until the next safety poll", "err", err)
