@@ -231,9 +231,9 @@ func (g *walLog) leftToFetch(seq int64, key string) {
 // take brings into hand the rows of b the log path takes, in stream order, and records
 // the others as waits. admit brings a message into hand now, as a fetched row, if its
 // shard is held, its lane did not fail and holds only lower seqs, and reports whether it
-// did. A row whose key is not known arms the log path again (rearm is then set: the
-// caller starts the catch-up).
-func (g *walLog) take(b outboxdriver.StreamBatch, admit func(m *Message) bool) (rearm bool) {
+// did; taken counts the rows it brought. A row whose key is not known arms the log path
+// again (rearm is then set: the caller starts the catch-up).
+func (g *walLog) take(b outboxdriver.StreamBatch, admit func(m *Message) bool) (taken int, rearm bool) {
 	for _, x := range b.Txns {
 		if x.Bulk || (x.Rows == nil && len(x.Seqs) > 0) {
 			rearm = rearm || g.state != walLogOff
@@ -245,7 +245,8 @@ func (g *walLog) take(b outboxdriver.StreamBatch, admit func(m *Message) bool) (
 			switch m := x.Rows[i]; {
 			case m == nil: // unreadable: its key is not known
 				rearm = rearm || g.state != walLogOff
-			case !x.KeysOnly && !rearm && g.trust(x.End, m) && admit(m): // taken
+			case !x.KeysOnly && !rearm && g.trust(x.End, m) && admit(m):
+				taken++
 			case g.state != walLogOff: // left to the fetch path (none kept while off: arming clears them)
 				g.leftToFetch(seq, m.Key)
 			}
@@ -253,7 +254,7 @@ func (g *walLog) take(b outboxdriver.StreamBatch, admit func(m *Message) bool) (
 			g.heard = max(g.heard, seq)
 		}
 	}
-	return rearm
+	return taken, rearm
 }
 
 // trust reports whether rules 1-5 let the log path take m, of a transaction ending at end.

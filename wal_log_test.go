@@ -39,7 +39,7 @@ func onLog(t *testing.T, from uint64, waiting ...outboxdriver.WaitingRow) *walLo
 // takeSeqs runs take on txns with an admit that takes every message but those of
 // refused, and returns the seqs taken.
 func takeSeqs(g *walLog, refused map[int64]bool, txns ...outboxdriver.StreamTxn) (taken []int64, rearm bool) {
-	rearm = g.take(outboxdriver.StreamBatch{Txns: txns}, func(m *Message) bool {
+	_, rearm = g.take(outboxdriver.StreamBatch{Txns: txns}, func(m *Message) bool {
 		if refused[m.Seq] {
 			return false
 		}

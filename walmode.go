@@ -116,7 +116,6 @@ type walSource struct {
 	logOn    bool // fromLog was on at the last tick, as logged
 	// reading: a read of the rows that wait is out; readAgain: an arming came after it.
 	reading, readAgain bool
-	admitted           int // rows the log path took into hand from the batch being read
 	stats              *relayStats
 	// wholeRows is fromLog.on() as of the last tick, for the stream's goroutine: whole
 	// rows only while the log path may take them, keys only otherwise.
@@ -540,13 +539,13 @@ func (w *walSource) onBatch(b outboxdriver.StreamBatch) {
 		w.observe(WALStreamEvent{Reading: w.live, Beat: w.heardAt})
 	}
 	if w.fromLog != nil && w.live {
-		if w.fromLog.take(b, w.admit) {
+		taken, rearm := w.fromLog.take(b, w.admit)
+		if rearm {
 			w.armLog()
 		}
-		if w.admitted > 0 {
-			w.stats.fromLog.Add(int64(w.admitted))
-			w.observe(WALStreamEvent{Reading: w.live, FromLog: w.admitted})
-			w.admitted = 0
+		if taken > 0 {
+			w.stats.fromLog.Add(int64(taken))
+			w.observe(WALStreamEvent{Reading: w.live, FromLog: taken})
 		}
 	}
 	switch w.tracker.add(b, w.plan.at(), w.hand.has) {
@@ -580,11 +579,7 @@ func (w *walSource) admit(m *Message) bool {
 		return false
 	}
 	token := w.leases.tokenOf(m.Shard)
-	if token == 0 || !w.leases.fetchable(m.Shard, token) || !w.hand.streamed(m, token) {
-		return false
-	}
-	w.admitted++
-	return true
+	return token != 0 && w.leases.fetchable(m.Shard, token) && w.hand.streamed(m, token)
 }
 
 // arrivals is the stream's batches, or nil (the loop does not read them) while too many
